@@ -1,0 +1,465 @@
+"""The node agent: ddp-up ships this file's source to every node over the session's stdin.
+
+It needs nothing but the node's Python (stdlib only, 3.8+). In ``run`` mode it preflights the
+node, waits for the controller's go, starts the launcher in its own session with the job's tag
+in its environment, relays output as frames, and stops the whole job on that node when the
+controller asks, when the controller's connection closes, or when the controller's heartbeat
+stops (the dead-man switch that covers network partitions and sleeping laptops). In ``sweep``
+mode it finds tagged processes and stops them (the same code path ddp-kill uses).
+
+Wire protocol, one frame per line. Controller -> agent (stdin): the agent source (length given
+on the command line), a JSON spec line, then commands: ``H`` heartbeat, ``G {json}`` go,
+``T`` graceful stop, ``K`` kill now; EOF means the controller is gone.
+Agent -> controller (stdout): ``R``/``F`` ready or preflight failure, ``S`` started, ``O``/``E``
+a launcher stdout/stderr line, ``H`` heartbeat, ``P`` stopping, ``L`` listed processes, ``X`` exit.
+"""
+
+import errno
+import importlib.util
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+TAG_JOB = "DDP_UP_JOB"
+TAG_NODE = "DDP_UP_NODE"
+TAG_CLUSTER = "DDP_UP_CLUSTER"
+TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER)
+# Turns the source sent on stdin into the running agent; argv[1] is the source length in bytes.
+BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'ddp_up_agent','exec'))"
+KILL_WAIT = 3.0  # after SIGKILL, how long to wait for the kernel to reap before reporting
+
+
+def source() -> bytes:
+    """This module's source, as shipped to nodes."""
+    with open(__file__, "rb") as f:
+        return f.read()
+
+
+# --- finding and signalling the job's processes -------------------------------------------------
+
+def read_tags(pid):
+    """The ddp-up tags in a process's initial environment, or None if it has none/is gone."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    tags = {}
+    for item in raw.split(b"\0"):
+        if item.startswith(b"DDP_UP_"):
+            key, _, value = item.partition(b"=")
+            name = key.decode("ascii", "replace")
+            if name in TAGS:
+                tags[name] = value.decode("utf-8", "replace")
+    return tags if TAG_JOB in tags else None
+
+
+def is_alive(pid):
+    """True unless gone or a zombie (a reaper may collect orphans a second or two late)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X", b"")
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def find_tagged(match):
+    """Live processes of this user whose tags include every (key, value) in ``match``."""
+    me, uid = os.getpid(), os.getuid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        try:
+            if os.stat("/proc/%d" % pid).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        tags = read_tags(pid)
+        if tags is None or any(tags.get(k) != v for k, v in match.items()):
+            continue
+        if is_alive(pid):
+            found.append({"pid": pid, "tags": tags, "cmd": _cmdline(pid)[:200]})
+    return found
+
+
+def signal_tagged(pid, sig, match):
+    """Send ``sig`` to ``pid`` only if it still carries the tags in ``match``.
+
+    With pidfd (Linux 5.3+, Python 3.9+) the pid is pinned before the tags are re-read, so a
+    recycled pid can never receive the signal.
+    """
+    fd = None
+    try:
+        if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+            fd = os.pidfd_open(pid)
+        tags = read_tags(pid)
+        if tags is None or any(tags.get(k) != v for k, v in match.items()):
+            return False
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except OSError:  # gone already, or not ours to signal
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def wait_gone(pids, timeout):
+    """Poll /proc until none of ``pids`` is alive or the timeout passes; return survivors."""
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if is_alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if is_alive(p)]
+    return left
+
+
+def kill_tagged(match, grace, first_signal=signal.SIGTERM):
+    """SIGTERM (or ``first_signal``) every matching process, wait ``grace``, SIGKILL survivors."""
+    procs = find_tagged(match)
+    pids = [p["pid"] for p in procs]
+    sent = [pid for pid in pids if signal_tagged(pid, first_signal, match)]
+    survivors = wait_gone(sent, grace) if first_signal != signal.SIGKILL else sent
+    killed = [pid for pid in survivors if signal_tagged(pid, signal.SIGKILL, match)]
+    left = wait_gone(killed, KILL_WAIT)
+    return {"found": procs, "killed": killed, "left": left}
+
+
+def state_dir(job):
+    return os.path.join(tempfile.gettempdir(), "ddp-up-%d" % os.getuid(), job)
+
+
+# --- output to the controller -------------------------------------------------------------------
+
+class Writer:
+    """One thread owns stdout, so the main loop never blocks on a stalled connection."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.items = queue.Queue(maxsize=4096)
+        self.idle = threading.Event()
+        self.broken = False
+        threading.Thread(target=self._loop, name="writer", daemon=True).start()
+
+    def frame(self, kind, payload=b"", block=True):
+        data = kind + b" " + payload + b"\n" if payload else kind + b"\n"
+        self.put(data, block)
+
+    def json(self, kind, obj):
+        self.frame(kind, json.dumps(obj).encode())
+
+    def put(self, data, block=True):
+        self.idle.clear()
+        try:
+            self.items.put(data, block=block)
+        except queue.Full:
+            pass  # only heartbeats are sent without blocking; a dropped one is harmless
+
+    def drain(self, timeout):
+        return self.idle.wait(timeout)
+
+    def _loop(self):
+        while True:
+            chunks = [self.items.get()]
+            while True:
+                try:
+                    chunks.append(self.items.get_nowait())
+                except queue.Empty:
+                    break
+            if not self.broken:
+                try:
+                    self.stream.write(b"".join(chunks))
+                    self.stream.flush()
+                except OSError:
+                    self.broken = True  # controller gone; stdin EOF will stop the job
+            if self.items.empty():
+                self.idle.set()
+
+
+def pump(fd, kind, writer):
+    """Relay a launcher stream to the controller, a whole line per frame, batched per read."""
+    rest = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError as e:
+            if e.errno == errno.EINTR:
+                continue
+            chunk = b""
+        if not chunk:
+            if rest:
+                writer.put(kind + b" " + rest + b"\n")
+            os.close(fd)
+            return
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        if lines:
+            writer.put(b"".join(kind + b" " + line + b"\n" for line in lines))
+
+
+# --- run mode -----------------------------------------------------------------------------------
+
+class Runner:
+    def __init__(self, spec, writer):
+        self.spec = spec
+        self.out = writer
+        self.match = {TAG_JOB: spec["job"], TAG_NODE: str(spec["node"])}
+        self.events = queue.SimpleQueue()  # put() is safe from signal handlers
+        self.last_heard = time.monotonic()
+        self.proc = None
+        self.pumps = []
+        self.dir = state_dir(spec["job"])
+        self.state_file = os.path.join(self.dir, "node%d.json" % spec["node"])
+        self.log_dir = os.path.join(self.dir, "node%d-logs" % spec["node"])
+
+    def run(self):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, lambda s, _f: self.events.put(("stop", "agent got " + signal.Signals(s).name)))
+        problem = self.preflight()
+        if problem:
+            self.out.json(b"F", problem)
+            self.out.drain(5)
+            return 3
+        ready = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0]}
+        if self.spec.get("pick_port"):
+            ready["port"] = free_port()
+        self.out.json(b"R", ready)
+        threading.Thread(target=self.read_controller, name="stdin", daemon=True).start()
+        kind, arg = self.wait_for_go()
+        if kind != "go":
+            self.out.json(b"X", {"code": None, "stopped": True, "reason": arg, "started": False})
+            self.out.drain(5)
+            return 0
+        self.start(arg["argv"])
+        return self.supervise()
+
+    def preflight(self):
+        workdir = os.path.expanduser(self.spec.get("workdir") or "~")
+        if not os.path.isdir(workdir):
+            return {"what": "workdir %s does not exist" % workdir,
+                    "fix": "create it on this node, or set `workdir:` in the cluster file"}
+        os.chdir(workdir)
+        script = self.spec.get("script")
+        if script and not os.path.isfile(script):
+            return {"what": "script %s not found in %s" % (script, workdir),
+                    "fix": "copy it to this node, or set `workdir:` to the directory that holds it"}
+        if importlib.util.find_spec("torch") is None:
+            return {"what": "torch is not installed for %s (Python %s)" % (sys.executable, sys.version.split()[0]),
+                    "fix": "install torch on this node, or set `python:` to an interpreter that has it"}
+        port = self.spec.get("check_port")
+        if port and not port_is_free(port):
+            return {"what": "master port %d is already in use on the master node" % port,
+                    "fix": "set `master: {port: auto}` or pick another port"}
+        return None
+
+    def read_controller(self):
+        commands = {b"G": "go", b"T": "stop", b"K": "kill"}
+        for line in sys.stdin.buffer:
+            self.last_heard = time.monotonic()
+            kind, _, payload = line.rstrip(b"\n").partition(b" ")
+            if kind in commands:
+                arg = json.loads(payload) if payload else "controller asked"
+                self.events.put((commands[kind], arg))
+        self.events.put(("stop", "controller connection closed"))
+
+    def tick(self):
+        """Heartbeat both ways; returns a stop event once the controller has gone quiet."""
+        self.out.frame(b"H", block=False)
+        silent = time.monotonic() - self.last_heard
+        if silent > self.spec["orphan_timeout"]:
+            return ("stop", "no heartbeat from the controller for %.0f s" % silent)
+        return None
+
+    def next_event(self):
+        try:
+            return self.events.get(timeout=self.spec["heartbeat"])
+        except queue.Empty:
+            return self.tick()
+
+    def wait_for_go(self):
+        while True:
+            event = self.next_event()
+            if event and event[0] in ("go", "stop", "kill"):
+                return event
+
+    def start(self, argv):
+        env = dict(os.environ)
+        env.update(self.spec.get("env") or {})
+        env.update({TAG_JOB: self.spec["job"], TAG_NODE: str(self.spec["node"]),
+                    TAG_CLUSTER: self.spec.get("cluster", "")})
+        env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
+        os.makedirs(self.dir, exist_ok=True)
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.record_state(argv)
+        self.out.json(b"S", {"pid": self.proc.pid})
+        for stream, kind in ((self.proc.stdout, b"O"), (self.proc.stderr, b"E")):
+            t = threading.Thread(target=pump, args=(os.dup(stream.fileno()), kind, self.out), daemon=True)
+            stream.close()
+            t.start()
+            self.pumps.append(t)
+        threading.Thread(target=lambda: self.events.put(("exited", self.proc.wait())), daemon=True).start()
+
+    def record_state(self, argv):
+        state = {"job": self.spec["job"], "node": self.spec["node"], "cluster": self.spec.get("cluster"),
+                 "agent_pid": os.getpid(), "launcher_pid": self.proc.pid, "launcher_pgid": self.proc.pid,
+                 "started": time.time(), "argv": argv}
+        tmp = self.state_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, self.state_file)
+
+    def supervise(self):
+        while True:
+            event = self.next_event()
+            if event is None:
+                continue
+            kind, arg = event
+            if kind == "exited":
+                return self.finish(arg, stopped=False, reason=None)
+            if kind in ("stop", "kill"):
+                return self.stop(arg, force=(kind == "kill"))
+
+    def stop(self, reason, force):
+        """SIGTERM the launcher, wait up to stop_grace, then SIGKILL every tagged survivor."""
+        self.out.json(b"P", {"reason": reason, "force": force})
+        code = None
+        if not force:
+            self.send_launcher(signal.SIGTERM)
+            deadline = time.monotonic() + self.spec["stop_grace"]
+            while code is None and time.monotonic() < deadline:
+                event = self.wait_event(deadline)
+                if event and event[0] == "exited":
+                    code = event[1]
+                elif event and event[0] == "kill":
+                    break
+        return self.finish(code, stopped=True, reason=reason)
+
+    def wait_event(self, deadline):
+        try:
+            return self.events.get(timeout=max(0.0, min(self.spec["heartbeat"], deadline - time.monotonic())))
+        except queue.Empty:
+            self.out.frame(b"H", block=False)
+            return None
+
+    def send_launcher(self, sig):
+        if self.proc and self.proc.poll() is None:
+            signal_tagged(self.proc.pid, sig, self.match)
+
+    def finish(self, code, stopped, reason):
+        swept = kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)
+        if code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=KILL_WAIT)
+            except subprocess.TimeoutExpired:
+                code = None
+        for t in self.pumps:
+            t.join(timeout=2.0)  # all output relayed before the exit frame
+        self.out.json(b"X", {"code": code, "signal": signal_name(code), "stopped": stopped, "reason": reason,
+                             "started": True, "killed": len(swept["killed"]), "left": swept["left"]})
+        self.out.drain(5)
+        self.cleanup_state(keep_logs=self.out.broken)
+        return 0
+
+    def cleanup_state(self, keep_logs):
+        """Remove this node's state; keep torchrun's log copy if the controller may have missed lines."""
+        for path in (self.state_file,):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if not keep_logs:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+def signal_name(code):
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return "signal %d" % -code
+
+
+def free_port():
+    """A port that is free on this node right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
+
+
+# --- sweep mode (ddp-kill, and the controller's fallback) ---------------------------------------
+
+def sweep(spec, writer):
+    match = {k: str(v) for k, v in spec["match"].items() if v is not None}
+    found = find_tagged(match)
+    writer.json(b"L", {"hostname": socket.gethostname(), "found": found})
+    if spec.get("dry_run"):
+        result = {"found": found, "killed": [], "left": []}
+    else:
+        result = kill_tagged(match, grace=spec["grace"])
+        remove_stale_state(match)
+    writer.json(b"X", {"code": 0, "terminated": [p["pid"] for p in found if p["pid"] not in result["killed"]],
+                       "killed": result["killed"], "left": result["left"]})
+    writer.drain(5)
+    return 0
+
+
+def remove_stale_state(match):
+    """State files of jobs that no longer have processes here."""
+    job = match.get(TAG_JOB)
+    base = os.path.dirname(state_dir("x"))
+    jobs = [job] if job else (os.listdir(base) if os.path.isdir(base) else [])
+    for name in jobs:
+        if not find_tagged({TAG_JOB: name}):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def main():
+    writer = Writer(sys.stdout.buffer)
+    spec = json.loads(sys.stdin.buffer.readline())
+    if spec["mode"] == "sweep":
+        code = sweep(spec, writer)
+    else:
+        code = Runner(spec, writer).run()
+    sys.stdout.flush()
+    os._exit(code)  # daemon threads may be blocked on a dead pipe; do not wait for them
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""Cluster file -> validated, frozen config. The only module that sees raw YAML.
+
+Every error names the file, the line and the key path (``cluster.yaml:7: nodes[1].gpus: ...``)
+so a typo is fixed in seconds instead of showing up as a hang at rendezvous.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from .errors import ConfigError
+
+Transport = Literal["ssh", "local"]
+
+SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout")
+# Keys valid at the top level and overridable per node.
+SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus")
+NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
+TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", *SHARED_KEYS)
+MASTER_KEYS = ("addr", "port")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    user: str | None = None
+    port: int = 22
+    identity_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    connect_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One node as the user described it, with top-level defaults already applied."""
+
+    rank: int
+    host: str
+    gpus: int
+    addr: str
+    transport: Transport
+    python: str
+    workdir: str | None
+    env: Mapping[str, str]
+    ssh: SSHSettings
+    line: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.host
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    path: str
+    nodes: tuple[NodeConfig, ...]
+    master_addr: str
+    master_port: int | None  # None: pick a free port on the master node
+    orphan_timeout: float = 30.0
+    stop_grace: float = 10.0
+    cluster_id: str = field(default="")
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+
+def load_cluster(path: str) -> ClusterConfig:
+    """Read and validate a cluster file; raise ConfigError naming file, line and key."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(path, None, "", f"cannot read cluster file: {e.strerror}") from None
+    return parse_cluster(text, path)
+
+
+def parse_cluster(text: str, path: str = "<cluster>") -> ClusterConfig:
+    data, lines = _load_yaml(text, path)
+    return _Validator(path, lines).cluster(data)
+
+
+def cluster_id_for(path: str) -> str:
+    """Stable id of a cluster file (its real path), so ddp-kill can find jobs launched from it."""
+    real = os.path.realpath(path)
+    return hashlib.sha1(real.encode()).hexdigest()[:10]
+
+
+# --- YAML with line numbers -------------------------------------------------------------------
+
+def _load_yaml(text: str, path: str) -> tuple[Any, dict[tuple, int]]:
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else None
+        raise ConfigError(path, line, "", f"invalid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(path, None, "", f"invalid YAML: {e}") from None
+    finally:
+        loader.dispose()
+    lines: dict[tuple, int] = {}
+    if root is not None:
+        _index_lines(root, (), lines, path)
+    return data, lines
+
+
+def _index_lines(node: yaml.Node, at: tuple, lines: dict[tuple, int], path: str) -> None:
+    lines[at] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(path, line, _key_path(at + (key,)),
+                                  f"duplicate key (first set on line {seen[key]})")
+            seen[key] = line
+            _index_lines(value_node, at + (key,), lines, path)
+            lines[at + (key,)] = line
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, at + (i,), lines, path)
+
+
+def _key_path(at: tuple) -> str:
+    out = ""
+    for part in at:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+class _Validator:
+    def __init__(self, path: str, lines: dict[tuple, int]):
+        self.path = path
+        self.lines = lines
+        self.base_dir = os.path.dirname(os.path.abspath(path))
+
+    def error(self, at: tuple, message: str) -> ConfigError:
+        line = None
+        for cut in range(len(at), -1, -1):  # nearest located ancestor
+            line = self.lines.get(at[:cut])
+            if line is not None:
+                break
+        return ConfigError(self.path, line, _key_path(at), message)
+
+    def cluster(self, data: Any) -> ClusterConfig:
+        if data is None:
+            raise self.error((), "the cluster file is empty; it needs at least a `nodes:` list")
+        top = self.mapping(data, (), TOP_KEYS)
+        ssh_top = self.mapping(top.get("ssh", {}), ("ssh",), SSH_KEYS)
+        master = self.mapping(top.get("master", {}), ("master",), MASTER_KEYS)
+        raw_nodes = top.get("nodes")
+        if raw_nodes is None:
+            raise self.error(("nodes",), "missing: list the nodes, e.g. `nodes: [{host: gpu-a, gpus: 8}]`")
+        if not isinstance(raw_nodes, list) or not raw_nodes:
+            raise self.error(("nodes",), "must be a non-empty list of nodes")
+        nodes = tuple(self.node(i, raw, top, ssh_top) for i, raw in enumerate(raw_nodes))
+        self.check_unique(nodes)
+        return ClusterConfig(
+            path=self.path,
+            nodes=nodes,
+            master_addr=self.master_addr(master, nodes[0]),
+            master_port=self.master_port(master),
+            orphan_timeout=self.positive(top.get("orphan_timeout", 30), ("orphan_timeout",)),
+            stop_grace=self.positive(top.get("stop_grace", 10), ("stop_grace",), allow_zero=True),
+            cluster_id=cluster_id_for(self.path),
+        )
+
+    def node(self, i: int, raw: Any, top: dict, ssh_top: dict) -> NodeConfig:
+        at = ("nodes", i)
+        own = self.mapping(raw, at, NODE_KEYS)
+        if "host" not in own:
+            raise self.error(at, "missing `host:` (SSH target: address, DNS name or ~/.ssh/config alias)")
+        host = self.string(own["host"], at + ("host",))
+
+        def pick(key: str, default: Any) -> tuple[Any, tuple]:
+            if key in own:
+                return own[key], at + (key,)
+            if key in top:
+                return top[key], (key,)
+            return default, (key,)
+
+        transport, t_at = pick("transport", "ssh")
+        if transport not in ("ssh", "local"):
+            raise self.error(t_at, f"must be `ssh` or `local`, got {transport!r}")
+        gpus, g_at = pick("gpus", None)
+        if gpus is None:
+            raise self.error(at, "missing `gpus:` (number of processes to start on this node, >= 1)")
+        python, p_at = pick("python", sys.executable if transport == "local" else "python3")
+        workdir, w_at = pick("workdir", None)
+        addr = own.get("addr", "127.0.0.1" if transport == "local" else host)
+        return NodeConfig(
+            rank=i,
+            host=host,
+            gpus=self.integer(gpus, g_at, low=1),
+            addr=self.string(addr, at + ("addr",)),
+            transport=transport,
+            python=self.string(python, p_at),
+            workdir=None if workdir is None else self.string(workdir, w_at),
+            env=self.env(top.get("env", {}), own.get("env", {}), at),
+            ssh=self.ssh(own, ssh_top, at),
+            line=self.lines.get(at),
+        )
+
+    def ssh(self, own: dict, ssh_top: dict, at: tuple) -> SSHSettings:
+        def pick(key: str, default: Any) -> tuple[Any, tuple]:
+            if key in own:
+                return own[key], at + (key,)
+            if key in ssh_top:
+                return ssh_top[key], ("ssh", key)
+            return default, ("ssh", key)
+
+        user, u_at = pick("user", None)
+        port, p_at = pick("port", 22)
+        ident, i_at = pick("identity_file", None)
+        known, k_at = pick("known_hosts", "~/.ssh/known_hosts")
+        timeout, c_at = pick("connect_timeout", 10)
+        return SSHSettings(
+            user=None if user is None else self.string(user, u_at),
+            port=self.integer(port, p_at, low=1, high=65535),
+            identity_file=None if ident is None else self.file_path(ident, i_at),
+            known_hosts=self.file_path(known, k_at),
+            connect_timeout=self.positive(timeout, c_at),
+        )
+
+    def env(self, top_env: Any, node_env: Any, at: tuple) -> Mapping[str, str]:
+        merged: dict[str, str] = {}
+        for raw, where in ((top_env, ("env",)), (node_env, at + ("env",))):
+            if not isinstance(raw, dict):
+                raise self.error(where, "must be a mapping of NAME: value")
+            for name, value in raw.items():
+                if not isinstance(name, str) or not ENV_NAME.match(name):
+                    raise self.error(where + (name,), "is not a valid environment variable name")
+                if value is None or isinstance(value, (dict, list)):
+                    raise self.error(where + (name,), "must be a string or number")
+                merged[name] = _env_text(value)
+        return MappingProxyType(merged)
+
+    def master_addr(self, master: dict, first: NodeConfig) -> str:
+        if "addr" in master:
+            return self.string(master["addr"], ("master", "addr"))
+        return first.addr
+
+    def master_port(self, master: dict) -> int | None:
+        port = master.get("port", "auto")
+        if port == "auto":
+            return None
+        return self.integer(port, ("master", "port"), low=1, high=65535, hint="or `auto`")
+
+    def check_unique(self, nodes: tuple[NodeConfig, ...]) -> None:
+        seen: dict[tuple, NodeConfig] = {}
+        for node in nodes:
+            key = (node.transport, node.host, node.ssh.port)
+            if key in seen:
+                first = seen[key]
+                raise self.error(("nodes", node.rank, "host"),
+                                 f"duplicate of nodes[{first.rank}] (line {first.line}): "
+                                 f"list each node once and set `gpus:` to its process count")
+            seen[key] = node
+
+    # --- scalar checks ---
+
+    def mapping(self, value: Any, at: tuple, allowed: tuple[str, ...]) -> dict:
+        if not isinstance(value, dict):
+            raise self.error(at, f"must be a mapping, got {_kind(value)}")
+        for key in value:
+            if key not in allowed:
+                hint = _closest(str(key), allowed)
+                raise self.error(at + (key,), "unknown key" + (f"; did you mean `{hint}`?" if hint else
+                                 f"; allowed here: {', '.join(allowed)}"))
+        return value
+
+    def string(self, value: Any, at: tuple) -> str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value) == "":
+            raise self.error(at, f"must be a non-empty string, got {_kind(value)}")
+        return str(value)
+
+    def integer(self, value: Any, at: tuple, low: int, high: int | None = None, hint: str = "") -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+            bound = f"between {low} and {high}" if high else f">= {low}"
+            raise self.error(at, f"must be an integer {bound}{' ' + hint if hint else ''}, got {value!r}")
+        return value
+
+    def positive(self, value: Any, at: tuple, allow_zero: bool = False) -> float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or value < 0 or (value == 0 and not allow_zero):
+            raise self.error(at, f"must be a number of seconds {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        return float(value)
+
+    def file_path(self, value: Any, at: tuple) -> str:
+        text = os.path.expanduser(self.string(value, at))
+        return text if os.path.isabs(text) else os.path.join(self.base_dir, text)
+
+
+def _env_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return {dict: "a mapping", list: "a list", str: f"{value!r}"}.get(type(value), repr(value))
+
+
+def _closest(word: str, options: tuple[str, ...]) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return match[0] if match else None

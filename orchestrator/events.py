@@ -1,0 +1,70 @@
+"""What node sessions report to the job loop. Plain values; one queue, one consumer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from .errors import NodeProblem
+
+Stream = Literal["out", "err", "node"]  # worker/launcher stdout, stderr, or the node's own diagnostics
+
+
+@dataclass(frozen=True)
+class LogLine:
+    stream: Stream
+    rank: int | None  # global rank; None for the launcher or the node itself
+    text: str
+
+
+@dataclass(frozen=True)
+class Ready:
+    node: int
+    info: dict
+
+
+@dataclass(frozen=True)
+class SetupFailed:
+    node: int
+    problem: NodeProblem
+
+
+@dataclass(frozen=True)
+class Started:
+    node: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Lines:
+    node: int
+    lines: list[LogLine] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Stopping:
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Exited:
+    node: int
+    code: int | None
+    signal: str | None
+    stopped: bool  # ended because we (or a signal to the agent) asked it to stop
+    reason: str | None
+    started: bool
+    killed: int  # processes that needed SIGKILL
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The session's stream ended. Without an Exited first, the node is lost."""
+
+    node: int
+    exit_status: int | None
+    stderr_tail: tuple[str, ...]
+
+
+Event = Union[Ready, SetupFailed, Started, Lines, Stopping, Exited, Closed]

@@ -1,0 +1,379 @@
+"""The job loop: open every node in parallel, start them together, watch, fail fast, clean up.
+
+The main thread consumes one event queue (fed by session threads) and owns every decision;
+per-node outcomes are values, and the first failure by time is named as the root cause.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Protocol
+
+from . import protocol
+from .cleanup import SweepReport, match_for, sweep_node
+from .errors import EXIT_JOB_FAILED, EXIT_OK, NodeProblem, SetupError
+from .events import Closed, Exited, Lines, LogLine, Ready, SetupFailed, Started, Stopping
+from .logparse import FailureReportParser
+from .plan import LaunchPlan, NodePlan
+from .session import NodeSession
+from .transport import Transport, transport_for
+
+State = Literal["connecting", "ready", "starting", "running", "stopping",
+                "done", "failed", "stopped", "lost", "error"]
+TERMINAL = frozenset({"done", "failed", "stopped", "lost", "error"})
+STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its stop is SIGKILLed
+KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept over a new channel
+SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
+
+
+@dataclass
+class NodeStatus:
+    plan: NodePlan
+    state: State = "connecting"
+    exit_code: int | None = None
+    signal: str | None = None
+    reason: str | None = None
+    pid: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    lines: int = 0
+    last_line: str = ""
+    report: FailureReportParser = field(default_factory=FailureReportParser)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass(frozen=True)
+class Failure:
+    node: int
+    label: str
+    rank: int | None
+    exit_code: int | None
+    what: str
+    at: float  # wall-clock time of the failure (the node's own report when there is one)
+
+    def render(self) -> str:
+        who = f"{self.label} (node {self.node}" + (f", rank {self.rank})" if self.rank is not None else ")")
+        return f"{who}: {self.what}"
+
+
+@dataclass
+class JobResult:
+    plan: LaunchPlan
+    nodes: list[NodeStatus]
+    master_port: int | None
+    failures: list[Failure]
+    interrupted: int | None = None  # signal number
+    sweeps: list[SweepReport] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    @property
+    def root_cause(self) -> Failure | None:
+        return min(self.failures, key=lambda f: f.at) if self.failures else None
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 128 + self.interrupted
+        if self.failures or any(n.state != "done" for n in self.nodes):
+            return EXIT_JOB_FAILED
+        return EXIT_OK
+
+
+class View(Protocol):
+    def lines(self, node: NodePlan, lines: list[LogLine]) -> None: ...
+    def node_state(self, status: NodeStatus) -> None: ...
+    def notice(self, text: str) -> None: ...
+
+
+class Job:
+    def __init__(self, plan: LaunchPlan, view: View,
+                 transport_factory: Callable[[object], Transport] = transport_for,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self.plan = plan
+        self.view = view
+        self.clock = clock
+        self.wall = wall
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.transport_factory = transport_factory
+        self.sessions = [NodeSession(plan, n, transport_factory(n.config), self.events.put, clock)
+                         for n in plan.nodes]
+        self.status = [NodeStatus(n) for n in plan.nodes]
+        self.failures: list[Failure] = []
+        self.master_port = plan.master_port
+        self.interrupted: int | None = None
+        self.stop_requested = False
+        self.stop_deadline: float | None = None
+        self.kill_deadline: float | None = None
+        self.started = clock()
+        self.sweeps: list[SweepReport] = []
+        self._pool = ThreadPoolExecutor(max_workers=min(64, len(plan.nodes)), thread_name_prefix="connect")
+        self._next_heartbeat = 0.0
+
+    # --- the three phases ---
+
+    def run(self) -> JobResult:
+        """Connect + preflight everywhere, start everywhere at once, supervise to the end."""
+        for session in self.sessions:
+            self._pool.submit(session.open)
+        self._await_ready()
+        self._go()
+        self._drain()
+        return self.result()
+
+    def stop(self, signum: int | None = None, reason: str = "") -> JobResult:
+        """Graceful stop of every node (Ctrl-C, SIGTERM, SIGHUP): idempotent."""
+        if signum is not None and self.interrupted is None:
+            self.interrupted = signum
+        self._request_stop(reason or "stop requested")
+        self._drain()
+        return self.result()
+
+    def kill(self) -> JobResult:
+        """Immediate SIGKILL of every job process (second Ctrl-C)."""
+        self._request_stop("kill requested")
+        self.kill_deadline = self.clock() + KILL_MARGIN
+        for session, status in zip(self.sessions, self.status):
+            if not status.terminal:
+                session.send(protocol.KILL)
+        self._drain()
+        return self.result()
+
+    def close(self) -> None:
+        """Always called (finally): drop connections, then sweep any node that was lost."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for session in self.sessions:
+            session.cancel()
+        with ThreadPoolExecutor(max_workers=min(64, len(self.sessions))) as pool:
+            list(pool.map(lambda s: s.disconnect(), self.sessions))
+        self.sweeps = self._sweep_lost()
+
+    def result(self) -> JobResult:
+        return JobResult(self.plan, self.status, self.master_port, list(self.failures), self.interrupted,
+                         self.sweeps, self.clock() - self.started)
+
+    # --- phase 1: connect and preflight ---
+
+    def _await_ready(self) -> None:
+        deadline = self.clock() + max(n.config.ssh.connect_timeout for n in self.plan.nodes) + SETUP_MARGIN
+        problems: dict[int, NodeProblem] = {}
+        while any(s.state == "connecting" for s in self.status):
+            event = self._next(deadline)
+            if event is None and self.clock() >= deadline:
+                for s in self.status:
+                    if s.state == "connecting":
+                        problems[s.plan.index] = NodeProblem(s.plan.label, "no ready report from the node agent",
+                                                             "check the node's load and filesystem")
+                        s.state = "error"
+                break
+            if isinstance(event, SetupFailed):
+                problems[event.node] = event.problem
+                self._set(event.node, "error", reason=event.problem.what)
+            elif isinstance(event, Closed) and self.status[event.node].state == "connecting":
+                problems[event.node] = self._early_exit_problem(event)
+                self._set(event.node, "error", reason=problems[event.node].what)
+            elif event is not None:
+                self._handle(event)
+        if problems:
+            raise SetupError([problems[k] for k in sorted(problems)])
+
+    def _early_exit_problem(self, event: Closed) -> NodeProblem:
+        node = self.plan.nodes[event.node]
+        tail = " | ".join(event.stderr_tail[-3:])
+        if event.exit_status == 127:
+            return NodeProblem(node.label, f"python not found: {node.config.python!r} ({tail})",
+                               "set `python:` to the interpreter's absolute path on that node")
+        return NodeProblem(node.label, f"the node agent exited before it was ready (status {event.exit_status})"
+                           + (f": {tail}" if tail else ""), "run the same python on the node by hand")
+
+    # --- phase 2: go ---
+
+    def _go(self) -> None:
+        if self.master_port is None:
+            raise SetupError([NodeProblem(self.plan.master.label, "the master did not report a free port")])
+        for session, status in zip(self.sessions, self.status):
+            session.send(protocol.go(self.plan.launcher_argv(session.node, self.master_port)))
+            status.state = "starting"
+            status.started_at = self.clock()
+            self.view.node_state(status)
+
+    # --- phase 3: supervise until every node is terminal ---
+
+    def _drain(self) -> None:
+        while not all(s.terminal for s in self.status):
+            event = self._next(self._soonest_deadline())
+            if event is not None:
+                self._handle(event)
+            self._watch()
+
+    def _next(self, deadline: float | None) -> object | None:
+        now = self.clock()
+        wait = min(self.plan.heartbeat, 0.25) if deadline is None else max(0.0, min(deadline - now, 0.25))
+        try:
+            return self.events.get(timeout=wait)
+        except queue.Empty:
+            return None
+        finally:
+            self._heartbeat()
+
+    def _soonest_deadline(self) -> float | None:
+        times = [t for t in (self.stop_deadline, self.kill_deadline) if t is not None]
+        return min(times) if times else None
+
+    def _heartbeat(self) -> None:
+        now = self.clock()
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat = now + self.plan.heartbeat
+        for session, status in zip(self.sessions, self.status):
+            if not status.terminal and session.proc is not None:
+                session.send(protocol.HEARTBEAT)
+
+    def _handle(self, event: object) -> None:
+        if isinstance(event, Lines):
+            self._lines(event)
+        elif isinstance(event, Ready):
+            self._ready(event)
+        elif isinstance(event, Started):
+            self.status[event.node].pid = event.pid
+            self._set(event.node, "running")
+        elif isinstance(event, Stopping):
+            self._set(event.node, "stopping", reason=event.reason)
+        elif isinstance(event, Exited):
+            self._exited(event)
+        elif isinstance(event, Closed):
+            self._closed(event)
+        elif isinstance(event, SetupFailed) and not self.status[event.node].terminal:
+            self._set(event.node, "stopped", reason=event.problem.what)  # cancelled while connecting
+
+    def _ready(self, event: Ready) -> None:
+        if "port" in event.info and self.master_port is None:
+            self.master_port = int(event.info["port"])
+        self._set(event.node, "ready")
+        if self.stop_requested:  # interrupted while others were still connecting
+            self.sessions[event.node].close()
+
+    def _lines(self, event: Lines) -> None:
+        status = self.status[event.node]
+        for line in event.lines:
+            if line.rank is None and line.stream != "node":
+                status.report.feed(line.text)
+        status.lines += len(event.lines)
+        status.last_line = event.lines[-1].text
+        self.view.lines(status.plan, event.lines)
+
+    def _exited(self, event: Exited) -> None:
+        status = self.status[event.node]
+        status.exit_code, status.signal = event.code, event.signal
+        if self.stop_requested and (event.stopped or event.code != 0):
+            self._set(event.node, "stopped", reason=status.reason or event.reason)
+        elif event.stopped:
+            self._set(event.node, "stopped", reason=event.reason)
+            self._fail(event.node, None, event.code, f"stopped on the node: {event.reason}")
+        elif event.code == 0:
+            self._set(event.node, "done")
+        else:
+            self._set(event.node, "failed", reason=f"launcher exited with {_describe_code(event.code, event.signal)}")
+            root = status.report.root
+            rank = root.rank if root else None
+            code = root.exit_code if root and root.exit_code is not None else event.code
+            what = f"rank {rank} exited with code {code}" if rank is not None else status.reason
+            self._fail(event.node, rank, code, what, at=root.time if root else None)
+
+    def _closed(self, event: Closed) -> None:
+        status = self.status[event.node]
+        if status.terminal:
+            return
+        tail = "; ".join(event.stderr_tail[-2:])
+        what = "connection to the node agent lost" + (f" ({tail})" if tail else "")
+        self._lost(event.node, what)
+
+    def _lost(self, node: int, what: str) -> None:
+        self._set(node, "lost", reason=what)
+        self.sessions[node].close()
+        if not self.stop_requested or self.interrupted is None:
+            self._fail(node, None, None, what)
+
+    def _watch(self) -> None:
+        """Heartbeat deadlines, and escalation when nodes do not confirm a stop."""
+        now = self.clock()
+        for session, status in zip(self.sessions, self.status):
+            silent = now - session.last_heard
+            if not status.terminal and session.proc is not None and silent > self.plan.orphan_timeout:
+                self._lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
+        if self.stop_deadline is not None and now >= self.stop_deadline and self.kill_deadline is None:
+            self.kill_deadline = now + KILL_MARGIN
+            for session, status in zip(self.sessions, self.status):
+                if not status.terminal:
+                    self.view.notice(f"{status.plan.label}: no stop confirmation; sending SIGKILL")
+                    session.send(protocol.KILL)
+        if self.kill_deadline is not None and now >= self.kill_deadline:
+            for status in self.status:
+                if not status.terminal:
+                    self._set(status.plan.index, "lost", reason="did not confirm the stop; sweeping it")
+                    self.sessions[status.plan.index].close()
+
+    # --- failure and stop ---
+
+    def _fail(self, node: int, rank: int | None, code: int | None, what: str, at: float | None = None) -> None:
+        label = self.plan.nodes[node].label
+        self.failures.append(Failure(node, label, rank, code, what, at if at is not None else self.wall()))
+        if not self.stop_requested:
+            self.view.notice(f"{label} failed: {what}; stopping all nodes")
+            self._request_stop(f"{label} failed")
+
+    def _request_stop(self, reason: str) -> None:
+        if self.stop_requested:
+            return
+        self.stop_requested = True
+        self.stop_deadline = self.clock() + self.plan.stop_grace + STOP_MARGIN
+        for session, status in zip(self.sessions, self.status):
+            if status.state == "connecting":
+                session.cancel()
+            elif status.state == "ready":
+                session.close()  # the agent exits without starting anything
+            elif not status.terminal:
+                status.reason = reason
+                session.send(protocol.STOP)
+
+    def _set(self, node: int, state: State, reason: str | None = None) -> None:
+        status = self.status[node]
+        status.state = state
+        if reason is not None:
+            status.reason = reason
+        if state in TERMINAL:
+            status.ended_at = self.clock()
+        self.view.node_state(status)
+
+    def _sweep_lost(self) -> list[SweepReport]:
+        """A lost node may still run job processes: sweep them over a fresh connection."""
+        lost = [s.plan for s in self.status if s.state == "lost"]
+        if not lost:
+            return []
+
+        def sweep(node: NodePlan) -> SweepReport:
+            match = match_for(job=self.plan.job_id, node=node.index)
+            return sweep_node(node.config, match, grace=self.plan.stop_grace,
+                              transport=self.transport_factory(node.config))
+
+        with ThreadPoolExecutor(max_workers=min(64, len(lost))) as pool:
+            reports = list(pool.map(sweep, lost))
+        for report in reports:
+            if report.error:
+                self.view.notice(f"{report.node.label}: cleanup not confirmed ({report.error}); its agent stops the "
+                                 f"job by itself within orphan_timeout ({self.plan.orphan_timeout:g} s), "
+                                 f"or run ddp-kill")
+            elif report.found:
+                self.view.notice(f"{report.node.label}: swept {len(report.found)} leftover process(es)")
+        return reports
+
+
+def _describe_code(code: int | None, signal: str | None) -> str:
+    if signal:
+        return f"signal {signal}"
+    return f"code {code}"

@@ -1,0 +1,167 @@
+"""Config + script + args -> one launch spec per node. Pure: no I/O, golden-tested.
+
+Script arguments never pass through a shell: the launcher argv travels to the node agent as
+JSON and is exec'd directly. ``shell_line`` renders the same argv shell-quoted for --dry-run.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from .agent import TAG_CLUSTER, TAG_JOB, TAG_NODE
+from .config import ClusterConfig, NodeConfig
+
+# torchrun prefixes each teed worker line with this; the controller parses it back into a global
+# rank. Control characters cannot collide with what a script prints at the start of a line.
+RANK_MARK = "\x1d"
+RANK_PREFIX_TEMPLATE = RANK_MARK + "${rank}" + RANK_MARK
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    index: int  # node rank
+    config: NodeConfig
+    first_rank: int
+    workdir: str | None
+    env: Mapping[str, str]
+
+    @property
+    def label(self) -> str:
+        return self.config.label
+
+    @property
+    def nproc(self) -> int:
+        return self.config.gpus
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+    def tags(self, plan: LaunchPlan) -> dict[str, str]:
+        """Environment that marks every process of this job on this node as ddp-up's."""
+        return {TAG_JOB: plan.job_id, TAG_NODE: str(self.index), TAG_CLUSTER: plan.cluster_id}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job_id: str
+    cluster_id: str
+    master_addr: str
+    master_port: int | None  # None until the master node picked one
+    nodes: tuple[NodePlan, ...]
+    script: str
+    script_args: tuple[str, ...]
+    orphan_timeout: float
+    stop_grace: float
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nproc for n in self.nodes)
+
+    @property
+    def master(self) -> NodePlan:
+        """The node that hosts the rendezvous store: the one whose addr is master_addr, else node 0."""
+        for node in self.nodes:
+            if node.config.addr == self.master_addr or node.config.host == self.master_addr:
+                return node
+        return self.nodes[0]
+
+    @property
+    def heartbeat(self) -> float:
+        """Seconds between heartbeats, both ways: several per orphan_timeout, at most 5 s."""
+        return round(min(5.0, self.orphan_timeout / 4), 3)
+
+    def launcher_argv(self, node: NodePlan, port: int) -> list[str]:
+        cfg = node.config
+        return [
+            cfg.python, "-u", "-m", "torch.distributed.run",
+            f"--nnodes={len(self.nodes)}",
+            f"--nproc-per-node={cfg.gpus}",
+            f"--node-rank={node.index}",
+            f"--master-addr={self.master_addr}",
+            f"--master-port={port}",
+            "--tee=3",
+            self.script,
+            *self.script_args,
+        ]
+
+    def agent_spec(self, node: NodePlan) -> dict:
+        """What the node agent needs before go: where to run, what to check, how to stop."""
+        is_master = node.index == self.master.index
+        return {
+            "mode": "run",
+            "job": self.job_id,
+            "node": node.index,
+            "cluster": self.cluster_id,
+            "workdir": node.workdir,
+            "script": self.script,
+            "env": dict(node.env),
+            "pick_port": is_master and self.master_port is None,
+            "check_port": self.master_port if is_master else None,
+            "orphan_timeout": self.orphan_timeout,
+            "stop_grace": self.stop_grace,
+            "heartbeat": self.heartbeat,
+        }
+
+    def shell_line(self, node: NodePlan, port: int | str) -> str:
+        """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""
+        argv = self.launcher_argv(node, 0)
+        argv[argv.index("--master-port=0")] = f"--master-port={port}"
+        env = {**node.tags(self), **node.env}
+        parts = [f"cd {quote_path(node.workdir or '~')}", "&&", "env"]
+        parts += [f"{k}={display_quote(v)}" for k, v in env.items()]
+        parts += [quote_path(argv[0]), *(display_quote(a) for a in argv[1:])]
+        return " ".join(parts)
+
+
+def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
+              job_id: str, local_cwd: str) -> LaunchPlan:
+    """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings."""
+    nodes = []
+    first = 0
+    for cfg in config.nodes:
+        workdir = cfg.workdir
+        if workdir is None and cfg.transport == "local":
+            workdir = local_cwd  # a local node runs where the user is, like `torchrun` would
+        env = {**cfg.env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX_TEMPLATE}
+        nodes.append(NodePlan(index=cfg.rank, config=cfg, first_rank=first, workdir=workdir, env=env))
+        first += cfg.gpus
+    return LaunchPlan(
+        job_id=job_id,
+        cluster_id=config.cluster_id,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
+        nodes=tuple(nodes),
+        script=script,
+        script_args=tuple(script_args),
+        orphan_timeout=config.orphan_timeout,
+        stop_grace=config.stop_grace,
+    )
+
+
+def new_job_id(now: float | None = None, token: str | None = None) -> str:
+    """Sortable and unique enough to share nodes: ``20261122-064501-3f9a2c``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    return f"{stamp}-{token or secrets.token_hex(3)}"
+
+
+def display_quote(value: str) -> str:
+    """shlex.quote, but control characters become a visible bash $'\\xNN' string."""
+    if value.isprintable():
+        return shlex.quote(value)
+    body = "".join(c if c.isprintable() and c not in "\\'" else f"\\x{ord(c):02x}" for c in value)
+    return f"$'{body}'"
+
+
+def quote_path(path: str) -> str:
+    """Shell-quote a path but keep a leading ``~/`` meaning the remote user's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+

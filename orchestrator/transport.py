@@ -1,0 +1,267 @@
+"""How the controller reaches a node: SSH (Fabric/paramiko) or a local subprocess.
+
+The only module that imports the SSH library. Both transports give the same small surface:
+``connect()``, then ``start(command)`` returning a ``RemoteProcess`` with byte-chunk reads of
+stdout/stderr, ``write`` to stdin, and an exit status; so sessions, tests and the localhost demo
+share one code path.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shlex
+import socket
+import subprocess
+import threading
+from abc import ABC, abstractmethod
+from typing import Mapping
+
+from .config import NodeConfig
+from .errors import NodeProblem
+from .plan import quote_path
+
+CHUNK = 65536
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+
+
+class ConnectFailed(Exception):
+    """Carries the NodeProblem to show; raised by ``Transport.connect``."""
+
+    def __init__(self, problem: NodeProblem):
+        super().__init__(problem.what)
+        self.problem = problem
+
+
+class RemoteProcess(ABC):
+    """The agent process on a node, as seen from the controller."""
+
+    @abstractmethod
+    def read_stdout(self) -> bytes:
+        """Next chunk of stdout; b'' at end of stream. Blocks."""
+
+    @abstractmethod
+    def read_stderr(self) -> bytes:
+        """Next chunk of stderr; b'' at end of stream. Blocks."""
+
+    @abstractmethod
+    def write(self, data: bytes) -> None:
+        """Write to the process's stdin; raises OSError once the stream is gone."""
+
+    @abstractmethod
+    def exit_status(self, timeout: float) -> int | None:
+        """Exit status once known (waits up to ``timeout``), else None."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the streams; the agent sees EOF on stdin and stops its job."""
+
+
+class Transport(ABC):
+    def __init__(self, node: NodeConfig):
+        self.node = node
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Open the connection; raise ConnectFailed with a user-facing reason and fix."""
+
+    @abstractmethod
+    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str]) -> RemoteProcess:
+        """Run ``python -u -c BOOTSTRAP ARGS`` on the node with ``tags`` in its environment."""
+
+    def close(self) -> None:
+        """Drop the connection (idempotent)."""
+
+
+def transport_for(node: NodeConfig) -> Transport:
+    return LocalTransport(node) if node.transport == "local" else SSHTransport(node)
+
+
+# --- local ------------------------------------------------------------------------------------
+
+class LocalProcess(RemoteProcess):
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def read_stdout(self) -> bytes:
+        return _read_fd(self.proc.stdout)
+
+    def read_stderr(self) -> bytes:
+        return _read_fd(self.proc.stderr)
+
+    def write(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def exit_status(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+
+def _read_fd(stream) -> bytes:
+    try:
+        return os.read(stream.fileno(), CHUNK)
+    except (OSError, ValueError):
+        return b""
+
+
+class LocalTransport(Transport):
+    """A node on this machine, behind the same interface as SSH (the demo, and tests)."""
+
+    def connect(self) -> None:
+        pass
+
+    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str]) -> RemoteProcess:
+        env = {**os.environ, **tags}
+        try:
+            proc = subprocess.Popen([os.path.expanduser(python), "-u", *bootstrap_args], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)  # Ctrl-C reaches ddp-up only
+        except OSError as e:
+            raise ConnectFailed(NodeProblem(self.node.label, f"cannot run {python}: {e.strerror}",
+                                            "set `python:` to an interpreter that exists")) from None
+        return LocalProcess(proc)
+
+
+# --- SSH --------------------------------------------------------------------------------------
+
+class SSHProcess(RemoteProcess):
+    def __init__(self, channel):
+        self.channel = channel
+        self._write_lock = threading.Lock()
+
+    def read_stdout(self) -> bytes:
+        try:
+            return self.channel.recv(CHUNK)
+        except (OSError, EOFError):
+            return b""
+
+    def read_stderr(self) -> bytes:
+        try:
+            return self.channel.recv_stderr(CHUNK)
+        except (OSError, EOFError):
+            return b""
+
+    def write(self, data: bytes) -> None:
+        with self._write_lock:
+            if self.channel.closed:
+                raise OSError("channel closed")
+            self.channel.sendall(data)
+
+    def exit_status(self, timeout: float) -> int | None:
+        if self.channel.status_event.wait(timeout):
+            return self.channel.exit_status
+        return None
+
+    def close(self) -> None:
+        try:
+            self.channel.shutdown_write()
+        except (OSError, EOFError):
+            pass
+        self.channel.close()
+
+
+class SSHTransport(Transport):
+    """Fabric supplies connection settings, ~/.ssh/config and gateways; we add strict host keys."""
+
+    def __init__(self, node: NodeConfig):
+        super().__init__(node)
+        self.conn = None
+
+    def connect(self) -> None:
+        import paramiko
+        from fabric import Connection
+
+        ssh = self.node.ssh
+        kwargs = {"banner_timeout": ssh.connect_timeout, "auth_timeout": ssh.connect_timeout}
+        if ssh.identity_file:
+            kwargs["key_filename"] = [ssh.identity_file]
+        conn = Connection(self.node.host, user=ssh.user, port=ssh.port,
+                          connect_timeout=max(1, round(ssh.connect_timeout)), connect_kwargs=kwargs)
+        if os.path.isfile(ssh.known_hosts):
+            conn.client.load_host_keys(ssh.known_hosts)
+        if os.path.isfile(SYSTEM_KNOWN_HOSTS):
+            conn.client.load_system_host_keys(SYSTEM_KNOWN_HOSTS)
+        # Fabric installs AutoAddPolicy; replace it before connecting: unknown keys are refused.
+        conn.client.set_missing_host_key_policy(_RejectUnknownHost(self.node, ssh.known_hosts))
+        try:
+            conn.open()
+        except Exception as e:  # noqa: BLE001 - every failure becomes one clear message
+            conn.close()
+            raise ConnectFailed(describe_connect_error(self.node, e, paramiko)) from None
+        conn.transport.set_keepalive(5)
+        self.conn = conn
+
+    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str]) -> RemoteProcess:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tags.items())
+        command = f"exec env {env} {quote_path(python)} -u {' '.join(shlex.quote(a) for a in bootstrap_args)}"
+        channel = self.conn.transport.open_session(timeout=self.node.ssh.connect_timeout)
+        channel.exec_command(command)
+        return SSHProcess(channel)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+class UnknownHostKey(Exception):
+    def __init__(self, problem: NodeProblem):
+        super().__init__(problem.what)
+        self.problem = problem
+
+
+class _RejectUnknownHost:
+    """Like OpenSSH's StrictHostKeyChecking=yes, but the refusal says how to fix it."""
+
+    def __init__(self, node: NodeConfig, known_hosts: str):
+        self.node = node
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+        port = self.node.ssh.port
+        target = hostname if port == 22 else f"-p {port} {self.node.host}"
+        raise UnknownHostKey(NodeProblem(
+            self.node.label,
+            f"unknown host key ({key.get_name()} SHA256:{digest}); refusing to connect",
+            f"verify the fingerprint with the node's admin, then add it: "
+            f"ssh-keyscan {target} >> {self.known_hosts}"))
+
+
+def describe_connect_error(node: NodeConfig, e: Exception, paramiko) -> NodeProblem:
+    """Map whatever the SSH stack raised to one reason and one fix."""
+    ssh = node.ssh
+    where = f"{ssh.user + '@' if ssh.user else ''}{node.host}:{ssh.port}"
+    if isinstance(e, UnknownHostKey):
+        return e.problem
+    if isinstance(e, paramiko.BadHostKeyException):
+        return NodeProblem(node.label, f"host key for {node.host} CHANGED (possible impersonation); refusing",
+                           f"if the node was reinstalled, remove the old key: ssh-keygen -R {node.host} "
+                           f"-f {ssh.known_hosts}, then add the new one")
+    if isinstance(e, paramiko.PasswordRequiredException):
+        return NodeProblem(node.label, "the identity file is passphrase-protected and no prompt is possible",
+                           "load it into ssh-agent (ssh-add) or use an unencrypted key")
+    if isinstance(e, paramiko.AuthenticationException):
+        return NodeProblem(node.label, f"SSH authentication failed for {where} (key-only, no password prompts)",
+                           "check `user:`/`identity_file:`, ssh-agent, and the node's authorized_keys")
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return NodeProblem(node.label, f"no answer from {where} within {ssh.connect_timeout:g} s",
+                           "check the address, the network path and that sshd runs; or raise ssh.connect_timeout")
+    if isinstance(e, socket.gaierror):
+        return NodeProblem(node.label, f"cannot resolve host name {node.host!r}",
+                           "fix `host:` or add it to DNS, /etc/hosts or ~/.ssh/config")
+    if isinstance(e, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError)):
+        return NodeProblem(node.label, f"connection refused by {where}",
+                           "start sshd on the node or fix `port:`")
+    if isinstance(e, OSError) and e.strerror:
+        return NodeProblem(node.label, f"cannot reach {where}: {e.strerror}", "check the address and routing")
+    return NodeProblem(node.label, f"SSH to {where} failed: {e}", "try `ssh` by hand to see the full error")

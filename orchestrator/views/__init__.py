@@ -1,0 +1,1 @@
+"""Views of a job: they read events and statuses and own the terminal; they never touch SSH."""
