@@ -392,10 +392,11 @@ class Runner:
                 pass
         if not keep_logs:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
+        for path in (self.dir, os.path.dirname(self.dir)):
+            try:
+                os.rmdir(path)  # only if empty: other jobs may share the parent
+            except OSError:
+                break
 
 
 def signal_name(code):

@@ -7,6 +7,7 @@ per-node outcomes are values, and the first failure by time is named as the root
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -112,7 +113,6 @@ class Job:
         self.kill_deadline: float | None = None
         self.started = clock()
         self.sweeps: list[SweepReport] = []
-        self._pool = ThreadPoolExecutor(max_workers=min(64, len(plan.nodes)), thread_name_prefix="connect")
         self._next_heartbeat = 0.0
 
     # --- the three phases ---
@@ -120,7 +120,8 @@ class Job:
     def run(self) -> JobResult:
         """Connect + preflight everywhere, start everywhere at once, supervise to the end."""
         for session in self.sessions:
-            self._pool.submit(session.open)
+            # Daemon threads, not an executor: a connect stuck on a dead host must not delay exit.
+            threading.Thread(target=session.open, name=f"connect-{session.node.label}", daemon=True).start()
         self._await_ready()
         self._go()
         self._drain()
@@ -146,7 +147,6 @@ class Job:
 
     def close(self) -> None:
         """Always called (finally): drop connections, then sweep any node that was lost."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
         for session in self.sessions:
             session.cancel()
         with ThreadPoolExecutor(max_workers=min(64, len(self.sessions))) as pool:
@@ -237,6 +237,8 @@ class Job:
     def _handle(self, event: object) -> None:
         if isinstance(event, Lines):
             self._lines(event)
+        elif self.status[event.node].terminal:
+            return  # e.g. a cancelled connect finishing late: its outcome is already decided
         elif isinstance(event, Ready):
             self._ready(event)
         elif isinstance(event, Started):
@@ -248,15 +250,14 @@ class Job:
             self._exited(event)
         elif isinstance(event, Closed):
             self._closed(event)
-        elif isinstance(event, SetupFailed) and not self.status[event.node].terminal:
+        elif isinstance(event, SetupFailed):
             self._set(event.node, "stopped", reason=event.problem.what)  # cancelled while connecting
 
     def _ready(self, event: Ready) -> None:
         if "port" in event.info and self.master_port is None:
             self.master_port = int(event.info["port"])
-        self._set(event.node, "ready")
-        if self.stop_requested:  # interrupted while others were still connecting
-            self.sessions[event.node].close()
+        if not self.status[event.node].terminal:
+            self._set(event.node, "ready")
 
     def _lines(self, event: Lines) -> None:
         status = self.status[event.node]
@@ -334,9 +335,8 @@ class Job:
         self.stop_deadline = self.clock() + self.plan.stop_grace + STOP_MARGIN
         for session, status in zip(self.sessions, self.status):
             if status.state == "connecting":
-                session.cancel()
-            elif status.state == "ready":
-                session.close()  # the agent exits without starting anything
+                session.cancel()  # nothing can have started there
+                self._set(status.plan.index, "stopped", reason="cancelled while connecting")
             elif not status.terminal:
                 status.reason = reason
                 session.send(protocol.STOP)

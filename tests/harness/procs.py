@@ -1,0 +1,68 @@
+"""Looking at job processes from the test's side: by the tags in /proc/PID/environ."""
+
+from __future__ import annotations
+
+import time
+
+from orchestrator.agent import find_tagged, is_alive
+
+
+def job_processes(job: str | None = None, **tags: str) -> list[dict]:
+    match = {"DDP_UP_JOB": job} if job else {}
+    match.update({f"DDP_UP_{k.upper()}": str(v) for k, v in tags.items()})
+    found = find_tagged(match)
+    return found if job or tags else [p for p in found if "DDP_UP_JOB" in p["tags"]]
+
+
+def wait_no_job_processes(job: str | None, timeout: float) -> list[dict]:
+    """Bounded wait until no live process carries the job's tag; returns what is left."""
+    deadline = time.monotonic() + timeout
+    left = job_processes(job)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = job_processes(job)
+    return left
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy; bounded. Returns its last value."""
+    deadline = time.monotonic() + timeout
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval)
+        value = predicate()
+    return value
+
+
+def alive(pid: int) -> bool:
+    return is_alive(pid)
+
+
+def environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def worker_pid(job: str, rank: int) -> int | None:
+    for p in job_processes(job):
+        if environ(p["pid"]).get("RANK") == str(rank) and "torch.distributed.run" not in p["cmd"]:
+            return p["pid"]
+    return None
+
+
+def agent_pid(job: str, node: int) -> int | None:
+    for p in job_processes(job, node=node):
+        if "ddp_up_agent" in p["cmd"]:
+            return p["pid"]
+    return None
+
+
+def parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rfind(b")") + 2:].split()[1])

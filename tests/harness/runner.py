@@ -1,0 +1,97 @@
+"""Run the real ddp-up / ddp-kill CLIs as subprocesses and watch their output as it arrives."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+UP = "import sys; from orchestrator.cli import main_up; sys.exit(main_up())"
+KILL = "import sys; from orchestrator.cli import main_kill; sys.exit(main_kill())"
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_UP_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["COLUMNS"] = "200"  # keep rich from wrapping summary tables in captured output
+    return env
+
+
+class Launch:
+    """A running ddp-up; output is collected by a thread so waits can be on lines, not sleeps."""
+
+    def __init__(self, args: list[str], code: str = UP):
+        self.proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=_env(),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace")
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.started = time.monotonic()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self._changed:
+            return "\n".join(self.lines)
+
+    def wait_line(self, pattern: str, timeout: float) -> str:
+        """Block until an output line matches ``pattern`` (regex); fail with the output so far."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._changed:
+            while True:
+                for line in self.lines[seen:]:
+                    if rx.search(line):
+                        return line
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{self.output}")
+                self._changed.wait(min(left, 0.5))
+
+    def signal(self, sig: int = signal.SIGINT) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError(f"ddp-up did not exit within {timeout} s:\n{self.output}") from None
+        self._reader.join(5)
+        return code
+
+    @property
+    def job_id(self) -> str:
+        m = re.search(r"job (\d{8}-\d{6}-\w+)", self.output)
+        assert m, f"no job id in output:\n{self.output}"
+        return m.group(1)
+
+
+def ddp_up(*args: str, timeout: float = 120) -> tuple[int, str, float]:
+    """Run ddp-up to completion: (exit status, combined output, seconds)."""
+    launch = Launch(list(args))
+    code = launch.wait(timeout)
+    return code, launch.output, time.monotonic() - launch.started
+
+
+def ddp_kill(*args: str, timeout: float = 60) -> tuple[int, str]:
+    launch = Launch(list(args), code=KILL)
+    return launch.wait(timeout), launch.output

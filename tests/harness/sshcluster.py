@@ -1,0 +1,184 @@
+"""A real multi-host SSH cluster on one Linux machine, for integration tests (needs root).
+
+Node K is a network namespace with a veth ``eth0`` at ``NET.K/24`` on a private bridge, its own
+hostname (UTS namespace), an /etc/hosts naming every node, and its own OpenSSH ``sshd`` (key
+only, throwaway host key). Traffic stays on the test subnet: no default route, no forwarding.
+All nodes share the filesystem, /root and one PID space (so tags must name the node).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+
+
+def available() -> str | None:
+    """None if this machine can host the cluster, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in (SSHD, shutil.which("ip"), shutil.which("unshare"), shutil.which("ssh-keygen")):
+        if not tool or not os.path.exists(tool):
+            return "needs openssh-server, openssh-client and iproute2 (apt-get install openssh-server iproute2)"
+    return None
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int  # 1-based, as in the addresses
+    name: str  # hostname inside the node, and its namespace name
+    addr: str
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(args, check=check, capture_output=True, text=True, timeout=30)
+
+
+class SSHCluster:
+    def __init__(self, size: int, base: Path, tag: int | None = None):
+        tag = (os.getpid() % 200) + 20 if tag is None else tag
+        self.size = size
+        self.base = base
+        self.net = f"10.213.{tag}"
+        self.prefix = f"ddpt{tag}n"
+        self.bridge = f"ddptbr{tag}"
+        self.nodes = [Node(k, f"{self.prefix}{k}", f"{self.net}.{k}") for k in range(1, size + 1)]
+        self.keys = base / "keys"
+        self.run_dir = base / "run"
+        self.client_key = self.keys / "id_ed25519"
+        self.host_key = self.keys / "ssh_host_ed25519_key"
+        self.known_hosts = base / "known_hosts"
+
+    # --- lifecycle ---
+
+    def up(self) -> SSHCluster:
+        self._remove_network()  # leftovers of a crashed run with the same tag
+        self.keys.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+        for key in (self.host_key, self.client_key):
+            if not key.exists():
+                _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+        shutil.copy(f"{self.client_key}.pub", self.keys / "authorized_keys")
+        hosts = ["127.0.0.1 localhost"] + [f"{n.addr} {n.name}" for n in self.nodes]
+        (self.run_dir / "hosts").write_text("\n".join(hosts) + "\n")
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{self.net}.254/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        for node in self.nodes:
+            self._start_node(node)
+        host_key = " ".join(Path(f"{self.host_key}.pub").read_text().split()[:2])
+        self.known_hosts.write_text("".join(f"{n.addr} {host_key}\n" for n in self.nodes))
+        for node in self.nodes:
+            self._wait_listening(node)
+        return self
+
+    def _start_node(self, node: Node) -> None:
+        ns, veth = node.name, f"{self.bridge}v{node.index}"
+        _run("ip", "netns", "add", ns)
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _run("ip", "link", "set", veth, "master", self.bridge, "up")
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        _run("ip", "-n", ns, "addr", "add", f"{node.addr}/24", "dev", "eth0")
+        _run("ip", "-n", ns, "link", "set", "eth0", "up")
+        config = self.run_dir / f"{ns}.sshd_config"
+        config.write_text("\n".join([
+            f"ListenAddress {node.addr}",
+            f"HostKey {self.host_key}",
+            f"PidFile {self.run_dir / (ns + '.pid')}",
+            f"AuthorizedKeysFile {self.keys / 'authorized_keys'}",
+            "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "PrintMotd no",
+            "MaxSessions 64", "MaxStartups 200:30:400", "",
+        ]))
+        _run(SSHD, "-t", "-f", str(config))
+        _run("ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
+             f"hostname {ns} && mount --bind {self.run_dir / 'hosts'} /etc/hosts && "
+             f"exec {SSHD} -f {config} -E {self.run_dir / (ns + '.log')}")
+
+    def _wait_listening(self, node: Node, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection((node.addr, 22), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    log = (self.run_dir / f"{node.name}.log")
+                    raise RuntimeError(f"{node.name}: sshd not listening: {log.read_text() if log.exists() else ''}")
+                time.sleep(0.05)
+
+    def down(self) -> None:
+        """Stop every process in every node namespace, delete namespaces, links and files."""
+        for node in self.nodes:
+            pids = self.namespace_pids(node)
+            _signal_all(pids, signal.SIGTERM)
+            if _wait_gone(pids, 3.0):
+                _signal_all(pids, signal.SIGKILL)
+                _wait_gone(pids, 3.0)
+        self._remove_network()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def _remove_network(self) -> None:
+        for node in self.nodes:
+            _run("ip", "netns", "del", node.name, check=False)
+            _run("ip", "link", "del", f"{self.bridge}v{node.index}", check=False)
+        _run("ip", "link", "del", self.bridge, check=False)
+
+    # --- faults ---
+
+    def namespace_pids(self, node: Node) -> list[int]:
+        out = _run("ip", "netns", "pids", node.name, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def partition(self, node: Node) -> None:
+        """Cut the node off without a reset: packets just stop (like a pulled cable)."""
+        _run("ip", "-n", node.name, "link", "set", "eth0", "down")
+
+    def heal(self, node: Node) -> None:
+        _run("ip", "-n", node.name, "link", "set", "eth0", "up")
+
+    # --- client side ---
+
+    def cluster_file(self, path: Path, nodes: list[tuple[Node, int]], **top) -> Path:
+        """Write a cluster YAML for (node, gpus) pairs; ``top`` adds or overrides top-level keys."""
+        import yaml
+
+        doc = {
+            "nodes": [{"host": n.addr, "gpus": gpus} for n, gpus in nodes],
+            "ssh": {"user": "root", "identity_file": str(self.client_key),
+                    "known_hosts": str(self.known_hosts), "connect_timeout": 5},
+        }
+        for key, value in top.items():
+            if isinstance(value, dict) and isinstance(doc.get(key), dict):
+                doc[key] = {**doc[key], **value}
+            else:
+                doc[key] = value
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    from orchestrator.agent import is_alive
+
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if is_alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if is_alive(p)]
+    return left

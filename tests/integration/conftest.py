@@ -1,0 +1,54 @@
+"""Fixtures: one real 4-node SSH cluster per session, and a leak check after every test."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness import procs
+from tests.harness.sshcluster import SSHCluster, available
+
+SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "job.py")
+
+
+
+def pytest_collection_modifyitems(items):
+    reason = available()
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"integration: {reason}"))
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    c = SSHCluster(4, tmp_path_factory.mktemp("sshcluster"))
+    try:
+        yield c.up()
+    finally:
+        c.down()
+
+
+@pytest.fixture
+def cluster_file(cluster, tmp_path):
+    """Write a cluster file for [(node index 0-based, gpus), ...] with test-friendly defaults."""
+
+    def make(layout: list[tuple[int, int]], **top) -> Path:
+        top.setdefault("python", sys.executable)
+        top.setdefault("workdir", str(tmp_path))
+        top.setdefault("env", {"OMP_NUM_THREADS": 1})
+        return cluster.cluster_file(tmp_path / "cluster.yaml", [(cluster.nodes[i], g) for i, g in layout], **top)
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Every integration test must end with zero tagged job processes anywhere."""
+    yield
+    if "cluster" in request.fixturenames:
+        left = procs.wait_no_job_processes(None, timeout=15)
+        assert not left, f"job processes left behind: {left}"

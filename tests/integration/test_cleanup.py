@@ -1,0 +1,174 @@
+"""Issue 3: no orphans, ever. Each fault ends with the right status, the node named, and zero
+tagged processes on every node."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.harness import procs
+from tests.harness.runner import Launch, ddp_kill
+from tests.integration.conftest import SCRIPT
+
+LONG_RUN = ["run", "--steps", "100000", "--step-time", "0.2"]
+
+
+def start(path, *args: str) -> Launch:
+    return Launch([str(path), SCRIPT, *args])
+
+
+def training(launch: Launch, rank: int = 0, timeout: float = 90) -> str:
+    launch.wait_line(rf"r{rank}\s+\| step 1 rank={rank}", timeout)
+    return launch.job_id
+
+
+def assert_clean(job: str, timeout: float = 10) -> None:
+    left = procs.wait_no_job_processes(job, timeout)
+    assert not left, f"left behind: {left}"
+
+
+def test_worker_sigkill_fails_fast_and_names_rank(cluster, cluster_file):
+    launch = start(cluster_file([(0, 2), (1, 2), (2, 2), (3, 2)]), *LONG_RUN)
+    job = training(launch, rank=5)
+    os.kill(procs.worker_pid(job, 5), signal.SIGKILL)
+    assert launch.wait(60) == 1, launch.output
+    node2 = re.escape(cluster.nodes[2].addr)
+    assert re.search(rf"root cause: {node2} \(node 2, rank 5\): rank 5 exited with code -9", launch.output)
+    assert_clean(job)
+
+
+def test_agent_sigkill_is_lost_and_swept(cluster, cluster_file):
+    launch = start(cluster_file([(0, 1), (1, 1)]), *LONG_RUN)
+    job = training(launch)
+    os.kill(procs.agent_pid(job, 1), signal.SIGKILL)
+    assert launch.wait(60) == 1, launch.output
+    assert re.search(rf"root cause: {re.escape(cluster.nodes[1].addr)} \(node 1\): connection to the node agent lost",
+                     launch.output), launch.output
+    assert_clean(job)
+
+
+def test_sshd_session_killed(cluster, cluster_file):
+    launch = start(cluster_file([(0, 1), (1, 1)]), *LONG_RUN)
+    job = training(launch)
+    session = procs.parent_pid(procs.agent_pid(job, 1))
+    assert "sshd" in open(f"/proc/{session}/cmdline").read()
+    os.kill(session, signal.SIGKILL)
+    assert launch.wait(60) == 1, launch.output
+    assert f"{cluster.nodes[1].addr} (node 1): connection to the node agent lost" in launch.output
+    assert_clean(job)
+
+
+def test_network_partition(cluster, cluster_file):
+    launch = start(cluster_file([(0, 1), (1, 1)], orphan_timeout=4, stop_grace=2), *LONG_RUN)
+    job = training(launch)
+    cluster.partition(cluster.nodes[1])
+    try:
+        assert launch.wait(60) == 1, launch.output
+        assert re.search(rf"root cause: {re.escape(cluster.nodes[1].addr)} \(node 1\): no heartbeat from the node",
+                         launch.output), launch.output
+        # The cut-off node cannot be reached: its agent's dead-man switch must stop the job there.
+        assert_clean(job, timeout=4 + 2 + 10)
+    finally:
+        cluster.heal(cluster.nodes[1])
+
+
+def test_controller_sigkill_leaves_nothing(cluster, cluster_file):
+    launch = start(cluster_file([(0, 2), (1, 2)], orphan_timeout=5), *LONG_RUN)
+    job = training(launch)
+    launch.signal(signal.SIGKILL)
+    launch.wait(10)
+    assert_clean(job, timeout=5 + 10 + 5)
+
+
+def test_ctrl_c_while_connecting(cluster, cluster_file):
+    """One node is unreachable (connect in progress) while the others are ready: Ctrl-C."""
+    cluster.partition(cluster.nodes[2])
+    try:
+        launch = start(cluster_file([(0, 1), (1, 1), (2, 1)], ssh={"connect_timeout": 20}), *LONG_RUN)
+        job = launch.job_id if procs.wait_for(lambda: "job " in launch.output, 30) else None
+        assert procs.wait_for(lambda: procs.agent_pid(job, 0) and procs.agent_pid(job, 1), 30), launch.output
+        launch.signal(signal.SIGINT)
+        assert launch.wait(15) == 130, launch.output
+        assert "READY" not in launch.output
+        assert_clean(job)
+    finally:
+        cluster.heal(cluster.nodes[2])
+
+
+def test_ctrl_c_during_rendezvous(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 1)])
+    path.write_text(path.read_text().replace(f"- host: {cluster.nodes[1].addr}\n  gpus: 1",
+                                             f"- host: {cluster.nodes[1].addr}\n  gpus: 1\n"
+                                             f"  env: {{JOB_INIT_DELAY: 60}}"))
+    launch = start(path, *LONG_RUN)
+    assert procs.wait_for(lambda: "job " in launch.output, 30)
+    job = launch.job_id
+    assert procs.wait_for(lambda: procs.worker_pid(job, 0) and procs.worker_pid(job, 1), 60), launch.output
+    launch.signal(signal.SIGINT)
+    assert launch.wait(30) == 130, launch.output
+    assert "READY" not in launch.output
+    assert_clean(job)
+
+
+def test_ctrl_c_during_training(cluster, cluster_file):
+    launch = start(cluster_file([(0, 2), (1, 2), (2, 2), (3, 2)]), *LONG_RUN)
+    job = training(launch)
+    launch.signal(signal.SIGINT)
+    assert launch.wait(30) == 130, launch.output
+    assert "stopping all nodes" in launch.output
+    assert re.search(r"│ 3\s+│ \S+\s+│ 6-7\s+│ stopped", launch.output), launch.output
+    assert "root cause" not in launch.output  # an interrupt is not a failure
+    assert_clean(job)
+
+
+def test_double_ctrl_c_kills_now(cluster, cluster_file):
+    """Workers ignore SIGTERM and stop_grace is long: only the second Ctrl-C ends it quickly."""
+    launch = start(cluster_file([(0, 1), (1, 1)], stop_grace=120), *LONG_RUN, "--ignore-term")
+    job = training(launch)
+    launch.signal(signal.SIGINT)
+    launch.wait_line("stopping all nodes", 10)
+    launch.signal(signal.SIGINT)
+    assert launch.wait(30) == 130, launch.output  # well under stop_grace
+    assert "killing every job process now" in launch.output
+    assert_clean(job)
+
+
+def test_ddp_kill_stops_only_the_named_job(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 1)])
+    decoy_cmd = [sys.executable, "-u", SCRIPT, *LONG_RUN]  # same script and command line, no tag
+    decoys = [subprocess.Popen(decoy_cmd[:3] + ["decoy", "300"]) for _ in range(2)]
+    decoys.append(subprocess.Popen(decoy_cmd, env={**os.environ, "JOB_DECOY": "1"}))
+    a = b = None
+    try:
+        a, b = start(path, *LONG_RUN), start(path, *LONG_RUN)
+        job_a, job_b = training(a), training(b)
+
+        code, out = ddp_kill(str(path), "--job", job_a, "--dry-run")
+        assert code == 0 and "dry run" in out and job_a in out, out
+        assert procs.job_processes(job_a), "dry run must not stop anything"
+
+        code, out = ddp_kill(str(path), "--job", job_a)
+        assert code == 0, out
+        assert a.wait(30) == 1, a.output
+        assert not procs.job_processes(job_a)
+        assert procs.job_processes(job_b) and b.proc.poll() is None, "the other job must keep running"
+        assert all(d.poll() is None for d in decoys), "untagged processes must never be touched"
+
+        code, out = ddp_kill(str(path))  # default: every job launched from this cluster file
+        assert code == 0 and job_b in out, out
+        assert b.wait(30) == 1
+        assert all(d.poll() is None for d in decoys)
+    finally:
+        for launch in (a, b):
+            if launch and launch.proc.poll() is None:
+                launch.signal(signal.SIGINT)
+                launch.wait(30)
+        for d in decoys:
+            d.kill()
+            d.wait(5)

@@ -1,0 +1,80 @@
+"""Test workload for integration tests. Modes:
+
+  job.py run [--steps N] [--step-time S] [--fail-rank R --exit-code C] [--ignore-term] [--hang]
+  job.py argv ARGS...     rank 0 prints ARGV <json of ARGS> and exits 0
+  job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
+"""
+
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+
+
+def finish(code):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # torch 2.13 + gloo can abort in interpreter teardown
+
+
+def init():
+    import torch
+    import torch.distributed as dist
+
+    time.sleep(float(os.environ.get("JOB_INIT_DELAY", "0")))  # keeps peers waiting in rendezvous
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    assert t.item() == world * (world + 1) / 2, t.item()
+    print(f"READY rank={rank} world={world} host={os.uname().nodename} pid={os.getpid()}", flush=True)
+    return dist, rank
+
+
+def run(argv):
+    opts = {"steps": 2, "step-time": 0.0, "fail-rank": -1, "exit-code": 3}
+    flags = set()
+    it = iter(argv)
+    for a in it:
+        if a in ("--ignore-term", "--hang"):
+            flags.add(a)
+        else:
+            opts[a.lstrip("-")] = type(opts[a.lstrip("-")])(next(it))
+    if "--ignore-term" in flags:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dist, rank = init()
+    if rank == opts["fail-rank"]:
+        print(f"rank {rank} failing with {opts['exit-code']}", file=sys.stderr, flush=True)
+        finish(opts["exit-code"])
+    for step in range(opts["steps"]):
+        print(f"step {step} rank={rank}", flush=True)
+        time.sleep(opts["step-time"])
+    while "--hang" in flags:
+        time.sleep(1)
+    dist.barrier()
+    dist.destroy_process_group()
+    finish(0)
+
+
+def main():
+    mode, rest = sys.argv[1], sys.argv[2:]
+    if os.environ.get("JOB_DECOY"):  # a worker's exact command line, without ddp-up's tags
+        time.sleep(300)
+        return
+    if mode == "decoy":
+        time.sleep(float(rest[0]) if rest else 120)
+        return
+    if mode == "argv":
+        dist, rank = init()
+        if rank == 0:
+            print("ARGV " + json.dumps(rest), flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        finish(0)
+    run(rest)
+
+
+if __name__ == "__main__":
+    main()
