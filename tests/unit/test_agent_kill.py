@@ -1,0 +1,65 @@
+"""The agent's kill path on real processes (no torch): only tagged processes, node-scoped."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.agent import find_tagged, kill_tagged, signal_tagged
+
+SLEEPER = "import signal, sys, time\nif 'ignore' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
+          "print('up', flush=True)\ntime.sleep(60)\n"
+
+
+@pytest.fixture
+def spawn():
+    started = []
+
+    def make(tags: dict, *extra: str) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_UP_")}
+        p = subprocess.Popen([sys.executable, "-c", SLEEPER, *extra], env={**env, **tags}, stdout=subprocess.PIPE)
+        assert p.stdout.readline() == b"up\n"  # running, handler installed
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        p.kill()
+        p.wait(5)
+
+
+def tags(job: str, node: int) -> dict:
+    return {"DDP_UP_JOB": job, "DDP_UP_NODE": str(node), "DDP_UP_CLUSTER": "c1"}
+
+
+def test_kills_exactly_the_tagged_node(spawn):
+    mine = spawn(tags("jobA", 0))
+    sibling = spawn(tags("jobA", 1))  # same job, other node sharing this process table
+    other_job = spawn(tags("jobB", 0))
+    decoy = spawn({})
+    result = kill_tagged({"DDP_UP_JOB": "jobA", "DDP_UP_NODE": "0"}, grace=5)
+    assert [p["pid"] for p in result["found"]] == [mine.pid]
+    assert mine.wait(5) == -signal.SIGTERM
+    assert result["killed"] == [] and result["left"] == []
+    assert sibling.poll() is None and other_job.poll() is None and decoy.poll() is None
+
+
+def test_sigterm_ignored_means_sigkill_after_grace(spawn):
+    stubborn = spawn(tags("jobC", 0), "ignore")
+    result = kill_tagged({"DDP_UP_JOB": "jobC"}, grace=0.3)
+    assert result["killed"] == [stubborn.pid]
+    assert stubborn.wait(5) == -signal.SIGKILL
+
+
+def test_signal_refuses_a_process_without_the_tags(spawn):
+    decoy = spawn({})
+    assert not signal_tagged(decoy.pid, signal.SIGKILL, {"DDP_UP_JOB": "jobA"})
+    assert decoy.poll() is None
+
+
+def test_find_matches_cluster_tag(spawn):
+    p = spawn(tags("jobD", 3))
+    assert [x["pid"] for x in find_tagged({"DDP_UP_CLUSTER": "c1", "DDP_UP_JOB": "jobD"})] == [p.pid]
+    assert find_tagged({"DDP_UP_CLUSTER": "other", "DDP_UP_JOB": "jobD"}) == []

@@ -1,0 +1,32 @@
+import pytest
+
+from orchestrator.cli import main_up, split_argv
+
+
+@pytest.mark.parametrize("argv,ours,script_args", [
+    (["c.yaml", "t.py", "--dry-run", "x"], ["c.yaml", "t.py"], ["--dry-run", "x"]),
+    (["--dry-run", "c.yaml", "t.py", "-v"], ["--dry-run", "c.yaml", "t.py"], ["-v"]),
+    (["--job-id", "j1", "c.yaml", "t.py"], ["--job-id", "j1", "c.yaml", "t.py"], []),
+    (["c.yaml", "--", "-weird.py", "a"], ["c.yaml", "-weird.py"], ["a"]),
+    (["c.yaml", "t.py", "--", "a"], ["c.yaml", "t.py"], ["--", "a"]),
+])
+def test_everything_after_the_script_is_the_scripts(argv, ours, script_args):
+    assert split_argv(argv) == (ours, script_args)
+
+
+def test_config_error_exits_2_with_one_message(tmp_path, capsys):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("nodes:\n  - host: a\n    gpus: 0\n")
+    assert main_up([str(bad), "t.py"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3: nodes[0].gpus: must be an integer >= 1, got 0" in err
+
+
+def test_dry_run_connects_to_nothing(tmp_path, capsys):
+    c = tmp_path / "c.yaml"
+    c.write_text("nodes: [{host: 192.0.2.1, gpus: 2}, {host: 192.0.2.2, gpus: 1}]\n")  # TEST-NET: never dialed
+    assert main_up(["--dry-run", "--job-id", "J", str(c), "t.py", "a b"]) == 0
+    out = capsys.readouterr().out
+    assert "# node 1 192.0.2.2 (ssh 192.0.2.2 -p 22), ranks 2-2" in out
+    assert "--node-rank=1 --master-addr=192.0.2.1 '--master-port=<auto: a free port on the master>'" in out
+    assert out.rstrip().endswith("t.py 'a b'")

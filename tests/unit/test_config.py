@@ -1,0 +1,99 @@
+import sys
+import textwrap
+
+import pytest
+
+from orchestrator.config import parse_cluster
+from orchestrator.errors import ConfigError
+
+GOOD = """\
+nodes:
+  - host: 10.0.0.1
+    gpus: 8
+  - host: gpu-b
+    gpus: 4
+    user: root
+    addr: 10.0.0.2
+    env: {A: node}
+ssh:
+  user: ubuntu
+  port: 2222
+  identity_file: ~/.ssh/id_ed25519
+  connect_timeout: 3
+python: /usr/bin/python3
+workdir: ~/project
+env: {NCCL_DEBUG: INFO, A: top, N: 3, B: true}
+master:
+  port: 29400
+"""
+
+
+def test_good_file_applies_defaults_and_overrides(tmp_path):
+    cfg = parse_cluster(GOOD, str(tmp_path / "c.yaml"))
+    a, b = cfg.nodes
+    assert (a.rank, a.host, a.gpus, a.addr, a.ssh.user, a.ssh.port) == (0, "10.0.0.1", 8, "10.0.0.1", "ubuntu", 2222)
+    assert (b.rank, b.addr, b.ssh.user, b.workdir, b.python) == (1, "10.0.0.2", "root", "~/project", "/usr/bin/python3")
+    assert dict(a.env) == {"NCCL_DEBUG": "INFO", "A": "top", "N": "3", "B": "1"}
+    assert dict(b.env)["A"] == "node"
+    assert a.ssh.identity_file.endswith("/.ssh/id_ed25519") and not a.ssh.identity_file.startswith("~")
+    assert (cfg.master_addr, cfg.master_port, cfg.world_size) == ("10.0.0.1", 29400, 12)
+    assert (cfg.orphan_timeout, cfg.stop_grace) == (30.0, 10.0)
+
+
+def test_master_port_defaults_to_auto_and_local_defaults():
+    cfg = parse_cluster("transport: local\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 2}]\n")
+    assert cfg.master_port is None and cfg.master_addr == "127.0.0.1"
+    assert cfg.nodes[0].transport == "local"
+    assert cfg.nodes[0].python == sys.executable  # a local node uses the controller's interpreter
+
+
+def test_relative_key_paths_resolve_beside_the_cluster_file(tmp_path):
+    cfg = parse_cluster("ssh: {identity_file: keys/id}\nnodes: [{host: a, gpus: 1}]\n", str(tmp_path / "c.yaml"))
+    assert cfg.nodes[0].ssh.identity_file == str(tmp_path / "keys" / "id")
+
+
+# Each broken file and the exact message a user sees (file:line: key: what is wrong).
+BROKEN = [
+    ("", "c.yaml: the cluster file is empty; it needs at least a `nodes:` list"),
+    ("nodes: [", "c.yaml:1: invalid YAML: expected the node content, but found '<stream end>'"),
+    ("ssh: {user: x}\n", "c.yaml:1: nodes: missing: list the nodes, e.g. `nodes: [{host: gpu-a, gpus: 8}]`"),
+    ("nodes: []\n", "c.yaml:1: nodes: must be a non-empty list of nodes"),
+    ("nodes:\n  - host: a\n    gpus: 1\nnodez: 3\n", "c.yaml:4: nodez: unknown key; did you mean `nodes`?"),
+    ("nodes:\n  - host: a\n    gpu: 2\n", "c.yaml:3: nodes[0].gpu: unknown key; did you mean `gpus`?"),
+    ("nodes:\n  - host: a\n    gpus: 1\n  - host: b\n    gpus: -2\n",
+     "c.yaml:5: nodes[1].gpus: must be an integer >= 1, got -2"),
+    ("nodes:\n  - host: a\n    gpus: two\n", "c.yaml:3: nodes[0].gpus: must be an integer >= 1, got 'two'"),
+    ("nodes:\n  - host: a\n    gpus: true\n", "c.yaml:3: nodes[0].gpus: must be an integer >= 1, got True"),
+    ("nodes:\n  - gpus: 1\n", "c.yaml:2: nodes[0]: missing `host:` (SSH target: address, DNS name or ~/.ssh/config alias)"),
+    ("nodes:\n  - host: a\n", "c.yaml:2: nodes[0]: missing `gpus:` (number of processes to start on this node, >= 1)"),
+    ("nodes:\n  - host: a\n    gpus: 1\n  - host: a\n    gpus: 2\n",
+     "c.yaml:4: nodes[1].host: duplicate of nodes[0] (line 2): list each node once and set `gpus:` to its process count"),
+    ("nodes: [{host: a, gpus: 1}]\nmaster: {port: 70000}\n",
+     "c.yaml:2: master.port: must be an integer between 1 and 65535 or `auto`, got 70000"),
+    ("nodes: [{host: a, gpus: 1}]\nmaster: {port: 29500, adr: x}\n", "c.yaml:2: master.adr: unknown key; did you mean `addr`?"),
+    ("nodes: [{host: a, gpus: 1}]\nssh: {port: 0}\n", "c.yaml:2: ssh.port: must be an integer between 1 and 65535, got 0"),
+    ("nodes: [{host: a, gpus: 1}]\nenv: {1BAD: x}\n", "c.yaml:2: env.1BAD: is not a valid environment variable name"),
+    ("nodes: [{host: a, gpus: 1}]\nenv: {A: [1]}\n", "c.yaml:2: env.A: must be a string or number"),
+    ("nodes: [{host: a, gpus: 1}]\nenv: [A]\n", "c.yaml:2: env: must be a mapping of NAME: value"),
+    ("nodes: [{host: a, gpus: 1}]\norphan_timeout: 0\n", "c.yaml:2: orphan_timeout: must be a number of seconds > 0, got 0"),
+    ("nodes: [{host: a, gpus: 1, transport: rsh}]\n", "c.yaml:1: nodes[0].transport: must be `ssh` or `local`, got 'rsh'"),
+    ("nodes:\n  - host: a\n    gpus: 1\n    gpus: 2\n", "c.yaml:4: nodes[0].gpus: duplicate key (first set on line 3)"),
+    ("nodes: 3\n", "c.yaml:1: nodes: must be a non-empty list of nodes"),
+    ("- a\n- b\n", "c.yaml:1: must be a mapping, got a list"),
+    ("nodes:\n  - host: [a]\n    gpus: 1\n", "c.yaml:2: nodes[0].host: must be a non-empty string, got a list"),
+]
+
+
+@pytest.mark.parametrize("text,message", BROKEN, ids=[m.split(": ", 1)[1][:40] for _, m in BROKEN])
+def test_broken_files_name_line_and_key(text, message):
+    with pytest.raises(ConfigError) as info:
+        parse_cluster(textwrap.dedent(text), "c.yaml")
+    assert str(info.value) == message
+    assert info.value.exit_code == 2
+
+
+def test_unreadable_file(tmp_path):
+    from orchestrator.config import load_cluster
+
+    with pytest.raises(ConfigError, match="cannot read cluster file: No such file or directory"):
+        load_cluster(str(tmp_path / "missing.yaml"))

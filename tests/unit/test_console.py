@@ -1,0 +1,40 @@
+import io
+
+from rich.console import Console
+
+from orchestrator.config import parse_cluster
+from orchestrator.events import LogLine
+from orchestrator.job import Failure, JobResult, NodeStatus
+from orchestrator.plan import make_plan
+from orchestrator.views.console import ConsoleView
+
+
+def view():
+    cfg = parse_cluster("nodes: [{host: a, gpus: 2}, {host: gpu-long, gpus: 10}]\n")
+    plan = make_plan(cfg, "t.py", [], "J", "/")
+    out = io.StringIO()
+    return plan, ConsoleView(plan, Console(file=out, width=120, color_system=None)), out
+
+
+def test_lines_are_prefixed_with_aligned_host_and_rank():
+    plan, v, out = view()
+    v.lines(plan.nodes[0], [LogLine("out", 0, "hello"), LogLine("err", 1, "warn")])
+    v.lines(plan.nodes[1], [LogLine("out", 11, "[bold]not markup[/]"), LogLine("out", None, "launcher")])
+    assert out.getvalue().splitlines() == [
+        "a        r0  | hello",
+        "a        r1  ! warn",
+        "gpu-long r11 | [bold]not markup[/]",
+        "gpu-long     | launcher",
+    ]
+
+
+def test_summary_names_states_and_root_cause():
+    plan, v, out = view()
+    statuses = [NodeStatus(plan.nodes[0], state="stopped", reason="gpu-long failed"),
+                NodeStatus(plan.nodes[1], state="failed", exit_code=1, reason="launcher exited with code 1")]
+    fail = Failure(1, "gpu-long", 7, 3, "rank 7 exited with code 3", at=0.0)
+    v.finished(JobResult(plan, statuses, 29500, [fail], elapsed=2.0))
+    text = out.getvalue()
+    assert "│ 1    │ gpu-long │ 2-11  │ failed  │ 1    │ launcher exited with code 1 │" in text
+    assert "root cause: gpu-long (node 1, rank 7): rank 7 exited with code 3" in text
+    assert "job J FAILED after 2.0 s (exit status 1)" in text

@@ -1,0 +1,75 @@
+from orchestrator.config import parse_cluster
+from orchestrator.plan import RANK_PREFIX_TEMPLATE, display_quote, make_plan, new_job_id, quote_path
+
+CLUSTER = """\
+nodes:
+  - {host: 10.0.0.1, gpus: 1}
+  - {host: gpu-b, gpus: 3, addr: 10.0.0.2, env: {NCCL_SOCKET_IFNAME: eth1}}
+python: /opt/py/bin/python3
+workdir: ~/proj
+master: {port: 29400}
+orphan_timeout: 20
+"""
+
+
+def plan(args=("--lr", "0.1")):
+    cfg = parse_cluster(CLUSTER, "/etc/c.yaml")
+    return make_plan(cfg, "train.py", list(args), "20261122-000000-abcdef", "/here")
+
+
+def test_global_ranks_are_contiguous_in_node_order():
+    p = plan()
+    assert [(n.index, list(n.ranks)) for n in p.nodes] == [(0, [0]), (1, [1, 2, 3])]
+    assert p.world_size == 4 and p.master.index == 0
+
+
+def test_launcher_argv_golden():
+    p = plan()
+    assert p.launcher_argv(p.nodes[1], 29400) == [
+        "/opt/py/bin/python3", "-u", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=3",
+        "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29400", "--tee=3", "train.py", "--lr", "0.1"]
+
+
+def test_agent_spec_golden():
+    p = plan()
+    spec = p.agent_spec(p.nodes[0])
+    assert spec == {
+        "mode": "run", "job": "20261122-000000-abcdef", "node": 0, "cluster": p.cluster_id, "workdir": "~/proj",
+        "script": "train.py", "env": {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX_TEMPLATE},
+        "pick_port": False, "check_port": 29400, "orphan_timeout": 20.0, "stop_grace": 10.0, "heartbeat": 5.0}
+    assert p.agent_spec(p.nodes[1])["check_port"] is None  # only the master checks its port
+    assert p.agent_spec(p.nodes[1])["env"]["NCCL_SOCKET_IFNAME"] == "eth1"
+
+
+def test_auto_port_is_picked_by_the_master_only():
+    cfg = parse_cluster(CLUSTER.replace("master: {port: 29400}", "master: {addr: 10.0.0.2}"), "/etc/c.yaml")
+    p = make_plan(cfg, "t.py", [], "j", "/")
+    assert p.master.index == 1  # master.addr names node 1's addr
+    assert [p.agent_spec(n)["pick_port"] for n in p.nodes] == [False, True]
+
+
+def test_shell_line_quotes_every_value():
+    p = plan(["$(rm -rf ~)", "a b", "it's"])
+    line = p.shell_line(p.nodes[1], 29400)
+    assert line == (
+        'cd "$HOME"/proj && env DDP_UP_JOB=20261122-000000-abcdef DDP_UP_NODE=1 '
+        f"DDP_UP_CLUSTER={p.cluster_id} NCCL_SOCKET_IFNAME=eth1 "
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=$'\\x1d${rank}\\x1d' /opt/py/bin/python3 -u -m torch.distributed.run "
+        "--nnodes=2 --nproc-per-node=3 --node-rank=1 --master-addr=10.0.0.1 --master-port=29400 --tee=3 train.py "
+        "'$(rm -rf ~)' 'a b' 'it'\"'\"'s'")
+
+
+def test_local_nodes_default_to_the_current_directory():
+    cfg = parse_cluster("transport: local\nnodes: [{host: a, gpus: 1}]\n")
+    assert make_plan(cfg, "t.py", [], "j", "/work/x").nodes[0].workdir == "/work/x"
+
+
+def test_quoting_helpers():
+    assert quote_path("~") == '"$HOME"'
+    assert quote_path("~/a b") == "\"$HOME\"/'a b'"
+    assert quote_path("/x;y") == "'/x;y'"
+    assert display_quote("\x1d'") == "$'\\x1d\\x27'"
+
+
+def test_job_ids_sort_by_time():
+    assert new_job_id(0, "aaaaaa") < new_job_id(86400 * 365, "000000")
