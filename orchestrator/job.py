@@ -114,6 +114,8 @@ class Job:
         self.started = clock()
         self.sweeps: list[SweepReport] = []
         self._next_heartbeat = 0.0
+        self._sweepers: list[threading.Thread] = []
+        self._sweep_results: list[SweepReport] = []
 
     # --- the three phases ---
 
@@ -151,7 +153,7 @@ class Job:
             session.cancel()
         with ThreadPoolExecutor(max_workers=min(64, len(self.sessions))) as pool:
             list(pool.map(lambda s: s.disconnect(), self.sessions))
-        self.sweeps = self._sweep_lost()
+        self.sweeps = self._finish_sweeps()
 
     def result(self) -> JobResult:
         return JobResult(self.plan, self.status, self.master_port, list(self.failures), self.interrupted,
@@ -297,6 +299,7 @@ class Job:
     def _lost(self, node: int, what: str) -> None:
         self._set(node, "lost", reason=what)
         self.sessions[node].close()
+        self._start_sweep(self.plan.nodes[node])
         if not self.stop_requested or self.interrupted is None:
             self._fail(node, None, None, what)
 
@@ -318,6 +321,7 @@ class Job:
                 if not status.terminal:
                     self._set(status.plan.index, "lost", reason="did not confirm the stop; sweeping it")
                     self.sessions[status.plan.index].close()
+                    self._start_sweep(status.plan)
 
     # --- failure and stop ---
 
@@ -350,30 +354,27 @@ class Job:
             status.ended_at = self.clock()
         self.view.node_state(status)
 
-    def _sweep_lost(self) -> list[SweepReport]:
-        """A lost node may still run job processes: sweep them over a fresh connection."""
-        lost = [s.plan for s in self.status if s.state == "lost"]
-        if not lost:
-            return []
+    def _start_sweep(self, node: NodePlan) -> None:
+        """A lost node may still run job processes: sweep them over a fresh connection, now,
+        in parallel with stopping the other nodes."""
 
-        def sweep(node: NodePlan) -> SweepReport:
+        def sweep() -> None:
             match = match_for(job=self.plan.job_id, node=node.index)
-            return sweep_node(node.config, match, grace=self.plan.stop_grace,
-                              transport=self.transport_factory(node.config))
+            self._sweep_results.append(sweep_node(node.config, match, grace=self.plan.stop_grace,
+                                                  transport=self.transport_factory(node.config)))
 
-        with ThreadPoolExecutor(max_workers=min(64, len(lost))) as pool:
-            reports = list(pool.map(sweep, lost))
-        for report in reports:
+        thread = threading.Thread(target=sweep, name=f"sweep-{node.label}", daemon=True)
+        thread.start()
+        self._sweepers.append(thread)
+
+    def _finish_sweeps(self) -> list[SweepReport]:
+        for thread in self._sweepers:  # each sweep bounds itself (connect timeout, grace)
+            thread.join(self.plan.stop_grace + max(n.config.ssh.connect_timeout for n in self.plan.nodes) + 20)
+        for report in self._sweep_results:
             if report.error:
                 self.view.notice(f"{report.node.label}: cleanup not confirmed ({report.error}); its agent stops the "
                                  f"job by itself within orphan_timeout ({self.plan.orphan_timeout:g} s), "
                                  f"or run ddp-kill")
             elif report.found:
                 self.view.notice(f"{report.node.label}: swept {len(report.found)} leftover process(es)")
-        return reports
-
-
-def _describe_code(code: int | None, signal: str | None) -> str:
-    if signal:
-        return f"signal {signal}"
-    return f"code {code}"
+        return list(self._sweep_results)
