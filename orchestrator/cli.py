@@ -17,7 +17,7 @@ from rich.table import Table
 from . import __version__
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import load_cluster
-from .errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, UsageError
+from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, DdpUpError, Interrupted
 from .job import Job
 from .plan import LaunchPlan, make_plan, new_job_id
 from .views.console import ConsoleView
@@ -32,7 +32,8 @@ def up_parser() -> argparse.ArgumentParser:
         prog="ddp-up",
         description="Launch a multi-node torchrun job over SSH; every remote process it starts is stopped on exit.",
         epilog="Everything after SCRIPT is passed to the script verbatim. Exit status: 0 ok, 1 job failed, "
-               "2 bad config or usage, 3 a node could not be set up (nothing started), 128+N killed by signal N.")
+               "2 bad config or usage, 3 a node could not be set up (nothing started), 70 internal error, "
+               "128+N killed by signal N.")
     p.add_argument("cluster", metavar="CLUSTER.yaml", help="cluster file (see configs/)")
     p.add_argument("script", metavar="SCRIPT", help="training script, resolved in each node's workdir")
     p.add_argument("--dry-run", action="store_true", help="print the command for every node; connect to nothing")
@@ -79,6 +80,11 @@ def main_up(argv: list[str] | None = None) -> int:
     except DdpUpError as e:
         err.print(f"[bold red]ddp-up:[/] {_escape(e.render())}")
         return e.exit_code
+    except Exception:  # noqa: BLE001 - a bug: show it, and say what happened to the job
+        err.print_exception()
+        err.print("[bold red]ddp-up: internal error[/] (a bug; please report it). Connections were closed, "
+                  "so every node stops its job by itself; `ddp-kill CLUSTER.yaml` confirms.")
+        return EXIT_INTERNAL
 
 
 def run_job(plan: LaunchPlan, view: ConsoleView) -> int:

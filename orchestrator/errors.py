@@ -10,6 +10,7 @@ EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
 EXIT_SETUP = 3
 EXIT_INTERRUPTED = 130
+EXIT_INTERNAL = 70  # a bug in ddp-up (EX_SOFTWARE); the job's nodes still stop on their own
 
 
 class DdpUpError(Exception):
@@ -35,12 +36,6 @@ class ConfigError(DdpUpError):
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}" if self.line else self.path
         return f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
-
-
-class UsageError(DdpUpError):
-    """Bad command-line input."""
-
-    exit_code = EXIT_USAGE
 
 
 @dataclass

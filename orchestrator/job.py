@@ -378,3 +378,9 @@ class Job:
             elif report.found:
                 self.view.notice(f"{report.node.label}: swept {len(report.found)} leftover process(es)")
         return list(self._sweep_results)
+
+
+def _describe_code(code: int | None, signal: str | None) -> str:
+    if signal:
+        return f"signal {signal}"
+    return f"code {code}"

@@ -8,9 +8,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
-import pytest
 
 from tests.harness import procs
 from tests.harness.runner import Launch, ddp_kill
