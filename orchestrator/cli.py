@@ -18,9 +18,13 @@ from . import __version__
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import load_cluster
 from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, DdpUpError, Interrupted
-from .job import Job
+from .job import Job, JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
 from .views.console import ConsoleView
+from .views.dashboard import DashboardView
+from .views.fanout import Fanout
+from .views.filters import parse_ranks
+from .views.logfiles import RunLogs
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -38,6 +42,16 @@ def up_parser() -> argparse.ArgumentParser:
     p.add_argument("script", metavar="SCRIPT", help="training script, resolved in each node's workdir")
     p.add_argument("--dry-run", action="store_true", help="print the command for every node; connect to nothing")
     p.add_argument("--job-id", help="use this job id instead of a generated one")
+    view = p.add_mutually_exclusive_group()
+    view.add_argument("--no-dashboard", dest="dashboard", action="store_false", default=None,
+                      help="plain prefixed lines even on a terminal")
+    view.add_argument("--dashboard", dest="dashboard", action="store_true",
+                      help="the live dashboard even when stdout is not a terminal")
+    p.add_argument("--ranks", metavar="LIST", help="show only these ranks on the console, e.g. 0,3-5 "
+                                                   "(log files keep every rank)")
+    p.add_argument("--collapse", action="store_true", help="print a line that every rank printed once, with a count")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR",
+                   help="where each job's logs and summary.json go (DIR/<job-id>/; default: runs)")
     p.add_argument("--version", action="version", version=f"ddp-up {__version__}")
     return p
 
@@ -45,7 +59,7 @@ def up_parser() -> argparse.ArgumentParser:
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """Our options and the first two positionals, then the script's arguments untouched."""
     ours, positionals = [], 0
-    takes_value = {"--job-id"}
+    takes_value = {"--job-id", "--ranks", "--runs-dir"}
     i = 0
     while i < len(argv) and positionals < 2:
         arg = argv[i]
@@ -76,7 +90,13 @@ def main_up(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print_dry_run(plan, console)
             return EXIT_OK
-        return run_job(plan, ConsoleView(plan, console))
+        ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
+        dashboard = console.is_terminal if args.dashboard is None else args.dashboard
+        if dashboard and not console.is_terminal:
+            console = Console(highlight=False, soft_wrap=True, force_terminal=True)
+        view_class = DashboardView if dashboard else ConsoleView
+        return run_job(plan, view_class(plan, console, ranks=ranks, collapse=args.collapse),
+                       RunLogs(plan, args.runs_dir))
     except DdpUpError as e:
         err.print(f"[bold red]ddp-up:[/] {_escape(e.render())}")
         return e.exit_code
@@ -87,28 +107,38 @@ def main_up(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def run_job(plan: LaunchPlan, view: ConsoleView) -> int:
+def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs) -> int:
     """Run to completion; first signal = graceful stop of all nodes, second = SIGKILL now."""
-    gate = SignalGate()
+    view = Fanout(console_view, logs)
     job = Job(plan, view)
-    view.intro(plan)
-    with gate:
+    console_view.intro(plan)
+    result = None
+    with SignalGate() as gate:
         try:
-            try:
-                result = job.run()
-            except Interrupted as e:
-                view.notice(f"{signal.Signals(e.signum).name}: stopping all nodes (Ctrl-C again to kill now)")
-                try:
-                    result = job.stop(e.signum, reason=f"interrupted ({signal.Signals(e.signum).name})")
-                except Interrupted:
-                    view.notice("killing every job process now")
-                    result = job.kill()
+            result = _run_or_stop(job, view)
         finally:
             gate.hold()  # cleanup below must run to the end
             job.close()
+            if result is None:  # setup failure or a bug: record it and give the terminal back
+                logs.finished(job.result(), exit_code=getattr(sys.exc_info()[1], "exit_code", EXIT_INTERNAL))
+                console_view.close()
     result.sweeps = job.sweeps
     view.finished(result)
+    console_view.notice(f"logs: {logs.dir}")
     return result.exit_code
+
+
+def _run_or_stop(job: Job, view) -> JobResult:
+    try:
+        return job.run()
+    except Interrupted as e:
+        name = signal.Signals(e.signum).name
+        view.notice(f"{name}: stopping all nodes (Ctrl-C again to kill now)")
+        try:
+            return job.stop(e.signum, reason=f"interrupted ({name})")
+        except Interrupted:
+            view.notice("killing every job process now")
+            return job.kill()
 
 
 class SignalGate:

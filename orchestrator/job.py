@@ -86,10 +86,38 @@ class JobResult:
         return EXIT_OK
 
 
+@dataclass(frozen=True)
+class NodeRow:
+    """One node as the dashboard shows it."""
+
+    index: int
+    label: str
+    ranks: range
+    state: State
+    uptime: float | None
+    lines: int
+    last_line: str
+    exit: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    job_id: str
+    master: str
+    world_size: int
+    elapsed: float
+    phase: str
+    nodes: tuple[NodeRow, ...]
+    now: float
+
+
 class View(Protocol):
     def lines(self, node: NodePlan, lines: list[LogLine]) -> None: ...
     def node_state(self, status: NodeStatus) -> None: ...
     def notice(self, text: str) -> None: ...
+    def tick(self, snapshot: Callable[[], JobSnapshot]) -> None:
+        """Called often from the job loop; a view that redraws builds the snapshot only when it does."""
 
 
 class Job:
@@ -154,6 +182,25 @@ class Job:
         with ThreadPoolExecutor(max_workers=min(64, len(self.sessions))) as pool:
             list(pool.map(lambda s: s.disconnect(), self.sessions))
         self.sweeps = self._finish_sweeps()
+
+    def snapshot(self) -> JobSnapshot:
+        now = self.clock()
+        rows = tuple(NodeRow(
+            s.plan.index, s.plan.label, s.plan.ranks, s.state,
+            None if s.started_at is None else (s.ended_at or now) - s.started_at,
+            s.lines, s.last_line, s.signal or ("" if s.exit_code is None else str(s.exit_code)), s.reason)
+            for s in self.status)
+        return JobSnapshot(self.plan.job_id, f"{self.plan.master_addr}:{self.master_port or 'auto'}",
+                           self.plan.world_size, now - self.started, self._phase(), rows, now)
+
+    def _phase(self) -> str:
+        if all(s.terminal for s in self.status):
+            return "done" if all(s.state == "done" for s in self.status) else "failed"
+        if self.stop_requested:
+            return "failing" if self.failures and not self.interrupted else "stopping"
+        if any(s.state in ("connecting", "ready") for s in self.status):
+            return "connecting"
+        return "running"
 
     def result(self) -> JobResult:
         return JobResult(self.plan, self.status, self.master_port, list(self.failures), self.interrupted,
@@ -222,6 +269,7 @@ class Job:
             return None
         finally:
             self._heartbeat()
+            self.view.tick(self.snapshot)
 
     def _soonest_deadline(self) -> float | None:
         times = [t for t in (self.stop_deadline, self.kill_deadline) if t is not None]

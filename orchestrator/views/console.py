@@ -6,9 +6,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+import time
+
 from ..events import LogLine
 from ..job import JobResult, NodeStatus
 from ..plan import LaunchPlan, NodePlan
+from .filters import Collapser, format_ranks
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta",
            "bright_green", "bright_yellow", "bright_blue", "red")
@@ -34,19 +37,67 @@ class LinePrefixer:
 
 
 class ConsoleView:
-    """Plain streaming view: one line per log line, a notice per state change that matters."""
+    """Plain streaming view: prefixed lines as they arrive, a notice per state change that matters.
 
-    def __init__(self, plan: LaunchPlan, console: Console | None = None):
+    ``ranks`` limits which ranks' lines are shown; ``collapse`` merges a line that every rank
+    printed into one. Both only affect the console: the run's log files keep every line.
+    """
+
+    def __init__(self, plan: LaunchPlan, console: Console | None = None, ranks: frozenset[int] | None = None,
+                 collapse: bool = False, clock=time.monotonic):
         self.plan = plan
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.prefix = LinePrefixer(plan)
+        self.ranks = ranks
+        self.collapser = Collapser(plan.world_size) if collapse else None
+        self.clock = clock
 
     def lines(self, node: NodePlan, lines: list[LogLine]) -> None:
+        out = Text()
         color = node_color(node.index)
+        now = self.clock()
         for line in lines:
-            text = Text(self.prefix(node, line), style=color)
-            text.append(line.text, style="dim" if line.stream == "node" else ("red" if line.stream == "err" else ""))
+            if line.rank is not None and self.ranks is not None and line.rank not in self.ranks:
+                continue
+            if line.rank is not None and self.collapser is not None and line.stream != "node":
+                for stream, ranks, text in self.collapser.add(line.stream, line.rank, line.text, now):
+                    self._collapsed(out, stream, ranks, text)
+                continue
+            out.append(self.prefix(node, line), style=color)
+            out.append(line.text + "\n", style=_text_style(line.stream))
+        self.emit(out)
+
+    def _collapsed(self, out: Text, stream: str, ranks: frozenset[int], text: str) -> None:
+        if len(ranks) == 1:
+            node = next(n for n in self.plan.nodes if min(ranks) in n.ranks)
+            out.append(self.prefix(node, LogLine(stream, min(ranks), "")), style=node_color(node.index))
+        else:
+            who = f"r{format_ranks(ranks)}" + (" (all)" if len(ranks) == self.plan.world_size else f" ({len(ranks)})")
+            out.append(f"{'*':<{self.prefix.label_width}} {who} {SEPARATOR[stream]} ", style="bold")
+        out.append(text + "\n", style=_text_style(stream))
+
+    def emit(self, text: Text) -> None:
+        """Write lines now (one write per batch: rich's per-call cost is paid once)."""
+        if text:
+            text.rstrip()
             self.console.print(text)
+
+    def tick(self, snapshot) -> None:
+        if self.collapser is not None:
+            out = Text()
+            for stream, ranks, text in self.collapser.due(self.clock()):
+                self._collapsed(out, stream, ranks, text)
+            self.emit(out)
+
+    def flush_collapsed(self) -> None:
+        if self.collapser is not None:
+            out = Text()
+            for stream, ranks, text in self.collapser.due(self.clock(), everything=True):
+                self._collapsed(out, stream, ranks, text)
+            self.emit(out)
+
+    def close(self) -> None:
+        self.flush_collapsed()
 
     def node_state(self, status: NodeStatus) -> None:
         if status.state in ("failed", "lost", "error"):
@@ -60,12 +111,17 @@ class ConsoleView:
                     f"master {plan.master_addr}:{plan.master_port or 'auto'}")
 
     def finished(self, result: JobResult) -> None:
+        self.close()
         self.console.print(summary_table(result))
         root = result.root_cause
         if root:
             self.console.print(Text("root cause: ", style="bold red") + Text(root.render()))
         verdict = "interrupted" if result.interrupted else ("ok" if result.exit_code == 0 else "FAILED")
         self.notice(f"job {result.plan.job_id} {verdict} after {result.elapsed:.1f} s (exit status {result.exit_code})")
+
+
+def _text_style(stream: str) -> str:
+    return "dim" if stream == "node" else ("red" if stream == "err" else "")
 
 
 def summary_table(result: JobResult) -> Table:

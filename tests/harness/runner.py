@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
+import tempfile
 import signal
 import subprocess
 import sys
@@ -12,6 +15,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# Run logs of every test launch go here (not into the checkout), removed when the tests end.
+RUNS_ROOT = tempfile.mkdtemp(prefix="ddp-up-test-runs-")
+atexit.register(shutil.rmtree, RUNS_ROOT, True)
 UP = "import sys; from orchestrator.cli import main_up; sys.exit(main_up())"
 KILL = "import sys; from orchestrator.cli import main_kill; sys.exit(main_kill())"
 
@@ -27,6 +33,8 @@ class Launch:
     """A running ddp-up; output is collected by a thread so waits can be on lines, not sleeps."""
 
     def __init__(self, args: list[str], code: str = UP):
+        if code == UP:
+            args = ["--runs-dir", RUNS_ROOT, *args]
         self.proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=_env(),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace")
@@ -83,6 +91,10 @@ class Launch:
         m = re.search(r"job (\d{8}-\d{6}-\w+)", self.output)
         assert m, f"no job id in output:\n{self.output}"
         return m.group(1)
+
+
+def run_dir(job_id: str) -> Path:
+    return Path(RUNS_ROOT) / job_id
 
 
 def ddp_up(*args: str, timeout: float = 120) -> tuple[int, str, float]:

@@ -38,3 +38,24 @@ def test_summary_names_states_and_root_cause():
     assert "│ 1    │ gpu-long │ 2-11  │ failed  │ 1    │ launcher exited with code 1 │" in text
     assert "root cause: gpu-long (node 1, rank 7): rank 7 exited with code 3" in text
     assert "job J FAILED after 2.0 s (exit status 1)" in text
+
+
+def test_rank_filter_keeps_launcher_lines():
+    plan, _, _ = view()
+    out = io.StringIO()
+    v = ConsoleView(plan, Console(file=out, width=120, color_system=None), ranks=frozenset({1}))
+    v.lines(plan.nodes[0], [LogLine("out", 0, "hidden"), LogLine("out", 1, "shown"), LogLine("err", None, "launcher")])
+    assert out.getvalue().splitlines() == ["a        r1  | shown", "a            ! launcher"]
+
+
+def test_collapse_prints_a_line_every_rank_printed_once():
+    plan, _, _ = view()
+    out = io.StringIO()
+    now = [0.0]
+    v = ConsoleView(plan, Console(file=out, width=120, color_system=None), collapse=True, clock=lambda: now[0])
+    v.lines(plan.nodes[0], [LogLine("out", r, "banner") for r in (0, 1)] + [LogLine("out", 0, "mine")])
+    v.lines(plan.nodes[1], [LogLine("out", r, "banner") for r in range(2, 12)])
+    assert out.getvalue().splitlines() == ["*        r0-11 (all) | banner"]
+    now[0] = 1.0
+    v.tick(None)
+    assert out.getvalue().splitlines()[-1] == "a        r0  | mine"

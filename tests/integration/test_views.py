@@ -1,0 +1,76 @@
+"""Issue 4: log files complete, and the live dashboard in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import procs
+from tests.harness.runner import REPO, RUNS_ROOT, UP, ddp_up, run_dir
+from tests.integration.conftest import SCRIPT
+
+
+def test_log_files_hold_every_line(cluster, cluster_file):
+    path = cluster_file([(0, 2), (1, 2)])
+    code, out, _ = ddp_up("--ranks", "0", str(path), SCRIPT, "run", "--steps", "40")
+    assert code == 0, out
+    job = re.search(r"job (\S+):", out).group(1)
+    d = run_dir(job)
+    for rank in range(4):
+        lines = (d / f"rank{rank}.log").read_text().splitlines()  # stdout and stderr (c10d warnings too)
+        assert [l for l in lines if l.startswith("step ")] == [f"step {i} rank={rank}" for i in range(40)]
+        assert sum(l.startswith(f"READY rank={rank} world=4") for l in lines) == 1
+    node1 = (d / f"node1-{cluster.nodes[1].addr}.log").read_text()
+    assert node1.count("r2 | step ") == 40 and node1.count("r3 | step ") == 40
+    assert "step 3 rank=2" not in out and "step 3 rank=0" in out  # the console was filtered, the files not
+    summary = json.loads((d / "summary.json").read_text())
+    assert [n["state"] for n in summary["nodes"]] == ["done", "done"] and summary["exit_code"] == 0
+
+
+@pytest.fixture
+def tmux():
+    if not shutil.which("tmux"):
+        pytest.skip("needs tmux (apt-get install tmux)")
+    socket = f"ddp-up-test-{os.getpid()}"
+
+    def run(*args: str, check: bool = True) -> str:
+        return subprocess.run(["tmux", "-L", socket, *args], check=check, capture_output=True, text=True,
+                              timeout=30).stdout
+
+    run.socket = socket
+    yield run
+    run("kill-server", check=False)
+
+
+def test_dashboard_in_a_real_terminal(cluster, cluster_file, tmux):
+    path = cluster_file([(0, 1), (1, 1), (2, 1)])
+    env = f"PYTHONPATH={shlex.quote(str(REPO))} COLUMNS= LINES="
+    cmd = (f"cd {shlex.quote(str(REPO))} && env {env} {shlex.quote(sys.executable)} -c {shlex.quote(UP)} "
+           f"--runs-dir {shlex.quote(RUNS_ROOT)} {path} {SCRIPT} run --steps 25 --step-time 0.4; "
+           f"echo EXIT=$?; tmux -L {tmux.socket} wait-for -S ddp-up-done; sleep 60")
+    tmux("new-session", "-d", "-s", "dash", "-x", "160", "-y", "45", cmd)
+    addrs = [n.addr for n in cluster.nodes[:3]]
+
+    def live_rows():
+        screen = tmux("capture-pane", "-p", "-t", "dash")
+        rows = [l for l in screen.splitlines() if re.match(r"\s+\d+\s+10\.213\.\d+\.\d+\s+\d\s+running\s", l)]
+        return screen if "world 3" in screen and len(rows) == 3 else None
+
+    screen = procs.wait_for(live_rows, timeout=90, interval=0.2)
+    assert screen, tmux("capture-pane", "-p", "-t", "dash")
+    for i, addr in enumerate(addrs):
+        assert re.search(rf"^\s+{i}\s+{re.escape(addr)}\s+{i}\s+running\s+\d+:\d\d\s+\d+\s+\d+\s+", screen, re.M), screen
+
+    tmux("wait-for", "ddp-up-done")  # the command signals this channel when ddp-up has exited
+    final = tmux("capture-pane", "-p", "-t", "dash")
+    assert "EXIT=0" in final, final
+    for i, addr in enumerate(addrs):
+        assert re.search(rf"│ {i}\s+│ {re.escape(addr)}\s+│ {i}\s+│ done\s+│ 0", final), final
+    assert not re.search(r"^\s+\d+\s+10\.213\.\S+\s+\d\s+running", final, re.M)  # live table gone, summary stays

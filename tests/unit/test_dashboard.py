@@ -1,0 +1,36 @@
+import io
+
+from rich.console import Console
+
+from orchestrator.job import JobSnapshot, NodeRow
+from orchestrator.views.dashboard import render
+
+
+def snapshot(n: int, states: dict[int, str] | None = None) -> JobSnapshot:
+    states = states or {}
+    rows = tuple(NodeRow(i, f"gpu-{i:02d}", range(2 * i, 2 * i + 2), states.get(i, "running"), 65.0, 100 * i,
+                         f"step {i} loss 0.5", "" if states.get(i, "running") == "running" else "1",
+                         "rank 3 exited with code 1" if states.get(i) == "failed" else None) for i in range(n))
+    return JobSnapshot("J1", "10.0.0.1:29500", 2 * n, 3725.0, "running", rows, 100.0)
+
+
+def text_of(renderable, height: int = 60) -> str:
+    out = io.StringIO()
+    Console(file=out, width=140, height=height, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+def test_header_and_one_row_per_node():
+    text = text_of(render(snapshot(3), {0: 0.0, 1: 12.4, 2: 3.0}, max_rows=10))
+    lines = text.splitlines()
+    assert lines[0] == "ddp-up job J1  master 10.0.0.1:29500  world 6  elapsed 1:02:05  running"
+    assert lines[1].split() == ["node", "host", "ranks", "state", "up", "lines", "lines/s", "exit", "last", "line"]
+    assert lines[3].split() == ["1", "gpu-01", "2-3", "running", "1:05", "100", "12", "step", "1", "loss", "0.5"]
+    assert len(lines) == 5
+
+
+def test_many_nodes_show_the_ones_needing_attention_first():
+    text = text_of(render(snapshot(64, {40: "failed", 63: "lost"}), {}, max_rows=6))
+    assert "gpu-40" in text and "rank 3 exited with code 1" in text and "gpu-63" in text
+    assert "+58 more nodes: 58 running" in text
+    assert len(text.splitlines()) == 2 + 6 + 1
