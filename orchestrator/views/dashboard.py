@@ -7,12 +7,13 @@ import time
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
 from ..job import JobResult, JobSnapshot, NodeRow
 from ..plan import LaunchPlan
-from .console import STATE_STYLE, ConsoleView, node_color
+from .console import STATE_STYLE, Block, ConsoleView, node_color
 
 DRAW_INTERVAL = 0.25  # seconds between table redraws (4 Hz)
 FLUSH_INTERVAL = 0.1  # seconds between batched log prints above the table
@@ -74,19 +75,20 @@ class DashboardView(ConsoleView):
         super().__init__(plan, console, **kwargs)
         self.live = Live(console=self.console, auto_refresh=False, transient=True,
                          redirect_stdout=False, redirect_stderr=False)
-        self.pending = Text()
+        self.pending = Block()
         self.last_flush = self.last_draw = 0.0
         self.samples: dict[int, tuple[float, int]] = {}
         self.rates: dict[int, float] = {}
         self.started = False
 
-    def emit(self, text: Text) -> None:
-        self.pending.append_text(text)  # printed at the next flush: one Live redraw per batch
+    def emit(self, block: Block) -> None:
+        self.pending.segments.extend(block.segments)  # printed at the next flush: one Live redraw per batch
 
     def notice(self, text: str) -> None:
         if not self.started:  # before or after the live table: print straight away
             return super().notice(text)
-        self.pending.append_text(Text("ddp-up ", style="bold") + Text(text + "\n", style="yellow"))
+        self.pending.add("ddp-up ", Style(bold=True))
+        self.pending.add(text + "\n", Style(color="yellow"))
 
     def intro(self, plan: LaunchPlan) -> None:
         super().intro(plan)
@@ -114,9 +116,8 @@ class DashboardView(ConsoleView):
     def _flush(self) -> None:
         self.last_flush = time.monotonic()
         if self.pending:
-            text, self.pending = self.pending, Text()
-            text.rstrip()
-            self.console.print(text)
+            block, self.pending = self.pending, Block()
+            self.console.print(block, end="")
 
     def close(self) -> None:
         self.flush_collapsed()

@@ -2,10 +2,12 @@
 
   job.py run [--steps N] [--step-time S] [--fail-rank R --exit-code C] [--ignore-term] [--hang]
   job.py argv ARGS...     rank 0 prints ARGV <json of ARGS> and exits 0
+  job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
   job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
 """
 
 import datetime
+import io
 import json
 import os
 import signal
@@ -66,6 +68,22 @@ def main():
     if mode == "decoy":
         time.sleep(float(rest[0]) if rest else 120)
         return
+    if mode == "spam":  # job.py spam N [FILE_PREFIX]: print N lines as fast as possible
+        dist, rank = init()
+        n, prefix = int(rest[0]), (rest[1] if len(rest) > 1 else None)
+        # A file on the node, unbuffered and write-through like stdout under torchrun's `python -u`.
+        out = io.TextIOWrapper(open(f"{prefix}.{rank}", "wb", buffering=0), write_through=True) if prefix \
+            else sys.stdout
+        line = f"rank {rank} " + "x" * 80
+        t0 = time.perf_counter()
+        for i in range(n):
+            print(line, i, file=out)
+        out.flush()
+        seconds = time.perf_counter() - t0
+        print(f"SPAM rank={rank} lines={n} seconds={seconds:.4f}", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        finish(0)
     if mode == "argv":
         dist, rank = init()
         if rank == 0:

@@ -1,0 +1,90 @@
+"""Log path cost: does carrying a print-heavy job's output slow the job down?
+
+    python3 -m benchmarks.logs [--nodes 2] [--procs 2] [--lines 200000] [--repeat 3]
+
+On the namespace sshd cluster, every rank prints --lines lines (~100 bytes) as fast as it can
+and times its own print loop. Three ways, interleaved in each repeat:
+  file       output to a file on the node (the baseline: ddp-up carries nothing)
+  plain      through ddp-up to the console (--no-dashboard)
+  dashboard  through ddp-up with the live dashboard forced on
+Prints the median print-loop time per mode, its ratio to the baseline, the end-to-end wall time,
+delivered lines/s, and checks that the run's rank log files hold every line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.teardown import SCRIPT
+from tests.harness.runner import REPO, UP, _env
+from tests.harness.sshcluster import SSHCluster, available
+
+MODES = ("file", "plain", "dashboard")
+
+
+def run(path: Path, mode: str, lines: int, runs: Path, tmp: str) -> tuple[float, float, int]:
+    """(median rank print-loop seconds, wall seconds, lines found in the run's rank logs)."""
+    view = ["--dashboard"] if mode == "dashboard" else ["--no-dashboard"]
+    args = ["spam", str(lines)] + ([f"{tmp}/spam"] if mode == "file" else [])
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", UP, *view, "--runs-dir", str(runs), str(path), SCRIPT, *args],
+                          cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    wall = time.monotonic() - t0
+    out = proc.stdout.decode(errors="replace")
+    assert proc.returncode == 0, out[-3000:]
+    job = re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
+    seconds = [float(s) for s in re.findall(r"SPAM rank=\d+ lines=\d+ seconds=([\d.]+)", _rank_logs(runs / job))]
+    delivered = sum(1 for line in _rank_logs(runs / job).splitlines() if line.startswith("rank "))
+    return statistics.median(seconds), wall, delivered
+
+
+def _rank_logs(d: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted(d.glob("rank*.log")))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--lines", type=int, default=200_000)
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    if reason := available():
+        print(f"cannot run: {reason}", file=sys.stderr)
+        return 2
+    ranks = args.nodes * args.procs
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = SSHCluster(args.nodes, Path(tmp) / "cluster").up()
+        try:
+            path = cluster.cluster_file(Path(tmp) / "c.yaml", [(n, args.procs) for n in cluster.nodes],
+                                        python=sys.executable, workdir=tmp, env={"OMP_NUM_THREADS": 1})
+            results: dict[str, list[tuple[float, float, int]]] = {m: [] for m in MODES}
+            for _ in range(args.repeat):
+                for mode in MODES:  # interleaved, so drift on a noisy machine hits every mode alike
+                    results[mode].append(run(path, mode, args.lines, Path(tmp) / "runs", tmp))
+        finally:
+            cluster.down()
+    base = statistics.median(r[0] for r in results["file"])
+    print(f"log path: {args.nodes} nodes x {args.procs} procs, {args.lines} lines per rank, {args.repeat} runs "
+          f"per mode; median (min-max)")
+    print(f"{'mode':10} {'print loop s':>22} {'vs file':>8} {'wall s':>20} {'lines/s delivered':>18} {'complete':>9}")
+    for mode in MODES:
+        loops, walls = [r[0] for r in results[mode]], [r[1] for r in results[mode]]
+        loop = statistics.median(loops)
+        complete = "-" if mode == "file" else ("yes" if all(r[2] == ranks * args.lines for r in results[mode])
+                                                 else "NO")
+        rate = "-" if mode == "file" else f"{ranks * args.lines / statistics.median(walls):,.0f}"
+        print(f"{mode:10} {loop:8.3f} ({min(loops):.3f}-{max(loops):.3f}) {loop / base:8.2f} "
+              f"{statistics.median(walls):7.2f} ({min(walls):.2f}-{max(walls):.2f}) {rate:>18} {complete:>9}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
