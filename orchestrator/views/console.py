@@ -118,16 +118,13 @@ class ConsoleView:
             self.console.print(block, end="")
 
     def tick(self, snapshot) -> None:
-        if self.collapser is not None:
-            out = Block()
-            for stream, ranks, text in self.collapser.due(self.clock()):
-                self._collapsed(out, stream, ranks, text)
-            self.emit(out)
+        self.flush_collapsed(everything=False)
 
-    def flush_collapsed(self) -> None:
+    def flush_collapsed(self, everything: bool = True) -> None:
+        """Print held lines whose collapse window has passed (or all of them, at the end)."""
         if self.collapser is not None:
             out = Block()
-            for stream, ranks, text in self.collapser.due(self.clock(), everything=True):
+            for stream, ranks, text in self.collapser.due(self.clock(), everything=everything):
                 self._collapsed(out, stream, ranks, text)
             self.emit(out)
 

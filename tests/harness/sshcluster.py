@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.agent import wait_gone
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -120,9 +122,9 @@ class SSHCluster:
         for node in self.nodes:
             pids = self.namespace_pids(node)
             _signal_all(pids, signal.SIGTERM)
-            if _wait_gone(pids, 3.0):
+            if wait_gone(pids, 3.0):
                 _signal_all(pids, signal.SIGKILL)
-                _wait_gone(pids, 3.0)
+                wait_gone(pids, 3.0)
         self._remove_network()
         shutil.rmtree(self.base, ignore_errors=True)
 
@@ -171,14 +173,3 @@ def _signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
-
-
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    from orchestrator.agent import is_alive
-
-    deadline = time.monotonic() + timeout
-    left = [p for p in pids if is_alive(p)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = [p for p in left if is_alive(p)]
-    return left
