@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,20 +30,25 @@ from tests.harness.sshcluster import SSHCluster, available
 MODES = ("file", "plain", "dashboard")
 
 
-def run(path: Path, mode: str, lines: int, runs: Path, tmp: str) -> tuple[float, float, int]:
-    """(median rank print-loop seconds, wall seconds, lines found in the run's rank logs)."""
+def run(path: Path, mode: str, lines: int, runs: Path, tmp: str) -> tuple[float, float, int, float]:
+    """(median rank print-loop s, wall s, lines found in the run's rank logs, controller CPU s)."""
     view = ["--dashboard"] if mode == "dashboard" else ["--no-dashboard"]
     args = ["spam", str(lines)] + ([f"{tmp}/spam"] if mode == "file" else [])
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), _children_cpu()
     proc = subprocess.run([sys.executable, "-c", UP, *view, "--runs-dir", str(runs), str(path), SCRIPT, *args],
                           cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, _children_cpu() - cpu0  # the ddp-up process only: nodes are via sshd
     out = proc.stdout.decode(errors="replace")
     assert proc.returncode == 0, out[-3000:]
     job = re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
     seconds = [float(s) for s in re.findall(r"SPAM rank=\d+ lines=\d+ seconds=([\d.]+)", _rank_logs(runs / job))]
     delivered = sum(1 for line in _rank_logs(runs / job).splitlines() if line.startswith("rank "))
-    return statistics.median(seconds), wall, delivered
+    return statistics.median(seconds), wall, delivered, cpu
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _rank_logs(d: Path) -> str:
@@ -65,7 +71,7 @@ def main() -> int:
         try:
             path = cluster.cluster_file(Path(tmp) / "c.yaml", [(n, args.procs) for n in cluster.nodes],
                                         python=sys.executable, workdir=tmp, env={"OMP_NUM_THREADS": 1})
-            results: dict[str, list[tuple[float, float, int]]] = {m: [] for m in MODES}
+            results: dict[str, list[tuple[float, float, int, float]]] = {m: [] for m in MODES}
             for _ in range(args.repeat):
                 for mode in MODES:  # interleaved, so drift on a noisy machine hits every mode alike
                     results[mode].append(run(path, mode, args.lines, Path(tmp) / "runs", tmp))
@@ -74,7 +80,8 @@ def main() -> int:
     base = statistics.median(r[0] for r in results["file"])
     print(f"log path: {args.nodes} nodes x {args.procs} procs, {args.lines} lines per rank, {args.repeat} runs "
           f"per mode; median (min-max)")
-    print(f"{'mode':10} {'print loop s':>22} {'vs file':>8} {'wall s':>20} {'lines/s delivered':>18} {'complete':>9}")
+    print(f"{'mode':10} {'print loop s':>22} {'vs file':>8} {'wall s':>20} {'lines/s delivered':>18} "
+          f"{'complete':>9} {'ddp-up CPU s':>13}")
     for mode in MODES:
         loops, walls = [r[0] for r in results[mode]], [r[1] for r in results[mode]]
         loop = statistics.median(loops)
@@ -82,7 +89,8 @@ def main() -> int:
                                                  else "NO")
         rate = "-" if mode == "file" else f"{ranks * args.lines / statistics.median(walls):,.0f}"
         print(f"{mode:10} {loop:8.3f} ({min(loops):.3f}-{max(loops):.3f}) {loop / base:8.2f} "
-              f"{statistics.median(walls):7.2f} ({min(walls):.2f}-{max(walls):.2f}) {rate:>18} {complete:>9}")
+              f"{statistics.median(walls):7.2f} ({min(walls):.2f}-{max(walls):.2f}) {rate:>18} {complete:>9} "
+              f"{statistics.median(r[3] for r in results[mode]):13.2f}")
     return 0
 
 

@@ -161,6 +161,7 @@ class Writer:
         self.items = queue.Queue(maxsize=4096)
         self.idle = threading.Event()
         self.broken = False
+        self.last_activity = time.monotonic()  # last line queued or written
         threading.Thread(target=self._loop, name="writer", daemon=True).start()
 
     def frame(self, kind, payload=b"", block=True):
@@ -172,13 +173,18 @@ class Writer:
 
     def put(self, data, block=True):
         self.idle.clear()
+        self.last_activity = time.monotonic()
         try:
             self.items.put(data, block=block)
         except queue.Full:
             pass  # only heartbeats are sent without blocking; a dropped one is harmless
 
-    def drain(self, timeout):
-        return self.idle.wait(timeout)
+    def drain(self, stall_timeout):
+        """Wait until everything queued is written, as long as writing makes progress."""
+        while not self.idle.wait(0.5):
+            if time.monotonic() - self.last_activity > stall_timeout:
+                return False
+        return True
 
     def _loop(self):
         while True:
@@ -192,6 +198,7 @@ class Writer:
                 try:
                     self.stream.write(b"".join(chunks))
                     self.stream.flush()
+                    self.last_activity = time.monotonic()
                 except OSError:
                     self.broken = True  # controller gone; stdin EOF will stop the job
             if self.items.empty():
@@ -375,11 +382,17 @@ class Runner:
                 code = self.proc.wait(timeout=KILL_WAIT)
             except subprocess.TimeoutExpired:
                 code = None
+        # Every line before the exit frame. The job's processes are gone, so the pipes reach EOF;
+        # what bounds the wait is the controller reading (a stalled connection: orphan_timeout).
+        stall = self.spec["orphan_timeout"]
         for t in self.pumps:
-            t.join(timeout=2.0)  # all output relayed before the exit frame
+            while t.is_alive():
+                t.join(0.5)
+                if time.monotonic() - self.out.last_activity > stall:
+                    break  # no line moved for orphan_timeout: a held pipe, or a dead connection
         self.out.json(b"X", {"code": code, "signal": signal_name(code), "stopped": stopped, "reason": reason,
                              "started": True, "killed": len(swept["killed"]), "left": swept["left"]})
-        self.out.drain(5)
+        self.out.drain(stall)
         self.cleanup_state(keep_logs=self.out.broken)
         return 0
 

@@ -8,17 +8,42 @@ from datetime import datetime
 
 from .plan import RANK_MARK
 
-_RANK_LINE = re.compile(re.escape(RANK_MARK) + r"(\d+)" + re.escape(RANK_MARK))
+_MARKER = re.compile(re.escape(RANK_MARK) + r"(\d+)" + re.escape(RANK_MARK))
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*)$")
 
 
-def split_rank(text: str) -> tuple[int | None, str]:
-    """``'\\x1d5\\x1dloss 0.1'`` -> ``(5, 'loss 0.1')``; launcher lines have no rank."""
-    if text.startswith(RANK_MARK):
-        m = _RANK_LINE.match(text)
-        if m:
-            return int(m.group(1)), text[m.end():]
-    return None, text
+class RankStitcher:
+    """Reassembles worker lines that torchrun's tee split.
+
+    torchrun's tail thread reads a rank's log file line by line; reading at end of file it can
+    get half a line (the worker wrote it in several syscalls), prints that half with the rank
+    prefix and no newline, and the rest later with the prefix again, possibly after another
+    rank's line. So one stream line may hold several marker-led pieces: all but the last are
+    fragments whose continuation is the rank's next piece. One stitcher per node and stream.
+    """
+
+    def __init__(self) -> None:
+        self.partial: dict[int, str] = {}
+
+    def feed(self, text: str) -> list[tuple[int | None, str]]:
+        """One stream line -> the complete (rank, text) lines it finishes."""
+        if RANK_MARK not in text:
+            return [(None, text)]
+        out: list[tuple[int | None, str]] = []
+        marks = list(_MARKER.finditer(text))
+        if not marks:
+            return [(None, text)]
+        if marks[0].start() > 0:  # launcher text before the first piece
+            out.append((None, text[:marks[0].start()]))
+        for i, m in enumerate(marks):
+            rank = int(m.group(1))
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+            piece = self.partial.pop(rank, "") + text[m.end():end]
+            if i + 1 < len(marks):
+                self.partial[rank] = piece  # cut short by the next piece: wait for its rest
+            else:
+                out.append((rank, piece))
+        return out
 
 
 @dataclass(frozen=True)

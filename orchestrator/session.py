@@ -15,7 +15,7 @@ from typing import Callable
 from . import protocol
 from .errors import NodeProblem
 from .events import Closed, Exited, Lines, LogLine, Ready, SetupFailed, Started, Stopping
-from .logparse import split_rank
+from .logparse import RankStitcher
 from .plan import LaunchPlan, NodePlan
 from .transport import ConnectFailed, RemoteProcess, Transport
 
@@ -34,6 +34,7 @@ class NodeSession:
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self._threads: list[threading.Thread] = []
         self._cancelled = threading.Event()
+        self._stitchers = {b"O": RankStitcher(), b"E": RankStitcher()}  # used by the frames thread only
 
     # --- lifecycle (open runs on a pool thread) ---
 
@@ -123,8 +124,9 @@ class NodeSession:
         batch: list[LogLine] = []
         for kind, payload in map(protocol.split_frame, lines):
             if kind in (b"O", b"E"):
-                rank, text = split_rank(payload.decode("utf-8", "replace").rstrip("\r"))
-                batch.append(LogLine("out" if kind == b"O" else "err", rank, text))
+                stream = "out" if kind == b"O" else "err"
+                for rank, text in self._stitchers[kind].feed(payload.decode("utf-8", "replace").rstrip("\r")):
+                    batch.append(LogLine(stream, rank, text))
                 continue
             if batch:
                 self.post(Lines(self.node.index, batch))

@@ -24,7 +24,7 @@ def test_log_files_hold_every_line(cluster, cluster_file):
     job = re.search(r"job (\S+):", out).group(1)
     d = run_dir(job)
     for rank in range(4):
-        lines = (d / f"rank{rank}.log").read_text().splitlines()  # stdout and stderr (c10d warnings too)
+        lines = (d / f"rank{rank}.log").read_text().split("\n")  # stdout and stderr (c10d warnings too)
         assert [l for l in lines if l.startswith("step ")] == [f"step {i} rank={rank}" for i in range(40)]
         assert sum(l.startswith(f"READY rank={rank} world=4") for l in lines) == 1
     node1 = (d / f"node1-{cluster.nodes[1].addr}.log").read_text()
@@ -74,3 +74,16 @@ def test_dashboard_in_a_real_terminal(cluster, cluster_file, tmux):
     for i, addr in enumerate(addrs):
         assert re.search(rf"│ {i}\s+│ {re.escape(addr)}\s+│ {i}\s+│ done\s+│ 0", final), final
     assert not re.search(r"^\s+\d+\s+10\.213\.\S+\s+\d\s+running", final, re.M)  # live table gone, summary stays
+
+
+def test_a_burst_of_output_is_delivered_whole(cluster, cluster_file):
+    """More output than the node can send before the job ends: every line still arrives."""
+    lines = 150_000
+    path = cluster_file([(0, 1), (1, 1)])
+    code, out, _ = ddp_up("--ranks", "0", str(path), SCRIPT, "spam", str(lines))
+    assert code == 0, out[-3000:]
+    d = run_dir(re.search(r"job (\S+):", out).group(1))
+    for rank in range(2):
+        got = (d / f"rank{rank}.log").read_text().split("\n")  # not splitlines(): it also splits on \x1c-\x1e
+        numbers = [int(l.rsplit(" ", 1)[1]) for l in got if l.startswith(f"rank {rank} x")]
+        assert numbers == list(range(lines)), f"rank {rank}: {len(numbers)} of {lines} lines, in order?"
