@@ -55,9 +55,12 @@ class RunLogs:
         nf = self._node_file(node)
         nf.writelines(f"{'r' + str(l.rank) if l.rank is not None else '-'} {SEPARATOR[l.stream]} {l.text}\n"
                       for l in lines)
+        by_rank: dict[int, list[str]] = {}
         for line in lines:
             if line.rank is not None:
-                self._rank_file(line.rank).write(line.text + "\n")
+                by_rank.setdefault(line.rank, []).append(line.text + "\n")
+        for rank, texts in by_rank.items():  # one write per rank and batch, not per line
+            self._rank_file(rank).writelines(texts)
 
     def node_state(self, status) -> None:
         if status.state == "starting":
