@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal, NamedTuple, Union
 
 from .errors import NodeProblem
 
 Stream = Literal["out", "err", "node"]  # worker/launcher stdout, stderr, or the node's own diagnostics
 
 
-@dataclass(frozen=True)
-class LogLine:
+class LogLine(NamedTuple):
+    """One line of output (a NamedTuple: a chatty job makes hundreds of thousands of these)."""
+
     stream: Stream
     rank: int | None  # global rank; None for the launcher or the node itself
     text: str

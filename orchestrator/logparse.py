@@ -29,6 +29,12 @@ class RankStitcher:
         """One stream line -> the complete (rank, text) lines it finishes."""
         if RANK_MARK not in text:
             return [(None, text)]
+        if text[0] == RANK_MARK:  # fast path: one whole piece, as almost every line is
+            end = text.find(RANK_MARK, 1)
+            if end > 1 and text[1:end].isdigit() and text.find(RANK_MARK, end + 1) < 0:
+                rank = int(text[1:end])
+                if rank not in self.partial:
+                    return [(rank, text[end + 1:])]
         out: list[tuple[int | None, str]] = []
         marks = list(_MARKER.finditer(text))
         if not marks:
