@@ -18,7 +18,8 @@ from . import __version__
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import load_cluster
 from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, DdpUpError, Interrupted
-from .job import Job, JobResult
+from .job import Job
+from .outcome import JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
 from .views.console import ConsoleView
 from .views.dashboard import DashboardView
@@ -34,6 +35,7 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def up_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ddp-up",
+        usage="ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]",
         description="Launch a multi-node torchrun job over SSH; every remote process it starts is stopped on exit.",
         epilog="Everything after SCRIPT is passed to the script verbatim. Exit status: 0 ok, 1 job failed, "
                "2 bad config or usage, 3 a node could not be set up (nothing started), 70 internal error, "

@@ -11,7 +11,7 @@ from rich.text import Text
 import time
 
 from ..events import LogLine
-from ..job import JobResult, NodeStatus
+from ..outcome import JobResult, NodeStatus
 from ..plan import LaunchPlan, NodePlan
 from .filters import Collapser, format_ranks
 

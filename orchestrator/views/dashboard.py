@@ -11,7 +11,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from ..job import JobResult, JobSnapshot, NodeRow
+from ..outcome import JobResult, JobSnapshot, NodeRow
 from ..plan import LaunchPlan
 from .console import STATE_STYLE, Block, ConsoleView, node_color
 

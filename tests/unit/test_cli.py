@@ -30,3 +30,12 @@ def test_dry_run_connects_to_nothing(tmp_path, capsys):
     assert "# node 1 192.0.2.2 (ssh 192.0.2.2 -p 22), ranks 2-2" in out
     assert "--node-rank=1 --master-addr=192.0.2.1 '--master-port=<auto: a free port on the master>'" in out
     assert out.rstrip().endswith("t.py 'a b'")
+
+
+def test_the_controller_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, orchestrator.cli, orchestrator.job, orchestrator.views.dashboard; " \
+           "sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

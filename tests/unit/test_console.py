@@ -4,7 +4,7 @@ from rich.console import Console
 
 from orchestrator.config import parse_cluster
 from orchestrator.events import LogLine
-from orchestrator.job import Failure, JobResult, NodeStatus
+from orchestrator.outcome import Failure, JobResult, NodeStatus
 from orchestrator.plan import make_plan
 from orchestrator.views.console import ConsoleView
 

@@ -2,7 +2,7 @@ import io
 
 from rich.console import Console
 
-from orchestrator.job import JobSnapshot, NodeRow
+from orchestrator.outcome import JobSnapshot, NodeRow
 from orchestrator.views.dashboard import render
 
 

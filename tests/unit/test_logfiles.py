@@ -2,7 +2,7 @@ import json
 
 from orchestrator.config import parse_cluster
 from orchestrator.events import LogLine
-from orchestrator.job import JobResult, NodeStatus
+from orchestrator.outcome import JobResult, NodeStatus
 from orchestrator.plan import make_plan
 from orchestrator.views.logfiles import RunLogs
 
