@@ -15,7 +15,6 @@ a launcher stdout/stderr line, ``H`` heartbeat, ``P`` stopping, ``L`` listed pro
 """
 
 import errno
-import importlib.util
 import json
 import os
 import queue
@@ -237,6 +236,8 @@ class Runner:
         self.last_heard = time.monotonic()
         self.proc = None
         self.pumps = []
+        self.listener = None
+        self.torch_version = None
         self.dir = state_dir(spec["job"])
         self.state_file = os.path.join(self.dir, "node%d.json" % spec["node"])
         self.log_dir = os.path.join(self.dir, "node%d-logs" % spec["node"])
@@ -249,9 +250,11 @@ class Runner:
             self.out.json(b"F", problem)
             self.out.drain(5)
             return 3
-        ready = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0]}
-        if self.spec.get("pick_port"):
-            ready["port"] = free_port()
+        ready = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0],
+                 "torch": self.torch_version, "gpus": count_gpus(), "time": time.time(),
+                 "disk_free": shutil.disk_usage(".").free}
+        if self.listener is not None:
+            ready["port"] = self.listener.getsockname()[1]
         self.out.json(b"R", ready)
         threading.Thread(target=self.read_controller, name="stdin", daemon=True).start()
         kind, arg = self.wait_for_go()
@@ -272,17 +275,34 @@ class Runner:
         if script and not os.path.isfile(script):
             return {"what": "script %s not found in %s" % (script, workdir),
                     "fix": "copy it to this node, or set `workdir:` to the directory that holds it"}
-        if importlib.util.find_spec("torch") is None:
+        self.torch_version = probe_torch(self.job_env())
+        if self.torch_version is None:
             return {"what": "torch is not installed for %s (Python %s)" % (sys.executable, sys.version.split()[0]),
                     "fix": "install torch on this node, or set `python:` to an interpreter that has it"}
         port = self.spec.get("check_port")
-        if port and not port_is_free(port):
-            return {"what": "master port %d is already in use on the master node" % port,
-                    "fix": "set `master: {port: auto}` or pick another port"}
+        if port or self.spec.get("pick_port"):
+            try:  # held until go: reserves the port and lets every node probe the master for real
+                self.listener = listen_on(port or 0)
+            except OSError:
+                return {"what": "master port %d is already in use on the master node" % port,
+                        "fix": "set `master: {port: auto}` or pick another port"}
         return None
 
+    def job_env(self):
+        env = dict(os.environ)
+        env.update(self.spec.get("env") or {})
+        return env
+
+    def probe(self, target):
+        """Can this node open a TCP connection to the master's address and port?"""
+        try:
+            socket.create_connection((target["addr"], target["port"]), timeout=target["timeout"]).close()
+            self.out.json(b"C", {"ok": True})
+        except OSError as e:
+            self.out.json(b"C", {"ok": False, "error": e.strerror or str(e) or type(e).__name__})
+
     def read_controller(self):
-        commands = {b"G": "go", b"T": "stop", b"K": "kill"}
+        commands = {b"G": "go", b"T": "stop", b"K": "kill", b"C": "probe"}
         for line in sys.stdin.buffer:
             self.last_heard = time.monotonic()
             kind, _, payload = line.rstrip(b"\n").partition(b" ")
@@ -308,12 +328,19 @@ class Runner:
     def wait_for_go(self):
         while True:
             event = self.next_event()
-            if event and event[0] in ("go", "stop", "kill"):
+            if event and event[0] == "probe":
+                threading.Thread(target=self.probe, args=(event[1],), daemon=True).start()
+            elif event and event[0] in ("go", "stop", "kill"):
+                self.close_listener()
                 return event
 
+    def close_listener(self):
+        if self.listener is not None:
+            self.listener.close()  # nothing was accepted, so torchrun can bind the port at once
+            self.listener = None
+
     def start(self, argv):
-        env = dict(os.environ)
-        env.update(self.spec.get("env") or {})
+        env = self.job_env()
         env.update({TAG_JOB: self.spec["job"], TAG_NODE: str(self.spec["node"]),
                     TAG_CLUSTER: self.spec.get("cluster", "")})
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
@@ -421,20 +448,39 @@ def signal_name(code):
         return "signal %d" % -code
 
 
-def free_port():
-    """A port that is free on this node right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def listen_on(port):
+    """A listening socket on ``port`` (0: one the OS picks) on every address of this node."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("", port))
+        s.listen(64)
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
-def port_is_free(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-            return True
-        except OSError:
-            return False
+# Run in the job's environment (its PYTHONPATH counts), without importing torch (seconds of CPU).
+TORCH_PROBE = ("import importlib.metadata as m, importlib.util as u\n"
+               "try: v = m.version('torch')\nexcept Exception: v = '?'\n"
+               "print(v if u.find_spec('torch') else '')")
+
+
+def probe_torch(env):
+    """The torch version the job would import, or None if it has none."""
+    try:
+        out = subprocess.run([sys.executable, "-c", TORCH_PROBE], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, timeout=60).stdout.decode().strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
+def count_gpus():
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
 
 
 # --- sweep mode (ddp-kill, and the controller's fallback) ---------------------------------------

@@ -13,11 +13,12 @@ import sys
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import load_cluster
-from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, DdpUpError, Interrupted
+from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, DdpUpError, Interrupted
 from .job import Job
 from .outcome import JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
@@ -51,6 +52,8 @@ def up_parser() -> argparse.ArgumentParser:
                       help="the live dashboard even when stdout is not a terminal")
     p.add_argument("--ranks", metavar="LIST", help="show only these ranks on the console, e.g. 0,3-5 "
                                                    "(log files keep every rank)")
+    p.add_argument("--no-preflight", dest="preflight", action="store_false",
+                   help="skip the cross-node checks (same torch everywhere, every node reaches the master)")
     p.add_argument("--collapse", action="store_true", help="print a line that every rank printed once, with a count")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
                    help="where each job's logs and summary.json go (DIR/<job-id>/; default: runs)")
@@ -98,7 +101,7 @@ def main_up(argv: list[str] | None = None) -> int:
             console = Console(highlight=False, soft_wrap=True, force_terminal=True)
         view_class = DashboardView if dashboard else ConsoleView
         return run_job(plan, view_class(plan, console, ranks=ranks, collapse=args.collapse),
-                       RunLogs(plan, args.runs_dir))
+                       RunLogs(plan, args.runs_dir), preflight=args.preflight)
     except DdpUpError as e:
         err.print(f"[bold red]ddp-up:[/] {_escape(e.render())}")
         return e.exit_code
@@ -109,10 +112,10 @@ def main_up(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs) -> int:
+def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True) -> int:
     """Run to completion; first signal = graceful stop of all nodes, second = SIGKILL now."""
     view = Fanout(console_view, logs)
-    job = Job(plan, view)
+    job = Job(plan, view, preflight=preflight)
     console_view.intro(plan)
     result = None
     with SignalGate() as gate:
@@ -180,6 +183,80 @@ def print_dry_run(plan: LaunchPlan, console: Console) -> None:
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}"
         console.print(f"# node {node.index} {node.label} ({via}), ranks {ranks}", markup=False)
         console.print(plan.shell_line(node, port), markup=False)
+
+
+# --- ddp-check ------------------------------------------------------------------------------
+
+def check_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ddp-check",
+        description="Check every node in parallel without starting anything: SSH login and host key, python, "
+                    "torch (same version everywhere), workdir and script, master port, a real TCP connection "
+                    "from every node to master addr:port, clock skew, free disk, GPUs.")
+    p.add_argument("cluster", metavar="CLUSTER.yaml")
+    p.add_argument("script", metavar="SCRIPT", nargs="?", default="", help="also check it exists on every node")
+    return p
+
+
+class _QuietView:
+    """ddp-check shows a table at the end, not the nodes' chatter."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def lines(self, node, lines) -> None:
+        pass
+
+    def node_state(self, status) -> None:
+        pass
+
+    def tick(self, snapshot) -> None:
+        pass
+
+    def notice(self, text: str) -> None:
+        self.console.print(f"ddp-check {text}", markup=False)
+
+
+def main_check(argv: list[str] | None = None) -> int:
+    args = check_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    console = Console(highlight=False, soft_wrap=True)
+    try:
+        config = load_cluster(args.cluster)
+    except DdpUpError as e:
+        Console(stderr=True).print(f"[bold red]ddp-check:[/] {_escape(e.render())}")
+        return e.exit_code
+    plan = make_plan(config, args.script, [], new_job_id(), os.getcwd())
+    job = Job(plan, _QuietView(console))
+    with SignalGate() as gate:
+        try:
+            problems = job.check()
+        except Interrupted:
+            return 130
+        finally:
+            gate.hold()
+            job.close()
+    console.print(check_table(job.status, problems, job.master_port))
+    for p in problems:
+        console.print(Text("✗ ", style="bold red") + Text(p.render()))
+    return EXIT_SETUP if problems else EXIT_OK
+
+
+def check_table(statuses, problems, master_port) -> Table:
+    by_node: dict[str, list] = {}
+    for p in problems:
+        by_node.setdefault(p.node, []).append(p)
+    table = Table(title=f"ddp-check (master port {master_port or '-'})", title_justify="left")
+    for column in ("node", "host", "ok", "torch", "python", "gpus", "clock skew", "disk free"):
+        table.add_column(column, no_wrap=True)
+    for s in statuses:
+        mine = by_node.get(s.plan.label, [])
+        info = s.info
+        table.add_row(
+            str(s.plan.index), s.plan.label, Text("✗", style="bold red") if mine else Text("✓", style="green"),
+            info.get("torch") or "-", info.get("python") or "-", str(info.get("gpus", "-")),
+            "-" if s.clock_skew is None else f"{s.clock_skew:+.2f} s",
+            "-" if "disk_free" not in info else f"{info['disk_free'] / 2**30:.1f} GiB")
+    return table
 
 
 # --- ddp-kill -------------------------------------------------------------------------------

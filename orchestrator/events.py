@@ -31,6 +31,15 @@ class SetupFailed:
 
 
 @dataclass(frozen=True)
+class Probed:
+    """Whether the node could open a TCP connection to the master's addr:port."""
+
+    node: int
+    ok: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
 class Started:
     node: int
     pid: int
@@ -68,4 +77,4 @@ class Closed:
     stderr_tail: tuple[str, ...]
 
 
-Event = Union[Ready, SetupFailed, Started, Lines, Stopping, Exited, Closed]
+Event = Union[Ready, SetupFailed, Probed, Started, Lines, Stopping, Exited, Closed]

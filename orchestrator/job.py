@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 from . import protocol
 from .cleanup import SweepReport, match_for, sweep_node
 from .errors import NodeProblem, SetupError
-from .events import Closed, Exited, Lines, LogLine, Ready, SetupFailed, Started, Stopping
+from .events import Closed, Exited, Lines, LogLine, Probed, Ready, SetupFailed, Started, Stopping
 from .outcome import TERMINAL, Failure, JobResult, JobSnapshot, NodeRow, NodeStatus, State
 from .plan import LaunchPlan, NodePlan
 from .session import NodeSession
@@ -24,6 +24,8 @@ from .transport import Transport, transport_for
 STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its stop is SIGKILLed
 KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept over a new channel
 SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
+PROBE_TIMEOUT = 3.0  # for each node's TCP connect to the master
+SKEW_WARNING = 5.0  # seconds of clock difference worth a warning (logs and timeouts get confusing)
 
 
 class View(Protocol):
@@ -37,8 +39,10 @@ class View(Protocol):
 class Job:
     def __init__(self, plan: LaunchPlan, view: View,
                  transport_factory: Callable[[object], Transport] = transport_for,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 preflight: bool = True):
         self.plan = plan
+        self.preflight = preflight
         self.view = view
         self.clock = clock
         self.wall = wall
@@ -66,7 +70,11 @@ class Job:
         for session in self.sessions:
             # Daemon threads, not an executor: a connect stuck on a dead host must not delay exit.
             threading.Thread(target=session.open, name=f"connect-{session.node.label}", daemon=True).start()
-        self._await_ready()
+        problems = self._await_ready()
+        if not problems and self.preflight:
+            problems = self._check_nodes()
+        if problems:
+            raise SetupError(problems)
         self._go()
         self._drain()
         return self.result()
@@ -122,7 +130,16 @@ class Job:
 
     # --- phase 1: connect and preflight ---
 
-    def _await_ready(self) -> None:
+    def check(self) -> list[NodeProblem]:
+        """Connect, preflight and probe every node, start nothing (ddp-check)."""
+        for session in self.sessions:
+            threading.Thread(target=session.open, name=f"connect-{session.node.label}", daemon=True).start()
+        problems = self._await_ready()
+        if self.master_port is not None and all(s.state == "ready" for s in self.status):
+            problems += self._check_nodes()
+        return problems
+
+    def _await_ready(self) -> list[NodeProblem]:
         deadline = self.clock() + max(n.config.ssh.connect_timeout for n in self.plan.nodes) + SETUP_MARGIN
         problems: dict[int, NodeProblem] = {}
         while any(s.state == "connecting" for s in self.status):
@@ -142,8 +159,38 @@ class Job:
                 self._set(event.node, "error", reason=problems[event.node].what)
             elif event is not None:
                 self._handle(event)
-        if problems:
-            raise SetupError([problems[k] for k in sorted(problems)])
+        return [problems[k] for k in sorted(problems)]
+
+    def _check_nodes(self) -> list[NodeProblem]:
+        """Across nodes: the same torch as the master, and a real TCP path to master addr:port."""
+        problems = self._torch_mismatches()
+        for session in self.sessions:
+            session.send(protocol.probe(self.plan.master_addr, self.master_port, PROBE_TIMEOUT))
+        deadline = self.clock() + PROBE_TIMEOUT + 10
+        while any(s.reach is None for s in self.status) and self.clock() < deadline:
+            event = self._next(deadline)
+            if isinstance(event, Probed):
+                self.status[event.node].reach = event
+            elif event is not None:
+                self._handle(event)
+        target = f"{self.plan.master_addr}:{self.master_port}"
+        for s in self.status:
+            if s.reach is None or not s.reach.ok:
+                why = s.reach.error if s.reach else "no answer to the probe"
+                problems.append(NodeProblem(s.plan.label, f"cannot reach the master at {target} ({why})",
+                                            "check master.addr is the address nodes use to reach the master, "
+                                            "and that no firewall blocks the port"))
+        for s in self.status:
+            if s.clock_skew is not None and abs(s.clock_skew) > SKEW_WARNING:
+                self.view.notice(f"{s.plan.label}: clock differs from this machine's by {s.clock_skew:+.1f} s")
+        return problems
+
+    def _torch_mismatches(self) -> list[NodeProblem]:
+        master = self.status[self.plan.master.index]
+        want = master.info.get("torch")
+        return [NodeProblem(s.plan.label, f"torch {s.info.get('torch')} here, torch {want} on the master "
+                            f"({master.plan.label})", "install the same torch version on every node")
+                for s in self.status if s.info.get("torch") != want]
 
     def _early_exit_problem(self, event: Closed) -> NodeProblem:
         node = self.plan.nodes[event.node]
@@ -218,6 +265,10 @@ class Job:
             self._set(event.node, "stopped", reason=event.problem.what)  # cancelled while connecting
 
     def _ready(self, event: Ready) -> None:
+        status = self.status[event.node]
+        status.info = event.info
+        if "time" in event.info:
+            status.clock_skew = float(event.info["time"]) - self.wall()
         if "port" in event.info and self.master_port is None:
             self.master_port = int(event.info["port"])
         if not self.status[event.node].terminal:

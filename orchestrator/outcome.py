@@ -10,6 +10,7 @@ from typing import Literal
 
 from .errors import EXIT_JOB_FAILED, EXIT_OK
 from .cleanup import SweepReport
+from .events import Probed
 from .logparse import FailureReportParser
 from .plan import LaunchPlan, NodePlan
 
@@ -30,6 +31,9 @@ class NodeStatus:
     ended_at: float | None = None
     lines: int = 0
     last_line: str = ""
+    info: dict = field(default_factory=dict)  # the agent's ready report (versions, clock, disk, gpus)
+    clock_skew: float | None = None  # node clock minus controller clock, seconds
+    reach: Probed | None = None
     report: FailureReportParser = field(default_factory=FailureReportParser)
 
     @property

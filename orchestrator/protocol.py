@@ -27,6 +27,11 @@ def hello(spec: dict) -> bytes:
     return agent_source() + json.dumps(spec).encode() + b"\n"
 
 
+def probe(addr: str, port: int, timeout: float) -> bytes:
+    """Ask an agent to open a TCP connection to addr:port and report."""
+    return b"C " + json.dumps({"addr": addr, "port": port, "timeout": timeout}).encode() + b"\n"
+
+
 def go(argv: list[str]) -> bytes:
     return b"G " + json.dumps({"argv": argv}).encode() + b"\n"
 

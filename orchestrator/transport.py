@@ -91,8 +91,11 @@ class LocalProcess(RemoteProcess):
         return _read_fd(self.proc.stderr)
 
     def write(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except ValueError:  # closed by close() on another thread: the same as a closed pipe
+            raise BrokenPipeError("stdin closed") from None
 
     def exit_status(self, timeout: float) -> int | None:
         try:

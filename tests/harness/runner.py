@@ -20,6 +20,7 @@ RUNS_ROOT = tempfile.mkdtemp(prefix="ddp-up-test-runs-")
 atexit.register(shutil.rmtree, RUNS_ROOT, True)
 UP = "import sys; from orchestrator.cli import main_up; sys.exit(main_up())"
 KILL = "import sys; from orchestrator.cli import main_kill; sys.exit(main_kill())"
+CHECK = "import sys; from orchestrator.cli import main_check; sys.exit(main_check())"
 
 
 def _env() -> dict:
@@ -106,4 +107,9 @@ def ddp_up(*args: str, timeout: float = 120) -> tuple[int, str, float]:
 
 def ddp_kill(*args: str, timeout: float = 60) -> tuple[int, str]:
     launch = Launch(list(args), code=KILL)
+    return launch.wait(timeout), launch.output
+
+
+def ddp_check(*args: str, timeout: float = 60) -> tuple[int, str]:
+    launch = Launch(list(args), code=CHECK)
     return launch.wait(timeout), launch.output

@@ -27,5 +27,5 @@ def test_agent_source_is_stdlib_only():
     """Nodes have nothing but Python: the shipped agent must not import the package or deps."""
     src = agent.source().decode()
     imports = {line.split()[1].split(".")[0] for line in src.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"errno", "importlib", "json", "os", "queue", "shutil", "signal", "socket", "subprocess",
+    assert imports <= {"errno", "json", "os", "queue", "shutil", "signal", "socket", "subprocess",
                        "sys", "tempfile", "threading", "time"}

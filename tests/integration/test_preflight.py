@@ -1,0 +1,59 @@
+"""Issue 5 (preflight part): jobs that cannot start fail in seconds, before any training process."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+from tests.harness.runner import ddp_check, ddp_up
+from tests.integration.conftest import SCRIPT
+
+
+def with_node_keys(path, cluster, index: int, extra: str) -> None:
+    """Append YAML keys (two-space indented lines) to one node's entry of a cluster file."""
+    head = f"- host: {cluster.nodes[index].addr}\n  gpus: 1"
+    text = path.read_text()
+    assert head in text
+    path.write_text(text.replace(head, head + "\n" + extra))
+
+
+def test_unreachable_master_address_is_caught_before_start(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 1)], master={"addr": f"{cluster.net}.200"})  # nobody there
+    code, out, seconds = ddp_up(str(path), SCRIPT, "run")
+    assert code == 3, out
+    for node in cluster.nodes[:2]:
+        assert re.search(rf"{node.addr}: cannot reach the master at {cluster.net}\.200:\d+ ", out), out
+    assert "READY" not in out and "nothing was started" in out
+    code, out = ddp_check(str(path), SCRIPT)
+    assert code == 3 and f"cannot reach the master at {cluster.net}.200" in out, out
+
+
+def test_torch_version_mismatch_is_caught_before_start(cluster, cluster_file, tmp_path):
+    fake = tmp_path / "fake-site"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("")
+    (fake / "torch-9.9.9.dist-info").mkdir()
+    (fake / "torch-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n")
+    path = cluster_file([(0, 1), (1, 1)])
+    with_node_keys(path, cluster, 1, f"  env: {{PYTHONPATH: {fake}}}")
+    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    assert code == 3, out
+    assert re.search(rf"{cluster.nodes[1].addr}: torch 9\.9\.9 here, torch \S+ on the master", out), out
+    assert "READY" not in out
+
+
+def test_ddp_check_reports_every_node(cluster, cluster_file, tmp_path):
+    path = cluster_file([(0, 1), (1, 1), (2, 1)])
+    code, out = ddp_check(str(path), SCRIPT)
+    assert code == 0, out
+    for i, node in enumerate(cluster.nodes[:3]):
+        assert re.search(rf"│ {i}\s+│ {re.escape(node.addr)}\s+│ ✓\s+│ 2\.13\.0", out), out
+    shutil.copy(SCRIPT, tmp_path / "job.py")  # nodes 0 and 1 run in tmp_path: they have it
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with_node_keys(path, cluster, 2, f"  workdir: {empty}")  # node 2 does not
+    code, out = ddp_check(str(path), "job.py")
+    assert code == 3, out
+    assert re.search(rf"│ 1\s+│ {re.escape(cluster.nodes[1].addr)}\s+│ ✓", out), out
+    assert re.search(rf"│ 2\s+│ {re.escape(cluster.nodes[2].addr)}\s+│ ✗", out), out
+    assert f"{cluster.nodes[2].addr}: script job.py not found in {empty}" in out, out
