@@ -34,6 +34,18 @@ TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER)
 # Turns the source sent on stdin into the running agent; argv[1] is the source length in bytes.
 BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'ddp_up_agent','exec'))"
 KILL_WAIT = 3.0  # after SIGKILL, how long to wait for the kernel to reap before reporting
+# Stack dumps on request, without changing the user's script: a sitecustomize first on the
+# workers' PYTHONPATH registers faulthandler for a real-time signal (SIGUSR1 is often the
+# application's own, e.g. for requeueing) and then loads any other sitecustomize on the path.
+DUMP_SIGNAL = signal.SIGRTMIN + 7
+DUMP_HOOK = """import faulthandler, importlib.machinery, importlib.util, os, sys
+faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up: stack dump when a job looks hung
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)  # the one we shadow, if any
+if _spec is not None and _spec.loader is not None:
+    _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+""" % DUMP_SIGNAL
 
 
 def source() -> bytes:
@@ -59,6 +71,29 @@ def read_tags(pid):
             if name in TAGS:
                 tags[name] = value.decode("utf-8", "replace")
     return tags if TAG_JOB in tags else None
+
+
+def read_environ_value(pid, name):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(name + b"="):
+                    return item[len(name) + 1:].decode("ascii", "replace")
+    except OSError:
+        pass
+    return None
+
+
+def catches(pid, sig):
+    """Whether the process has a handler for ``sig`` (so the signal cannot kill it)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def is_alive(pid):
@@ -302,7 +337,7 @@ class Runner:
             self.out.json(b"C", {"ok": False, "error": e.strerror or str(e) or type(e).__name__})
 
     def read_controller(self):
-        commands = {b"G": "go", b"T": "stop", b"K": "kill", b"C": "probe"}
+        commands = {b"G": "go", b"T": "stop", b"K": "kill", b"C": "probe", b"D": "dump"}
         for line in sys.stdin.buffer:
             self.last_heard = time.monotonic()
             kind, _, payload = line.rstrip(b"\n").partition(b" ")
@@ -345,6 +380,12 @@ class Runner:
                     TAG_CLUSTER: self.spec.get("cluster", "")})
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
         os.makedirs(self.dir, exist_ok=True)
+        if self.spec.get("stack_dumps"):
+            hooks = os.path.join(self.dir, "node%d-hooks" % self.spec["node"])
+            os.makedirs(hooks, exist_ok=True)
+            with open(os.path.join(hooks, "sitecustomize.py"), "w") as f:
+                f.write(DUMP_HOOK)
+            env["PYTHONPATH"] = hooks + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.record_state(argv)
@@ -371,10 +412,23 @@ class Runner:
             if event is None:
                 continue
             kind, arg = event
+            if kind == "dump":
+                self.dump_stacks()
+                continue
             if kind == "exited":
                 return self.finish(arg, stopped=False, reason=None)
             if kind in ("stop", "kill"):
                 return self.stop(arg, force=(kind == "kill"))
+
+    def dump_stacks(self):
+        """Signal every worker that registered the dump hook; the stacks go to its stderr."""
+        dumped = []
+        for proc in find_tagged(self.match):
+            rank = read_environ_value(proc["pid"], b"RANK")
+            if rank is not None and catches(proc["pid"], DUMP_SIGNAL):
+                if signal_tagged(proc["pid"], DUMP_SIGNAL, self.match):
+                    dumped.append(int(rank))
+        self.out.json(b"Y", {"ranks": sorted(dumped)})
 
     def stop(self, reason, force):
         """SIGTERM the launcher, wait up to stop_grace, then SIGKILL every tagged survivor."""
@@ -425,11 +479,11 @@ class Runner:
 
     def cleanup_state(self, keep_logs):
         """Remove this node's state; keep torchrun's log copy if the controller may have missed lines."""
-        for path in (self.state_file,):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        try:
+            os.unlink(self.state_file)
+        except OSError:
+            pass
+        shutil.rmtree(os.path.join(self.dir, "node%d-hooks" % self.spec["node"]), ignore_errors=True)
         if not keep_logs:
             shutil.rmtree(self.log_dir, ignore_errors=True)
         for path in (self.dir, os.path.dirname(self.dir)):

@@ -18,7 +18,7 @@ from rich.text import Text
 from . import __version__
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import load_cluster
-from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, DdpUpError, Interrupted
+from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, DdpUpError, Interrupted, UsageError
 from .job import Job
 from .outcome import JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
@@ -52,6 +52,9 @@ def up_parser() -> argparse.ArgumentParser:
                       help="the live dashboard even when stdout is not a terminal")
     p.add_argument("--ranks", metavar="LIST", help="show only these ranks on the console, e.g. 0,3-5 "
                                                    "(log files keep every rank)")
+    p.add_argument("--hang-timeout", type=float, metavar="SECONDS",
+                   help="declare the job hung after this long without output from any rank (or with some "
+                        "nodes finished and others still running): dump every rank's stack, then stop")
     p.add_argument("--no-preflight", dest="preflight", action="store_false",
                    help="skip the cross-node checks (same torch everywhere, every node reaches the master)")
     p.add_argument("--collapse", action="store_true", help="print a line that every rank printed once, with a count")
@@ -64,7 +67,7 @@ def up_parser() -> argparse.ArgumentParser:
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """Our options and the first two positionals, then the script's arguments untouched."""
     ours, positionals = [], 0
-    takes_value = {"--job-id", "--ranks", "--runs-dir"}
+    takes_value = {"--job-id", "--ranks", "--runs-dir", "--hang-timeout"}
     i = 0
     while i < len(argv) and positionals < 2:
         arg = argv[i]
@@ -91,7 +94,10 @@ def main_up(argv: list[str] | None = None) -> int:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         config = load_cluster(args.cluster)
-        plan = make_plan(config, args.script, script_args, args.job_id or new_job_id(), os.getcwd())
+        if args.hang_timeout is not None and args.hang_timeout <= 0:
+            raise UsageError("--hang-timeout must be a number of seconds > 0")
+        plan = make_plan(config, args.script, script_args, args.job_id or new_job_id(), os.getcwd(),
+                         hang_timeout=args.hang_timeout)
         if args.dry_run:
             print_dry_run(plan, console)
             return EXIT_OK

@@ -24,7 +24,7 @@ SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout")
 # Keys valid at the top level and overridable per node.
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus")
 NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
-TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", *SHARED_KEYS)
+TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", *SHARED_KEYS)
 MASTER_KEYS = ("addr", "port")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -67,6 +67,7 @@ class ClusterConfig:
     orphan_timeout: float = 30.0
     stop_grace: float = 10.0
     cluster_id: str = field(default="")
+    hang_timeout: float | None = None  # off unless set
 
     @property
     def world_size(self) -> int:
@@ -177,6 +178,8 @@ class _Validator:
             orphan_timeout=self.positive(top.get("orphan_timeout", 30), ("orphan_timeout",)),
             stop_grace=self.positive(top.get("stop_grace", 10), ("stop_grace",), allow_zero=True),
             cluster_id=cluster_id_for(self.path),
+            hang_timeout=None if top.get("hang_timeout") is None else
+            self.positive(top["hang_timeout"], ("hang_timeout",)),
         )
 
     def node(self, i: int, raw: Any, top: dict, ssh_top: dict) -> NodeConfig:

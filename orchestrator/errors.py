@@ -38,6 +38,12 @@ class ConfigError(DdpUpError):
         return f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
 
 
+class UsageError(DdpUpError):
+    """Bad command-line input."""
+
+    exit_code = EXIT_USAGE
+
+
 @dataclass
 class NodeProblem:
     """Why one node could not take part, and what the user should do about it."""

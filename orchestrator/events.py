@@ -40,6 +40,14 @@ class Probed:
 
 
 @dataclass(frozen=True)
+class Dumped:
+    """The node signalled these ranks to print their stacks (which then arrive as stderr lines)."""
+
+    node: int
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Started:
     node: int
     pid: int
@@ -77,4 +85,4 @@ class Closed:
     stderr_tail: tuple[str, ...]
 
 
-Event = Union[Ready, SetupFailed, Probed, Started, Lines, Stopping, Exited, Closed]
+Event = Union[Ready, SetupFailed, Probed, Dumped, Started, Lines, Stopping, Exited, Closed]

@@ -15,7 +15,8 @@ from typing import Callable, Protocol
 from . import protocol
 from .cleanup import SweepReport, match_for, sweep_node
 from .errors import NodeProblem, SetupError
-from .events import Closed, Exited, Lines, LogLine, Probed, Ready, SetupFailed, Started, Stopping
+from .events import Closed, Dumped, Exited, Lines, LogLine, Probed, Ready, SetupFailed, Started, Stopping
+from .logparse import StackReport
 from .outcome import TERMINAL, Failure, JobResult, JobSnapshot, NodeRow, NodeStatus, State
 from .plan import LaunchPlan, NodePlan
 from .session import NodeSession
@@ -25,6 +26,8 @@ STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its 
 KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept over a new channel
 SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
 PROBE_TIMEOUT = 3.0  # for each node's TCP connect to the master
+DUMP_WAIT = 5.0  # after asking for stacks, how long to wait for them before stopping the job
+DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the stacks to arrive
 SKEW_WARNING = 5.0  # seconds of clock difference worth a warning (logs and timeouts get confusing)
 
 
@@ -60,6 +63,13 @@ class Job:
         self.started = clock()
         self.sweeps: list[SweepReport] = []
         self._next_heartbeat = 0.0
+        self.last_output: float | None = None  # any rank's latest line (hang detection)
+        self.rank_last: dict[int, float] = {}
+        self.first_done: float | None = None
+        self.hang: str | None = None  # why the job was declared hung
+        self.stacks = StackReport()
+        self.dump_pending: set[int] = set()
+        self.dump_deadline: float | None = None
         self._sweepers: list[threading.Thread] = []
         self._sweep_results: list[SweepReport] = []
 
@@ -206,6 +216,7 @@ class Job:
     def _go(self) -> None:
         if self.master_port is None:
             raise SetupError([NodeProblem(self.plan.master.label, "the master did not report a free port")])
+        self.last_output = self.clock()
         for session, status in zip(self.sessions, self.status):
             session.send(protocol.go(self.plan.launcher_argv(session.node, self.master_port)))
             status.state = "starting"
@@ -233,7 +244,7 @@ class Job:
             self.view.tick(self.snapshot)
 
     def _soonest_deadline(self) -> float | None:
-        times = [t for t in (self.stop_deadline, self.kill_deadline) if t is not None]
+        times = [t for t in (self.stop_deadline, self.kill_deadline, self.dump_deadline) if t is not None]
         return min(times) if times else None
 
     def _heartbeat(self) -> None:
@@ -255,6 +266,10 @@ class Job:
         elif isinstance(event, Started):
             self.status[event.node].pid = event.pid
             self._set(event.node, "running")
+        elif isinstance(event, Dumped):
+            self.dump_pending.discard(event.node)
+            if not self.dump_pending and self.dump_deadline is not None:
+                self.dump_deadline = min(self.dump_deadline, self.clock() + DUMP_SETTLE)
         elif isinstance(event, Stopping):
             self._set(event.node, "stopping", reason=event.reason)
         elif isinstance(event, Exited):
@@ -279,6 +294,12 @@ class Job:
         for line in event.lines:
             if line.rank is None and line.stream != "node":
                 status.report.feed(line.text)
+        now = self.clock()
+        for line in event.lines:
+            if line.rank is not None:
+                self.last_output = self.rank_last[line.rank] = now
+                if self.hang and line.stream == "err":
+                    self.stacks.feed(line.rank, line.text)
         status.lines += len(event.lines)
         status.last_line = event.lines[-1].text
         self.view.lines(status.plan, event.lines)
@@ -293,6 +314,7 @@ class Job:
             self._fail(event.node, None, event.code, f"stopped on the node: {event.reason}")
         elif event.code == 0:
             self._set(event.node, "done")
+            self.first_done = self.first_done or self.clock()
         else:
             self._set(event.node, "failed", reason=f"launcher exited with {_describe_code(event.code, event.signal)}")
             root = status.report.root
@@ -317,8 +339,9 @@ class Job:
             self._fail(node, None, None, what)
 
     def _watch(self) -> None:
-        """Heartbeat deadlines, and escalation when nodes do not confirm a stop."""
+        """Heartbeat deadlines, hangs, and escalation when nodes do not confirm a stop."""
         now = self.clock()
+        self._watch_hang(now)
         for session, status in zip(self.sessions, self.status):
             silent = now - session.last_heard
             if not status.terminal and session.proc is not None and silent > self.plan.orphan_timeout:
@@ -335,6 +358,59 @@ class Job:
                     self._set(status.plan.index, "lost", reason="did not confirm the stop; sweeping it")
                     self.sessions[status.plan.index].close()
                     self._start_sweep(status.plan)
+
+    # --- hangs ---
+
+    def _watch_hang(self, now: float) -> None:
+        limit = self.plan.hang_timeout
+        if self.dump_deadline is not None and now >= self.dump_deadline:
+            self.dump_deadline = None
+            self._fail_hung()
+        if not limit or self.hang or self.stop_requested or self.last_output is None:
+            return
+        running = [s for s in self.status if s.state == "running"]
+        if not running:
+            return
+        quiet = now - self.last_output
+        if quiet > limit:
+            self._declare_hang(f"no output from any rank for {quiet:.0f} s")
+        elif self.first_done is not None and now - self.first_done > limit:
+            done = sum(s.state == "done" for s in self.status)
+            self._declare_hang(f"{done} node(s) finished {now - self.first_done:.0f} s ago, "
+                               f"{len(running)} still running")
+
+    def _declare_hang(self, why: str) -> None:
+        self.hang = why
+        self.view.notice(f"job looks hung: {why}; asking every rank for its Python stack")
+        for session, status in zip(self.sessions, self.status):
+            if status.state == "running":
+                self.dump_pending.add(status.plan.index)
+                session.send(protocol.DUMP)
+        self.dump_deadline = self.clock() + DUMP_WAIT
+
+    def _fail_hung(self) -> None:
+        """Name the ranks that look stuck, then stop the job as a failure.
+
+        With stacks: the odd ones out, i.e. the smallest group by the collective they wait in
+        (one rank in all_reduce while the rest are elsewhere, or the reverse). Without: the
+        ranks on nodes still running, quietest first.
+        """
+        running = [r for s in self.status if s.state == "running" for r in s.plan.ranks]
+        if not running:
+            return
+        odd = [r for r in self.stacks.odd_ones_out() if r in running]
+        if odd:
+            stuck = odd
+            detail = "; ".join(f"rank {r} {self.stacks.describe(r)}" for r in odd[:4])
+            others = sorted(set(self.stacks.collective) - set(odd))
+            if others:
+                detail += f"; the other {len(others)} rank(s) {self.stacks.describe(others[0])}"
+        else:
+            stuck = sorted(running, key=lambda r: self.rank_last.get(r, 0.0))
+            detail = "quietest ranks first: " + ", ".join(map(str, stuck[:8])) + (" ..." if len(stuck) > 8 else "")
+        node = next(s.plan.index for s in self.status if stuck[0] in s.plan.ranks)
+        self._fail(node, stuck[0], None, f"job hung ({self.hang}); {detail}; "
+                                         f"stacks in the log above and in runs/{self.plan.job_id}/")
 
     # --- failure and stop ---
 

@@ -101,3 +101,46 @@ def _timestamp(text: str) -> float | None:
         return datetime.fromisoformat(text.replace("_", "T", 1)).timestamp()
     except ValueError:
         return None
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
+
+
+class StackReport:
+    """Reads faulthandler dumps (most recent call first) from ranks' stderr lines.
+
+    For each rank it keeps the innermost torch.distributed function (the collective it waits
+    in, if any) and the innermost frame outside torch (the user's code that got there).
+    """
+
+    def __init__(self) -> None:
+        self.collective: dict[int, str | None] = {}
+        self.where: dict[int, str] = {}
+
+    def feed(self, rank: int, text: str) -> None:
+        if "(most recent call first)" in text and rank not in self.where:
+            self.collective.setdefault(rank, None)
+            return
+        m = _FRAME.match(text)
+        if not m or rank not in self.collective or rank in self.where:
+            return
+        path, function = m.groups()
+        if "/torch/distributed/" in path:
+            if self.collective[rank] is None and function != "wrapper":
+                self.collective[rank] = function
+        elif "/torch/" not in path:
+            self.where[rank] = function
+
+    def odd_ones_out(self) -> list[int]:
+        """The smallest group of ranks by the collective they wait in (None: in none)."""
+        groups: dict[str | None, list[int]] = {}
+        for rank, collective in self.collective.items():
+            groups.setdefault(collective, []).append(rank)
+        if len(groups) < 2:
+            return []
+        return sorted(min(groups.values(), key=lambda ranks: (len(ranks), ranks)))
+
+    def describe(self, rank: int) -> str:
+        collective = self.collective.get(rank)
+        where = self.where.get(rank, "?")
+        return f"in {collective} (from {where})" if collective else f"not in a collective ({where})"

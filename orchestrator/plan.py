@@ -57,6 +57,7 @@ class LaunchPlan:
     script_args: tuple[str, ...]
     orphan_timeout: float
     stop_grace: float
+    hang_timeout: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -105,6 +106,7 @@ class LaunchPlan:
             "orphan_timeout": self.orphan_timeout,
             "stop_grace": self.stop_grace,
             "heartbeat": self.heartbeat,
+            "stack_dumps": self.hang_timeout is not None,
         }
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
@@ -119,7 +121,7 @@ class LaunchPlan:
 
 
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
-              job_id: str, local_cwd: str) -> LaunchPlan:
+              job_id: str, local_cwd: str, hang_timeout: float | None = None) -> LaunchPlan:
     """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings."""
     nodes = []
     first = 0
@@ -140,6 +142,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         script_args=tuple(script_args),
         orphan_timeout=config.orphan_timeout,
         stop_grace=config.stop_grace,
+        hang_timeout=hang_timeout if hang_timeout is not None else config.hang_timeout,
     )
 
 

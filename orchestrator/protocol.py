@@ -10,6 +10,7 @@ from . import agent
 HEARTBEAT = b"H\n"
 STOP = b"T\n"
 KILL = b"K\n"
+DUMP = b"D\n"
 
 
 @lru_cache(maxsize=1)

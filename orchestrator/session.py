@@ -14,7 +14,7 @@ from typing import Callable
 
 from . import protocol
 from .errors import NodeProblem
-from .events import Closed, Exited, Lines, LogLine, Probed, Ready, SetupFailed, Started, Stopping
+from .events import Closed, Dumped, Exited, Lines, LogLine, Probed, Ready, SetupFailed, Started, Stopping
 from .logparse import RankStitcher
 from .plan import LaunchPlan, NodePlan
 from .transport import ConnectFailed, RemoteProcess, Transport
@@ -142,6 +142,8 @@ class NodeSession:
             return Ready(n, data)
         if kind == b"F":
             return SetupFailed(n, NodeProblem(self.node.label, data.get("what", "preflight failed"), data.get("fix", "")))
+        if kind == b"Y":
+            return Dumped(n, tuple(data.get("ranks", ())))
         if kind == b"C":
             return Probed(n, bool(data.get("ok")), data.get("error"))
         if kind == b"S":

@@ -2,6 +2,7 @@
 
   job.py run [--steps N] [--step-time S] [--fail-rank R --exit-code C] [--ignore-term] [--hang]
   job.py argv ARGS...     rank 0 prints ARGV <json of ARGS> and exits 0
+  job.py hang             last rank blocks in all_reduce (block_forever), others sleep (wait_for_peers)
   job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
   job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
 """
@@ -33,6 +34,16 @@ def init():
     assert t.item() == world * (world + 1) / 2, t.item()
     print(f"READY rank={rank} world={world} host={os.uname().nodename} pid={os.getpid()}", flush=True)
     return dist, rank
+
+
+def block_forever(dist):
+    import torch
+
+    dist.all_reduce(torch.ones(1))  # the others never join: blocks until the 60 s pg timeout
+
+
+def wait_for_peers():
+    time.sleep(3600)
 
 
 def run(argv):
@@ -84,6 +95,11 @@ def main():
         dist.barrier()
         dist.destroy_process_group()
         finish(0)
+    if mode == "hang":  # the last rank blocks in a collective nobody else joins; the rest wait quietly
+        dist, rank = init()
+        if rank == dist.get_world_size() - 1:
+            block_forever(dist)
+        wait_for_peers()
     if mode == "argv":
         dist, rank = init()
         if rank == 0:

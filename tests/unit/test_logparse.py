@@ -53,3 +53,38 @@ def test_no_report_no_root():
     p = FailureReportParser()
     p.feed("rank      : 3 (local_rank: 0)")  # outside a root-cause block
     assert p.root is None
+
+
+def dump(report, rank, frames):
+    report.feed(rank, "Current thread 0x00007f (most recent call first):")
+    for path, fn in frames:
+        report.feed(rank, f'  File "{path}", line 1 in {fn}')
+
+
+C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+LOGGER = "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"
+
+
+def test_stack_report_names_the_rank_outside_the_collective():
+    from orchestrator.logparse import StackReport
+
+    r = StackReport()
+    for rank in range(3):  # three ranks wait in all_reduce ...
+        dump(r, rank, [(C10D, "all_reduce"), (LOGGER, "wrapper"), ("/job/train.py", "step")])
+    dump(r, 3, [("/job/data.py", "load_batch"), ("/job/train.py", "step")])  # ... one is elsewhere
+    assert r.odd_ones_out() == [3]
+    assert r.describe(3) == "not in a collective (load_batch)"
+    assert r.describe(0) == "in all_reduce (from step)"
+
+
+def test_stack_report_names_the_rank_alone_in_a_collective():
+    from orchestrator.logparse import StackReport
+
+    r = StackReport()
+    dump(r, 0, [("/job/x.py", "wait_for_peers")])
+    dump(r, 1, [("/job/x.py", "wait_for_peers")])
+    dump(r, 2, [(C10D, "barrier"), ("/job/x.py", "sync")])
+    assert r.odd_ones_out() == [2]
+    r2 = StackReport()
+    dump(r2, 0, [(C10D, "barrier")])
+    assert r2.odd_ones_out() == []  # everyone in the same place: no odd one out

@@ -36,7 +36,8 @@ def test_agent_spec_golden():
     assert spec == {
         "mode": "run", "job": "20261122-000000-abcdef", "node": 0, "cluster": p.cluster_id, "workdir": "~/proj",
         "script": "train.py", "env": {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX_TEMPLATE},
-        "pick_port": False, "check_port": 29400, "orphan_timeout": 20.0, "stop_grace": 10.0, "heartbeat": 5.0}
+        "pick_port": False, "check_port": 29400, "orphan_timeout": 20.0, "stop_grace": 10.0, "heartbeat": 5.0,
+        "stack_dumps": False}
     assert p.agent_spec(p.nodes[1])["check_port"] is None  # only the master checks its port
     assert p.agent_spec(p.nodes[1])["env"]["NCCL_SOCKET_IFNAME"] == "eth1"
 

@@ -1,0 +1,28 @@
+"""Issue 5 (hang part): a rank stuck in a collective is found, its stack dumped, and the job stopped."""
+
+from __future__ import annotations
+
+import re
+
+from tests.harness import procs
+from tests.harness.runner import ddp_up
+from tests.integration.conftest import SCRIPT
+
+HANG_TIMEOUT = 4
+
+
+def test_hung_collective_is_detected_dumped_and_stopped(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 2)], hang_timeout=HANG_TIMEOUT, stop_grace=3)
+    code, out, seconds = ddp_up(str(path), SCRIPT, "hang", timeout=90)
+    assert code == 1, out
+    assert f"job looks hung: no output from any rank for {HANG_TIMEOUT}" in out, out
+    b = re.escape(cluster.nodes[1].addr)
+    # rank 2's own stack (stderr, attributed to it) shows where it blocks
+    assert re.search(rf"^{b}\s+r2\s+! .*line \d+ in block_forever$", out, re.M), out
+    assert re.search(r"^\S+\s+r0\s+! .*line \d+ in wait_for_peers$", out, re.M), out
+    assert re.search(rf"root cause: {b} \(node 1, rank 2\): job hung \(no output from any rank for \d+ s\); "
+                     r"rank 2 in all_reduce \(from block_forever\); the other 2 rank\(s\) not in a collective "
+                     r"\(wait_for_peers\)", out), out
+    assert "Error in sitecustomize" not in out
+    assert not procs.wait_no_job_processes(None, 10)
+
