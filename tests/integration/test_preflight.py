@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 
 from tests.harness.runner import ddp_check, ddp_up
 from tests.integration.conftest import SCRIPT
@@ -57,3 +59,25 @@ def test_ddp_check_reports_every_node(cluster, cluster_file, tmp_path):
     assert re.search(rf"│ 1\s+│ {re.escape(cluster.nodes[1].addr)}\s+│ ✓", out), out
     assert re.search(rf"│ 2\s+│ {re.escape(cluster.nodes[2].addr)}\s+│ ✗", out), out
     assert f"{cluster.nodes[2].addr}: script job.py not found in {empty}" in out, out
+
+
+def test_node_without_torch_is_caught_by_both_commands(cluster, cluster_file, tmp_path):
+    venv = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    path = cluster_file([(0, 1), (1, 1)])
+    with_node_keys(path, cluster, 1, f"  python: {venv}/bin/python")
+    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    assert code == 3 and f"{cluster.nodes[1].addr}: torch is not installed for {venv}/bin/python" in out, out
+    code, out = ddp_check(str(path), SCRIPT)
+    assert code == 3 and f"{cluster.nodes[1].addr}: torch is not installed for {venv}/bin/python" in out, out
+
+
+def test_ddp_check_names_wrong_python_and_workdir(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 1), (2, 1)])
+    with_node_keys(path, cluster, 1, "  python: /nope/python3")
+    with_node_keys(path, cluster, 2, "  workdir: /nope/dir")
+    code, out = ddp_check(str(path), SCRIPT)
+    assert code == 3, out
+    assert f"{cluster.nodes[1].addr}: python not found: '/nope/python3'" in out, out
+    assert f"{cluster.nodes[2].addr}: workdir /nope/dir does not exist" in out, out
+    assert re.search(rf"│ 0\s+│ {re.escape(cluster.nodes[0].addr)}\s+│ ✓", out), out
