@@ -173,7 +173,7 @@ class Job:
 
     def _check_nodes(self) -> list[NodeProblem]:
         """Across nodes: the same torch as the master, and a real TCP path to master addr:port."""
-        problems = self._torch_mismatches()
+        problems = self._torch_mismatches() + gpu_shortfalls(self.status)
         for session in self.sessions:
             session.send(protocol.probe(self.plan.master_addr, self.master_port, PROBE_TIMEOUT))
         deadline = self.clock() + PROBE_TIMEOUT + 10
@@ -467,6 +467,18 @@ class Job:
             elif report.found:
                 self.view.notice(f"{report.node.label}: swept {len(report.found)} leftover process(es)")
         return list(self._sweep_results)
+
+
+def gpu_shortfalls(statuses: list[NodeStatus]) -> list[NodeProblem]:
+    """Nodes asked to run more processes than they have GPUs. A node with no GPU detected is
+    left alone: CPU jobs (gloo) are legitimate, and the driver may not expose /proc there."""
+    problems = []
+    for s in statuses:
+        have = s.info.get("gpus") or 0
+        if 0 < have < s.plan.nproc:
+            problems.append(NodeProblem(s.plan.label, f"gpus: {s.plan.nproc} but the node has {have} GPU(s)",
+                                        f"set `gpus: {have}` for this node"))
+    return problems
 
 
 def _describe_code(code: int | None, signal: str | None) -> str:
