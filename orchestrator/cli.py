@@ -18,7 +18,7 @@ from rich.text import Text
 from . import __version__
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import load_cluster
-from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, DdpUpError, Interrupted, UsageError
+from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, DdpUpError, Interrupted, UsageError
 from .job import Job
 from .outcome import JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
@@ -226,11 +226,9 @@ class _QuietView:
 def main_check(argv: list[str] | None = None) -> int:
     args = check_parser().parse_args(sys.argv[1:] if argv is None else argv)
     console = Console(highlight=False, soft_wrap=True)
-    try:
-        config = load_cluster(args.cluster)
-    except DdpUpError as e:
-        Console(stderr=True).print(f"[bold red]ddp-check:[/] {_escape(e.render())}")
-        return e.exit_code
+    config = _load_or_report(args.cluster, "ddp-check")
+    if config is None:
+        return EXIT_USAGE
     plan = make_plan(config, args.script, [], new_job_id(), os.getcwd())
     job = Job(plan, _QuietView(console))
     with SignalGate() as gate:
@@ -283,11 +281,9 @@ def kill_parser() -> argparse.ArgumentParser:
 def main_kill(argv: list[str] | None = None) -> int:
     args = kill_parser().parse_args(sys.argv[1:] if argv is None else argv)
     console = Console(highlight=False, soft_wrap=True)
-    try:
-        config = load_cluster(args.cluster)
-    except DdpUpError as e:
-        Console(stderr=True).print(f"[bold red]ddp-kill:[/] {_escape(e.render())}")
-        return e.exit_code
+    config = _load_or_report(args.cluster, "ddp-kill")
+    if config is None:
+        return EXIT_USAGE
 
     def match_of(node):
         if args.all:
@@ -310,6 +306,15 @@ def kill_table(reports: list[SweepReport], dry_run: bool) -> Table:
         table.add_row(str(r.node.rank), r.node.label, ", ".join(r.jobs) or "-", str(len(r.found)), str(stopped),
                       str(len(r.killed)), str(len(r.left)), r.error or "")
     return table
+
+
+def _load_or_report(path: str, prog: str):
+    """The validated cluster file, or None after printing its one error message."""
+    try:
+        return load_cluster(path)
+    except DdpUpError as e:
+        Console(stderr=True).print(f"[bold red]{prog}:[/] {_escape(e.render())}")
+        return None
 
 
 def _escape(text: str) -> str:
