@@ -181,8 +181,12 @@ def kill_tagged(match, grace, first_signal=signal.SIGTERM):
     return {"found": procs, "killed": killed, "left": left}
 
 
+def state_root():
+    return os.path.join(tempfile.gettempdir(), "ddp-up-%d" % os.getuid())
+
+
 def state_dir(job):
-    return os.path.join(tempfile.gettempdir(), "ddp-up-%d" % os.getuid(), job)
+    return os.path.join(state_root(), job)
 
 
 # --- output to the controller -------------------------------------------------------------------
@@ -555,9 +559,10 @@ def sweep(spec, writer):
 
 
 def remove_stale_state(match):
-    """State files of jobs that no longer have processes here."""
+    """Remove the state directories (pids, and any torchrun log copy kept for a vanished
+    controller) of jobs that no longer have processes here."""
     job = match.get(TAG_JOB)
-    base = os.path.dirname(state_dir("x"))
+    base = state_root()
     jobs = [job] if job else (os.listdir(base) if os.path.isdir(base) else [])
     for name in jobs:
         if not find_tagged({TAG_JOB: name}):

@@ -133,7 +133,6 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             if result is None:  # setup failure or a bug: record it and give the terminal back
                 logs.finished(job.result(), exit_code=getattr(sys.exc_info()[1], "exit_code", EXIT_INTERNAL))
                 console_view.close()
-    result.sweeps = job.sweeps
     view.finished(result)
     console_view.notice(f"logs: {logs.dir}")
     return result.exit_code

@@ -77,9 +77,7 @@ class Job:
 
     def run(self) -> JobResult:
         """Connect + preflight everywhere, start everywhere at once, supervise to the end."""
-        for session in self.sessions:
-            # Daemon threads, not an executor: a connect stuck on a dead host must not delay exit.
-            threading.Thread(target=session.open, name=f"connect-{session.node.label}", daemon=True).start()
+        self._open_all()
         problems = self._await_ready()
         if not problems and self.preflight:
             problems = self._check_nodes()
@@ -113,7 +111,7 @@ class Job:
             session.cancel()
         with ThreadPoolExecutor(max_workers=min(64, len(self.sessions))) as pool:
             list(pool.map(lambda s: s.disconnect(), self.sessions))
-        self.sweeps = self._finish_sweeps()
+        self.sweeps.extend(self._finish_sweeps())  # the same list a result taken earlier holds
 
     def snapshot(self) -> JobSnapshot:
         now = self.clock()
@@ -142,12 +140,16 @@ class Job:
 
     def check(self) -> list[NodeProblem]:
         """Connect, preflight and probe every node, start nothing (ddp-check)."""
-        for session in self.sessions:
-            threading.Thread(target=session.open, name=f"connect-{session.node.label}", daemon=True).start()
+        self._open_all()
         problems = self._await_ready()
         if self.master_port is not None and all(s.state == "ready" for s in self.status):
             problems += self._check_nodes()
         return problems
+
+    def _open_all(self) -> None:
+        for session in self.sessions:
+            # Daemon threads, not an executor: a connect stuck on a dead host must not delay exit.
+            threading.Thread(target=session.open, name=f"connect-{session.node.label}", daemon=True).start()
 
     def _await_ready(self) -> list[NodeProblem]:
         deadline = self.clock() + max(n.config.ssh.connect_timeout for n in self.plan.nodes) + SETUP_MARGIN

@@ -76,7 +76,7 @@ class LaunchPlan:
         """Seconds between heartbeats, both ways: several per orphan_timeout, at most 5 s."""
         return round(min(5.0, self.orphan_timeout / 4), 3)
 
-    def launcher_argv(self, node: NodePlan, port: int) -> list[str]:
+    def launcher_argv(self, node: NodePlan, port: int | str) -> list[str]:
         cfg = node.config
         return [
             cfg.python, "-u", "-m", "torch.distributed.run",
@@ -111,8 +111,7 @@ class LaunchPlan:
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""
-        argv = self.launcher_argv(node, 0)
-        argv[argv.index("--master-port=0")] = f"--master-port={port}"
+        argv = self.launcher_argv(node, port)
         env = {**node.tags(self), **node.env}
         parts = [f"cd {quote_path(node.workdir or '~')}", "&&", "env"]
         parts += [f"{k}={display_quote(v)}" for k, v in env.items()]

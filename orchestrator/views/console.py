@@ -59,9 +59,9 @@ class LinePrefixer:
         self.label_width = max(len(n.label) for n in plan.nodes)
         self.rank_width = len(str(max(plan.world_size - 1, 0))) + 1
 
-    def __call__(self, node: NodePlan, line: LogLine) -> str:
-        rank = f"r{line.rank}" if line.rank is not None else ""
-        return f"{node.label:<{self.label_width}} {rank:<{self.rank_width}} {SEPARATOR[line.stream]} "
+    def __call__(self, node: NodePlan, rank: int | None, stream: str) -> str:
+        shown = f"r{rank}" if rank is not None else ""
+        return f"{node.label:<{self.label_width}} {shown:<{self.rank_width}} {SEPARATOR[stream]} "
 
 
 class ConsoleView:
@@ -100,7 +100,7 @@ class ConsoleView:
         key = (node.index, rank, stream)
         text = self._prefixes.get(key)
         if text is None:
-            text = self._prefixes[key] = self.prefix(node, LogLine(stream, rank, ""))
+            text = self._prefixes[key] = self.prefix(node, rank, stream)
         return text
 
     def _collapsed(self, out: Block, stream: str, ranks: frozenset[int], text: str) -> None:
