@@ -14,6 +14,7 @@ delivered lines/s, and checks that the run's rank log files hold every line.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import resource
 import statistics
@@ -30,13 +31,15 @@ from tests.harness.sshcluster import SSHCluster, available
 MODES = ("file", "plain", "dashboard")
 
 
-def run(path: Path, mode: str, lines: int, runs: Path, tmp: str) -> tuple[float, float, int, float]:
+def run(path: Path, mode: str, lines: int, runs: Path, tmp: str,
+        controller_cpus: set[int] | None) -> tuple[float, float, int, float]:
     """(median rank print-loop s, wall s, lines found in the run's rank logs, controller CPU s)."""
     view = ["--dashboard"] if mode == "dashboard" else ["--no-dashboard"]
     args = ["spam", str(lines)] + ([f"{tmp}/spam"] if mode == "file" else [])
     t0, cpu0 = time.monotonic(), _children_cpu()
     proc = subprocess.run([sys.executable, "-c", UP, *view, "--runs-dir", str(runs), str(path), SCRIPT, *args],
-                          cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+                          cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900,
+                          preexec_fn=(lambda: os.sched_setaffinity(0, controller_cpus)) if controller_cpus else None)
     wall, cpu = time.monotonic() - t0, _children_cpu() - cpu0  # the ddp-up process only: nodes are via sshd
     out = proc.stdout.decode(errors="replace")
     assert proc.returncode == 0, out[-3000:]
@@ -61,6 +64,9 @@ def main() -> int:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--lines", type=int, default=200_000)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--split-cpus", action="store_true",
+                   help="run ddp-up on the last CPU and the nodes on the others, as if the controller were "
+                        "another machine (needs 2+ CPUs)")
     args = p.parse_args()
     if reason := available():
         print(f"cannot run: {reason}", file=sys.stderr)
@@ -68,18 +74,26 @@ def main() -> int:
     ranks = args.nodes * args.procs
     with tempfile.TemporaryDirectory() as tmp:
         cluster = SSHCluster(args.nodes, Path(tmp) / "cluster").up()
+        controller_cpus = None
         try:
+            if args.split_cpus:
+                cpus = sorted(os.sched_getaffinity(0))
+                controller_cpus, node_cpus = {cpus[-1]}, set(cpus[:-1])
+                for node in cluster.nodes:  # every process a node starts inherits its sshd's CPUs
+                    for pid in cluster.namespace_pids(node):
+                        os.sched_setaffinity(pid, node_cpus)
             path = cluster.cluster_file(Path(tmp) / "c.yaml", [(n, args.procs) for n in cluster.nodes],
                                         python=sys.executable, workdir=tmp, env={"OMP_NUM_THREADS": 1})
             results: dict[str, list[tuple[float, float, int, float]]] = {m: [] for m in MODES}
             for _ in range(args.repeat):
                 for mode in MODES:  # interleaved, so drift on a noisy machine hits every mode alike
-                    results[mode].append(run(path, mode, args.lines, Path(tmp) / "runs", tmp))
+                    results[mode].append(run(path, mode, args.lines, Path(tmp) / "runs", tmp, controller_cpus))
         finally:
             cluster.down()
     base = statistics.median(r[0] for r in results["file"])
     print(f"log path: {args.nodes} nodes x {args.procs} procs, {args.lines} lines per rank, {args.repeat} runs "
-          f"per mode; median (min-max)")
+          f"per mode; median (min-max)"
+          + ("; controller on its own CPU" if controller_cpus else "; controller shares the nodes' CPUs"))
     print(f"{'mode':10} {'print loop s':>22} {'vs file':>8} {'wall s':>20} {'lines/s delivered':>18} "
           f"{'complete':>9} {'ddp-up CPU s':>13}")
     for mode in MODES:

@@ -9,9 +9,17 @@ mode it finds tagged processes and stops them (the same code path ddp-kill uses)
 
 Wire protocol, one frame per line. Controller -> agent (stdin): the agent source (length given
 on the command line), a JSON spec line, then commands: ``H`` heartbeat, ``G {json}`` go,
-``T`` graceful stop, ``K`` kill now; EOF means the controller is gone.
+``T`` graceful stop, ``K`` kill now, ``C {json}`` probe the master, ``D`` dump stacks; EOF means
+the controller is gone.
 Agent -> controller (stdout): ``R``/``F`` ready or preflight failure, ``S`` started, ``O``/``E``
-a launcher stdout/stderr line, ``H`` heartbeat, ``P`` stopping, ``L`` listed processes, ``X`` exit.
+a line of the launcher's own stdout/stderr, ``W STREAM LOCAL_RANK N`` followed by N raw bytes of
+a worker's whole lines, ``H`` heartbeat, ``P`` stopping, ``Y`` dumped, ``C`` probed, ``L`` listed
+processes, ``X`` exit.
+
+Worker output: torchrun redirects every worker's stdout/stderr to files (``--redirects=3``) and a
+tailer thread relays them in chunks. Workers write to a local file exactly as if nobody watched,
+a slow controller never blocks them, the files are the node's own copy of the log, and the node
+spends no per-line work (torchrun's ``--tee`` re-prints every line from a Python thread).
 """
 
 import errno
@@ -244,7 +252,7 @@ class Writer:
 
 
 def pump(fd, kind, writer):
-    """Relay a launcher stream to the controller, a whole line per frame, batched per read."""
+    """Relay the launcher's own stream to the controller, a whole line per frame, batched per read."""
     rest = b""
     while True:
         try:
@@ -264,6 +272,98 @@ def pump(fd, kind, writer):
             writer.put(b"".join(kind + b" " + line + b"\n" for line in lines))
 
 
+class Tailer:
+    """Relays the workers' log files to the controller in whole-line chunks, one per read.
+
+    The files are torchrun's ``<log_dir>/<run>/attempt_<n>/<local_rank>/std{out,err}.log``.
+    Polled, not watched: inotify is not in the stdlib, and a poll every POLL seconds costs
+    nothing next to a print-heavy job while batching its lines into few frames.
+    """
+
+    POLL = 0.05
+    RESCAN = 0.5  # new attempts (restarts) appear rarely
+    CHUNK = 1 << 16
+    MAX_PARTIAL = 1 << 20  # a "line" longer than this is sent in pieces
+    BACKLOG = 32  # frames queued to the controller before reading pauses (bounds memory)
+
+    def __init__(self, log_dir, writer):
+        self.log_dir = log_dir
+        self.out = writer
+        self.files = {}  # path -> [fd, stream, local_rank, partial bytes]
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="tailer", daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def finish(self, stall_timeout):
+        """After the workers are gone: relay what is left, as long as relaying makes progress."""
+        self.done.set()
+        while self.thread.is_alive():
+            self.thread.join(0.5)
+            if time.monotonic() - self.out.last_activity > stall_timeout:
+                return
+
+    def run(self):
+        scanned = 0.0
+        while True:
+            last = self.done.is_set()  # read before the final pass, so nothing written before it is missed
+            if last or time.monotonic() - scanned > self.RESCAN:
+                self.scan()
+                scanned = time.monotonic()
+            moved = self.relay_all(flush=last)
+            if last:
+                return
+            if not moved:
+                self.done.wait(self.POLL)
+
+    def scan(self):
+        import glob
+        for path in glob.glob(os.path.join(glob.escape(self.log_dir), "*", "attempt_*", "*", "std*.log")):
+            if path in self.files:
+                continue
+            local_rank = os.path.basename(os.path.dirname(path))
+            stream = {"stdout.log": b"O", "stderr.log": b"E"}.get(os.path.basename(path))
+            if not local_rank.isdigit() or stream is None:
+                continue
+            try:
+                self.files[path] = [os.open(path, os.O_RDONLY), stream, int(local_rank), b""]
+            except OSError:
+                continue
+
+    def relay_all(self, flush):
+        moved = False
+        for entry in self.files.values():
+            moved = self.relay(entry, flush) or moved
+        return moved
+
+    def relay(self, entry, flush):
+        fd, stream, local_rank, partial = entry
+        moved = False
+        while True:
+            while self.out.items.qsize() > self.BACKLOG and not self.out.broken:
+                time.sleep(0.01)  # the controller is slower than the job: the file holds the rest
+            data = os.read(fd, self.CHUNK)
+            if not data:
+                break
+            moved = True
+            partial += data
+            cut = partial.rfind(b"\n") + 1
+            if cut == 0 and len(partial) >= self.MAX_PARTIAL:
+                cut = len(partial)
+            if cut:
+                self.send(stream, local_rank, partial[:cut])
+                partial = partial[cut:]
+        if flush and partial:
+            self.send(stream, local_rank, partial + b"\n")
+            partial = b""
+        entry[3] = partial
+        return moved
+
+    def send(self, stream, local_rank, data):
+        self.out.put(b"W %s %d %d\n" % (stream, local_rank, len(data)) + data)
+
+
 # --- run mode -----------------------------------------------------------------------------------
 
 class Runner:
@@ -275,6 +375,7 @@ class Runner:
         self.last_heard = time.monotonic()
         self.proc = None
         self.pumps = []
+        self.tailer = None
         self.listener = None
         self.torch_version = None
         self.dir = state_dir(spec["job"])
@@ -399,6 +500,8 @@ class Runner:
             stream.close()
             t.start()
             self.pumps.append(t)
+        self.tailer = Tailer(self.log_dir, self.out)
+        self.tailer.start()
         threading.Thread(target=lambda: self.events.put(("exited", self.proc.wait())), daemon=True).start()
 
     def record_state(self, argv):
@@ -467,14 +570,17 @@ class Runner:
                 code = self.proc.wait(timeout=KILL_WAIT)
             except subprocess.TimeoutExpired:
                 code = None
-        # Every line before the exit frame. The job's processes are gone, so the pipes reach EOF;
-        # what bounds the wait is the controller reading (a stalled connection: orphan_timeout).
+        # Every line before the exit frame. The job's processes are gone, so the pipes reach EOF
+        # and the log files are complete; what bounds the wait is the controller reading (a
+        # stalled connection: orphan_timeout).
         stall = self.spec["orphan_timeout"]
         for t in self.pumps:
             while t.is_alive():
                 t.join(0.5)
                 if time.monotonic() - self.out.last_activity > stall:
                     break  # no line moved for orphan_timeout: a held pipe, or a dead connection
+        if self.tailer is not None:
+            self.tailer.finish(stall)
         self.out.json(b"X", {"code": code, "signal": signal_name(code), "stopped": stopped, "reason": reason,
                              "started": True, "killed": len(swept["killed"]), "left": swept["left"]})
         self.out.drain(stall)

@@ -64,10 +64,10 @@ def _collect(proc, spec: dict, report: SweepReport) -> None:
         proc.write(protocol.hello(spec))
     except OSError:
         pass
-    splitter = protocol.LineSplitter()
+    reader = protocol.FrameReader()
     got_exit = False
     while chunk := proc.read_stdout():
-        for kind, payload in map(protocol.split_frame, splitter.feed(chunk)):
+        for kind, payload in reader.feed(chunk):
             data = protocol.decode_json(payload)
             if kind == b"L":
                 report.hostname = data.get("hostname", "")

@@ -1,4 +1,4 @@
-"""Parsing what torchrun prints: rank prefixes on worker lines, and its failure report. Pure."""
+"""Parsing what torchrun and the workers print: the failure report, stack dumps. Pure."""
 
 from __future__ import annotations
 
@@ -6,50 +6,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from .plan import RANK_MARK
-
-_MARKER = re.compile(re.escape(RANK_MARK) + r"(\d+)" + re.escape(RANK_MARK))
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*)$")
-
-
-class RankStitcher:
-    """Reassembles worker lines that torchrun's tee split.
-
-    torchrun's tail thread reads a rank's log file line by line; reading at end of file it can
-    get half a line (the worker wrote it in several syscalls), prints that half with the rank
-    prefix and no newline, and the rest later with the prefix again, possibly after another
-    rank's line. So one stream line may hold several marker-led pieces: all but the last are
-    fragments whose continuation is the rank's next piece. One stitcher per node and stream.
-    """
-
-    def __init__(self) -> None:
-        self.partial: dict[int, str] = {}
-
-    def feed(self, text: str) -> list[tuple[int | None, str]]:
-        """One stream line -> the complete (rank, text) lines it finishes."""
-        if RANK_MARK not in text:
-            return [(None, text)]
-        if text[0] == RANK_MARK:  # fast path: one whole piece, as almost every line is
-            end = text.find(RANK_MARK, 1)
-            if end > 1 and text[1:end].isdigit() and text.find(RANK_MARK, end + 1) < 0:
-                rank = int(text[1:end])
-                if rank not in self.partial:
-                    return [(rank, text[end + 1:])]
-        out: list[tuple[int | None, str]] = []
-        marks = list(_MARKER.finditer(text))
-        if not marks:
-            return [(None, text)]
-        if marks[0].start() > 0:  # launcher text before the first piece
-            out.append((None, text[:marks[0].start()]))
-        for i, m in enumerate(marks):
-            rank = int(m.group(1))
-            end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
-            piece = self.partial.pop(rank, "") + text[m.end():end]
-            if i + 1 < len(marks):
-                self.partial[rank] = piece  # cut short by the next piece: wait for its rest
-            else:
-                out.append((rank, piece))
-        return out
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,6 @@ from typing import Mapping
 from .agent import TAG_CLUSTER, TAG_JOB, TAG_NODE
 from .config import ClusterConfig, NodeConfig
 
-# torchrun prefixes each teed worker line with this; the controller parses it back into a global
-# rank. Control characters cannot collide with what a script prints at the start of a line.
-RANK_MARK = "\x1d"
-RANK_PREFIX_TEMPLATE = RANK_MARK + "${rank}" + RANK_MARK
-
-
 @dataclass(frozen=True)
 class NodePlan:
     index: int  # node rank
@@ -85,7 +79,7 @@ class LaunchPlan:
             f"--node-rank={node.index}",
             f"--master-addr={self.master_addr}",
             f"--master-port={port}",
-            "--tee=3",
+            "--redirects=3",  # worker output to files on the node, relayed by the agent's tailer
             self.script,
             *self.script_args,
         ]
@@ -128,8 +122,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         workdir = cfg.workdir
         if workdir is None and cfg.transport == "local":
             workdir = local_cwd  # a local node runs where the user is, like `torchrun` would
-        env = {**cfg.env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX_TEMPLATE}
-        nodes.append(NodePlan(index=cfg.rank, config=cfg, first_rank=first, workdir=workdir, env=env))
+        nodes.append(NodePlan(index=cfg.rank, config=cfg, first_rank=first, workdir=workdir, env=dict(cfg.env)))
         first += cfg.gpus
     return LaunchPlan(
         job_id=job_id,

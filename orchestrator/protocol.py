@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from typing import NamedTuple
 
 from . import agent
 
@@ -57,6 +58,60 @@ def split_frame(line: bytes) -> tuple[bytes, bytes]:
     """``b'O text'`` -> ``(b'O', b'text')``."""
     kind, _, payload = line.partition(b" ")
     return kind, payload
+
+
+class WorkerChunk(NamedTuple):
+    """Whole lines one worker wrote to one stream (the payload of a ``W`` frame)."""
+
+    stream: str  # "out" | "err"
+    local_rank: int
+    data: bytes
+
+    def lines(self) -> list[str]:
+        text = self.data.decode("utf-8", "replace")
+        return [line.rstrip("\r") for line in text.split("\n")[:-1]]  # chunks end with a newline
+
+
+class FrameReader:
+    """Agent stdout -> ``(kind, payload)`` frames; ``W`` frames carry a WorkerChunk.
+
+    Control frames are one line. A ``W STREAM RANK N`` header line is followed by N raw bytes,
+    so whatever a worker prints (newlines, binary) can never be read as a frame.
+    """
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.pending: tuple[str, int, int] | None = None  # a W header waiting for its bytes
+
+    def feed(self, data: bytes) -> list[tuple[bytes, object]]:
+        self.buf += data
+        frames: list[tuple[bytes, object]] = []
+        pos = 0
+        while True:
+            if self.pending is not None:
+                stream, rank, size = self.pending
+                if len(self.buf) - pos < size:
+                    break
+                frames.append((b"W", WorkerChunk(stream, rank, bytes(self.buf[pos:pos + size]))))
+                pos += size
+                self.pending = None
+                continue
+            end = self.buf.find(b"\n", pos)
+            if end < 0:
+                break
+            kind, payload = split_frame(bytes(self.buf[pos:end]))
+            pos = end + 1
+            if kind == b"W":
+                self.pending = _chunk_header(payload)
+            else:
+                frames.append((kind, payload))
+        del self.buf[:pos]
+        return frames
+
+
+def _chunk_header(payload: bytes) -> tuple[str, int, int]:
+    stream, rank, size = payload.split(b" ")
+    return ("out" if stream == b"O" else "err"), int(rank), int(size)
 
 
 def decode_json(payload: bytes) -> dict:

@@ -15,7 +15,6 @@ from typing import Callable
 from . import protocol
 from .errors import NodeProblem
 from .events import Closed, Dumped, Exited, Lines, LogLine, Probed, Ready, SetupFailed, Started, Stopping
-from .logparse import RankStitcher
 from .plan import LaunchPlan, NodePlan
 from .transport import ConnectFailed, RemoteProcess, Transport
 
@@ -34,7 +33,6 @@ class NodeSession:
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self._threads: list[threading.Thread] = []
         self._cancelled = threading.Event()
-        self._stitchers = {b"O": RankStitcher(), b"E": RankStitcher()}  # used by the frames thread only
 
     # --- lifecycle (open runs on a pool thread) ---
 
@@ -112,21 +110,23 @@ class NodeSession:
         self.post(Lines(self.node.index, [LogLine("node", None, text)]))
 
     def _read_frames(self) -> None:
-        splitter = protocol.LineSplitter()
+        reader = protocol.FrameReader()
         while chunk := self.proc.read_stdout():
             self.last_heard = self.clock()
-            self._dispatch(splitter.feed(chunk))
-        self._dispatch(splitter.flush())
+            self._dispatch(reader.feed(chunk))
         status = self.proc.exit_status(timeout=2.0)
         self.post(Closed(self.node.index, status, tuple(self._stderr_tail)))
 
-    def _dispatch(self, lines: list[bytes]) -> None:
+    def _dispatch(self, frames: list[tuple[bytes, object]]) -> None:
         batch: list[LogLine] = []
-        for kind, payload in map(protocol.split_frame, lines):
-            if kind in (b"O", b"E"):
-                stream = "out" if kind == b"O" else "err"
-                for rank, text in self._stitchers[kind].feed(payload.decode("utf-8", "replace").rstrip("\r")):
-                    batch.append(LogLine(stream, rank, text))
+        for kind, payload in frames:
+            if kind == b"W":
+                rank = self.node.first_rank + payload.local_rank
+                batch.extend(LogLine(payload.stream, rank, text) for text in payload.lines())
+                continue
+            if kind in (b"O", b"E"):  # the launcher's own output: no rank
+                batch.append(LogLine("out" if kind == b"O" else "err", None,
+                                     payload.decode("utf-8", "replace").rstrip("\r")))
                 continue
             if batch:
                 self.post(Lines(self.node.index, batch))

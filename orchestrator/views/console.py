@@ -27,29 +27,51 @@ SEPARATOR = {"out": "|", "err": "!", "node": "~"}  # stdout, stderr, the node's 
 _CONTROL = {c: None for c in (*range(0, 9), *range(10, 32), 127)}
 
 
+def _safe(text: str) -> str:
+    return text if text.isprintable() else text.translate(_CONTROL)  # the test is C-fast; most lines pass
+
+
 def node_color(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
-class Block:
-    """Pre-styled segments that rich writes as they are: no per-line markup or wrapping work.
+class Ink:
+    """A style's escape codes as this console writes them (none when it has no colors),
+    rendered once, so styling a log line is a string concatenation."""
 
-    Building a rich ``Text`` per log line costs ~40 us; a print-heavy job made that the
-    controller's bottleneck. Segments cost a few us and still go through the Console (and
-    so through Live, which keeps the dashboard below them).
+    _PROBE = "\ue000"  # a private-use character: never part of an escape code
+
+    def __init__(self, console: Console, style: Style | None):
+        if style is None:
+            self.open = self.close = ""
+            return
+        with console.capture() as captured:
+            console.print(Text(self._PROBE, style=style), end="")
+        self.open, _, self.close = captured.get().partition(self._PROBE)
+
+    def __call__(self, text: str) -> str:
+        return f"{self.open}{text}{self.close}"
+
+
+class Block:
+    """Log lines already styled, written by rich as one segment: no per-line markup or wrapping.
+
+    Building a rich ``Text`` per log line costs ~40 us and a segment per piece a few us; a
+    print-heavy job made that the controller's bottleneck. One string per batch still goes
+    through the Console (and so through Live, which keeps the dashboard below it).
     """
 
     def __init__(self) -> None:
-        self.segments: list[Segment] = []
+        self.parts: list[str] = []
 
-    def add(self, text: str, style: Style | None = None) -> None:
-        self.segments.append(Segment(text, style))
+    def add(self, text: str) -> None:
+        self.parts.append(text)
 
     def __bool__(self) -> bool:
-        return bool(self.segments)
+        return bool(self.parts)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield from self.segments
+        yield Segment("".join(self.parts))
 
 
 class LinePrefixer:
@@ -80,7 +102,9 @@ class ConsoleView:
         self.collapser = Collapser(plan.world_size) if collapse else None
         self.clock = clock
         self._prefixes: dict[tuple, str] = {}
-        self._node_style = [Style.parse(node_color(n.index)) for n in plan.nodes]
+        self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
+        self._text_ink = {stream: Ink(self.console, style) for stream, style in _TEXT_STYLE.items()}
+        self._bold = Ink(self.console, _BOLD)
 
     def lines(self, node: NodePlan, lines: list[LogLine]) -> None:
         out = Block()
@@ -92,25 +116,26 @@ class ConsoleView:
                 for stream, ranks, text in self.collapser.add(line.stream, line.rank, line.text, now):
                     self._collapsed(out, stream, ranks, text)
                 continue
-            out.add(self._prefix(node, line.rank, line.stream), self._node_style[node.index])
-            out.add(line.text.translate(_CONTROL) + "\n", _TEXT_STYLE[line.stream])
+            out.add(self._prefix(node, line.rank, line.stream))
+            out.add(self._text_ink[line.stream](_safe(line.text)) + "\n")
         self.emit(out)
 
     def _prefix(self, node: NodePlan, rank: int | None, stream: str) -> str:
+        """The styled prefix, made once per (node, rank, stream)."""
         key = (node.index, rank, stream)
         text = self._prefixes.get(key)
         if text is None:
-            text = self._prefixes[key] = self.prefix(node, rank, stream)
+            text = self._prefixes[key] = self._node_ink[node.index](self.prefix(node, rank, stream))
         return text
 
     def _collapsed(self, out: Block, stream: str, ranks: frozenset[int], text: str) -> None:
         if len(ranks) == 1:
             node = next(n for n in self.plan.nodes if min(ranks) in n.ranks)
-            out.add(self._prefix(node, min(ranks), stream), self._node_style[node.index])
+            out.add(self._prefix(node, min(ranks), stream))
         else:
             who = f"r{format_ranks(ranks)}" + (" (all)" if len(ranks) == self.plan.world_size else f" ({len(ranks)})")
-            out.add(f"{'*':<{self.prefix.label_width}} {who} {SEPARATOR[stream]} ", _BOLD)
-        out.add(text.translate(_CONTROL) + "\n", _TEXT_STYLE[stream])
+            out.add(self._bold(f"{'*':<{self.prefix.label_width}} {who} {SEPARATOR[stream]} "))
+        out.add(self._text_ink[stream](_safe(text)) + "\n")
 
     def emit(self, block: Block) -> None:
         """Write lines now: one Console call per batch."""

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..outcome import JobResult, JobSnapshot, NodeRow
 from ..plan import LaunchPlan
-from .console import STATE_STYLE, Block, ConsoleView, node_color
+from .console import STATE_STYLE, Block, ConsoleView, Ink, node_color
 
 DRAW_INTERVAL = 0.25  # seconds between table redraws (4 Hz)
 FLUSH_INTERVAL = 0.1  # seconds between batched log prints above the table
@@ -76,19 +76,19 @@ class DashboardView(ConsoleView):
         self.live = Live(console=self.console, auto_refresh=False, transient=True,
                          redirect_stdout=False, redirect_stderr=False)
         self.pending = Block()
+        self._notice_ink = Ink(self.console, Style(color="yellow"))
         self.last_flush = self.last_draw = 0.0
         self.samples: dict[int, tuple[float, int]] = {}
         self.rates: dict[int, float] = {}
         self.started = False
 
     def emit(self, block: Block) -> None:
-        self.pending.segments.extend(block.segments)  # printed at the next flush: one Live redraw per batch
+        self.pending.parts.extend(block.parts)  # printed at the next flush: one Live redraw per batch
 
     def notice(self, text: str) -> None:
         if not self.started:  # before or after the live table: print straight away
             return super().notice(text)
-        self.pending.add("ddp-up ", Style(bold=True))
-        self.pending.add(text + "\n", Style(color="yellow"))
+        self.pending.add(self._bold("ddp-up ") + self._notice_ink(text) + "\n")
 
     def intro(self, plan: LaunchPlan) -> None:
         super().intro(plan)

@@ -1,4 +1,4 @@
-from orchestrator.logparse import FailureReportParser, RankStitcher
+from orchestrator.logparse import FailureReportParser
 
 TORCHRUN_FAILURE = """\
 E1122 07:16:01.123000 4242 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 3)
@@ -20,24 +20,6 @@ Root Cause (first observed failure):
   traceback : Signal 9 (SIGKILL) received by PID 1234
 ============================================================
 """
-
-
-def test_rank_prefix_becomes_the_global_rank():
-    s = RankStitcher()
-    assert s.feed("\x1d12\x1dloss 0.5") == [(12, "loss 0.5")]
-    assert s.feed("\x1d3\x1d") == [(3, "")]
-    assert s.feed("plain launcher line") == [(None, "plain launcher line")]
-    assert s.feed("\x1dnot a rank") == [(None, "\x1dnot a rank")]
-
-
-def test_lines_split_by_torchrun_tee_are_stitched_back():
-    s = RankStitcher()
-    # rank 0's line cut at EOF, continued in the same stream line
-    assert s.feed("\x1d0\x1drank 0 xxx \x1d0\x1d2388") == [(0, "rank 0 xxx 2388")]
-    # cut, then another rank's whole line, then the rest on a later stream line
-    assert s.feed("\x1d0\x1dhal\x1d1\x1dother rank") == [(1, "other rank")]
-    assert s.feed("\x1d0\x1df done") == [(0, "half done")]
-    assert s.partial == {}
 
 
 def test_root_cause_is_parsed_from_torchrun_report():

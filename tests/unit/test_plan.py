@@ -1,5 +1,5 @@
 from orchestrator.config import parse_cluster
-from orchestrator.plan import RANK_PREFIX_TEMPLATE, display_quote, make_plan, new_job_id, quote_path
+from orchestrator.plan import display_quote, make_plan, new_job_id, quote_path
 
 CLUSTER = """\
 nodes:
@@ -27,7 +27,7 @@ def test_launcher_argv_golden():
     p = plan()
     assert p.launcher_argv(p.nodes[1], 29400) == [
         "/opt/py/bin/python3", "-u", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=3",
-        "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29400", "--tee=3", "train.py", "--lr", "0.1"]
+        "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29400", "--redirects=3", "train.py", "--lr", "0.1"]
 
 
 def test_agent_spec_golden():
@@ -35,7 +35,7 @@ def test_agent_spec_golden():
     spec = p.agent_spec(p.nodes[0])
     assert spec == {
         "mode": "run", "job": "20261122-000000-abcdef", "node": 0, "cluster": p.cluster_id, "workdir": "~/proj",
-        "script": "train.py", "env": {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX_TEMPLATE},
+        "script": "train.py", "env": {},
         "pick_port": False, "check_port": 29400, "orphan_timeout": 20.0, "stop_grace": 10.0, "heartbeat": 5.0,
         "stack_dumps": False}
     assert p.agent_spec(p.nodes[1])["check_port"] is None  # only the master checks its port
@@ -55,8 +55,8 @@ def test_shell_line_quotes_every_value():
     assert line == (
         'cd "$HOME"/proj && env DDP_UP_JOB=20261122-000000-abcdef DDP_UP_NODE=1 '
         f"DDP_UP_CLUSTER={p.cluster_id} NCCL_SOCKET_IFNAME=eth1 "
-        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=$'\\x1d${rank}\\x1d' /opt/py/bin/python3 -u -m torch.distributed.run "
-        "--nnodes=2 --nproc-per-node=3 --node-rank=1 --master-addr=10.0.0.1 --master-port=29400 --tee=3 train.py "
+        "/opt/py/bin/python3 -u -m torch.distributed.run "
+        "--nnodes=2 --nproc-per-node=3 --node-rank=1 --master-addr=10.0.0.1 --master-port=29400 --redirects=3 train.py "
         "'$(rm -rf ~)' 'a b' 'it'\"'\"'s'")
 
 

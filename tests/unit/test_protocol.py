@@ -16,6 +16,16 @@ def test_split_frame():
     assert protocol.split_frame(b"H") == (b"H", b"")
 
 
+def test_frame_reader_takes_worker_chunks_whole_whatever_they_hold():
+    chunk = b"line one\nW E 0 3\n\x00\xff\n"  # looks like a frame header, and is not UTF-8
+    stream = b"H\nW O 2 %d\n" % len(chunk) + chunk + b"X {\"code\": 0}\n"
+    reader = protocol.FrameReader()
+    frames = [f for i in range(len(stream)) for f in reader.feed(stream[i:i + 1])]  # byte by byte
+    assert frames == [(b"H", b""), (b"W", protocol.WorkerChunk("out", 2, chunk)), (b"X", b'{"code": 0}')]
+    assert frames[1][1].lines() == ["line one", "W E 0 3", "\x00\ufffd"]
+    assert reader.feed(b"") == [] and not reader.buf
+
+
 def test_hello_is_source_then_spec():
     data = protocol.hello({"mode": "sweep"})
     n = int(protocol.bootstrap_args()[-1])
