@@ -23,7 +23,7 @@ from tests.harness import procs
 from tests.harness.runner import Launch, ddp_kill
 from tests.harness.sshcluster import SSHCluster, available
 
-SCRIPT = str(Path(__file__).resolve().parents[1] / "tests" / "scripts" / "job.py")
+from benchmarks.common import SCRIPT  # noqa: E402  (re-exported for benchmarks.logs)
 LONG_RUN = ["run", "--steps", "100000", "--step-time", "0.2"]
 ORPHAN_TIMEOUT = 5
 

@@ -5,7 +5,8 @@ node, waits for the controller's go, starts the launcher in its own session with
 in its environment, relays output as frames, and stops the whole job on that node when the
 controller asks, when the controller's connection closes, or when the controller's heartbeat
 stops (the dead-man switch that covers network partitions and sleeping laptops). In ``sweep``
-mode it finds tagged processes and stops them (the same code path ddp-kill uses).
+mode it finds tagged processes and stops them (the same code path ddp-kill uses). In ``detect``
+mode it reports what planning needs to know of the node (its GPU count, for ``gpus: auto``).
 
 Wire protocol, one frame per line. Controller -> agent (stdin): the agent source (length given
 on the command line), a JSON spec line, then commands: ``H`` heartbeat, ``G {json}`` go,
@@ -23,6 +24,7 @@ spends no per-line work (torchrun's ``--tee`` re-prints every line from a Python
 """
 
 import errno
+import glob
 import json
 import os
 import queue
@@ -318,7 +320,6 @@ class Tailer:
                 self.done.wait(self.POLL)
 
     def scan(self):
-        import glob
         for path in glob.glob(os.path.join(glob.escape(self.log_dir), "*", "attempt_*", "*", "std*.log")):
             if path in self.files:
                 continue
@@ -377,7 +378,7 @@ class Runner:
         self.pumps = []
         self.tailer = None
         self.listener = None
-        self.torch_version = None
+        self.torch = None  # {"torch", "cuda", "nccl"} once probed
         self.dir = state_dir(spec["job"])
         self.state_file = os.path.join(self.dir, "node%d.json" % spec["node"])
         self.log_dir = os.path.join(self.dir, "node%d-logs" % spec["node"])
@@ -391,7 +392,8 @@ class Runner:
             self.out.drain(5)
             return 3
         ready = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0],
-                 "torch": self.torch_version, "gpus": count_gpus(), "time": time.time(),
+                 "torch": self.torch["torch"], "cuda": self.torch.get("cuda"), "nccl": self.torch.get("nccl"),
+                 "gpus": count_gpus(self.job_env()), "time": time.time(),
                  "disk_free": shutil.disk_usage(".").free}
         if self.listener is not None:
             ready["port"] = self.listener.getsockname()[1]
@@ -415,8 +417,8 @@ class Runner:
         if script and not os.path.isfile(script):
             return {"what": "script %s not found in %s" % (script, workdir),
                     "fix": "copy it to this node, or set `workdir:` to the directory that holds it"}
-        self.torch_version = probe_torch(self.job_env())
-        if self.torch_version is None:
+        self.torch = probe_torch(self.job_env())
+        if self.torch is None:
             return {"what": "torch is not installed for %s (Python %s)" % (sys.executable, sys.version.split()[0]),
                     "fix": "install torch on this node, or set `python:` to an interpreter that has it"}
         port = self.spec.get("check_port")
@@ -624,27 +626,61 @@ def listen_on(port):
     return s
 
 
-# Run in the job's environment (its PYTHONPATH counts), without importing torch (seconds of CPU).
-TORCH_PROBE = ("import importlib.metadata as m, importlib.util as u\n"
-               "try: v = m.version('torch')\nexcept Exception: v = '?'\n"
-               "print(v if u.find_spec('torch') else '')")
+# Run in the job's environment (its PYTHONPATH counts), without importing torch (seconds of CPU):
+# the version from its metadata, the CUDA it was built for from torch/version.py (plain text), and
+# NCCL from the pip package CUDA builds depend on.
+TORCH_PROBE = r"""
+import importlib.metadata as m, importlib.util as u, json, os, re
+def version(name):
+    try:
+        return m.version(name)
+    except Exception:
+        return None
+spec, info = u.find_spec("torch"), {}
+if spec is not None:
+    info["torch"] = version("torch") or "?"
+    try:
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+            found = re.search(r"^cuda\b[^=\n]*=\s*'([^']+)'", f.read(), re.M)
+        info["cuda"] = found.group(1) if found else None
+    except (OSError, TypeError):
+        info["cuda"] = None
+    info["nccl"] = next(filter(None, map(version, ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"))), None)
+print(json.dumps(info))
+"""
 
 
 def probe_torch(env):
-    """The torch version the job would import, or None if it has none."""
+    """{"torch", "cuda", "nccl"} versions the job would use, or None if it has no torch."""
     try:
         out = subprocess.run([sys.executable, "-c", TORCH_PROBE], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, timeout=60).stdout.decode().strip()
-    except (OSError, subprocess.SubprocessError):
+                             stderr=subprocess.DEVNULL, timeout=60).stdout
+        info = json.loads(out.decode().strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
-    return out or None
+    return info if info.get("torch") else None
 
 
-def count_gpus():
+def count_gpus(env):
+    """GPUs the job would see: CUDA_VISIBLE_DEVICES in its environment if set, else the driver's list."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [d.strip() for d in visible.split(",")]
+        ids = ids[:ids.index("-1")] if "-1" in ids else ids  # CUDA ignores everything from -1 on
+        return len([d for d in ids if d])
     try:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         return 0
+
+
+def detect(spec, writer):
+    """One-shot facts for planning (``gpus: auto``), before any job exists."""
+    env = dict(os.environ)
+    env.update(spec.get("env") or {})
+    writer.json(b"R", {"hostname": socket.gethostname(), "gpus": count_gpus(env)})
+    writer.drain(5)
+    return 0
 
 
 # --- sweep mode (ddp-kill, and the controller's fallback) ---------------------------------------
@@ -680,6 +716,8 @@ def main():
     spec = json.loads(sys.stdin.buffer.readline())
     if spec["mode"] == "sweep":
         code = sweep(spec, writer)
+    elif spec["mode"] == "detect":
+        code = detect(spec, writer)
     else:
         code = Runner(spec, writer).run()
     sys.stdout.flush()

@@ -18,7 +18,9 @@ from rich.text import Text
 from . import __version__
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import load_cluster
-from .errors import EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, DdpUpError, Interrupted, UsageError
+from .detect import resolve_auto_gpus
+from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, DdpUpError, Interrupted,
+                     SetupError, UsageError)
 from .job import Job
 from .outcome import JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
@@ -96,6 +98,7 @@ def main_up(argv: list[str] | None = None) -> int:
         config = load_cluster(args.cluster)
         if args.hang_timeout is not None and args.hang_timeout <= 0:
             raise UsageError("--hang-timeout must be a number of seconds > 0")
+        config = _resolve_auto_gpus(config)
         plan = make_plan(config, args.script, script_args, args.job_id or new_job_id(), os.getcwd(),
                          hang_timeout=args.hang_timeout)
         if args.dry_run:
@@ -111,11 +114,21 @@ def main_up(argv: list[str] | None = None) -> int:
     except DdpUpError as e:
         err.print(f"[bold red]ddp-up:[/] {_escape(e.render())}")
         return e.exit_code
+    except Interrupted as e:  # before any job existed: nothing to stop
+        return 128 + e.signum
     except Exception:  # noqa: BLE001 - a bug: show it, and say what happened to the job
         err.print_exception()
         err.print("[bold red]ddp-up: internal error[/] (a bug; please report it). Connections were closed, "
                   "so every node stops its job by itself; `ddp-kill CLUSTER.yaml` confirms.")
         return EXIT_INTERNAL
+
+
+def _resolve_auto_gpus(config):
+    """Ask `gpus: auto` nodes for their count (a short, bounded call; nothing is started)."""
+    try:
+        return resolve_auto_gpus(config)
+    except KeyboardInterrupt:
+        raise Interrupted(signal.SIGINT) from None
 
 
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True) -> int:
@@ -228,6 +241,13 @@ def main_check(argv: list[str] | None = None) -> int:
     config = _load_or_report(args.cluster, "ddp-check")
     if config is None:
         return EXIT_USAGE
+    try:
+        config = _resolve_auto_gpus(config)
+    except SetupError as e:
+        Console(stderr=True).print(f"[bold red]ddp-check:[/] {_escape(e.render())}")
+        return e.exit_code
+    except Interrupted:
+        return 130
     plan = make_plan(config, args.script, [], new_job_id(), os.getcwd())
     job = Job(plan, _QuietView(console))
     with SignalGate() as gate:
@@ -244,6 +264,11 @@ def main_check(argv: list[str] | None = None) -> int:
     return EXIT_SETUP if problems else EXIT_OK
 
 
+def _torch_cell(info: dict) -> str:
+    extra = [f"{name} {info[key]}" for key, name in (("cuda", "CUDA"), ("nccl", "NCCL")) if info.get(key)]
+    return " ".join([info.get("torch") or "-", *extra])
+
+
 def check_table(statuses, problems, master_port) -> Table:
     by_node: dict[str, list] = {}
     for p in problems:
@@ -256,7 +281,7 @@ def check_table(statuses, problems, master_port) -> Table:
         info = s.info
         table.add_row(
             str(s.plan.index), s.plan.label, Text("✗", style="bold red") if mine else Text("✓", style="green"),
-            info.get("torch") or "-", info.get("python") or "-", str(info.get("gpus", "-")),
+            _torch_cell(info), info.get("python") or "-", str(info.get("gpus", "-")),
             "-" if s.clock_skew is None else f"{s.clock_skew:+.2f} s",
             "-" if "disk_free" not in info else f"{info['disk_free'] / 2**30:.1f} GiB")
     return table

@@ -10,7 +10,7 @@ import hashlib
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
@@ -44,7 +44,7 @@ class NodeConfig:
 
     rank: int
     host: str
-    gpus: int
+    gpus: int | None  # None: `gpus: auto`, the count detected on the node (see resolve_gpus)
     addr: str
     transport: Transport
     python: str
@@ -70,8 +70,14 @@ class ClusterConfig:
     hang_timeout: float | None = None  # off unless set
 
     @property
-    def world_size(self) -> int:
-        return sum(n.gpus for n in self.nodes)
+    def auto_gpus(self) -> list[NodeConfig]:
+        """Nodes whose process count is the GPU count found on them at launch."""
+        return [n for n in self.nodes if n.gpus is None]
+
+    def resolve_gpus(self, counts: Mapping[int, int]) -> ClusterConfig:
+        """The same cluster with each `gpus: auto` node's detected count (by node rank)."""
+        nodes = tuple(replace(n, gpus=counts[n.rank]) if n.gpus is None else n for n in self.nodes)
+        return replace(self, nodes=nodes)
 
 
 def load_cluster(path: str) -> ClusterConfig:
@@ -201,14 +207,14 @@ class _Validator:
             raise self.error(t_at, f"must be `ssh` or `local`, got {transport!r}")
         gpus, g_at = pick("gpus", None)
         if gpus is None:
-            raise self.error(at, "missing `gpus:` (number of processes to start on this node, >= 1)")
+            raise self.error(at, "missing `gpus:` (number of processes to start on this node, >= 1, or `auto`)")
         python, p_at = pick("python", sys.executable if transport == "local" else "python3")
         workdir, w_at = pick("workdir", None)
         addr = own.get("addr", "127.0.0.1" if transport == "local" else host)
         return NodeConfig(
             rank=i,
             host=host,
-            gpus=self.integer(gpus, g_at, low=1),
+            gpus=None if gpus == "auto" else self.integer(gpus, g_at, low=1, hint="or `auto`"),
             addr=self.string(addr, at + ("addr",)),
             transport=transport,
             python=self.string(python, p_at),

@@ -39,6 +39,35 @@ class View(Protocol):
         """Called often from the job loop; a view that redraws builds the snapshot only when it does."""
 
 
+TORCH_FIELDS = ("torch", "cuda", "nccl")
+
+
+def torch_build(info: dict, fields=TORCH_FIELDS) -> str:
+    """``torch 2.4.0+cu121 (CUDA 12.1, NCCL 2.20.5)``, naming only ``fields`` that are known."""
+    extra = [f"{name} {info[key]}" for key, name in (("cuda", "CUDA"), ("nccl", "NCCL"))
+             if key in fields and info.get(key)]
+    return f"torch {info.get('torch')}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def torch_mismatches(statuses: list[NodeStatus], master_index: int) -> list[NodeProblem]:
+    """torch, and the CUDA and NCCL it uses, must agree with the master's; a field a node could
+    not read (NCCL from conda, say) is not compared."""
+    master = statuses[master_index]
+    problems = []
+    for s in statuses:
+        differ = [key for key in TORCH_FIELDS if _differs(key, s.info, master.info)]
+        if differ:
+            problems.append(NodeProblem(s.plan.label, f"{torch_build(s.info, differ)} here, "
+                                        f"{torch_build(master.info, differ)} on the master ({master.plan.label})",
+                                        "install the same torch build (CUDA, NCCL) on every node"))
+    return problems
+
+
+def _differs(key: str, mine: dict, theirs: dict) -> bool:
+    a, b = mine.get(key), theirs.get(key)
+    return a != b and (key == "torch" or bool(a and b))
+
+
 class Job:
     def __init__(self, plan: LaunchPlan, view: View,
                  transport_factory: Callable[[object], Transport] = transport_for,
@@ -175,7 +204,7 @@ class Job:
 
     def _check_nodes(self) -> list[NodeProblem]:
         """Across nodes: the same torch as the master, and a real TCP path to master addr:port."""
-        problems = self._torch_mismatches() + gpu_shortfalls(self.status)
+        problems = torch_mismatches(self.status, self.plan.master.index) + gpu_shortfalls(self.status)
         for session in self.sessions:
             session.send(protocol.probe(self.plan.master_addr, self.master_port, PROBE_TIMEOUT))
         deadline = self.clock() + PROBE_TIMEOUT + 10
@@ -196,13 +225,6 @@ class Job:
             if s.clock_skew is not None and abs(s.clock_skew) > SKEW_WARNING:
                 self.view.notice(f"{s.plan.label}: clock differs from this machine's by {s.clock_skew:+.1f} s")
         return problems
-
-    def _torch_mismatches(self) -> list[NodeProblem]:
-        master = self.status[self.plan.master.index]
-        want = master.info.get("torch")
-        return [NodeProblem(s.plan.label, f"torch {s.info.get('torch')} here, torch {want} on the master "
-                            f"({master.plan.label})", "install the same torch version on every node")
-                for s in self.status if s.info.get("torch") != want]
 
     def _early_exit_problem(self, event: Closed) -> NodeProblem:
         node = self.plan.nodes[event.node]

@@ -53,8 +53,10 @@ class NodeSession:
         self.last_heard = self.clock()
         self._spawn(self._read_frames, "frames")
         self._spawn(self._read_stderr, "stderr")
-        self._spawn(self._write_loop, "writer")
-        self.send(protocol.hello(self.plan.agent_spec(self.node)))
+        # The hello goes first on the wire whatever was queued before it: the agent compiles
+        # exactly its source's length of bytes, so a heartbeat ahead of it (the job loop sends
+        # one as soon as it sees self.proc) would shift the source and break it.
+        self._spawn(lambda: self._write_loop(protocol.hello(self.plan.agent_spec(self.node))), "writer")
         if self._cancelled.is_set():
             self.close()
 
@@ -86,7 +88,11 @@ class NodeSession:
         t.start()
         self._threads.append(t)
 
-    def _write_loop(self) -> None:
+    def _write_loop(self, hello: bytes) -> None:
+        try:
+            self.proc.write(hello)
+        except (OSError, EOFError):
+            return
         while True:
             data = self._outbox.get()
             if data is None or self.proc is None:

@@ -81,3 +81,21 @@ def test_ddp_check_names_wrong_python_and_workdir(cluster, cluster_file):
     assert f"{cluster.nodes[1].addr}: python not found: '/nope/python3'" in out, out
     assert f"{cluster.nodes[2].addr}: workdir /nope/dir does not exist" in out, out
     assert re.search(rf"│ 0\s+│ {re.escape(cluster.nodes[0].addr)}\s+│ ✓", out), out
+
+
+def test_gpus_auto_takes_the_count_the_job_would_see(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, "auto"), (2, "auto")])
+    text = path.read_text()
+    for i, visible in ((1, "0,1"), (2, "")):  # node 2: CUDA_VISIBLE_DEVICES hides every GPU
+        head = f"- host: {cluster.nodes[i].addr}\n  gpus: auto"
+        assert head in text
+        text = text.replace(head, f"{head}\n  env: {{CUDA_VISIBLE_DEVICES: '{visible}'}}")
+    path.write_text(text)
+    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    assert code == 3, out
+    assert f"{cluster.nodes[2].addr}: gpus: auto, but the job would see no GPU here" in out, out
+    assert f"{cluster.nodes[1].addr}:" not in out and "READY" not in out
+    path.write_text(text.replace("CUDA_VISIBLE_DEVICES: ''", "CUDA_VISIBLE_DEVICES: '3'"))
+    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    assert code == 0, out
+    assert re.search(r"r2 +\| READY rank=2 world=4", out) and "READY rank=3 world=4" in out, out

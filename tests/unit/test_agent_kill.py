@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from orchestrator import agent
 from orchestrator.agent import find_tagged, kill_tagged, signal_tagged
 
 SLEEPER = "import signal, sys, time\nif 'ignore' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
@@ -63,3 +64,9 @@ def test_find_matches_cluster_tag(spawn):
     p = spawn(tags("jobD", 3))
     assert [x["pid"] for x in find_tagged({"DDP_UP_CLUSTER": "c1", "DDP_UP_JOB": "jobD"})] == [p.pid]
     assert find_tagged({"DDP_UP_CLUSTER": "other", "DDP_UP_JOB": "jobD"}) == []
+
+
+@pytest.mark.parametrize("visible,count", [("0,1,2", 3), ("GPU-5f2a", 1), ("", 0), ("1,-1,2", 1), ("-1", 0),
+                                           (" 0 , 1 ", 2)])
+def test_gpu_count_follows_cuda_visible_devices(visible, count):
+    assert agent.count_gpus({"CUDA_VISIBLE_DEVICES": visible}) == count

@@ -36,7 +36,7 @@ def test_good_file_applies_defaults_and_overrides(tmp_path):
     assert dict(a.env) == {"NCCL_DEBUG": "INFO", "A": "top", "N": "3", "B": "1"}
     assert dict(b.env)["A"] == "node"
     assert a.ssh.identity_file.endswith("/.ssh/id_ed25519") and not a.ssh.identity_file.startswith("~")
-    assert (cfg.master_addr, cfg.master_port, cfg.world_size) == ("10.0.0.1", 29400, 12)
+    assert (cfg.master_addr, cfg.master_port, cfg.auto_gpus) == ("10.0.0.1", 29400, [])
     assert (cfg.orphan_timeout, cfg.stop_grace) == (30.0, 10.0)
 
 
@@ -52,6 +52,14 @@ def test_relative_key_paths_resolve_beside_the_cluster_file(tmp_path):
     assert cfg.nodes[0].ssh.identity_file == str(tmp_path / "keys" / "id")
 
 
+def test_gpus_auto_is_resolved_per_node_before_planning():
+    cfg = parse_cluster("gpus: auto\nnodes: [{host: a}, {host: b, gpus: 2}, {host: c}]\n", "c.yaml")
+    assert [n.host for n in cfg.auto_gpus] == ["a", "c"]
+    resolved = cfg.resolve_gpus({0: 8, 2: 4})
+    assert [n.gpus for n in resolved.nodes] == [8, 2, 4] and resolved.auto_gpus == []
+    assert [n.gpus for n in cfg.nodes] == [None, 2, None]  # the parsed config is left as it was
+
+
 # Each broken file and the exact message a user sees (file:line: key: what is wrong).
 BROKEN = [
     ("", "c.yaml: the cluster file is empty; it needs at least a `nodes:` list"),
@@ -61,11 +69,11 @@ BROKEN = [
     ("nodes:\n  - host: a\n    gpus: 1\nnodez: 3\n", "c.yaml:4: nodez: unknown key; did you mean `nodes`?"),
     ("nodes:\n  - host: a\n    gpu: 2\n", "c.yaml:3: nodes[0].gpu: unknown key; did you mean `gpus`?"),
     ("nodes:\n  - host: a\n    gpus: 1\n  - host: b\n    gpus: -2\n",
-     "c.yaml:5: nodes[1].gpus: must be an integer >= 1, got -2"),
-    ("nodes:\n  - host: a\n    gpus: two\n", "c.yaml:3: nodes[0].gpus: must be an integer >= 1, got 'two'"),
-    ("nodes:\n  - host: a\n    gpus: true\n", "c.yaml:3: nodes[0].gpus: must be an integer >= 1, got True"),
+     "c.yaml:5: nodes[1].gpus: must be an integer >= 1 or `auto`, got -2"),
+    ("nodes:\n  - host: a\n    gpus: two\n", "c.yaml:3: nodes[0].gpus: must be an integer >= 1 or `auto`, got 'two'"),
+    ("nodes:\n  - host: a\n    gpus: true\n", "c.yaml:3: nodes[0].gpus: must be an integer >= 1 or `auto`, got True"),
     ("nodes:\n  - gpus: 1\n", "c.yaml:2: nodes[0]: missing `host:` (SSH target: address, DNS name or ~/.ssh/config alias)"),
-    ("nodes:\n  - host: a\n", "c.yaml:2: nodes[0]: missing `gpus:` (number of processes to start on this node, >= 1)"),
+    ("nodes:\n  - host: a\n", "c.yaml:2: nodes[0]: missing `gpus:` (number of processes to start on this node, >= 1, or `auto`)"),
     ("nodes:\n  - host: a\n    gpus: 1\n  - host: a\n    gpus: 2\n",
      "c.yaml:4: nodes[1].host: duplicate of nodes[0] (line 2): list each node once and set `gpus:` to its process count"),
     ("nodes: [{host: a, gpus: 1}]\nmaster: {port: 70000}\n",

@@ -1,5 +1,8 @@
 from orchestrator.config import parse_cluster
-from orchestrator.job import gpu_shortfalls
+import os
+
+from orchestrator import agent
+from orchestrator.job import gpu_shortfalls, torch_mismatches
 from orchestrator.outcome import NodeStatus
 from orchestrator.plan import make_plan
 
@@ -11,3 +14,20 @@ def test_more_processes_than_gpus_is_refused_but_cpu_nodes_are_not():
                 NodeStatus(plan.nodes[2], info={"gpus": 0})]
     problems = gpu_shortfalls(statuses)
     assert [(p.node, p.what, p.fix) for p in problems] == [("b", "gpus: 8 but the node has 4 GPU(s)", "set `gpus: 4` for this node")]
+
+
+def test_torch_cuda_and_nccl_must_match_the_master_where_known():
+    plan = make_plan(parse_cluster("nodes: [{host: m, gpus: 1}, {host: a, gpus: 1}, {host: b, gpus: 1}, "
+                                   "{host: c, gpus: 1}]\n"), "t.py", [], "J", "/")
+    build = {"torch": "2.4.0+cu121", "cuda": "12.1", "nccl": "2.20.5"}
+    infos = [build, {**build, "nccl": "2.18.1"}, {**build, "nccl": None}, {**build, "torch": "2.3.1+cu118",
+                                                                          "cuda": "11.8"}]
+    problems = torch_mismatches([NodeStatus(n, info=i) for n, i in zip(plan.nodes, infos)], master_index=0)
+    assert [(p.node, p.what) for p in problems] == [
+        ("a", "torch 2.4.0+cu121 (NCCL 2.18.1) here, torch 2.4.0+cu121 (NCCL 2.20.5) on the master (m)"),
+        ("c", "torch 2.3.1+cu118 (CUDA 11.8) here, torch 2.4.0+cu121 (CUDA 12.1) on the master (m)")]  # b: unknown
+
+
+def test_the_torch_probe_reads_versions_without_importing_torch():
+    info = agent.probe_torch(dict(os.environ))
+    assert info["torch"].startswith("2.13.0") and info["cuda"] is None and info["nccl"] is None  # the CPU wheel

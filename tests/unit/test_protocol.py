@@ -38,4 +38,4 @@ def test_agent_source_is_stdlib_only():
     src = agent.source().decode()
     imports = {line.split()[1].split(".")[0] for line in src.splitlines() if line.startswith(("import ", "from "))}
     assert imports <= {"errno", "json", "os", "queue", "shutil", "signal", "socket", "subprocess",
-                       "sys", "tempfile", "threading", "time"}
+                       "sys", "tempfile", "threading", "time", "importlib", "glob"}

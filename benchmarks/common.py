@@ -1,0 +1,123 @@
+"""What the benchmarks share: the manual baseline (plain parallel ssh), timing a command with its
+own rusage, and median (min-max) formatting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.harness.sshcluster import Node, SSHCluster
+
+# The job's environment in every benchmark, baseline or not (the process-group timeout is long
+# enough for 64 ranks on 2 cores, where the last one finishes importing torch a minute late).
+JOB_ENV = {"OMP_NUM_THREADS": "1", "JOB_PG_TIMEOUT": "600"}
+SCRIPT = str(Path(__file__).resolve().parents[1] / "tests" / "scripts" / "job.py")
+
+
+@dataclass(frozen=True)
+class Sample:
+    wall: float  # seconds from start to exit
+    cpu: float  # user+system seconds of the command and every child it waited for
+    max_rss_mb: float  # the largest resident set among them
+    code: int
+    output: str
+
+
+def timed(argv: list[str], timeout: float, **popen) -> Sample:
+    """Run argv to the end; its rusage comes from wait4, so nothing else on the machine counts."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen from waiting again
+    return Sample(time.monotonic() - t0, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
+                  proc.returncode, out.decode(errors="replace"))
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def ssh_argv(cluster: SSHCluster, node: Node, remote: str, tty: bool = False) -> list[str]:
+    """How a person reaches a node by hand: OpenSSH, key auth, the cluster's known_hosts."""
+    return ["ssh", "-i", str(cluster.client_key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={cluster.known_hosts}", "-o", "ConnectTimeout=10",
+            *(["-tt"] if tty else []), f"root@{node.addr}", remote]
+
+
+def torchrun_line(nodes: list[Node], k: int, port: int, workdir: str, tag: str, script_args: list[str]) -> str:
+    """The launcher line a user types on node k. The ddp-up tag is set only so the benchmark can
+    count (and finally clean up) the baseline's processes; nothing in the launch reads it."""
+    argv = [sys.executable, "-u", "-m", "torch.distributed.run", f"--nnodes={len(nodes)}", "--nproc-per-node=1",
+            f"--node-rank={k}", f"--master-addr={nodes[0].addr}", f"--master-port={port}", SCRIPT, *script_args]
+    env = " ".join(f"{name}={value}" for name, value in JOB_ENV.items()) + f" DDP_UP_JOB={tag} DDP_UP_NODE={k}"
+    return f"cd {shlex.quote(workdir)} && exec env {env} {shlex.join(argv)}"
+
+
+def parallel_ssh_script(cluster: SSHCluster, nodes: list[Node], remote_of, tty: bool = False,
+                        trap: bool = False) -> str:
+    """The manual way, scripted: one ``ssh node cmd &`` per node, then ``wait`` for each."""
+    lines = ["set -u", "pids=()"]
+    if trap:  # the careful version: Ctrl-C takes the ssh clients down with the script
+        lines.append("trap 'kill 0' INT TERM")
+    for k, node in enumerate(nodes):
+        lines.append(f"{shlex.join(ssh_argv(cluster, node, remote_of(k), tty))} & pids+=($!)")
+    lines += ["rc=0", 'for p in "${pids[@]}"; do wait "$p" || rc=1; done', "exit $rc"]
+    return "\n".join(lines) + "\n"
+
+
+class Watched:
+    """A command in its own session (as a terminal's foreground job), its output read as it comes,
+    so a benchmark can wait for lines instead of sleeping."""
+
+    def __init__(self, argv: list[str], **popen):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, **popen)
+        self.text = ""
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            with self._changed:
+                self.text += raw.decode(errors="replace")
+                self._changed.notify_all()
+
+    def wait_for(self, predicate, timeout: float) -> None:
+        """Bounded wait until predicate(output so far) holds; fails with the output's tail."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: predicate(self.text) or self.proc.poll() is not None, timeout) \
+                    or not predicate(self.text):
+                raise SystemExit(f"gave up waiting for {argv_name(self.proc.args)}:\n{self.text[-3000:]}")
+
+    def ctrl_c(self) -> None:
+        """What Ctrl-C in a terminal does: SIGINT to the whole foreground process group."""
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def argv_name(argv) -> str:
+    return " ".join(map(str, argv))[:80]

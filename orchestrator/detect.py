@@ -1,0 +1,38 @@
+"""``gpus: auto``: ask each such node how many GPUs the job would see, before planning.
+
+One short agent call per auto node, in parallel, so planning stays pure: the plan is made from a
+cluster whose counts are all known, and no view or rank ever changes after it is drawn.
+"""
+
+from __future__ import annotations
+
+from .config import ClusterConfig
+from .errors import NodeProblem, SetupError
+from .oneshot import Reply, call_agent, on_each
+
+DETECT_MARGIN = 15.0  # seconds for the agent to start and answer, on top of the connect timeout
+
+
+def resolve_auto_gpus(config: ClusterConfig) -> ClusterConfig:
+    """The cluster with every `gpus: auto` replaced by the node's count; SetupError naming each
+    node that cannot be reached or shows no GPU."""
+    nodes = config.auto_gpus
+    if not nodes:
+        return config
+    replies = on_each(nodes, lambda n: call_agent(n, {"mode": "detect", "env": dict(n.env)},
+                                                  n.ssh.connect_timeout + DETECT_MARGIN, until=b"R"))
+    problems = [p for p in map(_problem, replies) if p is not None]
+    if problems:
+        raise SetupError(problems)
+    return config.resolve_gpus({r.node.rank: int(r.frames[b"R"]["gpus"]) for r in replies})
+
+
+def _problem(reply: Reply) -> NodeProblem | None:
+    if reply.problem is not None:
+        return reply.problem
+    if int(reply.frames[b"R"].get("gpus") or 0) < 1:
+        return NodeProblem(reply.node.label,
+                           "gpus: auto, but the job would see no GPU here (no NVIDIA GPU in "
+                           "/proc/driver/nvidia/gpus, or CUDA_VISIBLE_DEVICES hides them all)",
+                           "set `gpus:` to the number of processes for this node")
+    return None
