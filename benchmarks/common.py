@@ -3,6 +3,7 @@ own rusage, and median (min-max) formatting."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import shlex
@@ -34,12 +35,19 @@ class Sample:
 def timed(argv: list[str], timeout: float, **popen) -> Sample:
     """Run argv to the end; its rusage comes from wait4, so nothing else on the machine counts."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
-    timer = threading.Timer(timeout, proc.kill)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **popen)
+    def kill() -> None:  # the command and every child it left (the manual way leaves ssh clients)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout, kill)
     timer.start()
     try:
         out = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:
+        kill()
+        raise
     finally:
         timer.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen from waiting again

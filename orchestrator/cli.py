@@ -17,10 +17,11 @@ from rich.text import Text
 
 from . import __version__
 from .cleanup import SweepReport, match_for, sweep_nodes
-from .config import load_cluster
+from .config import NodeSource, load_cluster
 from .detect import resolve_auto_gpus
-from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, DdpUpError, Interrupted,
-                     SetupError, UsageError)
+from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, ConfigError, DdpUpError,
+                     Interrupted, SetupError, UsageError)
+from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from .job import Job
 from .outcome import JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
@@ -38,13 +39,16 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def up_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ddp-up",
-        usage="ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]",
+        usage="ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]\n"
+              "       ddp-up [options] (--hostfile FILE | -H HOST:N,... | --slurm) [CLUSTER.yaml] SCRIPT [ARGS...]",
         description="Launch a multi-node torchrun job over SSH; every remote process it starts is stopped on exit.",
         epilog="Everything after SCRIPT is passed to the script verbatim. Exit status: 0 ok, 1 job failed, "
                "2 bad config or usage, 3 a node could not be set up (nothing started), 70 internal error, "
                "128+N killed by signal N.")
-    p.add_argument("cluster", metavar="CLUSTER.yaml", help="cluster file (see configs/)")
-    p.add_argument("script", metavar="SCRIPT", help="training script, resolved in each node's workdir")
+    p.add_argument("cluster", metavar="CLUSTER.yaml", help="cluster file (see configs/); with a node "
+                   "option below, optional and used for its other settings")
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script, resolved in each node's workdir")
+    add_node_sources(p)
     p.add_argument("--dry-run", action="store_true", help="print the command for every node; connect to nothing")
     p.add_argument("--job-id", help="use this job id instead of a generated one")
     view = p.add_mutually_exclusive_group()
@@ -66,24 +70,64 @@ def up_parser() -> argparse.ArgumentParser:
     return p
 
 
+NODE_SOURCE_FLAGS = ("--hostfile", "-H", "--slurm")
+
+
+def add_node_sources(p: argparse.ArgumentParser) -> None:
+    nodes = p.add_argument_group("nodes from elsewhere (instead of the cluster file's `nodes:`)")
+    one = nodes.add_mutually_exclusive_group()
+    one.add_argument("--hostfile", metavar="FILE", help="MPI/DeepSpeed hostfile: `HOST slots=N` lines, # comments")
+    one.add_argument("-H", dest="hosts", metavar="HOST:N,...", help="horovod-style list, e.g. gpu-a:8,gpu-b:8")
+    one.add_argument("--slurm", action="store_true",
+                     help="the nodes of the current Slurm allocation, its GPUs per node, port 15000 + job id % 10000")
+
+
+def node_source(args: argparse.Namespace) -> NodeSource | None:
+    if args.hostfile:
+        try:
+            with open(args.hostfile, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigError(args.hostfile, None, "", f"cannot read hostfile: {e.strerror}") from None
+        return NodeSource(f"--hostfile {args.hostfile}", args.hostfile, parse_hostfile(text, args.hostfile))
+    if args.hosts:
+        return NodeSource(f"-H {args.hosts}", "", parse_host_list(args.hosts))
+    if args.slurm:
+        nodes, port = slurm_nodes(os.environ)
+        return NodeSource("--slurm", "", nodes, master_port=port)
+    return None
+
+
+def cluster_and_script(first: str | None, second: str | None, has_source: bool) -> tuple[str | None, str | None]:
+    """With nodes from elsewhere the cluster file is optional: a lone positional is the script
+    unless it names a .yaml/.yml file."""
+    if has_source and second is None and first is not None and not first.endswith((".yaml", ".yml")):
+        return None, first
+    return first, second
+
+
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Our options and the first two positionals, then the script's arguments untouched."""
-    ours, positionals = [], 0
-    takes_value = {"--job-id", "--ranks", "--runs-dir", "--hang-timeout"}
+    """Our options and our positionals (cluster file and script: one of them may be left out when
+    a node option comes first), then the script's arguments untouched."""
+    ours, positionals, wanted = [], 0, 2
+    takes_value = {"--job-id", "--ranks", "--runs-dir", "--hang-timeout", "--hostfile", "-H"}
     i = 0
-    while i < len(argv) and positionals < 2:
+    while i < len(argv) and positionals < wanted:
         arg = argv[i]
         ours.append(arg)
         if arg == "--":
             ours.pop()
-            ours.extend(argv[i + 1:i + 1 + 2 - positionals])
-            i += 1 + 2 - positionals
+            ours.extend(argv[i + 1:i + 1 + wanted - positionals])
+            i += 1 + wanted - positionals
             break
         if arg in takes_value and i + 1 < len(argv):
             ours.append(argv[i + 1])
             i += 1
         elif not arg.startswith("-") or arg == "-":
             positionals += 1
+            if positionals == 1 and any(f in ours for f in NODE_SOURCE_FLAGS) \
+                    and not arg.endswith((".yaml", ".yml")):
+                wanted = 1  # no cluster file: this is the script
         i += 1
     return ours, argv[i:]
 
@@ -95,7 +139,11 @@ def main_up(argv: list[str] | None = None) -> int:
     console = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        config = load_cluster(args.cluster)
+        source = node_source(args)
+        args.cluster, args.script = cluster_and_script(args.cluster, args.script, source is not None)
+        if args.script is None:
+            raise UsageError("missing SCRIPT: ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]")
+        config = load_cluster(args.cluster, source)
         if args.hang_timeout is not None and args.hang_timeout <= 0:
             raise UsageError("--hang-timeout must be a number of seconds > 0")
         config = _resolve_auto_gpus(config)
@@ -211,8 +259,9 @@ def check_parser() -> argparse.ArgumentParser:
         description="Check every node in parallel without starting anything: SSH login and host key, python, "
                     "torch (same version everywhere), workdir and script, master port, a real TCP connection "
                     "from every node to master addr:port, clock skew, free disk, GPUs.")
-    p.add_argument("cluster", metavar="CLUSTER.yaml")
-    p.add_argument("script", metavar="SCRIPT", nargs="?", default="", help="also check it exists on every node")
+    p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="optional with a node option below")
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="also check it exists on every node")
+    add_node_sources(p)
     return p
 
 
@@ -238,7 +287,7 @@ class _QuietView:
 def main_check(argv: list[str] | None = None) -> int:
     args = check_parser().parse_args(sys.argv[1:] if argv is None else argv)
     console = Console(highlight=False, soft_wrap=True)
-    config = _load_or_report(args.cluster, "ddp-check")
+    config = _load_or_report(args, "ddp-check", script_too=True)
     if config is None:
         return EXIT_USAGE
     try:
@@ -248,7 +297,7 @@ def main_check(argv: list[str] | None = None) -> int:
         return e.exit_code
     except Interrupted:
         return 130
-    plan = make_plan(config, args.script, [], new_job_id(), os.getcwd())
+    plan = make_plan(config, args.script or "", [], new_job_id(), os.getcwd())
     job = Job(plan, _QuietView(console))
     with SignalGate() as gate:
         try:
@@ -294,7 +343,8 @@ def kill_parser() -> argparse.ArgumentParser:
         prog="ddp-kill",
         description="Stop ddp-up job processes on every node, found by the tags ddp-up put in their environment "
                     "(never by name). Default: jobs launched from this cluster file.")
-    p.add_argument("cluster", metavar="CLUSTER.yaml")
+    p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="optional with a node option below")
+    add_node_sources(p)
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("--job", metavar="ID", help="only this job")
     scope.add_argument("--all", action="store_true", help="every ddp-up job of this user on these nodes")
@@ -305,7 +355,7 @@ def kill_parser() -> argparse.ArgumentParser:
 def main_kill(argv: list[str] | None = None) -> int:
     args = kill_parser().parse_args(sys.argv[1:] if argv is None else argv)
     console = Console(highlight=False, soft_wrap=True)
-    config = _load_or_report(args.cluster, "ddp-kill")
+    config = _load_or_report(args, "ddp-kill")
     if config is None:
         return EXIT_USAGE
 
@@ -332,10 +382,15 @@ def kill_table(reports: list[SweepReport], dry_run: bool) -> Table:
     return table
 
 
-def _load_or_report(path: str, prog: str):
-    """The validated cluster file, or None after printing its one error message."""
+def _load_or_report(args: argparse.Namespace, prog: str, script_too: bool = False):
+    """The validated cluster (file and/or node option), or None after printing its one error."""
     try:
-        return load_cluster(path)
+        source = node_source(args)
+        if script_too:
+            args.cluster, args.script = cluster_and_script(args.cluster, args.script, source is not None)
+        if args.cluster is None and source is None:
+            raise UsageError(f"{prog} needs CLUSTER.yaml, or the nodes from --hostfile, -H or --slurm")
+        return load_cluster(args.cluster, source)
     except DdpUpError as e:
         Console(stderr=True).print(f"[bold red]{prog}:[/] {_escape(e.render())}")
         return None

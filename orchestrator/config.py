@@ -80,19 +80,50 @@ class ClusterConfig:
         return replace(self, nodes=nodes)
 
 
-def load_cluster(path: str) -> ClusterConfig:
-    """Read and validate a cluster file; raise ConfigError naming file, line and key."""
+@dataclass(frozen=True)
+class NodeSource:
+    """Nodes given outside the cluster file (--hostfile, -H, --slurm), as ``nodes:`` entries."""
+
+    name: str  # how the user gave them, for messages and the cluster id: "--hostfile hosts.txt"
+    path: str  # a file to resolve relative paths against and name in errors ("" if none)
+    nodes: list[dict]
+    master_port: int | None = None  # a port the source implies (Slurm), unless the file sets one
+
+
+def load_cluster(path: str | None, source: NodeSource | None = None) -> ClusterConfig:
+    """Read and validate a cluster file (optional when ``source`` gives the nodes); raise
+    ConfigError naming file, line and key."""
+    if path is None:
+        assert source is not None, "nodes come from a cluster file or another source"
+        return parse_cluster("", source.path or source.name, source)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise ConfigError(path, None, "", f"cannot read cluster file: {e.strerror}") from None
-    return parse_cluster(text, path)
+    return parse_cluster(text, path, source)
 
 
-def parse_cluster(text: str, path: str = "<cluster>") -> ClusterConfig:
+def parse_cluster(text: str, path: str = "<cluster>", source: NodeSource | None = None) -> ClusterConfig:
     data, lines = _load_yaml(text, path)
+    if source is not None:
+        data = _with_source(data, lines, path, source)
     return _Validator(path, lines).cluster(data)
+
+
+def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource) -> Any:
+    """The cluster file's settings with the source's nodes (and its port, if the file sets none)."""
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        return data  # the validator reports it
+    if "nodes" in data:
+        raise ConfigError(path, lines.get(("nodes",)), "nodes",
+                          f"the nodes come from {source.name}: remove `nodes:` here or drop {source.name.split()[0]}")
+    data = {**data, "nodes": source.nodes}
+    if source.master_port is not None and "port" not in (data.get("master") or {}):
+        master = data.get("master") if isinstance(data.get("master"), dict) else {}
+        data["master"] = {**master, "port": source.master_port}
+    return data
 
 
 def cluster_id_for(path: str) -> str:

@@ -48,6 +48,7 @@ class SSHCluster:
         tag = (os.getpid() % 200) + 20 if tag is None else tag
         self.size = size
         self.base = base
+        self.tag = tag
         self.net = f"10.213.{tag}"
         self.prefix = f"ddpt{tag}n"
         self.bridge = f"ddptbr{tag}"
@@ -76,6 +77,7 @@ class SSHCluster:
         _run("ip", "link", "set", self.bridge, "up")
         for node in self.nodes:
             self._start_node(node)
+        self._pin_neighbors()
         host_key = " ".join(Path(f"{self.host_key}.pub").read_text().split()[:2])
         self.known_hosts.write_text("".join(f"{n.addr} {host_key}\n" for n in self.nodes))
         for node in self.nodes:
@@ -85,7 +87,8 @@ class SSHCluster:
     def _start_node(self, node: Node) -> None:
         ns, veth = node.name, f"{self.bridge}v{node.index}"
         _run("ip", "netns", "add", ns)
-        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns,
+             "address", self.mac(node))
         _run("ip", "link", "set", veth, "master", self.bridge, "up")
         _run("ip", "-n", ns, "link", "set", "lo", "up")
         _run("ip", "-n", ns, "addr", "add", f"{node.addr}/24", "dev", "eth0")
@@ -104,6 +107,20 @@ class SSHCluster:
         _run("ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
              f"hostname {ns} && mount --bind {self.run_dir / 'hosts'} /etc/hosts && "
              f"exec {SSHD} -f {config} -E {self.run_dir / (ns + '.log')}")
+
+    def mac(self, node: Node) -> str:
+        """A fixed, locally administered MAC per node, so neighbors can be written down up front."""
+        return f"02:dd:{self.tag:02x}:00:{node.index >> 8:02x}:{node.index & 0xff:02x}"
+
+    def _pin_neighbors(self) -> None:
+        """Permanent ARP entries for every peer. Otherwise 64 ranks opening a full mesh at once on
+        2 busy cores time out resolving each other ("No route to host" from gloo)."""
+        for node in self.nodes:
+            batch = "".join(f"neigh replace {peer.addr} lladdr {self.mac(peer)} dev eth0 nud permanent\n"
+                            for peer in self.nodes if peer is not node)
+            if batch:
+                subprocess.run(["ip", "-n", node.name, "-batch", "-"], input=batch, check=True,
+                               capture_output=True, text=True, timeout=30)
 
     def _wait_listening(self, node: Node, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,119 @@
+"""Node lists in the formats users already have: MPI/DeepSpeed hostfiles, horovod's ``-H``, and a
+Slurm allocation. Pure: each returns ``[{"host": ..., "gpus": ...}]`` entries for the cluster file's
+``nodes:``, so one validator checks every source alike.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from .errors import ConfigError, UsageError
+
+_SLOTS = re.compile(r"^slots\s*=\s*(\S+)$")
+
+
+def parse_hostfile(text: str, path: str) -> list[dict]:
+    """``host slots=N`` per line (MPI, DeepSpeed); ``#`` comments; no slots means 1, as in MPI."""
+    nodes = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        slots = 1
+        for word in words[1:]:
+            found = _SLOTS.match(word)
+            if found:
+                slots = _count(found.group(1), lambda why: ConfigError(path, number, "slots", why))
+            elif not word.startswith("max_slots="):  # an MPI upper bound: nothing to launch by
+                raise ConfigError(path, number, "", f"expected `HOST slots=N`, got {raw.strip()!r}")
+        nodes.append({"host": words[0], "gpus": slots})
+    if not nodes:
+        raise ConfigError(path, None, "", "no hosts in the hostfile (expected lines like `gpu-a slots=8`)")
+    return nodes
+
+
+def parse_host_list(spec: str) -> list[dict]:
+    """horovod's ``-H h1:4,h2:4``; a host without ``:N`` has 1 slot."""
+    nodes = []
+    for item in spec.split(","):
+        host, _, slots = item.strip().rpartition(":") if ":" in item else (item.strip(), "", "1")
+        if not host:
+            raise UsageError(f"-H {spec!r}: expected HOST:N[,HOST:N...], e.g. -H gpu-a:8,gpu-b:8")
+        nodes.append({"host": host, "gpus": _count(slots, lambda why: UsageError(f"-H {item.strip()!r}: {why}"))})
+    return nodes
+
+
+def _count(text: str, error) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise error(f"slots must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
+# --- Slurm ---------------------------------------------------------------------------------------
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Slurm's compressed host list: ``gpu[01-03,07],cpu1`` -> gpu01 gpu02 gpu03 gpu07 cpu1.
+    Zero padding is kept; several bracket groups in one name expand as a product."""
+    hosts: list[str] = []
+    for name in _split_top_level(spec):
+        hosts.extend(_expand_name(name))
+    return hosts
+
+
+def _split_top_level(spec: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for c in spec:
+        depth += (c == "[") - (c == "]")
+        if depth < 0 or depth > 1:
+            raise UsageError(f"bad Slurm host list {spec!r}: unbalanced brackets")
+        if c == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += c
+    if depth:
+        raise UsageError(f"bad Slurm host list {spec!r}: unbalanced brackets")
+    return [p for p in [*parts, current] if p]
+
+
+def _expand_name(name: str) -> list[str]:
+    group = re.search(r"\[([^\]]*)\]", name)
+    if not group:
+        return [name]
+    head, tail = name[:group.start()], name[group.end():]
+    out = []
+    for piece in group.group(1).split(","):
+        low, _, high = piece.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
+            raise UsageError(f"bad Slurm host range [{group.group(1)}] in {name!r}")
+        for n in range(int(low), int(high or low) + 1):
+            out.extend(_expand_name(f"{head}{n:0{len(low)}d}{tail}"))
+    return out
+
+
+def slurm_nodes(env: Mapping[str, str]) -> tuple[list[dict], int]:
+    """(nodes, master port) from the variables Slurm sets inside an allocation. GPUs per node come
+    from the allocation (SLURM_GPUS_ON_NODE, SLURM_GPUS_PER_NODE, else tasks per node); the port is
+    15000 + the job id's last 4 digits, as Slurm helper scripts derive it."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not nodelist or not job_id:
+        raise UsageError("--slurm: not inside a Slurm allocation (SLURM_JOB_NODELIST / SLURM_JOB_ID are not "
+                         "set); run it from sbatch or salloc")
+    gpus = _slurm_gpus(env)
+    nodes = [{"host": host, "gpus": gpus} for host in expand_hostlist(nodelist)]
+    digits = re.sub(r"\D", "", job_id)[-4:]
+    return nodes, 15000 + int(digits or 0)
+
+
+def _slurm_gpus(env: Mapping[str, str]) -> int | str:
+    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        value = env.get(key, "")
+        count = value.rsplit(":", 1)[-1]  # "a100:4" -> 4
+        if count.isdigit() and int(count) > 0:
+            return int(count)
+    tasks = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]  # "4(x2)" -> 4
+    if tasks.isdigit() and int(tasks) > 0:
+        return int(tasks)
+    return "auto"  # ask each node

@@ -1,0 +1,46 @@
+"""Issue 7 (node lists): MPI/DeepSpeed hostfiles and horovod's -H, on the sshd cluster, with a
+cluster file that holds only the other settings (SSH key, python, workdir)."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from tests.harness.runner import ddp_check, ddp_kill, ddp_up
+from tests.integration.conftest import SCRIPT
+
+
+def settings_file(cluster, tmp_path):
+    """A cluster file with no `nodes:`: the node option gives them."""
+    path = tmp_path / "settings.yaml"
+    path.write_text(yaml.safe_dump({
+        "ssh": {"user": "root", "identity_file": str(cluster.client_key), "known_hosts": str(cluster.known_hosts),
+                "connect_timeout": 5},
+        "python": __import__("sys").executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1}}))
+    return path
+
+
+def test_horovod_host_list_runs_the_job(cluster, tmp_path):
+    a, b = cluster.nodes[0].addr, cluster.nodes[1].addr
+    code, out, _ = ddp_up("-H", f"{a}:2,{b}:1", str(settings_file(cluster, tmp_path)), SCRIPT, "run")
+    assert code == 0, out
+    for rank in range(3):
+        assert f"READY rank={rank} world=3" in out, out
+    assert re.search(rf"{re.escape(b)} +r2 +\| READY rank=2", out), out
+
+
+def test_hostfile_with_comments_for_ddp_up_check_and_kill(cluster, tmp_path):
+    hosts = tmp_path / "hostfile"
+    hosts.write_text(f"# two nodes, DeepSpeed style\n{cluster.nodes[2].addr} slots=1\n\n"
+                     f"{cluster.nodes[3].addr} slots=2   # the second one\n")
+    settings = str(settings_file(cluster, tmp_path))
+    code, out = ddp_check("--hostfile", str(hosts), settings, SCRIPT)
+    assert code == 0, out
+    code, out, _ = ddp_up("--hostfile", str(hosts), settings, SCRIPT, "run")
+    assert code == 0 and "READY rank=2 world=3" in out, out
+    code, out = ddp_kill("--hostfile", str(hosts), settings)
+    assert code == 0 and cluster.nodes[3].addr in out, out
+    hosts.write_text(f"{cluster.nodes[2].addr} slots=two\n")
+    code, out, _ = ddp_up("--hostfile", str(hosts), settings, SCRIPT, "run")
+    assert code == 2 and f"{hosts}:1: slots: slots must be an integer >= 1, got 'two'" in out, out

@@ -1,0 +1,103 @@
+import re
+
+import pytest
+
+from orchestrator.cli import cluster_and_script, split_argv
+from orchestrator.config import NodeSource, parse_cluster
+from orchestrator.errors import ConfigError, UsageError
+from orchestrator.hostlists import expand_hostlist, parse_host_list, parse_hostfile, slurm_nodes
+
+HOSTFILE = """\
+# DeepSpeed / MPI style
+gpu-a slots=8
+gpu-b   slots=4 max_slots=8   # an MPI upper bound is ignored
+gpu-c
+"""
+
+
+def test_hostfile_lines_become_nodes():
+    assert parse_hostfile(HOSTFILE, "hosts") == [{"host": "gpu-a", "gpus": 8}, {"host": "gpu-b", "gpus": 4},
+                                                 {"host": "gpu-c", "gpus": 1}]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a slots=8\nb slots=x\n", "hosts:2: slots: slots must be an integer >= 1, got 'x'"),
+    ("a slots=0\n", "hosts:1: slots: slots must be an integer >= 1, got '0'"),
+    ("a gpus=8\n", "hosts:1: expected `HOST slots=N`, got 'a gpus=8'"),
+    ("# nothing\n\n", "hosts: no hosts in the hostfile (expected lines like `gpu-a slots=8`)"),
+])
+def test_bad_hostfiles_name_the_line(text, message):
+    with pytest.raises(ConfigError) as info:
+        parse_hostfile(text, "hosts")
+    assert str(info.value) == message
+
+
+def test_horovod_host_list():
+    assert parse_host_list("gpu-a:4, gpu-b:2,gpu-c") == [{"host": "gpu-a", "gpus": 4}, {"host": "gpu-b", "gpus": 2},
+                                                        {"host": "gpu-c", "gpus": 1}]
+    with pytest.raises(UsageError, match="slots must be an integer >= 1, got 'four'"):
+        parse_host_list("gpu-a:four")
+    with pytest.raises(UsageError, match="expected HOST:N"):
+        parse_host_list("gpu-a:4,:2")
+
+
+@pytest.mark.parametrize("spec,hosts", [
+    ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
+    ("a1,b[8-10],c", ["a1", "b8", "b9", "b10", "c"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("node009", ["node009"]),
+])
+def test_slurm_host_lists_expand(spec, hosts):
+    assert expand_hostlist(spec) == hosts
+
+
+@pytest.mark.parametrize("spec", ["gpu[01-03", "gpu[3-1]", "gpu[a-b]", "gpu]1["])
+def test_bad_slurm_host_lists_are_refused(spec):
+    with pytest.raises(UsageError):
+        expand_hostlist(spec)
+
+
+def test_slurm_allocation_becomes_nodes_gpus_and_port():
+    env = {"SLURM_JOB_ID": "4812345", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_GPUS_ON_NODE": "8"}
+    assert slurm_nodes(env) == ([{"host": "gpu01", "gpus": 8}, {"host": "gpu02", "gpus": 8}], 15000 + 2345)
+    env = {"SLURM_JOBID": "77", "SLURM_NODELIST": "n1", "SLURM_GPUS_PER_NODE": "a100:4"}
+    assert slurm_nodes(env) == ([{"host": "n1", "gpus": 4}], 15077)
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1", "SLURM_NTASKS_PER_NODE": "2(x3)"}
+    assert slurm_nodes(env)[0] == [{"host": "n1", "gpus": 2}]
+    assert slurm_nodes({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1"})[0] == [{"host": "n1", "gpus": "auto"}]
+    with pytest.raises(UsageError, match="not inside a Slurm allocation"):
+        slurm_nodes({})
+
+
+def test_nodes_from_a_source_take_the_cluster_files_other_settings():
+    source = NodeSource("--slurm", "", [{"host": "n1", "gpus": 2}, {"host": "n2", "gpus": 2}], master_port=15077)
+    cfg = parse_cluster("ssh: {user: me}\nworkdir: /w\n", "c.yaml", source)
+    assert [(n.host, n.gpus, n.ssh.user, n.workdir) for n in cfg.nodes] == [("n1", 2, "me", "/w"), ("n2", 2, "me", "/w")]
+    assert cfg.master_port == 15077 and cfg.master_addr == "n1"
+    assert parse_cluster("master: {port: 29500}\n", "c.yaml", source).master_port == 29500  # the file wins
+    assert parse_cluster("", "--slurm", source).nodes[1].host == "n2"  # no cluster file at all
+    with pytest.raises(ConfigError, match=r"c.yaml:1: nodes: the nodes come from --slurm: remove `nodes:` here"):
+        parse_cluster("nodes: [{host: x, gpus: 1}]\n", "c.yaml", source)
+
+
+def test_the_cluster_file_is_optional_after_a_node_option():
+    assert split_argv(["-H", "a:1", "train.py", "--lr", "1"]) == (["-H", "a:1", "train.py"], ["--lr", "1"])
+    assert split_argv(["--hostfile", "h", "c.yaml", "train.py", "x"]) == (["--hostfile", "h", "c.yaml", "train.py"],
+                                                                          ["x"])
+    assert split_argv(["c.yaml", "train.py", "-H", "x"]) == (["c.yaml", "train.py"], ["-H", "x"])  # script's own
+    assert cluster_and_script("train.py", None, has_source=True) == (None, "train.py")
+    assert cluster_and_script("c.yaml", None, has_source=True) == ("c.yaml", None)
+    assert cluster_and_script("c.yaml", "t.py", has_source=False) == ("c.yaml", "t.py")
+
+
+def test_slurm_allocation_plans_every_node(monkeypatch, capsys):
+    from orchestrator.cli import main_up
+
+    for key, value in {"SLURM_JOB_ID": "4812345", "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_GPUS_ON_NODE": "4"}.items():
+        monkeypatch.setenv(key, value)
+    assert main_up(["--slurm", "--dry-run", "train.py", "--lr", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "3 node(s), world size 12, master gpu01:17345" in out
+    for rank, host in enumerate(["gpu01", "gpu02", "gpu03"]):
+        assert re.search(rf"# node {rank} {host} .*\n.*--nnodes=3 --nproc-per-node=4 --node-rank={rank} "
+                         r"--master-addr=gpu01 --master-port=17345 .*train.py --lr 1", out), out
