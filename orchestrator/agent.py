@@ -493,6 +493,9 @@ class Runner:
             with open(os.path.join(hooks, "sitecustomize.py"), "w") as f:
                 f.write(DUMP_HOOK)
             env["PYTHONPATH"] = hooks + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
+        # agent runs under exactly that interpreter, already resolved by the shell that started it.
+        argv = [sys.executable if a == argv[0] else a for a in argv]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.record_state(argv)

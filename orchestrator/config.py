@@ -24,7 +24,8 @@ SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout")
 # Keys valid at the top level and overridable per node.
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus")
 NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
-TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", *SHARED_KEYS)
+TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", "launcher", *SHARED_KEYS)
+LAUNCHERS = ("torchrun", "legacy")
 MASTER_KEYS = ("addr", "port")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -68,6 +69,7 @@ class ClusterConfig:
     stop_grace: float = 10.0
     cluster_id: str = field(default="")
     hang_timeout: float | None = None  # off unless set
+    launcher: str = "torchrun"  # "legacy": also pass --local_rank=N, as torch.distributed.launch did
 
     @property
     def auto_gpus(self) -> list[NodeConfig]:
@@ -217,6 +219,7 @@ class _Validator:
             cluster_id=cluster_id_for(self.path),
             hang_timeout=None if top.get("hang_timeout") is None else
             self.positive(top["hang_timeout"], ("hang_timeout",)),
+            launcher=self.choice(top.get("launcher", "torchrun"), ("launcher",), LAUNCHERS),
         )
 
     def node(self, i: int, raw: Any, top: dict, ssh_top: dict) -> NodeConfig:
@@ -332,6 +335,11 @@ class _Validator:
         if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
             bound = f"between {low} and {high}" if high else f">= {low}"
             raise self.error(at, f"must be an integer {bound}{' ' + hint if hint else ''}, got {value!r}")
+        return value
+
+    def choice(self, value: Any, at: tuple, allowed: tuple[str, ...]) -> str:
+        if value not in allowed:
+            raise self.error(at, f"must be one of {', '.join(f'`{a}`' for a in allowed)}, got {value!r}")
         return value
 
     def positive(self, value: Any, at: tuple, allow_zero: bool = False) -> float:

@@ -15,6 +15,12 @@ from typing import Mapping
 from .agent import TAG_CLUSTER, TAG_JOB, TAG_NODE
 from .config import ClusterConfig, NodeConfig
 
+# What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its
+# arguments, as torch.distributed.launch passed it (scripts parse `--local_rank`, underscore).
+LEGACY_SHIM = ("import os, sys; os.execv(sys.executable, [sys.executable, '-u', sys.argv[1], "
+               "'--local_rank=' + os.environ['LOCAL_RANK'], *sys.argv[2:]])")
+
+
 @dataclass(frozen=True)
 class NodePlan:
     index: int  # node rank
@@ -52,6 +58,7 @@ class LaunchPlan:
     orphan_timeout: float
     stop_grace: float
     hang_timeout: float | None = None
+    launcher: str = "torchrun"
 
     @property
     def world_size(self) -> int:
@@ -80,9 +87,14 @@ class LaunchPlan:
             f"--master-addr={self.master_addr}",
             f"--master-port={port}",
             "--redirects=3",  # worker output to files on the node, relayed by the agent's tailer
-            self.script,
+            *self._entrypoint(cfg.python),
             *self.script_args,
         ]
+
+    def _entrypoint(self, python: str) -> list[str]:
+        if self.launcher == "legacy":  # torch.distributed.launch passed --local_rank=N before the args
+            return ["--no-python", python, "-u", "-c", LEGACY_SHIM, self.script]
+        return [self.script]
 
     def agent_spec(self, node: NodePlan) -> dict:
         """What the node agent needs before go: where to run, what to check, how to stop."""
@@ -135,6 +147,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         orphan_timeout=config.orphan_timeout,
         stop_grace=config.stop_grace,
         hang_timeout=hang_timeout if hang_timeout is not None else config.hang_timeout,
+        launcher=config.launcher,
     )
 
 

@@ -3,7 +3,10 @@ cluster file that holds only the other settings (SSH key, python, workdir)."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+from pathlib import Path
 
 import yaml
 
@@ -17,7 +20,7 @@ def settings_file(cluster, tmp_path):
     path.write_text(yaml.safe_dump({
         "ssh": {"user": "root", "identity_file": str(cluster.client_key), "known_hosts": str(cluster.known_hosts),
                 "connect_timeout": 5},
-        "python": __import__("sys").executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1}}))
+        "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1}}))
     return path
 
 
@@ -44,3 +47,17 @@ def test_hostfile_with_comments_for_ddp_up_check_and_kill(cluster, tmp_path):
     hosts.write_text(f"{cluster.nodes[2].addr} slots=two\n")
     code, out, _ = ddp_up("--hostfile", str(hosts), settings, SCRIPT, "run")
     assert code == 2 and f"{hosts}:1: slots: slots must be an integer >= 1, got 'two'" in out, out
+
+
+LEGACY = str(Path(SCRIPT).with_name("legacy.py"))
+
+
+def test_old_style_script_gets_local_rank_only_from_the_legacy_launcher(cluster_file):
+    home = os.path.expanduser("~")
+    python = "~" + sys.executable[len(home):] if sys.executable.startswith(home + "/") else sys.executable
+    for launcher, shown in (("legacy", lambda r: str(r)), ("torchrun", lambda r: "None")):
+        path = cluster_file([(0, 2), (1, 1)], launcher=launcher, python=python)  # `~/` is the node's home
+        code, out, _ = ddp_up(str(path), LEGACY, "--tag", "a b")
+        assert code == 0, out
+        for rank, local in ((0, 0), (1, 1), (2, 0)):
+            assert f"LEGACY rank={rank} local_rank_arg={shown(local)} local_rank_env={local} tag=a b" in out, out

@@ -1,5 +1,5 @@
 from orchestrator.config import parse_cluster
-from orchestrator.plan import display_quote, make_plan, new_job_id, quote_path
+from orchestrator.plan import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path
 
 CLUSTER = """\
 nodes:
@@ -74,3 +74,11 @@ def test_quoting_helpers():
 
 def test_job_ids_sort_by_time():
     assert new_job_id(0, "aaaaaa") < new_job_id(86400 * 365, "000000")
+
+
+def test_legacy_launcher_passes_local_rank_the_old_way():
+    cfg = parse_cluster(CLUSTER + "launcher: legacy\n", "/etc/c.yaml")
+    p = make_plan(cfg, "train.py", ["--lr", "0.1"], "20261122-000000-abcdef", "/")
+    argv = p.launcher_argv(p.nodes[1], 29400)
+    assert argv[argv.index("--redirects=3") + 1:] == [
+        "--no-python", "/opt/py/bin/python3", "-u", "-c", LEGACY_SHIM, "train.py", "--lr", "0.1"]
