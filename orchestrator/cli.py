@@ -25,6 +25,7 @@ from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from .job import Job
 from .outcome import JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
+from .transport import ssh_hostnames
 from .views.console import ConsoleView
 from .views.dashboard import DashboardView
 from .views.fanout import Fanout
@@ -146,7 +147,7 @@ def main_up(argv: list[str] | None = None) -> int:
         config = load_cluster(args.cluster, source)
         if args.hang_timeout is not None and args.hang_timeout <= 0:
             raise UsageError("--hang-timeout must be a number of seconds > 0")
-        config = _resolve_auto_gpus(config)
+        config = _resolve_nodes(config)
         plan = make_plan(config, args.script, script_args, args.job_id or new_job_id(), os.getcwd(),
                          hang_timeout=args.hang_timeout)
         if args.dry_run:
@@ -171,8 +172,10 @@ def main_up(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def _resolve_auto_gpus(config):
-    """Ask `gpus: auto` nodes for their count (a short, bounded call; nothing is started)."""
+def _resolve_nodes(config):
+    """SSH config aliases -> the addresses other nodes use; then ask `gpus: auto` nodes for their
+    count (a short, bounded call; nothing is started)."""
+    config = config.with_addresses(ssh_hostnames(list(config.nodes)))
     try:
         return resolve_auto_gpus(config)
     except KeyboardInterrupt:
@@ -245,7 +248,7 @@ def print_dry_run(plan: LaunchPlan, console: Console) -> None:
     for node in plan.nodes:
         cfg = node.config
         via = "local" if cfg.transport == "local" else \
-            f"ssh {cfg.ssh.user + '@' if cfg.ssh.user else ''}{cfg.host} -p {cfg.ssh.port}"
+            f"ssh {cfg.ssh.user + '@' if cfg.ssh.user else ''}{cfg.host}" + (f" -p {cfg.ssh.port}" if cfg.ssh.port else "")
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}"
         console.print(f"# node {node.index} {node.label} ({via}), ranks {ranks}", markup=False)
         console.print(plan.shell_line(node, port), markup=False)
@@ -291,7 +294,7 @@ def main_check(argv: list[str] | None = None) -> int:
     if config is None:
         return EXIT_USAGE
     try:
-        config = _resolve_auto_gpus(config)
+        config = _resolve_nodes(config)
     except SetupError as e:
         Console(stderr=True).print(f"[bold red]ddp-check:[/] {_escape(e.render())}")
         return e.exit_code

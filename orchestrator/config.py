@@ -20,7 +20,7 @@ from .errors import ConfigError
 
 Transport = Literal["ssh", "local"]
 
-SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout")
+SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout", "config_file")
 # Keys valid at the top level and overridable per node.
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus")
 NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
@@ -32,11 +32,15 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass(frozen=True)
 class SSHSettings:
+    """What the cluster file sets; unset values come from the SSH config file (HostName, User,
+    Port, IdentityFile, ProxyJump), then OpenSSH's defaults."""
+
     user: str | None = None
-    port: int = 22
+    port: int | None = None  # None: the SSH config's Port, else 22
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout: float = 10.0
+    config_file: str | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config, as OpenSSH reads them
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,15 @@ class ClusterConfig:
     def auto_gpus(self) -> list[NodeConfig]:
         """Nodes whose process count is the GPU count found on them at launch."""
         return [n for n in self.nodes if n.gpus is None]
+
+    def with_addresses(self, hostnames: Mapping[str, str]) -> ClusterConfig:
+        """Where a node's address is its `host` and that host is an SSH config alias, the other
+        nodes (and torchrun) need the alias's HostName instead: ``hostnames`` maps one to the other."""
+        def real(addr: str) -> str:
+            return hostnames.get(addr, addr)
+
+        nodes = tuple(replace(n, addr=real(n.addr)) if n.addr == n.host else n for n in self.nodes)
+        return replace(self, nodes=nodes, master_addr=real(self.master_addr))
 
     def resolve_gpus(self, counts: Mapping[int, int]) -> ClusterConfig:
         """The same cluster with each `gpus: auto` node's detected count (by node rank)."""
@@ -267,16 +280,18 @@ class _Validator:
             return default, ("ssh", key)
 
         user, u_at = pick("user", None)
-        port, p_at = pick("port", 22)
+        port, p_at = pick("port", None)
         ident, i_at = pick("identity_file", None)
+        config_file, f_at = pick("config_file", None)
         known, k_at = pick("known_hosts", "~/.ssh/known_hosts")
         timeout, c_at = pick("connect_timeout", 10)
         return SSHSettings(
             user=None if user is None else self.string(user, u_at),
-            port=self.integer(port, p_at, low=1, high=65535),
+            port=None if port is None else self.integer(port, p_at, low=1, high=65535),
             identity_file=None if ident is None else self.file_path(ident, i_at),
             known_hosts=self.file_path(known, k_at),
             connect_timeout=self.positive(timeout, c_at),
+            config_file=None if config_file is None else self.file_path(config_file, f_at),
         )
 
     def env(self, top_env: Any, node_env: Any, at: tuple) -> Mapping[str, str]:
@@ -306,7 +321,7 @@ class _Validator:
     def check_unique(self, nodes: tuple[NodeConfig, ...]) -> None:
         seen: dict[tuple, NodeConfig] = {}
         for node in nodes:
-            key = (node.transport, node.host, node.ssh.port)
+            key = (node.transport, node.host, node.ssh.port or 22)
             if key in seen:
                 first = seen[key]
                 raise self.error(("nodes", node.rank, "host"),

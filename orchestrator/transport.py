@@ -18,7 +18,7 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Mapping
 
-from .config import NodeConfig
+from .config import NodeConfig, SSHSettings
 from .errors import NodeProblem
 from .plan import quote_path
 
@@ -174,7 +174,8 @@ class SSHProcess(RemoteProcess):
 
 
 class SSHTransport(Transport):
-    """Fabric supplies connection settings, ~/.ssh/config and gateways; we add strict host keys."""
+    """Fabric supplies connection settings, the SSH config (HostName, User, Port, IdentityFile,
+    ProxyJump) and gateways; we add strict host keys on every hop and bounded timeouts."""
 
     def __init__(self, node: NodeConfig):
         super().__init__(node)
@@ -185,17 +186,15 @@ class SSHTransport(Transport):
         from fabric import Connection
 
         ssh = self.node.ssh
-        kwargs = {"banner_timeout": ssh.connect_timeout, "auth_timeout": ssh.connect_timeout}
-        if ssh.identity_file:
-            kwargs["key_filename"] = [ssh.identity_file]
-        conn = Connection(self.node.host, user=ssh.user, port=ssh.port,
-                          connect_timeout=max(1, round(ssh.connect_timeout)), connect_kwargs=kwargs)
-        if os.path.isfile(ssh.known_hosts):
-            conn.client.load_host_keys(ssh.known_hosts)
-        if os.path.isfile(SYSTEM_KNOWN_HOSTS):
-            conn.client.load_system_host_keys(SYSTEM_KNOWN_HOSTS)
-        # Fabric installs AutoAddPolicy; replace it before connecting: unknown keys are refused.
-        conn.client.set_missing_host_key_policy(_RejectUnknownHost(self.node, ssh.known_hosts))
+        conn = Connection(self.node.host, user=ssh.user, port=ssh.port, config=fabric_config(ssh),
+                          connect_timeout=max(1, round(ssh.connect_timeout)))
+        for hop in _hops(conn):  # a jump host's key is checked as strictly as the node's own
+            if os.path.isfile(ssh.known_hosts):
+                hop.client.load_host_keys(ssh.known_hosts)
+            if os.path.isfile(SYSTEM_KNOWN_HOSTS):
+                hop.client.load_system_host_keys(SYSTEM_KNOWN_HOSTS)
+            # Fabric installs AutoAddPolicy; replace it before connecting: unknown keys are refused.
+            hop.client.set_missing_host_key_policy(_RejectUnknownHost(self.node, ssh.known_hosts, jump=hop is not conn))
         try:
             conn.open()
         except Exception as e:  # noqa: BLE001 - every failure becomes one clear message
@@ -216,6 +215,38 @@ class SSHTransport(Transport):
             self.conn.close()
 
 
+def fabric_config(ssh: SSHSettings):
+    """Fabric settings every hop inherits (gateways are built from a clone): timeouts, and the
+    cluster file's identity file, which OpenSSH would also offer to a jump host."""
+    from fabric import Config
+
+    kwargs = {"banner_timeout": ssh.connect_timeout, "auth_timeout": ssh.connect_timeout}
+    if ssh.identity_file:
+        kwargs["key_filename"] = [ssh.identity_file]
+    overrides = {"timeouts": {"connect": max(1, round(ssh.connect_timeout))}, "connect_kwargs": kwargs}
+    return Config(runtime_ssh_path=ssh.config_file, overrides=overrides)
+
+
+def _hops(conn) -> list:
+    """The connection and every ProxyJump gateway in front of it."""
+    hops = [conn]
+    while not isinstance(conn.gateway, (str, type(None))):
+        conn = conn.gateway
+        hops.append(conn)
+    return hops
+
+
+def ssh_hostnames(nodes: list[NodeConfig]) -> dict[str, str]:
+    """SSH config aliases among the nodes' hosts -> their HostName (what other nodes can reach)."""
+    found = {}
+    for node in nodes:
+        if node.transport == "ssh":
+            hostname = fabric_config(node.ssh).base_ssh_config.lookup(node.host).get("hostname", node.host)
+            if hostname != node.host:
+                found[node.host] = hostname
+    return found
+
+
 class UnknownHostKey(Exception):
     def __init__(self, problem: NodeProblem):
         super().__init__(problem.what)
@@ -225,17 +256,19 @@ class UnknownHostKey(Exception):
 class _RejectUnknownHost:
     """Like OpenSSH's StrictHostKeyChecking=yes, but the refusal says how to fix it."""
 
-    def __init__(self, node: NodeConfig, known_hosts: str):
+    def __init__(self, node: NodeConfig, known_hosts: str, jump: bool = False):
         self.node = node
         self.known_hosts = known_hosts
+        self.jump = jump  # the key belongs to a ProxyJump hop in front of the node
 
     def missing_host_key(self, client, hostname, key):
         digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
-        port = self.node.ssh.port
-        target = hostname if port == 22 else f"-p {port} {self.node.host}"
+        host, _, port = hostname.lstrip("[").partition("]:")  # paramiko names a non-22 port "[host]:port"
+        target = f"-p {port} {host}" if port else host
+        hop = f" of jump host {host}" if self.jump else ""
         raise UnknownHostKey(NodeProblem(
             self.node.label,
-            f"unknown host key ({key.get_name()} SHA256:{digest}); refusing to connect",
+            f"unknown host key{hop} ({key.get_name()} SHA256:{digest}); refusing to connect",
             f"verify the fingerprint with the node's admin, then add it: "
             f"ssh-keyscan {target} >> {self.known_hosts}"))
 
@@ -243,7 +276,7 @@ class _RejectUnknownHost:
 def describe_connect_error(node: NodeConfig, e: Exception, paramiko) -> NodeProblem:
     """Map whatever the SSH stack raised to one reason and one fix."""
     ssh = node.ssh
-    where = f"{ssh.user + '@' if ssh.user else ''}{node.host}:{ssh.port}"
+    where = f"{ssh.user + '@' if ssh.user else ''}{node.host}:{ssh.port or 22}"
     if isinstance(e, UnknownHostKey):
         return e.problem
     if isinstance(e, paramiko.BadHostKeyException):

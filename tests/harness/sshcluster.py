@@ -122,6 +122,26 @@ class SSHCluster:
                 subprocess.run(["ip", "-n", node.name, "-batch", "-"], input=batch, check=True,
                                capture_output=True, text=True, timeout=30)
 
+    def start_loopback_sshd(self, node: Node, port: int) -> None:
+        """A second sshd inside ``node`` that listens on its 127.0.0.1 only: from outside, the only
+        way in is through the node's own sshd (a jump host). Stopped by down() with the node."""
+        name = f"{node.name}-lo{port}"
+        config = self.run_dir / f"{name}.sshd_config"
+        main = (self.run_dir / f"{node.name}.sshd_config").read_text()
+        config.write_text(main.replace(f"ListenAddress {node.addr}", f"ListenAddress 127.0.0.1:{port}")
+                          .replace(f"{node.name}.pid", f"{name}.pid"))
+        _run(SSHD, "-t", "-f", str(config))
+        _run("ip", "netns", "exec", node.name, SSHD, "-f", str(config), "-E", str(self.run_dir / f"{name}.log"))
+        deadline = time.monotonic() + 10
+        while "LISTEN" not in _run("ip", "netns", "exec", node.name, "ss", "-ltnH", f"sport = :{port}").stdout:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: sshd not listening on 127.0.0.1:{port}")
+            time.sleep(0.05)
+
+    def host_key_line(self, host: str) -> str:
+        """A known_hosts line for ``host`` (``[127.0.0.1]:2222`` form for other ports)."""
+        return f"{host} " + " ".join(Path(f"{self.host_key}.pub").read_text().split()[:2]) + "\n"
+
     def _wait_listening(self, node: Node, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
         while True:

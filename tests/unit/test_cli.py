@@ -27,7 +27,7 @@ def test_dry_run_connects_to_nothing(tmp_path, capsys):
     c.write_text("nodes: [{host: 192.0.2.1, gpus: 2}, {host: 192.0.2.2, gpus: 1}]\n")  # TEST-NET: never dialed
     assert main_up(["--dry-run", "--job-id", "J", str(c), "t.py", "a b"]) == 0
     out = capsys.readouterr().out
-    assert "# node 1 192.0.2.2 (ssh 192.0.2.2 -p 22), ranks 2-2" in out
+    assert "# node 1 192.0.2.2 (ssh 192.0.2.2), ranks 2-2" in out
     assert "--node-rank=1 --master-addr=192.0.2.1 '--master-port=<auto: a free port on the master>'" in out
     assert out.rstrip().endswith("t.py 'a b'")
 

@@ -108,3 +108,13 @@ def test_unreadable_file(tmp_path):
 
     with pytest.raises(ConfigError, match="cannot read cluster file: No such file or directory"):
         load_cluster(str(tmp_path / "missing.yaml"))
+
+
+def test_ssh_config_aliases_give_way_to_their_hostname_where_other_nodes_need_an_address(tmp_path):
+    cfg = parse_cluster("ssh: {config_file: my_ssh_config}\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1, addr: x},"
+                        " {host: c, gpus: 1}]\n", str(tmp_path / "c.yaml"))
+    assert cfg.nodes[0].ssh.config_file == str(tmp_path / "my_ssh_config")  # beside the cluster file
+    assert cfg.nodes[0].ssh.port is None  # unset: the SSH config's Port, else 22
+    real = cfg.with_addresses({"a": "10.0.0.1", "b": "10.0.0.2"})
+    assert [n.addr for n in real.nodes] == ["10.0.0.1", "x", "c"]  # an explicit addr is kept
+    assert real.master_addr == "10.0.0.1" and [n.host for n in real.nodes] == ["a", "b", "c"]
