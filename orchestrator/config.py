@@ -6,6 +6,7 @@ so a typo is fixed in seconds instead of showing up as a hang at rendezvous.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
@@ -24,7 +25,10 @@ SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout", "
 # Keys valid at the top level and overridable per node.
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus")
 NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
-TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", "launcher", *SHARED_KEYS)
+TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", "launcher", "env_file",
+            "forward_env", "secrets", *SHARED_KEYS)
+# Names whose values are masked even if `secrets:` does not list them.
+DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
 LAUNCHERS = ("torchrun", "legacy")
 MASTER_KEYS = ("addr", "port")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -74,6 +78,16 @@ class ClusterConfig:
     cluster_id: str = field(default="")
     hang_timeout: float | None = None  # off unless set
     launcher: str = "torchrun"  # "legacy": also pass --local_rank=N, as torch.distributed.launch did
+    secrets: tuple[str, ...] = DEFAULT_SECRETS  # name globs whose values are never shown
+
+    def is_secret(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name.upper(), p.upper()) for p in self.secrets)
+
+    @property
+    def secret_values(self) -> frozenset[str]:
+        """Values to mask wherever ddp-up prints (dry-run, logs, dashboard); short ones are left
+        alone, since masking "1" everywhere would hide more than it protects."""
+        return frozenset(v for n in self.nodes for k, v in n.env.items() if self.is_secret(k) and len(v) >= 4)
 
     @property
     def auto_gpus(self) -> list[NodeConfig]:
@@ -110,20 +124,22 @@ def load_cluster(path: str | None, source: NodeSource | None = None) -> ClusterC
     ConfigError naming file, line and key."""
     if path is None:
         assert source is not None, "nodes come from a cluster file or another source"
-        return parse_cluster("", source.path or source.name, source)
+        return parse_cluster("", source.path or source.name, source, os.environ)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise ConfigError(path, None, "", f"cannot read cluster file: {e.strerror}") from None
-    return parse_cluster(text, path, source)
+    return parse_cluster(text, path, source, os.environ)
 
 
-def parse_cluster(text: str, path: str = "<cluster>", source: NodeSource | None = None) -> ClusterConfig:
+def parse_cluster(text: str, path: str = "<cluster>", source: NodeSource | None = None,
+                  environ: Mapping[str, str] | None = None) -> ClusterConfig:
+    """``environ`` is where `forward_env:` takes values from (load_cluster: this process's)."""
     data, lines = _load_yaml(text, path)
     if source is not None:
         data = _with_source(data, lines, path, source)
-    return _Validator(path, lines).cluster(data)
+    return _Validator(path, lines, environ or {}).cluster(data)
 
 
 def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource) -> Any:
@@ -196,10 +212,12 @@ def _key_path(at: tuple) -> str:
 # --- validation ---------------------------------------------------------------------------------
 
 class _Validator:
-    def __init__(self, path: str, lines: dict[tuple, int]):
+    def __init__(self, path: str, lines: dict[tuple, int], environ: Mapping[str, str]):
         self.path = path
         self.lines = lines
+        self.environ = environ
         self.base_dir = os.path.dirname(os.path.abspath(path))
+        self.base_env: dict[str, str] = {}  # env_file, then forward_env: under every node's env
 
     def error(self, at: tuple, message: str) -> ConfigError:
         line = None
@@ -215,6 +233,7 @@ class _Validator:
         top = self.mapping(data, (), TOP_KEYS)
         ssh_top = self.mapping(top.get("ssh", {}), ("ssh",), SSH_KEYS)
         master = self.mapping(top.get("master", {}), ("master",), MASTER_KEYS)
+        self.base_env = {**self.env_file(top.get("env_file")), **self.forwarded(top.get("forward_env", []))}
         raw_nodes = top.get("nodes")
         if raw_nodes is None:
             raise self.error(("nodes",), "missing: list the nodes, e.g. `nodes: [{host: gpu-a, gpus: 8}]`")
@@ -233,6 +252,7 @@ class _Validator:
             hang_timeout=None if top.get("hang_timeout") is None else
             self.positive(top["hang_timeout"], ("hang_timeout",)),
             launcher=self.choice(top.get("launcher", "torchrun"), ("launcher",), LAUNCHERS),
+            secrets=(*self.names(top.get("secrets", []), ("secrets",)), *DEFAULT_SECRETS),
         )
 
     def node(self, i: int, raw: Any, top: dict, ssh_top: dict) -> NodeConfig:
@@ -294,8 +314,54 @@ class _Validator:
             config_file=None if config_file is None else self.file_path(config_file, f_at),
         )
 
+    def names(self, value: Any, at: tuple) -> list[str]:
+        """A list of variable names or globs (``WANDB_*``)."""
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise self.error(at, "must be a list of variable names or globs, e.g. [WANDB_*, HF_TOKEN]")
+        return value
+
+    def forwarded(self, value: Any) -> dict[str, str]:
+        """`forward_env:` from this machine's environment: named variables must be set here;
+        a glob may match none. Never the whole environment."""
+        found: dict[str, str] = {}
+        for pattern in self.names(value, ("forward_env",)):
+            if not any(c in pattern for c in "*?["):
+                if pattern not in self.environ:
+                    raise self.error(("forward_env",), f"{pattern} is not set in this environment; set it "
+                                                       "before running ddp-up, or remove it")
+                found[pattern] = self.environ[pattern]
+            elif pattern.strip("*") == "":
+                raise self.error(("forward_env",), "refusing to forward the whole environment; name the variables")
+            else:
+                found.update({k: v for k, v in self.environ.items() if fnmatch.fnmatchcase(k, pattern)})
+        return found
+
+    def env_file(self, value: Any) -> dict[str, str]:
+        """`env_file:` in dotenv form: NAME=value lines, `export ` allowed, # comments, quotes."""
+        if value is None:
+            return {}
+        path = self.file_path(value, ("env_file",))
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise self.error(("env_file",), f"cannot read {path}: {e.strerror}") from None
+        found = {}
+        for number, raw in enumerate(text.splitlines(), start=1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, eq, val = line.removeprefix("export ").partition("=")
+            name, val = name.strip(), val.strip()
+            if not eq or not ENV_NAME.match(name):
+                raise ConfigError(path, number, "", f"expected NAME=value, got {raw.strip()!r}")
+            if len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"":
+                val = val[1:-1]
+            found[name] = val
+        return found
+
     def env(self, top_env: Any, node_env: Any, at: tuple) -> Mapping[str, str]:
-        merged: dict[str, str] = {}
+        merged: dict[str, str] = dict(self.base_env)
         for raw, where in ((top_env, ("env",)), (node_env, at + ("env",))):
             if not isinstance(raw, dict):
                 raise self.error(where, "must be a mapping of NAME: value")

@@ -314,6 +314,8 @@ class Job:
             self._set(event.node, "ready")
 
     def _lines(self, event: Lines) -> None:
+        if self.plan.secrets:  # before anything keeps or shows a line
+            event = Lines(event.node, [line._replace(text=self.plan.mask(line.text)) for line in event.lines])
         status = self.status[event.node]
         for line in event.lines:
             if line.rank is None and line.stream != "node":

@@ -59,6 +59,13 @@ class LaunchPlan:
     stop_grace: float
     hang_timeout: float | None = None
     launcher: str = "torchrun"
+    secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
+
+    def mask(self, text: str) -> str:
+        for value in self.secrets:
+            if value in text:
+                text = text.replace(value, "***")
+        return text
 
     @property
     def world_size(self) -> int:
@@ -122,7 +129,7 @@ class LaunchPlan:
         parts = [f"cd {quote_path(node.workdir or '~')}", "&&", "env"]
         parts += [f"{k}={display_quote(v)}" for k, v in env.items()]
         parts += [quote_path(argv[0]), *(display_quote(a) for a in argv[1:])]
-        return " ".join(parts)
+        return self.mask(" ".join(parts))
 
 
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
@@ -148,6 +155,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         stop_grace=config.stop_grace,
         hang_timeout=hang_timeout if hang_timeout is not None else config.hang_timeout,
         launcher=config.launcher,
+        secrets=config.secret_values,
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness.runner import ddp_check, ddp_kill, ddp_up
+from tests.harness.runner import ddp_check, ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
 
 
@@ -61,3 +61,24 @@ def test_old_style_script_gets_local_rank_only_from_the_legacy_launcher(cluster_
         assert code == 0, out
         for rank, local in ((0, 0), (1, 1), (2, 0)):
             assert f"LEGACY rank={rank} local_rank_arg={shown(local)} local_rank_env={local} tag=a b" in out, out
+
+
+def test_env_file_forwarded_variables_and_secrets(cluster_file, tmp_path, monkeypatch):
+    token = "hf_s3cr3t_value_123"
+    (tmp_path / "job.env").write_text("# from the team's .env\nexport FROM_FILE='file value'\nHF_TOKEN=overridden\n")
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setenv("WANDB_PROJECT", "demo")
+    monkeypatch.setenv("NOT_FORWARDED", "local only")
+    path = cluster_file([(0, 1), (1, 1)], env_file="job.env", forward_env=["HF_TOKEN", "WANDB_*"])
+    code, out, _ = ddp_up(str(path), SCRIPT, "env", "FROM_FILE", "HF_TOKEN", "WANDB_PROJECT", "NOT_FORWARDED")
+    assert code == 0, out
+    for rank in (0, 1):
+        assert re.search(rf"r{rank} +\| ENV FROM_FILE=file value$", out, re.M), out
+        assert re.search(rf"r{rank} +\| ENV HF_TOKEN=\*\*\*$", out, re.M), out  # forwarded, and masked
+        assert re.search(rf"r{rank} +\| ENV WANDB_PROJECT=demo$", out, re.M), out
+        assert re.search(rf"r{rank} +\| ENV NOT_FORWARDED=<unset>$", out, re.M), out
+    job = re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
+    logs = "".join(p.read_text() for p in run_dir(job).glob("*"))
+    assert "ENV HF_TOKEN=***" in logs and token not in logs and token not in out
+    code, out, _ = ddp_up("--dry-run", str(path), SCRIPT, "env")
+    assert code == 0 and "HF_TOKEN=***" in out and token not in out, out

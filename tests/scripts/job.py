@@ -5,6 +5,7 @@
   job.py hang             last rank blocks in all_reduce (block_forever), others sleep (wait_for_peers)
   job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
   job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
+  job.py env NAME...      every rank prints ENV NAME=value for each (no torch)
 """
 
 import datetime
@@ -102,6 +103,10 @@ def main():
         if rank == dist.get_world_size() - 1:
             block_forever(dist)
         wait_for_peers()
+    if mode == "env":  # job.py env NAME...: print each variable as this process sees it
+        for name in rest:
+            print(f"ENV {name}={os.environ.get(name, '<unset>')}", flush=True)
+        finish(0)
     if mode == "argv":
         dist, rank = init()
         if rank == 0:

@@ -118,3 +118,33 @@ def test_ssh_config_aliases_give_way_to_their_hostname_where_other_nodes_need_an
     real = cfg.with_addresses({"a": "10.0.0.1", "b": "10.0.0.2"})
     assert [n.addr for n in real.nodes] == ["10.0.0.1", "x", "c"]  # an explicit addr is kept
     assert real.master_addr == "10.0.0.1" and [n.host for n in real.nodes] == ["a", "b", "c"]
+
+
+def test_env_file_then_forwarded_then_env_and_secrets_are_masked(tmp_path):
+    (tmp_path / "team.env").write_text('# comment\nexport A="from file"\nB=file\nAPI_KEY=k-123456\n')
+    text = ("env_file: team.env\nforward_env: [HF_TOKEN, 'WANDB_*']\nsecrets: [MY_PASS*]\nenv: {B: top}\n"
+            "nodes: [{host: a, gpus: 1, env: {MY_PASSPHRASE: swordfish}}]\n")
+    environ = {"HF_TOKEN": "hf_abcdef", "WANDB_PROJECT": "p", "WANDB_MODE": "offline", "HOME": "/root"}
+    cfg = parse_cluster(text, str(tmp_path / "c.yaml"), environ=environ)
+    assert dict(cfg.nodes[0].env) == {"A": "from file", "B": "top", "API_KEY": "k-123456", "HF_TOKEN": "hf_abcdef",
+                                      "WANDB_PROJECT": "p", "WANDB_MODE": "offline", "MY_PASSPHRASE": "swordfish"}
+    assert cfg.secret_values == {"k-123456", "hf_abcdef", "swordfish"}  # *_KEY and *TOKEN* by default
+
+
+@pytest.mark.parametrize("text,message", [
+    ("forward_env: [HF_TOKEN]\n", "c.yaml:1: forward_env: HF_TOKEN is not set in this environment"),
+    ("forward_env: ['*']\n", "c.yaml:1: forward_env: refusing to forward the whole environment"),
+    ("forward_env: HF_TOKEN\n", "c.yaml:1: forward_env: must be a list of variable names or globs"),
+    ("env_file: nope.env\n", "c.yaml:1: env_file: cannot read"),
+])
+def test_bad_environment_settings(tmp_path, text, message):
+    with pytest.raises(ConfigError) as info:
+        parse_cluster(text + "nodes: [{host: a, gpus: 1}]\n", "c.yaml", environ={})
+    assert str(info.value).startswith(message)
+
+
+def test_bad_env_file_names_its_line(tmp_path):
+    (tmp_path / "x.env").write_text("A=1\nthis is not an assignment\n")
+    with pytest.raises(ConfigError) as info:
+        parse_cluster("env_file: x.env\nnodes: [{host: a, gpus: 1}]\n", str(tmp_path / "c.yaml"))
+    assert str(info.value) == f"{tmp_path}/x.env:2: expected NAME=value, got 'this is not an assignment'"
