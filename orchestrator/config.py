@@ -23,7 +23,7 @@ Transport = Literal["ssh", "local"]
 
 SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout", "config_file")
 # Keys valid at the top level and overridable per node.
-SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus")
+SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", "launcher", "env_file",
             "forward_env", "secrets", *SHARED_KEYS)
@@ -61,6 +61,7 @@ class NodeConfig:
     env: Mapping[str, str]
     ssh: SSHSettings
     line: int | None = None
+    setup: tuple[str, ...] = ()  # shell lines run before the agent, in the same bash (see transport)
 
     @property
     def label(self) -> str:
@@ -289,6 +290,7 @@ class _Validator:
             env=self.env(top.get("env", {}), own.get("env", {}), at),
             ssh=self.ssh(own, ssh_top, at),
             line=self.lines.get(at),
+            setup=self.commands(*pick("setup", [])),
         )
 
     def ssh(self, own: dict, ssh_top: dict, at: tuple) -> SSHSettings:
@@ -313,6 +315,13 @@ class _Validator:
             connect_timeout=self.positive(timeout, c_at),
             config_file=None if config_file is None else self.file_path(config_file, f_at),
         )
+
+    def commands(self, value: Any, at: tuple) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise self.error(at, "must be a shell command or a list of them, e.g. [source ~/venv/bin/activate]")
+        return tuple(value)
 
     def names(self, value: Any, at: tuple) -> list[str]:
         """A list of variable names or globs (``WANDB_*``)."""

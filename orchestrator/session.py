@@ -43,7 +43,7 @@ class NodeSession:
             if self._cancelled.is_set():
                 raise ConnectFailed(NodeProblem(self.node.label, "cancelled while connecting"))
             self.proc = self.transport.start(self.node.config.python, protocol.bootstrap_args(),
-                                             self.node.tags(self.plan))
+                                             self.node.tags(self.plan), self.node.config.setup, self.node.workdir)
         except ConnectFailed as e:
             self.post(SetupFailed(self.node.index, e.problem))
             return

@@ -67,8 +67,11 @@ class Transport(ABC):
         """Open the connection; raise ConnectFailed with a user-facing reason and fix."""
 
     @abstractmethod
-    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str]) -> RemoteProcess:
-        """Run ``python -u -c BOOTSTRAP ARGS`` on the node with ``tags`` in its environment."""
+    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
+              setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
+        """Run ``python -u -c BOOTSTRAP ARGS`` on the node with ``tags`` in its environment,
+        after the ``setup`` commands (in ``workdir``, in the same shell, so what they export and
+        activate is the agent's and the job's environment)."""
 
     def close(self) -> None:
         """Drop the connection (idempotent)."""
@@ -123,10 +126,14 @@ class LocalTransport(Transport):
     def connect(self) -> None:
         pass
 
-    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str]) -> RemoteProcess:
+    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
+              setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
         env = {**os.environ, **tags}
+        argv = [os.path.expanduser(python), "-u", *bootstrap_args]
+        if setup:
+            argv = ["bash", "-c", setup_script(setup, workdir, shlex.join(["exec", *argv]))]
         try:
-            proc = subprocess.Popen([os.path.expanduser(python), "-u", *bootstrap_args], env=env,
+            proc = subprocess.Popen(argv, env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)  # Ctrl-C reaches ddp-up only
         except OSError as e:
@@ -203,9 +210,12 @@ class SSHTransport(Transport):
         conn.transport.set_keepalive(5)
         self.conn = conn
 
-    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str]) -> RemoteProcess:
+    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
+              setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tags.items())
         command = f"exec env {env} {quote_path(python)} -u {' '.join(shlex.quote(a) for a in bootstrap_args)}"
+        if setup:  # bash, whatever the login shell: setup lines are written for it (`source`)
+            command = "exec bash -c " + shlex.quote(setup_script(setup, workdir, command))
         channel = self.conn.transport.open_session(timeout=self.node.ssh.connect_timeout)
         channel.exec_command(command)
         return SSHProcess(channel)
@@ -213,6 +223,21 @@ class SSHTransport(Transport):
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
+
+
+SETUP_FAILED = 96  # the exit status of the agent's shell when a setup command failed
+SETUP_MARK = "ddp-up: setup command"
+
+
+def setup_script(setup: tuple[str, ...], workdir: str | None, then: str) -> str:
+    """bash: run each setup command in ``workdir``, stop at the first failure with its number
+    and status, else ``then`` (an exec). Setup commands get no stdin (the agent's source arrives
+    there) and write to stderr (stdout carries the agent's frames)."""
+    lines = [f"cd {quote_path(workdir or '~')} 2>/dev/null || true"]
+    for i, command in enumerate(setup, start=1):
+        lines.append(f"{{ {command}\n}} </dev/null >&2 || {{ echo \"{SETUP_MARK} {i} failed with status $?\" >&2; "
+                     f"exit {SETUP_FAILED}; }}")
+    return "\n".join([*lines, then])
 
 
 def fabric_config(ssh: SSHSettings):

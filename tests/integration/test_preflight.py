@@ -99,3 +99,19 @@ def test_gpus_auto_takes_the_count_the_job_would_see(cluster, cluster_file):
     code, out, _ = ddp_up(str(path), SCRIPT, "run")
     assert code == 0, out
     assert re.search(r"r2 +\| READY rank=2 world=4", out) and "READY rank=3 world=4" in out, out
+
+
+def test_setup_commands_shape_the_job_environment_and_a_failure_stops_everything(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 1)], setup=["read -r line || true",  # must not eat the agent's source
+                                                  "echo 'W O 0 99999'",  # nor print into its frames
+                                                  "export FROM_SETUP=yes-$(hostname)"])
+    code, out, _ = ddp_up(str(path), SCRIPT, "env", "FROM_SETUP")
+    assert code == 0 and re.search(r"~ W O 0 99999$", out, re.M), out  # shown as the node's own output
+    for i, node in enumerate(cluster.nodes[:2]):
+        assert re.search(rf"r{i} +\| ENV FROM_SETUP=yes-{node.name}$", out, re.M), out
+    with_node_keys(path, cluster, 1, "  setup: ['echo preparing', 'ls /no/such/dir', 'echo never']")
+    code, out, seconds = ddp_up(str(path), SCRIPT, "run")
+    assert code == 3, out
+    assert re.search(rf"{cluster.nodes[1].addr}: setup command 2 `ls /no/such/dir` failed with status 2: "
+                     r".*No such file or directory", out), out
+    assert "READY" not in out and "never" not in out

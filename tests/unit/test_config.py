@@ -148,3 +148,11 @@ def test_bad_env_file_names_its_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         parse_cluster("env_file: x.env\nnodes: [{host: a, gpus: 1}]\n", str(tmp_path / "c.yaml"))
     assert str(info.value) == f"{tmp_path}/x.env:2: expected NAME=value, got 'this is not an assignment'"
+
+
+def test_setup_is_a_command_or_a_list_and_a_node_replaces_the_top_level():
+    cfg = parse_cluster("setup: source ~/venv/bin/activate\nnodes: [{host: a, gpus: 1},"
+                        " {host: b, gpus: 1, setup: [module load cuda, 'export X=1']}]\n")
+    assert [n.setup for n in cfg.nodes] == [("source ~/venv/bin/activate",), ("module load cuda", "export X=1")]
+    with pytest.raises(ConfigError, match="setup: must be a shell command or a list of them"):
+        parse_cluster("setup: [1]\nnodes: [{host: a, gpus: 1}]\n")
