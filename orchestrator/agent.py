@@ -48,6 +48,7 @@ KILL_WAIT = 3.0  # after SIGKILL, how long to wait for the kernel to reap before
 # workers' PYTHONPATH registers faulthandler for a real-time signal (SIGUSR1 is often the
 # application's own, e.g. for requeueing) and then loads any other sitecustomize on the path.
 DUMP_SIGNAL = signal.SIGRTMIN + 7
+PYSPY_TIMEOUT = 20.0  # seconds for one py-spy dump
 DUMP_HOOK = """import faulthandler, importlib.machinery, importlib.util, os, sys
 faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up: stack dump when a job looks hung
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -533,14 +534,40 @@ class Runner:
                 return self.stop(arg, force=(kind == "kill"))
 
     def dump_stacks(self):
-        """Signal every worker that registered the dump hook; the stacks go to its stderr."""
-        dumped = []
+        """Every worker's Python stack into its stderr stream, then ``Y``: with py-spy where the
+        job's PATH has it (no hook needed, works on any frame), else by the dump hook's signal.
+        On a thread, so heartbeats go on while py-spy attaches."""
+        threading.Thread(target=self._dump_stacks, name="dump", daemon=True).start()
+
+    def _dump_stacks(self):
+        pyspy = shutil.which("py-spy", path=self.job_env().get("PATH", os.defpath))
+        workers = []
         for proc in find_tagged(self.match):
             rank = read_environ_value(proc["pid"], b"RANK")
-            if rank is not None and catches(proc["pid"], DUMP_SIGNAL):
-                if signal_tagged(proc["pid"], DUMP_SIGNAL, self.match):
-                    dumped.append(int(rank))
-        self.out.json(b"Y", {"ranks": sorted(dumped)})
+            local = read_environ_value(proc["pid"], b"LOCAL_RANK")
+            if rank is not None and local is not None:
+                workers.append((proc["pid"], int(rank), int(local)))
+        results = {}
+        threads = [threading.Thread(target=lambda w=w: results.__setitem__(w, self.dump_one(pyspy, *w)), daemon=True)
+                   for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(PYSPY_TIMEOUT + 5)
+        self.out.json(b"Y", {"ranks": sorted(rank for (_, rank, _), ok in results.items() if ok)})
+
+    def dump_one(self, pyspy, pid, rank, local_rank):
+        if pyspy:
+            try:
+                done = subprocess.run([pyspy, "dump", "--pid", str(pid)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=PYSPY_TIMEOUT)
+                if done.returncode == 0:
+                    text = b"ddp-up: py-spy dump of pid %d (rank %d)\n" % (pid, rank) + done.stdout.rstrip(b"\n")
+                    self.tailer.send(b"E", local_rank, text + b"\n")  # as if the worker printed it
+                    return True
+            except (OSError, subprocess.SubprocessError):
+                pass  # e.g. ptrace not allowed here: fall back to the hook
+        return catches(pid, DUMP_SIGNAL) and signal_tagged(pid, DUMP_SIGNAL, self.match)
 
     def stop(self, reason, force):
         """SIGTERM the launcher, wait up to stop_grace, then SIGKILL every tagged survivor."""

@@ -60,11 +60,16 @@ def _timestamp(text: str) -> float | None:
         return None
 
 
-_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')  # faulthandler
+_SPY_FRAME = re.compile(r"^\s+(\S+) \(([^()]+):\d+\)$")  # py-spy dump: "    func (path/file.py:12)"
+_SPY_MAIN = re.compile(r'^Thread \d+ \(\w+\): "MainThread"')
+_DISTRIBUTED = re.compile(r"(^|/)torch/distributed/")
+_TORCH = re.compile(r"(^|/)torch/")
 
 
 class StackReport:
-    """Reads faulthandler dumps (most recent call first) from ranks' stderr lines.
+    """Reads stack dumps (faulthandler's, or py-spy's main thread; most recent call first) from
+    ranks' stderr lines.
 
     For each rank it keeps the innermost torch.distributed function (the collective it waits
     in, if any) and the innermost frame outside torch (the user's code that got there).
@@ -75,17 +80,22 @@ class StackReport:
         self.where: dict[int, str] = {}
 
     def feed(self, rank: int, text: str) -> None:
-        if "(most recent call first)" in text and rank not in self.where:
-            self.collective.setdefault(rank, None)
+        if rank not in self.where and ("(most recent call first)" in text or _SPY_MAIN.match(text)):
+            self.collective.setdefault(rank, None)  # a dump begins (faulthandler; py-spy's main thread)
+            return
+        if rank not in self.collective or rank in self.where:
             return
         m = _FRAME.match(text)
-        if not m or rank not in self.collective or rank in self.where:
+        if m:
+            path, function = m.groups()
+        elif (m := _SPY_FRAME.match(text)):
+            function, path = m.groups()
+        else:
             return
-        path, function = m.groups()
-        if "/torch/distributed/" in path:
+        if _DISTRIBUTED.search(path):
             if self.collective[rank] is None and function != "wrapper":
                 self.collective[rank] = function
-        elif "/torch/" not in path:
+        elif not _TORCH.search(path):
             self.where[rank] = function
 
     def odd_ones_out(self) -> list[int]:

@@ -51,8 +51,8 @@ class NodeSession:
             self.post(SetupFailed(self.node.index, NodeProblem(self.node.label, f"cannot start the agent: {e}")))
             return
         self.last_heard = self.clock()
+        self._stderr_reader = self._spawn(self._read_stderr, "stderr")
         self._spawn(self._read_frames, "frames")
-        self._spawn(self._read_stderr, "stderr")
         # The hello goes first on the wire whatever was queued before it: the agent compiles
         # exactly its source's length of bytes, so a heartbeat ahead of it (the job loop sends
         # one as soon as it sees self.proc) would shift the source and break it.
@@ -83,10 +83,11 @@ class NodeSession:
 
     # --- threads ---
 
-    def _spawn(self, target, name: str) -> None:
+    def _spawn(self, target, name: str) -> threading.Thread:
         t = threading.Thread(target=target, name=f"{self.node.label}-{name}", daemon=True)
         t.start()
         self._threads.append(t)
+        return t
 
     def _write_loop(self, hello: bytes) -> None:
         try:
@@ -121,6 +122,9 @@ class NodeSession:
             self.last_heard = self.clock()
             self._dispatch(reader.feed(chunk))
         status = self.proc.exit_status(timeout=2.0)
+        # The last stderr lines explain an early exit (a failed setup command, python not found):
+        # let the stderr reader reach its end before reporting, or they can miss the report.
+        self._stderr_reader.join(2.0)
         self.post(Closed(self.node.index, status, tuple(self._stderr_tail)))
 
     def _dispatch(self, frames: list[tuple[bytes, object]]) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 from tests.harness import procs
 from tests.harness.runner import ddp_up
@@ -12,7 +14,9 @@ HANG_TIMEOUT = 4
 
 
 def test_hung_collective_is_detected_dumped_and_stopped(cluster, cluster_file):
-    path = cluster_file([(0, 1), (1, 2)], hang_timeout=HANG_TIMEOUT, stop_grace=3)
+    # No py-spy on the job's PATH: the dump hook (faulthandler on a real-time signal) does it.
+    path = cluster_file([(0, 1), (1, 2)], hang_timeout=HANG_TIMEOUT, stop_grace=3,
+                        env={"OMP_NUM_THREADS": 1, "PATH": "/usr/bin:/bin"})
     code, out, seconds = ddp_up(str(path), SCRIPT, "hang", timeout=90)
     assert code == 1, out
     assert f"job looks hung: no output from any rank for {HANG_TIMEOUT}" in out, out
@@ -26,3 +30,17 @@ def test_hung_collective_is_detected_dumped_and_stopped(cluster, cluster_file):
     assert "Error in sitecustomize" not in out
     assert not procs.wait_no_job_processes(None, 10)
 
+
+
+def test_hang_dump_uses_py_spy_when_the_jobs_path_has_it(cluster, cluster_file):
+    bin_dir = os.path.dirname(sys.executable)  # where pip put py-spy (the test extra)
+    assert os.path.exists(os.path.join(bin_dir, "py-spy")), "pip install -e '.[test]' installs py-spy"
+    path = cluster_file([(0, 1), (1, 2)], hang_timeout=HANG_TIMEOUT, stop_grace=3,
+                        env={"OMP_NUM_THREADS": 1, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    code, out, seconds = ddp_up(str(path), SCRIPT, "hang", timeout=90)
+    assert code == 1, out
+    b = re.escape(cluster.nodes[1].addr)
+    assert re.search(rf"^{b}\s+r2\s+! ddp-up: py-spy dump of pid \d+ \(rank 2\)$", out, re.M), out
+    assert re.search(rf"^{b}\s+r2\s+! \s+block_forever \(job\.py:\d+\)$", out, re.M), out
+    assert re.search(r"rank 2 in all_reduce \(from block_forever\); the other 2 rank\(s\) not in a collective", out), out
+    assert not procs.wait_no_job_processes(None, 10)

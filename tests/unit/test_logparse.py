@@ -70,3 +70,26 @@ def test_stack_report_names_the_rank_alone_in_a_collective():
     r2 = StackReport()
     dump(r2, 0, [(C10D, "barrier")])
     assert r2.odd_ones_out() == []  # everyone in the same place: no odd one out
+
+
+PYSPY_DUMP = """\
+Process 21628: /usr/bin/python3 -u /work/job.py hang
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 21700 (idle): "Thread-1 (watch)"
+    wait (threading.py:327)
+Thread 21628 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2812)
+    wrapper (torch/distributed/c10d_logger.py:83)
+    block_forever (job.py:42)
+    main (job.py:110)
+"""
+
+
+def test_stack_report_reads_py_spy_dumps_from_the_main_thread():
+    from orchestrator.logparse import StackReport
+
+    report = StackReport()
+    for line in PYSPY_DUMP.splitlines():
+        report.feed(2, line)
+    assert report.describe(2) == "in all_reduce (from block_forever)"
