@@ -3,6 +3,7 @@ own rusage, and median (min-max) formatting."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness.sshcluster import Node, SSHCluster
+from tests.harness.sshcluster import Node, SSHCluster, available
 
 # The job's environment in every benchmark, baseline or not (the process-group timeout is long
 # enough for 64 ranks on 2 cores, where the last one finishes importing torch a minute late).
@@ -53,6 +54,19 @@ def timed(argv: list[str], timeout: float, **popen) -> Sample:
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen from waiting again
     return Sample(time.monotonic() - t0, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
                   proc.returncode, out.decode(errors="replace"))
+
+
+def cluster_args(doc: str, nodes: str) -> argparse.Namespace:
+    """--nodes (a list of cluster sizes, as ``args.sizes``) and --repeat; exits 2 where this
+    machine cannot host the namespace cluster."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--nodes", default=nodes, help="comma-separated node counts")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    if reason := available():
+        sys.exit(f"cannot run: {reason}")
+    args.sizes = [int(n) for n in args.nodes.split(",")]
+    return args
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:

@@ -14,7 +14,6 @@ Also prints ddp-up's own CPU seconds and peak RSS, and the machine's peak memory
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -23,9 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import JOB_ENV, SCRIPT, Sample, parallel_ssh_script, spread, timed, torchrun_line
+from benchmarks.common import JOB_ENV, SCRIPT, cluster_args, Sample, parallel_ssh_script, spread, timed, torchrun_line
 from tests.harness.runner import CHECK, REPO, UP, _env
-from tests.harness.sshcluster import SSHCluster, available
+from tests.harness.sshcluster import SSHCluster
 
 JOB = ["run", "--steps", "0"]
 FIND_TORCH = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('torch') else 1)"
@@ -97,14 +96,8 @@ def _ok(s: Sample, what: str) -> Sample:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", default="1,4,16,64", help="comma-separated node counts")
-    p.add_argument("--repeat", type=int, default=3)
-    args = p.parse_args()
-    if reason := available():
-        print(f"cannot run: {reason}", file=sys.stderr)
-        return 2
-    sizes = [int(n) for n in args.nodes.split(",")]
+    args = cluster_args(__doc__, nodes="1,4,16,64")
+    sizes = args.sizes
     job: dict[int, list[tuple[Sample, int, Sample, int]]] = {n: [] for n in sizes}
     fan: dict[int, list[tuple[Sample, Sample]]] = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,18 +15,17 @@ Prints median (min-max) seconds to zero processes, and what was left where they 
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import JOB_ENV, SCRIPT, Watched, parallel_ssh_script, spread, torchrun_line
+from benchmarks.common import JOB_ENV, SCRIPT, cluster_args, Watched, parallel_ssh_script, spread, torchrun_line
 from orchestrator.agent import kill_tagged
 from tests.harness import procs
 from tests.harness.runner import REPO, UP, _env
-from tests.harness.sshcluster import SSHCluster, available
+from tests.harness.sshcluster import SSHCluster
 
 LONG_JOB = ["run", "--steps", "100000", "--step-time", "0.2"]
 STARTUP = 300  # bound on a launch reaching step 1 (64 torch imports on 2 cores take a while)
@@ -78,14 +77,8 @@ MODES = {
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", default="4,16")
-    p.add_argument("--repeat", type=int, default=3)
-    args = p.parse_args()
-    if reason := available():
-        print(f"cannot run: {reason}", file=sys.stderr)
-        return 2
-    sizes = [int(n) for n in args.nodes.split(",")]
+    args = cluster_args(__doc__, nodes="4,16")
+    sizes = args.sizes
     results = {(n, m): [] for n in sizes for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         cluster = SSHCluster(max(sizes), Path(tmp) / "cluster").up()
