@@ -358,7 +358,7 @@ def kill_parser() -> argparse.ArgumentParser:
 def main_kill(argv: list[str] | None = None) -> int:
     args = kill_parser().parse_args(sys.argv[1:] if argv is None else argv)
     console = Console(highlight=False, soft_wrap=True)
-    config = _load_or_report(args, "ddp-kill")
+    config = _load_or_report(args, "ddp-kill", forward=False)
     if config is None:
         return EXIT_USAGE
 
@@ -385,7 +385,7 @@ def kill_table(reports: list[SweepReport], dry_run: bool) -> Table:
     return table
 
 
-def _load_or_report(args: argparse.Namespace, prog: str, script_too: bool = False):
+def _load_or_report(args: argparse.Namespace, prog: str, script_too: bool = False, forward: bool = True):
     """The validated cluster (file and/or node option), or None after printing its one error."""
     try:
         source = node_source(args)
@@ -393,7 +393,7 @@ def _load_or_report(args: argparse.Namespace, prog: str, script_too: bool = Fals
             args.cluster, args.script = cluster_and_script(args.cluster, args.script, source is not None)
         if args.cluster is None and source is None:
             raise UsageError(f"{prog} needs CLUSTER.yaml, or the nodes from --hostfile, -H or --slurm")
-        return load_cluster(args.cluster, source)
+        return load_cluster(args.cluster, source, forward=forward)
     except DdpUpError as e:
         Console(stderr=True).print(f"[bold red]{prog}:[/] {_escape(e.render())}")
         return None

@@ -120,27 +120,30 @@ class NodeSource:
     master_port: int | None = None  # a port the source implies (Slurm), unless the file sets one
 
 
-def load_cluster(path: str | None, source: NodeSource | None = None) -> ClusterConfig:
+def load_cluster(path: str | None, source: NodeSource | None = None, forward: bool = True) -> ClusterConfig:
     """Read and validate a cluster file (optional when ``source`` gives the nodes); raise
-    ConfigError naming file, line and key."""
+    ConfigError naming file, line and key. ``forward=False`` (ddp-kill) leaves `forward_env:`
+    unresolved: stopping jobs must not depend on this shell having the job's tokens."""
+    environ = os.environ if forward else None
     if path is None:
         assert source is not None, "nodes come from a cluster file or another source"
-        return parse_cluster("", source.path or source.name, source, os.environ)
+        return parse_cluster("", source.path or source.name, source, environ)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise ConfigError(path, None, "", f"cannot read cluster file: {e.strerror}") from None
-    return parse_cluster(text, path, source, os.environ)
+    return parse_cluster(text, path, source, environ)
 
 
 def parse_cluster(text: str, path: str = "<cluster>", source: NodeSource | None = None,
                   environ: Mapping[str, str] | None = None) -> ClusterConfig:
-    """``environ`` is where `forward_env:` takes values from (load_cluster: this process's)."""
+    """``environ`` is where `forward_env:` takes values from (load_cluster: this process's);
+    None: checked for form only, nothing forwarded."""
     data, lines = _load_yaml(text, path)
     if source is not None:
         data = _with_source(data, lines, path, source)
-    return _Validator(path, lines, environ or {}).cluster(data)
+    return _Validator(path, lines, environ).cluster(data)
 
 
 def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource) -> Any:
@@ -213,7 +216,7 @@ def _key_path(at: tuple) -> str:
 # --- validation ---------------------------------------------------------------------------------
 
 class _Validator:
-    def __init__(self, path: str, lines: dict[tuple, int], environ: Mapping[str, str]):
+    def __init__(self, path: str, lines: dict[tuple, int], environ: Mapping[str, str] | None):
         self.path = path
         self.lines = lines
         self.environ = environ
@@ -333,7 +336,10 @@ class _Validator:
         """`forward_env:` from this machine's environment: named variables must be set here;
         a glob may match none. Never the whole environment."""
         found: dict[str, str] = {}
-        for pattern in self.names(value, ("forward_env",)):
+        patterns = self.names(value, ("forward_env",))
+        if self.environ is None:
+            return found
+        for pattern in patterns:
             if not any(c in pattern for c in "*?["):
                 if pattern not in self.environ:
                     raise self.error(("forward_env",), f"{pattern} is not set in this environment; set it "

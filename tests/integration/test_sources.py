@@ -82,3 +82,6 @@ def test_env_file_forwarded_variables_and_secrets(cluster_file, tmp_path, monkey
     assert "ENV HF_TOKEN=***" in logs and token not in logs and token not in out
     code, out, _ = ddp_up("--dry-run", str(path), SCRIPT, "env")
     assert code == 0 and "HF_TOKEN=***" in out and token not in out, out
+    monkeypatch.delenv("HF_TOKEN")  # a new shell at 3 a.m.: stopping jobs must not need the token
+    code, out = ddp_kill(str(path))
+    assert code == 0, out

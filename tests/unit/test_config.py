@@ -131,6 +131,14 @@ def test_env_file_then_forwarded_then_env_and_secrets_are_masked(tmp_path):
     assert cfg.secret_values == {"k-123456", "hf_abcdef", "swordfish"}  # *_KEY and *TOKEN* by default
 
 
+def test_without_an_environment_forward_env_is_checked_for_form_only():
+    """ddp-kill loads the cluster file too, and must not need the job's tokens in its shell."""
+    cfg = parse_cluster("forward_env: [HF_TOKEN]\nnodes: [{host: a, gpus: 1}]\n", "c.yaml", environ=None)
+    assert "HF_TOKEN" not in cfg.nodes[0].env
+    with pytest.raises(ConfigError, match="must be a list of variable names"):
+        parse_cluster("forward_env: HF_TOKEN\nnodes: [{host: a, gpus: 1}]\n", "c.yaml", environ=None)
+
+
 @pytest.mark.parametrize("text,message", [
     ("forward_env: [HF_TOKEN]\n", "c.yaml:1: forward_env: HF_TOKEN is not set in this environment"),
     ("forward_env: ['*']\n", "c.yaml:1: forward_env: refusing to forward the whole environment"),
