@@ -254,6 +254,14 @@ class Writer:
                 self.idle.set()
 
 
+def join_while_moving(thread, writer, stall_timeout):
+    """Wait for a relaying thread to end, as long as the writer keeps making progress."""
+    while thread.is_alive():
+        thread.join(0.5)
+        if time.monotonic() - writer.last_activity > stall_timeout:
+            return
+
+
 def pump(fd, kind, writer):
     """Relay the launcher's own stream to the controller, a whole line per frame, batched per read."""
     rest = b""
@@ -302,10 +310,7 @@ class Tailer:
     def finish(self, stall_timeout):
         """After the workers are gone: relay what is left, as long as relaying makes progress."""
         self.done.set()
-        while self.thread.is_alive():
-            self.thread.join(0.5)
-            if time.monotonic() - self.out.last_activity > stall_timeout:
-                return
+        join_while_moving(self.thread, self.out, stall_timeout)
 
     def run(self):
         scanned = 0.0
@@ -607,10 +612,7 @@ class Runner:
         # stalled connection: orphan_timeout).
         stall = self.spec["orphan_timeout"]
         for t in self.pumps:
-            while t.is_alive():
-                t.join(0.5)
-                if time.monotonic() - self.out.last_activity > stall:
-                    break  # no line moved for orphan_timeout: a held pipe, or a dead connection
+            join_while_moving(t, self.out, stall)  # stuck: a held pipe, or a dead connection
         if self.tailer is not None:
             self.tailer.finish(stall)
         self.out.json(b"X", {"code": code, "signal": signal_name(code), "stopped": stopped, "reason": reason,

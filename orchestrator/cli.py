@@ -22,7 +22,7 @@ from .detect import resolve_auto_gpus
 from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, ConfigError, DdpUpError,
                      Interrupted, SetupError, UsageError)
 from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
-from .job import Job
+from .job import Job, torch_versions
 from .outcome import JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
 from .transport import ssh_hostnames
@@ -99,10 +99,14 @@ def node_source(args: argparse.Namespace) -> NodeSource | None:
     return None
 
 
+def _is_cluster_file(arg: str) -> bool:
+    return arg.endswith((".yaml", ".yml"))
+
+
 def cluster_and_script(first: str | None, second: str | None, has_source: bool) -> tuple[str | None, str | None]:
     """With nodes from elsewhere the cluster file is optional: a lone positional is the script
     unless it names a .yaml/.yml file."""
-    if has_source and second is None and first is not None and not first.endswith((".yaml", ".yml")):
+    if has_source and second is None and first is not None and not _is_cluster_file(first):
         return None, first
     return first, second
 
@@ -127,7 +131,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
         elif not arg.startswith("-") or arg == "-":
             positionals += 1
             if positionals == 1 and any(f in ours for f in NODE_SOURCE_FLAGS) \
-                    and not arg.endswith((".yaml", ".yml")):
+                    and not _is_cluster_file(arg):
                 wanted = 1  # no cluster file: this is the script
         i += 1
     return ours, argv[i:]
@@ -161,8 +165,7 @@ def main_up(argv: list[str] | None = None) -> int:
         return run_job(plan, view_class(plan, console, ranks=ranks, collapse=args.collapse),
                        RunLogs(plan, args.runs_dir), preflight=args.preflight)
     except DdpUpError as e:
-        err.print(f"[bold red]ddp-up:[/] {_escape(e.render())}")
-        return e.exit_code
+        return _report("ddp-up", e)
     except Interrupted as e:  # before any job existed: nothing to stop
         return 128 + e.signum
     except Exception:  # noqa: BLE001 - a bug: show it, and say what happened to the job
@@ -296,8 +299,7 @@ def main_check(argv: list[str] | None = None) -> int:
     try:
         config = _resolve_nodes(config)
     except SetupError as e:
-        Console(stderr=True).print(f"[bold red]ddp-check:[/] {_escape(e.render())}")
-        return e.exit_code
+        return _report("ddp-check", e)
     except Interrupted:
         return 130
     plan = make_plan(config, args.script or "", [], new_job_id(), os.getcwd())
@@ -316,11 +318,6 @@ def main_check(argv: list[str] | None = None) -> int:
     return EXIT_SETUP if problems else EXIT_OK
 
 
-def _torch_cell(info: dict) -> str:
-    extra = [f"{name} {info[key]}" for key, name in (("cuda", "CUDA"), ("nccl", "NCCL")) if info.get(key)]
-    return " ".join([info.get("torch") or "-", *extra])
-
-
 def check_table(statuses, problems, master_port) -> Table:
     by_node: dict[str, list] = {}
     for p in problems:
@@ -333,7 +330,7 @@ def check_table(statuses, problems, master_port) -> Table:
         info = s.info
         table.add_row(
             str(s.plan.index), s.plan.label, Text("✗", style="bold red") if mine else Text("✓", style="green"),
-            _torch_cell(info), info.get("python") or "-", str(info.get("gpus", "-")),
+            torch_versions(info), info.get("python") or "-", str(info.get("gpus", "-")),
             "-" if s.clock_skew is None else f"{s.clock_skew:+.2f} s",
             "-" if "disk_free" not in info else f"{info['disk_free'] / 2**30:.1f} GiB")
     return table
@@ -395,8 +392,14 @@ def _load_or_report(args: argparse.Namespace, prog: str, script_too: bool = Fals
             raise UsageError(f"{prog} needs CLUSTER.yaml, or the nodes from --hostfile, -H or --slurm")
         return load_cluster(args.cluster, source, forward=forward)
     except DdpUpError as e:
-        Console(stderr=True).print(f"[bold red]{prog}:[/] {_escape(e.render())}")
+        _report(prog, e)
         return None
+
+
+def _report(prog: str, e: DdpUpError) -> int:
+    """The error's one message on stderr; its exit status."""
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]{prog}:[/] {_escape(e.render())}")
+    return e.exit_code
 
 
 def _escape(text: str) -> str:

@@ -46,11 +46,15 @@ TORCH_FIELDS = ("torch", "cuda", "nccl")
 _SETUP_FAILURE = re.compile(re.escape(SETUP_MARK) + r" (\d+) failed with status (\d+)")
 
 
-def torch_build(info: dict, fields=TORCH_FIELDS) -> str:
-    """``torch 2.4.0+cu121 (CUDA 12.1, NCCL 2.20.5)``, naming only ``fields`` that are known."""
+def torch_versions(info: dict, fields=TORCH_FIELDS) -> str:
+    """``2.4.0+cu121 (CUDA 12.1, NCCL 2.20.5)``, naming only ``fields`` that are known."""
     extra = [f"{name} {info[key]}" for key, name in (("cuda", "CUDA"), ("nccl", "NCCL"))
              if key in fields and info.get(key)]
-    return f"torch {info.get('torch')}" + (f" ({', '.join(extra)})" if extra else "")
+    return f"{info.get('torch') or '-'}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def torch_build(info: dict, fields=TORCH_FIELDS) -> str:
+    return f"torch {torch_versions(info, fields)}"
 
 
 def torch_mismatches(statuses: list[NodeStatus], master_index: int) -> list[NodeProblem]:
