@@ -43,6 +43,9 @@ TAG_CLUSTER = "DDP_UP_CLUSTER"
 TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER)
 # Turns the source sent on stdin into the running agent; argv[1] is the source length in bytes.
 BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'ddp_up_agent','exec'))"
+# `launcher: none`: the plan names ddp-up's own launcher by this file name; the agent writes the
+# source from its spec into the job's state directory and runs it from there.
+LAUNCH_FILE = "ddp-up-launch.py"
 KILL_WAIT = 3.0  # after SIGKILL, how long to wait for the kernel to reap before reporting
 # Stack dumps on request, without changing the user's script: a sitecustomize first on the
 # workers' PYTHONPATH registers faulthandler for a real-time signal (SIGUSR1 is often the
@@ -494,14 +497,14 @@ class Runner:
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
         os.makedirs(self.dir, exist_ok=True)
         if self.spec.get("stack_dumps"):
-            hooks = os.path.join(self.dir, "node%d-hooks" % self.spec["node"])
-            os.makedirs(hooks, exist_ok=True)
-            with open(os.path.join(hooks, "sitecustomize.py"), "w") as f:
-                f.write(DUMP_HOOK)
+            hooks = os.path.dirname(self.write_hook("sitecustomize.py", DUMP_HOOK))
             env["PYTHONPATH"] = hooks + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
         # agent runs under exactly that interpreter, already resolved by the shell that started it.
         argv = [sys.executable if a == argv[0] else a for a in argv]
+        if self.spec.get("launch_source"):
+            launch = self.write_hook(LAUNCH_FILE, self.spec["launch_source"])
+            argv = [launch if a == LAUNCH_FILE else a for a in argv]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.record_state(argv)
@@ -514,6 +517,15 @@ class Runner:
         self.tailer = Tailer(self.log_dir, self.out)
         self.tailer.start()
         threading.Thread(target=lambda: self.events.put(("exited", self.proc.wait())), daemon=True).start()
+
+    def write_hook(self, name, text):
+        """A file of ours the job runs (dump hook, launcher), in this node's state directory."""
+        hooks = os.path.join(self.dir, "node%d-hooks" % self.spec["node"])
+        os.makedirs(hooks, exist_ok=True)
+        path = os.path.join(hooks, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
 
     def record_state(self, argv):
         state = {"job": self.spec["job"], "node": self.spec["node"], "cluster": self.spec.get("cluster"),

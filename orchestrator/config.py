@@ -29,7 +29,7 @@ TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_time
             "forward_env", "secrets", *SHARED_KEYS)
 # Names whose values are masked even if `secrets:` does not list them.
 DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
-LAUNCHERS = ("torchrun", "legacy")
+LAUNCHERS = ("torchrun", "legacy", "none")
 MASTER_KEYS = ("addr", "port")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -78,7 +78,9 @@ class ClusterConfig:
     stop_grace: float = 10.0
     cluster_id: str = field(default="")
     hang_timeout: float | None = None  # off unless set
-    launcher: str = "torchrun"  # "legacy": also pass --local_rank=N, as torch.distributed.launch did
+    # "legacy": torchrun, passing --local_rank=N as torch.distributed.launch did; "none": no
+    # torchrun, ddp-up starts the workers itself with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_* set
+    launcher: str = "torchrun"
     secrets: tuple[str, ...] = DEFAULT_SECRETS  # name globs whose values are never shown
 
     def is_secret(self, name: str) -> bool:

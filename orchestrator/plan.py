@@ -10,9 +10,11 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping
 
-from .agent import TAG_CLUSTER, TAG_JOB, TAG_NODE
+from . import spawner
+from .agent import LAUNCH_FILE, TAG_CLUSTER, TAG_JOB, TAG_NODE
 from .config import ClusterConfig, NodeConfig
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its
@@ -86,6 +88,10 @@ class LaunchPlan:
 
     def launcher_argv(self, node: NodePlan, port: int | str) -> list[str]:
         cfg = node.config
+        if self.launcher == "none":  # ddp-up's own launcher (spawner.py), written out by the agent
+            return [cfg.python, "-u", LAUNCH_FILE, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
+                    f"--first-rank={node.first_rank}", f"--world-size={self.world_size}",
+                    f"--master-addr={self.master_addr}", f"--master-port={port}", self.script, *self.script_args]
         return [
             cfg.python, "-u", "-m", "torch.distributed.run",
             f"--nnodes={len(self.nodes)}",
@@ -106,7 +112,7 @@ class LaunchPlan:
     def agent_spec(self, node: NodePlan) -> dict:
         """What the node agent needs before go: where to run, what to check, how to stop."""
         is_master = node.index == self.master.index
-        return {
+        spec = {
             "mode": "run",
             "job": self.job_id,
             "node": node.index,
@@ -121,6 +127,9 @@ class LaunchPlan:
             "heartbeat": self.heartbeat,
             "stack_dumps": self.hang_timeout is not None,
         }
+        if self.launcher == "none":
+            spec["launch_source"] = spawner_source()
+        return spec
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""
@@ -157,6 +166,12 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         launcher=config.launcher,
         secrets=config.secret_values,
     )
+
+
+@lru_cache(maxsize=1)
+def spawner_source() -> str:
+    with open(spawner.__file__, encoding="utf-8") as f:
+        return f.read()
 
 
 def new_job_id(now: float | None = None, token: str | None = None) -> str:

@@ -52,15 +52,30 @@ def test_hostfile_with_comments_for_ddp_up_check_and_kill(cluster, tmp_path):
 LEGACY = str(Path(SCRIPT).with_name("legacy.py"))
 
 
-def test_old_style_script_gets_local_rank_only_from_the_legacy_launcher(cluster_file):
+def test_old_style_script_runs_under_each_launcher(cluster_file):
+    """legacy passes --local_rank=N; torchrun and none (no torchrun: ddp-up starts the workers)
+    set only the environment, which the script reads as well."""
     home = os.path.expanduser("~")
     python = "~" + sys.executable[len(home):] if sys.executable.startswith(home + "/") else sys.executable
-    for launcher, shown in (("legacy", lambda r: str(r)), ("torchrun", lambda r: "None")):
+    for launcher, shown in (("legacy", lambda r: str(r)), ("torchrun", lambda r: "None"), ("none", lambda r: "None")):
         path = cluster_file([(0, 2), (1, 1)], launcher=launcher, python=python)  # `~/` is the node's home
         code, out, _ = ddp_up(str(path), LEGACY, "--tag", "a b")
         assert code == 0, out
         for rank, local in ((0, 0), (1, 1), (2, 0)):
             assert f"LEGACY rank={rank} local_rank_arg={shown(local)} local_rank_env={local} tag=a b" in out, out
+
+
+def test_launcher_none_fails_fast_and_names_the_rank(cluster, cluster_file):
+    """Without torchrun, one failing worker still stops its node-mates and the job at once, and
+    the report names node, rank and exit code as it does under torchrun."""
+    path = cluster_file([(0, 1), (1, 2)], launcher="none")
+    code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "2", "--exit-code", "3", "--steps", "100",
+                          "--step-time", "0.2")
+    assert code == 1, out
+    b = re.escape(cluster.nodes[1].addr)
+    assert re.search(rf"root cause: {b} \(node 1, rank 2\): rank 2 exited with code 3", out), out
+    assert re.search(rf"^{b}\s+r2\s+! rank 2 failing with 3$", out, re.M), out
+    assert "step 99 rank=" not in out, "the other ranks ran to the end instead of being stopped"
 
 
 def test_env_file_forwarded_variables_and_secrets(cluster_file, tmp_path, monkeypatch):
