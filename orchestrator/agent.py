@@ -6,7 +6,8 @@ in its environment, relays output as frames, and stops the whole job on that nod
 controller asks, when the controller's connection closes, or when the controller's heartbeat
 stops (the dead-man switch that covers network partitions and sleeping laptops). In ``sweep``
 mode it finds tagged processes and stops them (the same code path ddp-kill uses). In ``detect``
-mode it reports what planning needs to know of the node (its GPU count, for ``gpus: auto``).
+mode it reports what planning needs to know of the node (its GPU count, for ``gpus: auto``). In
+``sync`` mode it receives the changed files of the workdir copy (see sync.py).
 
 Wire protocol, one frame per line. Controller -> agent (stdin): the agent source (length given
 on the command line), a JSON spec line, then commands: ``H`` heartbeat, ``G {json}`` go,
@@ -31,6 +32,7 @@ import queue
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -755,6 +757,117 @@ def remove_stale_state(match):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
+# --- sync mode (the workdir copy before a launch) ----------------------------------------------
+
+def sync_needs(dest, entries):
+    """Indices of the entries that differ on this node: missing, another kind or link target, or
+    another size, whole-second mtime (as rsync compares) or permission bits."""
+    need = []
+    for i, (rel, size, mtime_ns, mode, link) in enumerate(entries):
+        try:
+            st = os.lstat(os.path.join(dest, rel))
+        except OSError:
+            need.append(i)
+            continue
+        if link is not None:
+            same = stat.S_ISLNK(st.st_mode) and os.readlink(os.path.join(dest, rel)) == link
+        else:
+            same = (stat.S_ISREG(st.st_mode) and st.st_size == size and st.st_mtime_ns // 10**9 == mtime_ns // 10**9
+                    and stat.S_IMODE(st.st_mode) == mode)
+        if not same:
+            need.append(i)
+    return need
+
+
+def safe_relpath(rel):
+    """A path inside the destination: relative, no `..`, no empty or NUL parts."""
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and "\0" not in rel and all(p not in ("", ".", "..") for p in parts)
+
+
+class SyncFailed(Exception):
+    pass
+
+
+def receive_file(stream, path, size, mtime_ns, mode):
+    """``size`` bytes from ``stream`` into ``path``, atomically (a temp file, then rename)."""
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, ".%s.ddp-up-%d" % (os.path.basename(path), os.getpid()))
+    try:
+        with open(tmp, "wb") as f:
+            left = size
+            while left:
+                data = stream.read(min(left, 1 << 20))
+                if not data:
+                    raise SyncFailed("the controller went away mid-file")
+                f.write(data)
+                left -= len(data)
+        os.chmod(tmp, mode)
+        os.utime(tmp, ns=(mtime_ns, mtime_ns))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def place_link(path, target):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)  # a directory in the way is reported, never removed
+    os.symlink(target, path)
+
+
+def receive(spec, writer, stream):
+    """Say which entries differ, then take ``U INDEX SIZE MTIME_NS`` + bytes for each until ``Z``.
+    Never deletes: files only the node has (outputs, checkpoints) stay."""
+    dest = os.path.abspath(os.path.expanduser(spec["dest"]))
+    entries = spec["entries"]
+    bad = [e[0] for e in entries if not safe_relpath(e[0])]
+    try:
+        if bad:
+            raise SyncFailed("refusing path %r: outside the destination" % bad[0])
+        os.makedirs(dest, exist_ok=True)
+        need = sync_needs(dest, entries)
+    except (OSError, SyncFailed) as e:
+        return sync_failed(writer, "cannot sync into %s: %s" % (dest, getattr(e, "strerror", None) or e))
+    writer.json(b"R", {"hostname": socket.gethostname(), "dest": dest, "need": need})
+    files = size_total = links = 0
+    current = dest
+    try:
+        while True:
+            header = stream.readline().split()
+            if not header or header[0] == b"Z":
+                break
+            index, size, mtime_ns = (int(x) for x in header[1:4])
+            rel, _, _, mode, _ = entries[index]
+            current = os.path.join(dest, rel)
+            receive_file(stream, current, size, mtime_ns, mode)
+            files, size_total = files + 1, size_total + size
+        if not header:
+            raise SyncFailed("the controller went away")
+        for i in need:
+            rel, _, _, _, link = entries[i]
+            if link is not None:
+                current = os.path.join(dest, rel)
+                place_link(current, link)
+                links += 1
+    except (OSError, SyncFailed, ValueError, IndexError) as e:
+        return sync_failed(writer, "cannot write %s: %s" % (current, getattr(e, "strerror", None) or e))
+    writer.json(b"X", {"files": files, "bytes": size_total, "links": links})
+    writer.drain(5)
+    return 0
+
+
+def sync_failed(writer, what):
+    writer.json(b"F", {"what": what, "fix": "check the node's disk space and that `workdir:` is writable"})
+    writer.drain(5)
+    return 3
+
+
 def main():
     writer = Writer(sys.stdout.buffer)
     spec = json.loads(sys.stdin.buffer.readline())
@@ -762,6 +875,8 @@ def main():
         code = sweep(spec, writer)
     elif spec["mode"] == "detect":
         code = detect(spec, writer)
+    elif spec["mode"] == "sync":
+        code = receive(spec, writer, sys.stdin.buffer)
     else:
         code = Runner(spec, writer).run()
     sys.stdout.flush()

@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import sys
+from functools import partial
 
 from rich.console import Console
 from rich.table import Table
@@ -17,7 +18,7 @@ from rich.text import Text
 
 from . import __version__
 from .cleanup import SweepReport, match_for, sweep_nodes
-from .config import NodeSource, load_cluster
+from .config import NodeSource, SyncConfig, load_cluster
 from .detect import resolve_auto_gpus
 from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, ConfigError, DdpUpError,
                      Interrupted, SetupError, UsageError)
@@ -25,12 +26,14 @@ from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from .job import Job, torch_versions
 from .outcome import JobResult
 from .plan import LaunchPlan, make_plan, new_job_id
+from .sync import Tree, human_bytes, scan, sync_all, targets
 from .transport import ssh_hostnames
 from .views.console import ConsoleView
 from .views.dashboard import DashboardView
 from .views.fanout import Fanout
 from .views.filters import parse_ranks
 from .views.logfiles import RunLogs
+from .views.transfer import transfer_progress
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -51,6 +54,11 @@ def up_parser() -> argparse.ArgumentParser:
     p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script, resolved in each node's workdir")
     add_node_sources(p)
     p.add_argument("--dry-run", action="store_true", help="print the command for every node; connect to nothing")
+    sync = p.add_mutually_exclusive_group()
+    sync.add_argument("--sync", dest="sync", action="store_true", default=None,
+                      help="first copy the cluster file's `sync:` directory, else this directory, to every node's "
+                           "workdir (changed files only; .gitignore honored; nothing on the nodes is deleted)")
+    sync.add_argument("--no-sync", dest="sync", action="store_false", help="skip the cluster file's `sync:`")
     p.add_argument("--job-id", help="use this job id instead of a generated one")
     view = p.add_mutually_exclusive_group()
     view.add_argument("--no-dashboard", dest="dashboard", action="store_false", default=None,
@@ -154,9 +162,13 @@ def main_up(argv: list[str] | None = None) -> int:
         config = _resolve_nodes(config)
         plan = make_plan(config, args.script, script_args, args.job_id or new_job_id(), os.getcwd(),
                          hang_timeout=args.hang_timeout)
+        sync = sync_choice(args.sync, config.sync)
+        tree = scan(sync, skip=[args.runs_dir]) if sync else None
         if args.dry_run:
-            print_dry_run(plan, console)
+            print_dry_run(plan, console, tree)
             return EXIT_OK
+        if tree is not None:
+            copy_workdirs(plan, tree, config.path, console)
         ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
         dashboard = console.is_terminal if args.dashboard is None else args.dashboard
         if dashboard and not console.is_terminal:
@@ -183,6 +195,22 @@ def _resolve_nodes(config):
         return resolve_auto_gpus(config)
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
+
+
+def sync_choice(flag: bool | None, configured: SyncConfig | None) -> SyncConfig | None:
+    """--sync: the cluster file's `sync:`, else the current directory; --no-sync: none."""
+    if flag is None:
+        return configured
+    return (configured or SyncConfig(src=os.getcwd())) if flag else None
+
+
+def copy_workdirs(plan: LaunchPlan, tree: Tree, config_path: str, console: Console) -> None:
+    """The changed files of ``tree`` to every node's workdir, before anything starts."""
+    try:
+        summary = sync_all(targets(plan, tree, config_path), partial(transfer_progress, console))
+    except KeyboardInterrupt:
+        raise Interrupted(signal.SIGINT) from None
+    console.print(f"ddp-up {summary.render()}", markup=False)
 
 
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True) -> int:
@@ -244,10 +272,14 @@ class SignalGate:
             raise Interrupted(signum)
 
 
-def print_dry_run(plan: LaunchPlan, console: Console) -> None:
+def print_dry_run(plan: LaunchPlan, console: Console, tree: Tree | None = None) -> None:
     port = plan.master_port if plan.master_port is not None else "<auto: a free port on the master>"
     console.print(f"# job {plan.job_id}: {len(plan.nodes)} node(s), world size {plan.world_size}, "
                   f"master {plan.master_addr}:{port}", markup=False)
+    if tree is not None:
+        console.print(f"# sync {tree.root} -> each node's workdir: {len(tree.entries):,} files, "
+                      f"{human_bytes(tree.size)} (after .gitignore and exclude); only changed files are copied",
+                      markup=False)
     for node in plan.nodes:
         cfg = node.config
         via = "local" if cfg.transport == "local" else \

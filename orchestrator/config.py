@@ -26,7 +26,8 @@ SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout", "
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", "launcher", "env_file",
-            "forward_env", "secrets", *SHARED_KEYS)
+            "forward_env", "secrets", "sync", *SHARED_KEYS)
+SYNC_KEYS = ("src", "exclude", "gitignore")
 # Names whose values are masked even if `secrets:` does not list them.
 DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
 LAUNCHERS = ("torchrun", "legacy", "none")
@@ -45,6 +46,16 @@ class SSHSettings:
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout: float = 10.0
     config_file: str | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config, as OpenSSH reads them
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """`sync:`: copy a local directory to every node's workdir before launch (see sync.py)."""
+
+    src: str  # absolute
+    exclude: tuple[str, ...] = ()  # gitignore-syntax patterns, over every .gitignore
+    gitignore: bool = True  # honor .gitignore files (and .git/info/exclude) under src
+    line: int | None = None  # where the cluster file set it, for messages
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,7 @@ class ClusterConfig:
     # torchrun, ddp-up starts the workers itself with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_* set
     launcher: str = "torchrun"
     secrets: tuple[str, ...] = DEFAULT_SECRETS  # name globs whose values are never shown
+    sync: SyncConfig | None = None
 
     def is_secret(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name.upper(), p.upper()) for p in self.secrets)
@@ -259,6 +271,7 @@ class _Validator:
             self.positive(top["hang_timeout"], ("hang_timeout",)),
             launcher=self.choice(top.get("launcher", "torchrun"), ("launcher",), LAUNCHERS),
             secrets=(*self.names(top.get("secrets", []), ("secrets",)), *DEFAULT_SECRETS),
+            sync=self.sync(top.get("sync")),
         )
 
     def node(self, i: int, raw: Any, top: dict, ssh_top: dict) -> NodeConfig:
@@ -322,10 +335,14 @@ class _Validator:
         )
 
     def commands(self, value: Any, at: tuple) -> tuple[str, ...]:
+        return self.strings(value, at, "a shell command or a list of them, e.g. [source ~/venv/bin/activate]")
+
+    def strings(self, value: Any, at: tuple, what: str) -> tuple[str, ...]:
+        """A non-empty string or a list of them."""
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-            raise self.error(at, "must be a shell command or a list of them, e.g. [source ~/venv/bin/activate]")
+            raise self.error(at, f"must be {what}")
         return tuple(value)
 
     def names(self, value: Any, at: tuple) -> list[str]:
@@ -389,6 +406,24 @@ class _Validator:
                     raise self.error(where + (name,), "must be a string or number")
                 merged[name] = _env_text(value)
         return MappingProxyType(merged)
+
+    def sync(self, value: Any) -> SyncConfig | None:
+        """`sync: DIR`, or `sync: {src: DIR, exclude: [...], gitignore: true}`; DIR is relative to
+        the cluster file. `sync: false` (or none) copies nothing."""
+        if value is None or value is False:
+            return None
+        raw = {"src": value} if isinstance(value, str) else self.mapping(value, ("sync",), SYNC_KEYS)
+        if "src" not in raw:
+            raise self.error(("sync",), "missing `src:` (the local directory to copy to each node's workdir)")
+        src = self.file_path(raw["src"], ("sync", "src") if isinstance(value, dict) else ("sync",))
+        if not os.path.isdir(src):
+            raise self.error(("sync",), f"{src} is not a directory (the local directory to copy to each workdir)")
+        gitignore = raw.get("gitignore", True)
+        if not isinstance(gitignore, bool):
+            raise self.error(("sync", "gitignore"), f"must be true or false, got {gitignore!r}")
+        exclude = self.strings(raw.get("exclude", []), ("sync", "exclude"),
+                               "a gitignore-style pattern or a list of them, e.g. [data/, '*.ckpt']")
+        return SyncConfig(src=os.path.normpath(src), exclude=exclude, gitignore=gitignore, line=self.lines.get(("sync",)))
 
     def master_addr(self, master: dict, first: NodeConfig) -> str:
         if "addr" in master:

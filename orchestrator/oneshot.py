@@ -1,11 +1,13 @@
-"""Run the node agent once in a one-shot mode (``sweep``, ``detect``) and collect its frames.
+"""Run the node agent once in a one-shot mode (``sweep``, ``detect``, ``sync``) and collect its frames.
 
 The same connection, bootstrap and framing as a launch; the agent answers and exits.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -33,39 +35,87 @@ class Reply:
             self.problem = NodeProblem(self.node.label, what)
 
 
+class AgentCall:
+    """A one-shot agent to talk with: ``write`` to it, ``next`` frame from it, every wait bounded.
+
+    The hello goes out on the reader thread, so a node that takes the connection but never
+    reads cannot block the caller; the caller's waits are all ``next(timeout)``.
+    """
+
+    TIMEOUT = (b"", None)  # ``next`` found nothing in time
+    END = (b"", b"")  # the agent's stdout closed
+
+    def __init__(self, node: NodeConfig, spec: dict, transport: Transport | None = None):
+        self.node = node
+        self.spec = spec
+        self.transport = transport or transport_for(node)
+        self.proc = None
+        self._frames: queue.SimpleQueue = queue.SimpleQueue()
+
+    def open(self) -> NodeProblem | None:
+        """Connect and start the agent; the reason if that failed."""
+        try:
+            self.transport.connect()
+            self.proc = self.transport.start(self.node.python, protocol.bootstrap_args(), {})
+        except ConnectFailed as e:
+            return e.problem
+        threading.Thread(target=self._read, name=f"{self.node.label}-oneshot", daemon=True).start()
+        return None
+
+    def next(self, timeout: float) -> tuple[bytes, object]:
+        try:
+            return self._frames.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return self.TIMEOUT
+
+    def write(self, data: bytes) -> None:
+        self.proc.write(data)
+
+    def exit_status(self) -> int | None:
+        return self.proc.exit_status(timeout=1.0) if self.proc else None
+
+    def close(self) -> None:
+        """Idempotent; also how another thread aborts a call (blocked reads and writes fail)."""
+        if self.proc is not None:
+            self.proc.close()
+        self.transport.close()
+
+    def _read(self) -> None:
+        try:
+            self.proc.write(protocol.hello(self.spec))
+        except OSError:
+            pass
+        reader = protocol.FrameReader()
+        while chunk := self.proc.read_stdout():
+            for kind, payload in reader.feed(chunk):
+                if kind not in (b"H", b"W", b"O", b"E"):
+                    self._frames.put((kind, payload))
+        self._frames.put(self.END)
+
+
 def call_agent(node: NodeConfig, spec: dict, limit: float, until: bytes,
                transport: Transport | None = None) -> Reply:
     """Send ``spec`` and read frames until the ``until`` frame; bounded by ``limit`` seconds."""
     reply = Reply(node)
-    transport = transport or transport_for(node)
-    try:
-        transport.connect()
-        proc = transport.start(node.python, protocol.bootstrap_args(), {})
-    except ConnectFailed as e:
-        reply.problem = e.problem
+    call = AgentCall(node, spec, transport)
+    reply.problem = call.open()
+    if reply.problem is not None:
         return reply
-    reader = threading.Thread(target=_collect, args=(proc, spec, until, reply), daemon=True)
-    reader.start()
-    reader.join(limit)
-    if reader.is_alive():
-        reply.fail(f"no answer from the node agent within {limit:.0f} s")
-    proc.close()
-    transport.close()
-    return reply
-
-
-def _collect(proc, spec: dict, until: bytes, reply: Reply) -> None:
+    deadline = time.monotonic() + limit
     try:
-        proc.write(protocol.hello(spec))
-    except OSError:
-        pass
-    reader = protocol.FrameReader()
-    while chunk := proc.read_stdout():
-        for kind, payload in reader.feed(chunk):
-            if kind not in (b"H", b"W", b"O", b"E"):
-                reply.frames[kind] = protocol.decode_json(payload)
-    if until not in reply.frames:
-        reply.fail(f"the agent ended without an answer (exit status {proc.exit_status(timeout=1.0)})")
+        while until not in reply.frames:
+            frame = call.next(deadline - time.monotonic())
+            if frame is AgentCall.TIMEOUT:
+                reply.fail(f"no answer from the node agent within {limit:.0f} s")
+            elif frame is AgentCall.END:
+                reply.fail(f"the agent ended without an answer (exit status {call.exit_status()})")
+            else:
+                reply.frames[frame[0]] = protocol.decode_json(frame[1])
+                continue
+            break
+    finally:
+        call.close()
+    return reply
 
 
 def on_each(nodes: list[NodeConfig], call: Callable[[NodeConfig], T]) -> list[T]:

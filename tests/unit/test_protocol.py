@@ -1,6 +1,9 @@
 import json
+import sys
 
-from orchestrator import agent, protocol
+import pytest
+
+from orchestrator import agent, protocol, spawner
 
 
 def test_line_splitter_keeps_partial_lines():
@@ -33,9 +36,10 @@ def test_hello_is_source_then_spec():
     assert json.loads(data[n:]) == {"mode": "sweep"}
 
 
-def test_agent_source_is_stdlib_only():
-    """Nodes have nothing but Python: the shipped agent must not import the package or deps."""
-    src = agent.source().decode()
+@pytest.mark.parametrize("module", [agent, spawner])
+def test_what_nodes_run_is_stdlib_only(module):
+    """Nodes have nothing but Python: the shipped agent and launcher import neither the package nor deps."""
+    with open(module.__file__, encoding="utf-8") as f:
+        src = f.read()
     imports = {line.split()[1].split(".")[0] for line in src.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"errno", "json", "os", "queue", "shutil", "signal", "socket", "subprocess",
-                       "sys", "tempfile", "threading", "time", "importlib", "glob"}
+    assert imports <= sys.stdlib_module_names - {"__future__"}

@@ -1,0 +1,343 @@
+"""Workdir sync: copy a local directory to every node's workdir before launch, changed files only.
+
+The tree is scanned once here, honoring .gitignore files as git does (each applies below its own
+directory, deeper ones win, ``.git/info/exclude`` lowest) plus the `exclude:` patterns (highest),
+via ``pathspec``. Then, on every node at once, one agent call in ``sync`` mode: the node says
+which entries differ from its copy (missing, size, whole-second mtime, permission bits, link
+target) and receives only those, each written to a temp file and renamed into place. It runs
+over the node's own transport, so SSH config, ProxyJump and host-key checks are the launch's.
+Nothing on a node is ever deleted: outputs and checkpoints in the workdir stay.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from rich.filesize import decimal as human_bytes
+
+from . import protocol
+from .config import SyncConfig
+from .errors import ConfigError, NodeProblem, SetupError
+from .oneshot import AgentCall
+from .plan import LaunchPlan, NodePlan
+
+CHUNK = 1 << 20
+ANSWER_MARGIN = 60.0  # seconds for the agent to start and stat the tree, over the connect timeout
+STALL = 60.0  # a transfer that moves no byte for this long is abandoned
+
+
+# --- the local tree -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    path: str  # relative to the tree's root, "/"-separated
+    size: int
+    mtime_ns: int
+    mode: int  # permission bits
+    link: str | None = None  # a symlink's target (copied as a link, as git and rsync -a do)
+
+    def wire(self) -> list:
+        return [self.path, self.size, self.mtime_ns, self.mode, self.link]
+
+
+@dataclass(frozen=True)
+class Tree:
+    root: str
+    entries: tuple[Entry, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries if e.link is None)
+
+
+class IgnoreRules:
+    """Whether a path is left out: `exclude:` first, then the nearest .gitignore that matches it."""
+
+    def __init__(self, root: str, exclude: Iterable[str], gitignore: bool):
+        import pathspec
+
+        self._spec = pathspec.GitIgnoreSpec.from_lines
+        self.root = root
+        self.gitignore = gitignore
+        self.exclude = self._spec(list(exclude))
+        self.by_dir: dict[str, object] = {}  # "" is the root; "a/b" a subdirectory
+        self.info = self._spec(_read_lines(os.path.join(root, ".git", "info", "exclude"))) if gitignore else None
+
+    def enter(self, rel_dir: str) -> None:
+        """Read the .gitignore of a directory as the walk reaches it."""
+        if self.gitignore:
+            lines = _read_lines(os.path.join(self.root, rel_dir, ".gitignore"))
+            if lines:
+                self.by_dir[rel_dir] = self._spec(lines)
+
+    def ignored(self, rel: str, is_dir: bool) -> bool:
+        if rel == ".git" or rel.startswith(".git/"):
+            return True
+        name = rel + "/" if is_dir else rel
+        verdict = self.exclude.check_file(name).include
+        if verdict is not None:
+            return verdict
+        for base in _ancestors(rel):
+            spec = self.by_dir.get(base)
+            if spec is not None:
+                verdict = spec.check_file(name[len(base) + 1:] if base else name).include
+                if verdict is not None:
+                    return verdict
+        return bool(self.info is not None and self.info.check_file(name).include)
+
+
+def _ancestors(rel: str) -> list[str]:
+    """The directories above ``rel``, deepest first, ending with the root ""."""
+    parts = rel.split("/")[:-1]
+    return ["/".join(parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def scan(sync: SyncConfig, skip: Iterable[str] = ()) -> Tree:
+    """Every file and symlink under ``sync.src`` that is not ignored; ``skip`` names absolute
+    directories to leave out as well (ddp-up's own runs directory)."""
+    root = sync.src
+    skipped = {os.path.realpath(p) for p in skip}
+    rules = IgnoreRules(root, sync.exclude, sync.gitignore)
+    entries = []
+    for here, dirs, files in os.walk(root):
+        rel_dir = os.path.relpath(here, root).replace(os.sep, "/")
+        rel_dir = "" if rel_dir == "." else rel_dir
+        rules.enter(rel_dir)
+        kept = []
+        for name in sorted(dirs):
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            full = os.path.join(here, name)
+            if rules.ignored(rel, is_dir=True) or os.path.realpath(full) in skipped:
+                continue
+            if os.path.islink(full):  # a link to a directory: copied as the link, not followed
+                entries.append(_entry(full, rel))
+            else:
+                kept.append(name)
+        dirs[:] = kept
+        for name in sorted(files):
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if not rules.ignored(rel, is_dir=False):
+                entry = _entry(os.path.join(here, name), rel)
+                if entry is not None:
+                    entries.append(entry)
+    return Tree(root, tuple(e for e in entries if e is not None))
+
+
+def _entry(full: str, rel: str) -> Entry | None:
+    try:
+        st = os.lstat(full)
+        if stat.S_ISLNK(st.st_mode):
+            return Entry(rel, 0, st.st_mtime_ns, 0o777, link=os.readlink(full))
+    except OSError:
+        return None  # gone while we looked
+    if not stat.S_ISREG(st.st_mode):
+        return None  # sockets, fifos, devices
+    return Entry(rel, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
+
+
+# --- one node -----------------------------------------------------------------------------------
+
+@dataclass
+class NodeSync:
+    """One node's copy: ``offer`` (what differs there), then ``send`` (just that)."""
+
+    node: NodePlan
+    dest: str
+    tree: Tree
+    need: list[int] = field(default_factory=list)
+    hostname: str = ""
+    files: int = 0
+    bytes: int = 0
+    problem: NodeProblem | None = None
+
+    def __post_init__(self) -> None:
+        spec = {"mode": "sync", "dest": self.dest, "entries": [e.wire() for e in self.tree.entries]}
+        self.call = AgentCall(self.node.config, spec)
+        self.moved = time.monotonic()  # last time a byte went out (the stall watchdog reads it)
+        self.sending = False
+
+    @property
+    def label(self) -> str:
+        return self.node.label
+
+    @property
+    def need_bytes(self) -> int:
+        return sum(self.tree.entries[i].size for i in self.need)
+
+    def fail(self, what: str, fix: str = "") -> None:
+        if self.problem is None:
+            self.problem = NodeProblem(self.label, what, fix)
+
+    def offer(self) -> None:
+        self.problem = self.call.open()
+        if self.problem is not None:
+            return
+        limit = self.node.config.ssh.connect_timeout + ANSWER_MARGIN
+        kind, payload = self._answer(limit, b"R")
+        if kind == b"R":
+            self.need, self.hostname = list(payload["need"]), payload.get("hostname", "")
+
+    def send(self, advance: Callable[[int], None]) -> None:
+        """Every needed file, then ``Z``; the node creates the needed links and reports."""
+        if self.problem is not None:
+            return
+        watchdog = threading.Thread(target=self._watch, name=f"{self.label}-sync-watch", daemon=True)
+        self.sending = True
+        watchdog.start()
+        try:
+            for i in self.need:
+                entry = self.tree.entries[i]
+                if entry.link is None:
+                    self._send_file(i, entry, advance)
+            self.call.write(b"Z\n")
+        except LocalChanged as e:
+            self.fail(str(e), "let the writer finish, then run again")
+        except OSError:
+            pass  # the node closed; its F frame (read below) or the lost connection says why
+        finally:
+            self.sending = False
+        kind, payload = self._answer(ANSWER_MARGIN, b"X")
+        if kind == b"X":
+            self.files, self.bytes = payload["files"], payload["bytes"]
+
+    def _send_file(self, index: int, entry: Entry, advance: Callable[[int], None]) -> None:
+        path = os.path.join(self.tree.root, entry.path)
+        try:
+            f = open(path, "rb")
+        except OSError as e:
+            raise LocalChanged(f"cannot read {path}: {e.strerror}") from None
+        with f:
+            st = os.fstat(f.fileno())
+            self.call.write(b"U %d %d %d\n" % (index, st.st_size, st.st_mtime_ns))
+            left = st.st_size
+            while left:
+                data = f.read(min(left, CHUNK))
+                if not data:
+                    raise LocalChanged(f"{path} shrank while it was being copied")
+                self.call.write(data)
+                self.moved = time.monotonic()
+                left -= len(data)
+                advance(len(data))
+
+    def _answer(self, limit: float, want: bytes) -> tuple[bytes, dict]:
+        """The agent's next report: ``want``, or a failure (recorded as the node's problem)."""
+        frame = self.call.next(limit)
+        if frame is AgentCall.TIMEOUT:
+            self.fail(f"no answer from the node agent within {limit:.0f} s")
+        elif frame is AgentCall.END:
+            self.fail(f"the connection closed during the workdir copy (agent exit status {self.call.exit_status()})")
+        else:
+            data = protocol.decode_json(frame[1])
+            if frame[0] == want:
+                return want, data
+            self.fail(data.get("what", f"unexpected answer {frame[0]!r}"), data.get("fix", ""))
+        return b"", {}
+
+    def _watch(self) -> None:
+        while self.sending:
+            time.sleep(1.0)
+            if self.sending and time.monotonic() - self.moved > STALL:
+                self.fail(f"the copy made no progress for {STALL:.0f} s", "check the network path and the node's disk")
+                self.call.close()  # unblocks the sender
+                return
+
+    def abort(self) -> None:
+        self.call.close()
+
+
+class LocalChanged(Exception):
+    pass
+
+
+# --- every node ---------------------------------------------------------------------------------
+
+@dataclass
+class SyncSummary:
+    tree: Tree
+    nodes: list[NodeSync]
+    seconds: float
+
+    def render(self) -> str:
+        where = f"sync {self.tree.root} -> workdir, {len(self.tree.entries):,} files"
+        copied = [n for n in self.nodes if n.need]
+        if not copied:
+            return f"{where}: nothing to copy, all unchanged on {len(self.nodes)} node(s) ({self.seconds:.1f} s)"
+        if len({(n.files, n.bytes) for n in copied}) == 1:
+            what = f"{copied[0].files:,} file(s) ({human_bytes(copied[0].bytes)}) to each of {len(copied)} node(s)"
+        else:
+            total = human_bytes(sum(n.bytes for n in copied))
+            what = f"{sum(n.files for n in copied):,} file(s) ({total} in all) to {len(copied)} node(s)"
+        fresh = len(self.nodes) - len(copied)
+        return f"{where}: copied {what}" + (f", {fresh} up to date" if fresh else "") + f" ({self.seconds:.1f} s)"
+
+
+def targets(plan: LaunchPlan, tree: Tree, config_path: str) -> list[NodeSync]:
+    """A NodeSync per node that needs the copy: each needs a workdir; a local node whose workdir
+    is the source (the demo's default) needs nothing, and local nodes sharing one get one copy."""
+    found, local_dests = [], set()
+    for node in plan.nodes:
+        if node.workdir is None:
+            raise ConfigError(config_path, node.config.line, f"nodes[{node.index}]",
+                              f"sync copies into each node's `workdir:`, and {node.label} has none; "
+                              "set `workdir:` (top level or on the node), e.g. ~/project")
+        if node.config.transport == "local":
+            dest = os.path.realpath(os.path.expanduser(node.workdir))
+            if dest == os.path.realpath(tree.root) or dest in local_dests:
+                continue
+            local_dests.add(dest)
+        found.append(NodeSync(node, node.workdir, tree))
+    return found
+
+
+def sync_all(syncs: list[NodeSync], progress) -> SyncSummary:
+    """Ask every node what differs, then send it, all nodes at once. SetupError naming each node
+    that failed (nothing has been started anywhere)."""
+    started = time.monotonic()
+    tree = syncs[0].tree if syncs else Tree("", ())
+    try:
+        _each(syncs, NodeSync.offer)
+        _raise_problems(syncs)
+        with progress(sum(s.need_bytes for s in syncs), len([s for s in syncs if s.need])) as advance:
+            _each(syncs, lambda s: s.send(advance))
+        _raise_problems(syncs)
+    finally:
+        for s in syncs:
+            s.abort()
+    return SyncSummary(tree, syncs, time.monotonic() - started)
+
+
+def _raise_problems(syncs: list[NodeSync]) -> None:
+    problems = [s.problem for s in syncs if s.problem is not None]
+    if problems:
+        raise SetupError(problems)
+
+
+def _each(syncs: list[NodeSync], step: Callable[[NodeSync], None]) -> None:
+    """``step`` on every node at once; on Ctrl-C every call is closed first, so no thread is left
+    blocked on a transfer (the nodes see EOF and drop their partial files)."""
+    if not syncs:
+        return
+    pool = ThreadPoolExecutor(max_workers=min(64, len(syncs)))
+    try:
+        for future in [pool.submit(step, s) for s in syncs]:
+            future.result()
+    except BaseException:
+        for s in syncs:
+            s.abort()
+        raise
+    finally:
+        pool.shutdown(wait=True)

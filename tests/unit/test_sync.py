@@ -1,0 +1,123 @@
+"""Workdir sync: what is copied (git's ignore rules), and the exchange with a real local agent."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from orchestrator import agent
+from orchestrator.config import SyncConfig, parse_cluster
+from orchestrator.errors import ConfigError, SetupError
+from orchestrator.plan import make_plan
+from orchestrator.sync import Entry, Tree, scan, sync_all, targets
+from orchestrator.views.transfer import LARGE, transfer_progress
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def paths(tree: Tree) -> set[str]:
+    return {e.path for e in tree.entries}
+
+
+def test_gitignore_rules_apply_as_git_applies_them(tmp_path):
+    write(tmp_path, {
+        ".gitignore": "*.log\n!keep.log\nbuild/\n/top-only.txt\n",
+        "a/.gitignore": "!a.log\nlocal.txt\n",  # deeper file wins: re-includes what the root ignores
+        ".git/info/exclude": "private.txt\n",
+        ".git/HEAD": "ref\n",
+        "x.log": "", "keep.log": "", "top-only.txt": "", "a/top-only.txt": "", "a/a.log": "", "a/b.log": "",
+        "a/local.txt": "", "local.txt": "", "build/out.o": "", "a/build/deep.o": "", "private.txt": "",
+        "src/main.py": "",
+    })
+    tree = scan(SyncConfig(src=str(tmp_path)))
+    assert paths(tree) == {".gitignore", "keep.log", "a/.gitignore", "a/top-only.txt", "a/a.log", "local.txt",
+                           "src/main.py"}
+
+
+def test_exclude_patterns_win_over_gitignore_and_gitignore_can_be_off(tmp_path):
+    write(tmp_path, {".gitignore": "*.log\n", "run.log": "", "debug.log": "", "data/x.bin": "", "main.py": "",
+                     ".git/HEAD": ""})
+    tree = scan(SyncConfig(src=str(tmp_path), exclude=("data/", "!run.log")))
+    assert paths(tree) == {".gitignore", "run.log", "main.py"}
+    tree = scan(SyncConfig(src=str(tmp_path), gitignore=False))
+    assert paths(tree) == {".gitignore", "run.log", "debug.log", "data/x.bin", "main.py"}  # never .git
+
+
+def test_links_are_kept_as_links_and_skipped_directories_left_out(tmp_path):
+    write(tmp_path, {"real/f.txt": "x", "runs/job/log.txt": "", "exec.sh": "#!/bin/sh\n"})
+    os.chmod(tmp_path / "exec.sh", 0o750)
+    os.symlink("real", tmp_path / "alias")  # a link to a directory: not followed
+    tree = scan(SyncConfig(src=str(tmp_path)), skip=[str(tmp_path / "runs")])
+    by_path = {e.path: e for e in tree.entries}
+    assert set(by_path) == {"real/f.txt", "exec.sh", "alias"}
+    assert by_path["alias"].link == "real" and by_path["exec.sh"].mode == 0o750
+    assert tree.size == len("x") + len("#!/bin/sh\n")
+
+
+@pytest.mark.parametrize("rel, ok", [("a/b.txt", True), ("../x", False), ("/etc/passwd", False), ("a/../../x", False),
+                                     ("a//b", False), ("", False), ("./a", False), ("a\0b", False)])
+def test_the_agent_writes_only_inside_the_destination(rel, ok):
+    assert agent.safe_relpath(rel) is ok
+
+
+def local_plan(tmp_path: Path, *workdirs: str):
+    nodes = "".join(f"  - {{host: n{i}, gpus: 1{', workdir: ' + w if w else ''}}}\n" for i, w in enumerate(workdirs))
+    cfg = parse_cluster(f"transport: local\npython: {sys.executable}\nnodes:\n{nodes}", str(tmp_path / "c.yaml"))
+    return make_plan(cfg, "t.py", [], "j", str(tmp_path / "cwd"))
+
+
+def test_every_node_needs_a_workdir_and_a_local_one_that_is_the_source_needs_nothing(tmp_path):
+    tree = Tree(str(tmp_path / "cwd"), ())
+    plan = make_plan(parse_cluster("nodes: [{host: a, gpus: 1, workdir: /w}, {host: b, gpus: 1}]\n", "c.yaml"),
+                     "t.py", [], "j", "/")
+    with pytest.raises(ConfigError, match=r"c.yaml:1: nodes\[1\]: sync copies into each node's `workdir:`"):
+        targets(plan, tree, "c.yaml")
+    # local nodes run in the current directory: syncing it onto itself, or twice, is skipped
+    assert targets(local_plan(tmp_path, "", ""), tree, "c.yaml") == []
+    assert len(targets(local_plan(tmp_path, str(tmp_path / "d"), str(tmp_path / "d")), tree, "c.yaml")) == 1
+
+
+def no_bar(total, nodes):
+    return transfer_progress(Console(file=io.StringIO()), total, nodes)
+
+
+def test_a_large_file_arrives_whole_with_its_time_and_mode_and_twice_means_once(tmp_path):
+    src = tmp_path / "src"
+    write(src, {"small.txt": "s"})
+    (src / "big.bin").write_bytes(os.urandom(3 * 1024 * 1024 + 17))  # several chunks
+    dest = tmp_path / "dest"
+    tree = scan(SyncConfig(src=str(src)))
+    summary = sync_all(targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    assert summary.nodes[0].files == 2 and summary.nodes[0].bytes == tree.size
+    assert (dest / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert os.stat(dest / "big.bin").st_mtime_ns == os.stat(src / "big.bin").st_mtime_ns
+    assert not [p for p in os.listdir(dest) if "ddp-up" in p]  # no temp file left
+    again = sync_all(targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    assert again.nodes[0].need == [] and "nothing to copy" in again.render()
+
+
+def test_a_path_leaving_the_destination_is_refused_by_the_node(tmp_path):
+    tree = Tree(str(tmp_path), (Entry("../escape.txt", 1, 0, 0o644),))
+    with pytest.raises(SetupError, match=r"n0: cannot sync into .*refusing path '\.\./escape\.txt'"):
+        sync_all(targets(local_plan(tmp_path, str(tmp_path / "dest")), tree, "c.yaml"), no_bar)
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_the_progress_bar_is_for_large_copies_on_a_terminal():
+    out = io.StringIO()
+    with transfer_progress(Console(file=out, force_terminal=True), LARGE, 4) as advance:
+        advance(LARGE // 2)
+    assert "sync" in out.getvalue() and "to 4 node(s)" in out.getvalue()
+    quiet = io.StringIO()
+    with transfer_progress(Console(file=quiet, force_terminal=True), LARGE - 1, 4) as advance:
+        advance(1)
+    assert quiet.getvalue() == ""
