@@ -56,12 +56,14 @@ def timed(argv: list[str], timeout: float, **popen) -> Sample:
                   proc.returncode, out.decode(errors="replace"))
 
 
-def cluster_args(doc: str, nodes: str) -> argparse.Namespace:
-    """--nodes (a list of cluster sizes, as ``args.sizes``) and --repeat; exits 2 where this
-    machine cannot host the namespace cluster."""
+def cluster_args(doc: str, nodes: str, more=None) -> argparse.Namespace:
+    """--nodes (a list of cluster sizes, as ``args.sizes``) and --repeat, plus what ``more(parser)``
+    adds; exits 2 where this machine cannot host the namespace cluster."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--nodes", default=nodes, help="comma-separated node counts")
     p.add_argument("--repeat", type=int, default=3)
+    if more is not None:
+        more(p)
     args = p.parse_args()
     if reason := available():
         sys.exit(f"cannot run: {reason}")

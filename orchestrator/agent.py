@@ -789,16 +789,50 @@ class SyncFailed(Exception):
     pass
 
 
+class IdleGuard:
+    """The controller's stream, read with a dead-man switch: nothing for ``limit`` seconds means
+    the controller is gone without closing (a partition), so the agent drops its partial file
+    and exits instead of waiting on a dead connection."""
+
+    def __init__(self, stream, limit):
+        self.stream = stream
+        self.limit = limit
+        self.last = time.monotonic()
+        self.partial = None  # the temp file being written
+        threading.Thread(target=self._watch, name="idle", daemon=True).start()
+
+    def readline(self):
+        line = self.stream.readline()
+        self.last = time.monotonic()
+        return line
+
+    def read_some(self, n):
+        data = self.stream.read1(n)  # what has arrived, so a slow transfer still counts as alive
+        self.last = time.monotonic()
+        return data
+
+    def _watch(self):
+        while time.monotonic() - self.last < self.limit:
+            time.sleep(1.0)
+        if self.partial:
+            try:
+                os.unlink(self.partial)
+            except OSError:
+                pass
+        os._exit(3)
+
+
 def receive_file(stream, path, size, mtime_ns, mode):
-    """``size`` bytes from ``stream`` into ``path``, atomically (a temp file, then rename)."""
+    """``size`` bytes from ``stream`` (an IdleGuard) into ``path``, atomically (a temp file, then rename)."""
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, ".%s.ddp-up-%d" % (os.path.basename(path), os.getpid()))
+    stream.partial = tmp
     try:
         with open(tmp, "wb") as f:
             left = size
             while left:
-                data = stream.read(min(left, 1 << 20))
+                data = stream.read_some(min(left, 1 << 20))
                 if not data:
                     raise SyncFailed("the controller went away mid-file")
                 f.write(data)
@@ -812,6 +846,8 @@ def receive_file(stream, path, size, mtime_ns, mode):
         except OSError:
             pass
         raise
+    finally:
+        stream.partial = None
 
 
 def place_link(path, target):
@@ -835,6 +871,7 @@ def receive(spec, writer, stream):
     except (OSError, SyncFailed) as e:
         return sync_failed(writer, "cannot sync into %s: %s" % (dest, getattr(e, "strerror", None) or e))
     writer.json(b"R", {"hostname": socket.gethostname(), "dest": dest, "need": need})
+    stream = IdleGuard(stream, spec["idle_timeout"])
     files = size_total = links = 0
     current = dest
     try:

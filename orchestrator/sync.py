@@ -23,7 +23,7 @@ from rich.filesize import decimal as human_bytes
 
 from . import protocol
 from .config import SyncConfig
-from .errors import ConfigError, NodeProblem, SetupError
+from .errors import ConfigError, NodeProblem, SetupError, UsageError
 from .oneshot import AgentCall
 from .plan import LaunchPlan, NodePlan
 
@@ -113,7 +113,7 @@ def scan(sync: SyncConfig, skip: Iterable[str] = ()) -> Tree:
     skipped = {os.path.realpath(p) for p in skip}
     rules = IgnoreRules(root, sync.exclude, sync.gitignore)
     entries = []
-    for here, dirs, files in os.walk(root):
+    for here, dirs, files in os.walk(root, onerror=_unreadable):
         rel_dir = os.path.relpath(here, root).replace(os.sep, "/")
         rel_dir = "" if rel_dir == "." else rel_dir
         rules.enter(rel_dir)
@@ -131,10 +131,14 @@ def scan(sync: SyncConfig, skip: Iterable[str] = ()) -> Tree:
         for name in sorted(files):
             rel = f"{rel_dir}/{name}" if rel_dir else name
             if not rules.ignored(rel, is_dir=False):
-                entry = _entry(os.path.join(here, name), rel)
-                if entry is not None:
-                    entries.append(entry)
+                entries.append(_entry(os.path.join(here, name), rel))
     return Tree(root, tuple(e for e in entries if e is not None))
+
+
+def _unreadable(e: OSError) -> None:
+    """A directory the copy cannot read is an error, not a silent gap in the nodes' workdirs."""
+    raise UsageError(f"sync: cannot read {e.filename}: {e.strerror}; fix its permissions or add it to "
+                     "`sync.exclude`")
 
 
 def _entry(full: str, rel: str) -> Entry | None:
@@ -158,6 +162,7 @@ class NodeSync:
     node: NodePlan
     dest: str
     tree: Tree
+    idle_timeout: float  # the node gives up on a controller silent this long (see targets)
     need: list[int] = field(default_factory=list)
     hostname: str = ""
     files: int = 0
@@ -165,7 +170,8 @@ class NodeSync:
     problem: NodeProblem | None = None
 
     def __post_init__(self) -> None:
-        spec = {"mode": "sync", "dest": self.dest, "entries": [e.wire() for e in self.tree.entries]}
+        spec = {"mode": "sync", "dest": self.dest, "entries": [e.wire() for e in self.tree.entries],
+                "idle_timeout": self.idle_timeout}
         self.call = AgentCall(self.node.config, spec)
         self.moved = time.monotonic()  # last time a byte went out (the stall watchdog reads it)
         self.sending = False
@@ -198,14 +204,18 @@ class NodeSync:
         watchdog = threading.Thread(target=self._watch, name=f"{self.label}-sync-watch", daemon=True)
         self.sending = True
         watchdog.start()
+        out = _Outbox(self, advance)
         try:
             for i in self.need:
                 entry = self.tree.entries[i]
                 if entry.link is None:
-                    self._send_file(i, entry, advance)
-            self.call.write(b"Z\n")
+                    self._send_file(i, entry, out)
+            out.put(b"Z\n")
+            out.flush()
         except LocalChanged as e:
             self.fail(str(e), "let the writer finish, then run again")
+            self.call.close()  # the node sees the end mid-file and drops it
+            return
         except OSError:
             pass  # the node closed; its F frame (read below) or the lost connection says why
         finally:
@@ -214,7 +224,7 @@ class NodeSync:
         if kind == b"X":
             self.files, self.bytes = payload["files"], payload["bytes"]
 
-    def _send_file(self, index: int, entry: Entry, advance: Callable[[int], None]) -> None:
+    def _send_file(self, index: int, entry: Entry, out: _Outbox) -> None:
         path = os.path.join(self.tree.root, entry.path)
         try:
             f = open(path, "rb")
@@ -222,16 +232,14 @@ class NodeSync:
             raise LocalChanged(f"cannot read {path}: {e.strerror}") from None
         with f:
             st = os.fstat(f.fileno())
-            self.call.write(b"U %d %d %d\n" % (index, st.st_size, st.st_mtime_ns))
+            out.put(b"U %d %d %d\n" % (index, st.st_size, st.st_mtime_ns))
             left = st.st_size
             while left:
                 data = f.read(min(left, CHUNK))
                 if not data:
                     raise LocalChanged(f"{path} shrank while it was being copied")
-                self.call.write(data)
-                self.moved = time.monotonic()
+                out.put(data, len(data))
                 left -= len(data)
-                advance(len(data))
 
     def _answer(self, limit: float, want: bytes) -> tuple[bytes, dict]:
         """The agent's next report: ``want``, or a failure (recorded as the node's problem)."""
@@ -263,6 +271,30 @@ class LocalChanged(Exception):
     pass
 
 
+class _Outbox:
+    """Gathers headers and small files into writes of about CHUNK bytes: a source tree is mostly
+    small files, and two SSH writes per file cost more than the bytes."""
+
+    def __init__(self, sync: NodeSync, advance: Callable[[int], None]):
+        self.sync = sync
+        self.advance = advance
+        self.buf = bytearray()
+        self.payload = 0  # file bytes in buf (what the progress bar counts)
+
+    def put(self, data: bytes, payload: int = 0) -> None:
+        self.buf += data
+        self.payload += payload
+        if len(self.buf) >= CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            self.sync.call.write(bytes(self.buf))
+            self.sync.moved = time.monotonic()
+            self.advance(self.payload)
+            self.buf, self.payload = bytearray(), 0
+
+
 # --- every node ---------------------------------------------------------------------------------
 
 @dataclass
@@ -288,6 +320,9 @@ class SyncSummary:
 def targets(plan: LaunchPlan, tree: Tree, config_path: str) -> list[NodeSync]:
     """A NodeSync per node that needs the copy: each needs a workdir; a local node whose workdir
     is the source (the demo's default) needs nothing, and local nodes sharing one get one copy."""
+    # A node may legitimately hear nothing while the slowest other node answers, and then during a
+    # stalled transfer; silent longer, the controller is gone and the node's agent exits.
+    idle = max(n.config.ssh.connect_timeout for n in plan.nodes) + ANSWER_MARGIN + STALL
     found, local_dests = [], set()
     for node in plan.nodes:
         if node.workdir is None:
@@ -299,7 +334,7 @@ def targets(plan: LaunchPlan, tree: Tree, config_path: str) -> list[NodeSync]:
             if dest == os.path.realpath(tree.root) or dest in local_dests:
                 continue
             local_dests.add(dest)
-        found.append(NodeSync(node, node.workdir, tree))
+        found.append(NodeSync(node, node.workdir, tree, idle))
     return found
 
 

@@ -49,6 +49,17 @@ def test_a_node_behind_a_jump_host(cluster, tmp_path):
     code, out, _ = ddp_up(str(path), SCRIPT, "run")
     assert code == 0, out
     assert re.search(r"hidden +r1 +\| READY rank=1 world=2", out), out
+    # The workdir copy goes the same way (each node has its own workdir: the namespaces share a disk).
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "hello.py").write_text("print('HELLO from the copy', flush=True)\n")
+    doc = yaml.safe_load(path.read_text())
+    doc["sync"] = str(tmp_path / "src")
+    for node, workdir in zip(doc["nodes"], ("wd-a", "wd-hidden")):
+        node["workdir"] = str(tmp_path / workdir)
+    path.write_text(yaml.safe_dump(doc))
+    code, out, _ = ddp_up(str(path), "hello.py")
+    assert code == 0 and "copied 1 file(s)" in out and "to each of 2 node(s)" in out, out
+    assert re.search(r"hidden +r1 +\| HELLO from the copy", out), out
     # The jump host's key is checked like any node's: without it, refuse, and say which host.
     known = "".join(line + "\n" for line in cluster.known_hosts.read_text().splitlines()
                     if not line.startswith(jump.addr + " "))

@@ -39,3 +39,30 @@ def test_the_controller_never_imports_torch():
     code = "import sys, orchestrator.cli, orchestrator.job, orchestrator.views.dashboard; " \
            "sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_sync_flags_pick_the_files_directory_this_directory_or_none(tmp_path, capsys, monkeypatch):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("")
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "a.py").write_text("")
+    (tmp_path / "here" / "b.py").write_text("")
+    c = tmp_path / "c.yaml"
+    c.write_text("nodes: [{host: 192.0.2.1, gpus: 1}]\nworkdir: ~/proj\nsync: proj\n")  # relative to the file
+    monkeypatch.chdir(tmp_path / "here")
+    for flags, line in ((["--dry-run"], f"# sync {tmp_path / 'proj'} -> each node's workdir: 1 files"),
+                        (["--dry-run", "--sync"], f"# sync {tmp_path / 'proj'} -> each node's workdir: 1 files"),
+                        (["--dry-run", "--no-sync"], None)):
+        assert main_up([*flags, str(c), "t.py"]) == 0
+        out = capsys.readouterr().out
+        assert (line in out) if line else ("# sync" not in out), out
+    c.write_text("nodes: [{host: 192.0.2.1, gpus: 1}]\nworkdir: ~/proj\n")
+    assert main_up(["--dry-run", "--sync", str(c), "t.py"]) == 0
+    assert f"# sync {tmp_path / 'here'} -> each node's workdir: 2 files" in capsys.readouterr().out
+
+
+def test_sync_without_a_workdir_is_refused_before_connecting(tmp_path, capsys):
+    c = tmp_path / "c.yaml"
+    c.write_text("nodes: [{host: 192.0.2.1, gpus: 1}]\nsync: .\n")
+    assert main_up([str(c), "t.py"]) == 2
+    assert f"{c}:1: nodes[0]: sync copies into each node's `workdir:`" in capsys.readouterr().err

@@ -164,3 +164,24 @@ def test_setup_is_a_command_or_a_list_and_a_node_replaces_the_top_level():
     assert [n.setup for n in cfg.nodes] == [("source ~/venv/bin/activate",), ("module load cuda", "export X=1")]
     with pytest.raises(ConfigError, match="setup: must be a shell command or a list of them"):
         parse_cluster("setup: [1]\nnodes: [{host: a, gpus: 1}]\n")
+
+
+def test_sync_short_and_long_forms_and_their_errors(tmp_path):
+    (tmp_path / "proj").mkdir()
+    head = "nodes: [{host: a, gpus: 1}]\nworkdir: ~/w\n"
+    path = str(tmp_path / "c.yaml")
+    short = parse_cluster(head + "sync: proj\n", path).sync
+    assert (short.src, short.exclude, short.gitignore, short.line) == (str(tmp_path / "proj"), (), True, 3)
+    long = parse_cluster(head + "sync: {src: proj, exclude: data/, gitignore: false}\n", path).sync
+    assert (long.exclude, long.gitignore) == (("data/",), False)
+    assert parse_cluster(head + "sync: false\n", path).sync is None
+    for text, message in (
+        ("sync: nowhere\n", f"c.yaml:3: sync: {tmp_path / 'nowhere'} is not a directory"),
+        ("sync: {exclude: [x]}\n", "c.yaml:3: sync: missing `src:`"),
+        ("sync: {src: proj, gitignore: 'yes'}\n", "c.yaml:3: sync.gitignore: must be true or false"),
+        ("sync: {src: proj, exclude: [1]}\n", "c.yaml:3: sync.exclude: must be a gitignore-style pattern"),
+        ("sync: {src: proj, excludes: [a]}\n", "c.yaml:3: sync.excludes: unknown key; did you mean `exclude`?"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            parse_cluster(head + text, path)
+        assert message in str(e.value), str(e.value)

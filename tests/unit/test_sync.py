@@ -121,3 +121,28 @@ def test_the_progress_bar_is_for_large_copies_on_a_terminal():
     with transfer_progress(Console(file=quiet, force_terminal=True), LARGE - 1, 4) as advance:
         advance(1)
     assert quiet.getvalue() == ""
+
+
+def test_a_node_agent_whose_controller_goes_silent_drops_its_partial_file_and_exits(tmp_path):
+    """A partition closes nothing: the agent must not wait forever on a half-sent file."""
+    import json
+    import subprocess
+
+    from orchestrator import protocol
+
+    spec = {"mode": "sync", "dest": str(tmp_path / "dest"), "entries": [["big.bin", 10, 0, 0o644, None]],
+            "idle_timeout": 1.0}
+    proc = subprocess.Popen([sys.executable, "-u", *protocol.bootstrap_args()], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    try:
+        proc.stdin.write(protocol.hello(spec))
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline().split(b" ", 1)[1])["need"] == [0]
+        proc.stdin.write(b"U 0 10 0\nabc")  # 3 of 10 bytes, then silence with the pipe still open
+        proc.stdin.flush()
+        assert proc.wait(timeout=15) == 3
+    finally:
+        proc.kill()
+        proc.stdin.close()
+        proc.stdout.close()
+    assert os.listdir(tmp_path / "dest") == []
