@@ -173,8 +173,8 @@ class NodeSync:
         spec = {"mode": "sync", "dest": self.dest, "entries": [e.wire() for e in self.tree.entries],
                 "idle_timeout": self.idle_timeout}
         self.call = AgentCall(self.node.config, spec)
-        self.moved = time.monotonic()  # last time a byte went out (the stall watchdog reads it)
-        self.sending = False
+        self.moved = 0.0  # last time bytes went out (the stall watchdog reads it)
+        self.sent = threading.Event()  # ends the watchdog
 
     @property
     def label(self) -> str:
@@ -201,9 +201,8 @@ class NodeSync:
         """Every needed file, then ``Z``; the node creates the needed links and reports."""
         if self.problem is not None:
             return
-        watchdog = threading.Thread(target=self._watch, name=f"{self.label}-sync-watch", daemon=True)
-        self.sending = True
-        watchdog.start()
+        self.moved = time.monotonic()
+        threading.Thread(target=self._watch, name=f"{self.label}-sync-watch", daemon=True).start()
         out = _Outbox(self, advance)
         try:
             for i in self.need:
@@ -219,7 +218,7 @@ class NodeSync:
         except OSError:
             pass  # the node closed; its F frame (read below) or the lost connection says why
         finally:
-            self.sending = False
+            self.sent.set()
         kind, payload = self._answer(ANSWER_MARGIN, b"X")
         if kind == b"X":
             self.files, self.bytes = payload["files"], payload["bytes"]
@@ -256,9 +255,8 @@ class NodeSync:
         return b"", {}
 
     def _watch(self) -> None:
-        while self.sending:
-            time.sleep(1.0)
-            if self.sending and time.monotonic() - self.moved > STALL:
+        while not self.sent.wait(1.0):
+            if time.monotonic() - self.moved > STALL:
                 self.fail(f"the copy made no progress for {STALL:.0f} s", "check the network path and the node's disk")
                 self.call.close()  # unblocks the sender
                 return
