@@ -55,7 +55,7 @@ def main() -> int:
         opt.step()
         print(f"step {step} loss {loss.item():.4f}", flush=True)
         time.sleep(args.step_time)
-    dist.barrier()
+    dist.barrier(device_ids=[local_rank] if use_cuda else None)  # NCCL: say which GPU is ours
     dist.destroy_process_group()
     return 0
 

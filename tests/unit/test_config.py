@@ -185,3 +185,13 @@ def test_sync_short_and_long_forms_and_their_errors(tmp_path):
         with pytest.raises(ConfigError) as e:
             parse_cluster(head + text, path)
         assert message in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("name", ["cluster.example.yaml", "local.yaml", "local-gpus.yaml"])
+def test_the_shipped_configs_are_valid(name):
+    from pathlib import Path
+
+    from orchestrator.config import load_cluster
+
+    path = Path(__file__).resolve().parents[2] / "configs" / name
+    assert load_cluster(str(path)).nodes
