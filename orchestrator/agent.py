@@ -785,6 +785,9 @@ def safe_relpath(rel):
     return bool(rel) and not rel.startswith("/") and "\0" not in rel and all(p not in ("", ".", "..") for p in parts)
 
 
+SYNC_TOKEN = "%d-%s" % (os.getpid(), os.urandom(4).hex())
+
+
 class SyncFailed(Exception):
     pass
 
@@ -826,7 +829,8 @@ def receive_file(stream, path, size, mtime_ns, mode):
     """``size`` bytes from ``stream`` (an IdleGuard) into ``path``, atomically (a temp file, then rename)."""
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, ".%s.ddp-up-%d" % (os.path.basename(path), os.getpid()))
+    # Unique across nodes too: workdirs on a shared filesystem get a copy from every node at once.
+    tmp = os.path.join(parent, ".%s.ddp-up-%s" % (os.path.basename(path), SYNC_TOKEN))
     stream.partial = tmp
     try:
         with open(tmp, "wb") as f:
@@ -851,10 +855,16 @@ def receive_file(stream, path, size, mtime_ns, mode):
 
 
 def place_link(path, target):
+    """The link, replacing a file or link there in one rename (other nodes may be placing the same
+    one on a shared filesystem); a directory in the way is reported, never removed."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.islink(path) or os.path.isfile(path):
-        os.unlink(path)  # a directory in the way is reported, never removed
-    os.symlink(target, path)
+    tmp = os.path.join(os.path.dirname(path), ".%s.ddp-up-%s" % (os.path.basename(path), SYNC_TOKEN))
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        os.unlink(tmp)
+        raise
 
 
 def receive(spec, writer, stream):

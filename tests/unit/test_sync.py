@@ -146,3 +146,20 @@ def test_a_node_agent_whose_controller_goes_silent_drops_its_partial_file_and_ex
         proc.stdin.close()
         proc.stdout.close()
     assert os.listdir(tmp_path / "dest") == []
+
+
+def test_links_replace_what_is_in_their_way_except_a_directory(tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    write(src, {"a.txt": "a"})
+    os.symlink("a.txt", src / "was-file")
+    os.symlink("a.txt", src / "was-link")
+    write(dest, {"was-file": "old"})
+    os.symlink("elsewhere", dest / "was-link")
+    tree = scan(SyncConfig(src=str(src)))
+    sync_all(targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    assert os.readlink(dest / "was-file") == "a.txt" and os.readlink(dest / "was-link") == "a.txt"
+    os.unlink(dest / "was-file")
+    (dest / "was-file").mkdir()
+    with pytest.raises(SetupError, match=r"cannot write .*was-file"):
+        sync_all(targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    assert [p for p in os.listdir(dest) if "ddp-up" in p] == []
