@@ -19,8 +19,10 @@ def resolve_auto_gpus(config: ClusterConfig) -> ClusterConfig:
     nodes = config.auto_gpus
     if not nodes:
         return config
+    # With the node's `setup:` first: what it exports (CUDA_VISIBLE_DEVICES, a venv's python) is
+    # the job's environment, and the count must be the one the job will see.
     replies = on_each(nodes, lambda n: call_agent(n, {"mode": "detect", "env": dict(n.env)},
-                                                  n.ssh.connect_timeout + DETECT_MARGIN, until=b"R"))
+                                                  n.ssh.connect_timeout + DETECT_MARGIN, until=b"R", setup=True))
     problems = [p for p in map(_problem, replies) if p is not None]
     if problems:
         raise SetupError(problems)

@@ -6,8 +6,6 @@ per-node outcomes are values, and the first failure by time is named as the root
 
 from __future__ import annotations
 
-import re
-
 import queue
 import threading
 import time
@@ -21,9 +19,8 @@ from .events import Closed, Dumped, Exited, Lines, LogLine, Probed, Ready, Setup
 from .logparse import StackReport
 from .outcome import TERMINAL, Failure, JobResult, JobSnapshot, NodeRow, NodeStatus, State
 from .plan import LaunchPlan, NodePlan
-from .transport import SETUP_FAILED, SETUP_MARK
 from .session import NodeSession
-from .transport import Transport, transport_for
+from .transport import Transport, early_exit_problem, transport_for
 
 STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its stop is SIGKILLed
 KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept over a new channel
@@ -43,7 +40,6 @@ class View(Protocol):
 
 
 TORCH_FIELDS = ("torch", "cuda", "nccl")
-_SETUP_FAILURE = re.compile(re.escape(SETUP_MARK) + r" (\d+) failed with status (\d+)")
 
 
 def torch_versions(info: dict, fields=TORCH_FIELDS) -> str:
@@ -235,26 +231,7 @@ class Job:
         return problems
 
     def _early_exit_problem(self, event: Closed) -> NodeProblem:
-        node = self.plan.nodes[event.node]
-        tail = " | ".join(event.stderr_tail[-3:])
-        if event.exit_status == SETUP_FAILED:
-            return self._setup_problem(node, event.stderr_tail)
-        if event.exit_status == 127:
-            return NodeProblem(node.label, f"python not found: {node.config.python!r} ({tail})",
-                               "set `python:` to the interpreter's absolute path on that node")
-        return NodeProblem(node.label, f"the node agent exited before it was ready (status {event.exit_status})"
-                           + (f": {tail}" if tail else ""), "run the same python on the node by hand")
-
-    @staticmethod
-    def _setup_problem(node: NodePlan, stderr_tail: tuple[str, ...]) -> NodeProblem:
-        """Which setup command failed, with what status, and what it printed last."""
-        found = next(filter(None, (_SETUP_FAILURE.match(line) for line in stderr_tail)), None)
-        number, status = (int(found.group(1)), found.group(2)) if found else (0, "?")
-        command = node.config.setup[number - 1] if 0 < number <= len(node.config.setup) else "?"
-        output = " | ".join(line for line in stderr_tail[-4:] if not _SETUP_FAILURE.match(line))
-        return NodeProblem(node.label, f"setup command {number} `{command}` failed with status {status}"
-                           + (f": {output}" if output else ""),
-                           "fix it in `setup:`, or run it by hand on the node to see why")
+        return early_exit_problem(self.plan.nodes[event.node].config, event.exit_status, event.stderr_tail)
 
     # --- phase 2: go ---
 

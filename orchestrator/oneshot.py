@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -15,7 +16,7 @@ from typing import Callable, TypeVar
 from . import protocol
 from .config import NodeConfig
 from .errors import NodeProblem
-from .transport import ConnectFailed, Transport, transport_for
+from .transport import ConnectFailed, Transport, early_exit_problem, transport_for
 
 T = TypeVar("T")
 
@@ -45,22 +46,36 @@ class AgentCall:
     TIMEOUT = (b"", None)  # ``next`` found nothing in time
     END = (b"", b"")  # the agent's stdout closed
 
-    def __init__(self, node: NodeConfig, spec: dict, transport: Transport | None = None):
+    def __init__(self, node: NodeConfig, spec: dict, transport: Transport | None = None, setup: bool = False):
         self.node = node
         self.spec = spec
         self.transport = transport or transport_for(node)
+        self.setup = setup  # run the node's `setup:` first (for questions about the job's environment)
         self.proc = None
         self._frames: queue.SimpleQueue = queue.SimpleQueue()
+        self._stderr: deque[str] = deque(maxlen=20)
+        self._stderr_done = threading.Event()
 
     def open(self) -> NodeProblem | None:
         """Connect and start the agent; the reason if that failed."""
+        setup, workdir = (self.node.setup, self.node.workdir) if self.setup else ((), None)
         try:
             self.transport.connect()
-            self.proc = self.transport.start(self.node.python, protocol.bootstrap_args(), {})
+            self.proc = self.transport.start(self.node.python, protocol.bootstrap_args(), {}, setup, workdir)
         except ConnectFailed as e:
             return e.problem
         threading.Thread(target=self._read, name=f"{self.node.label}-oneshot", daemon=True).start()
+        threading.Thread(target=self._read_stderr, name=f"{self.node.label}-oneshot-err", daemon=True).start()
         return None
+
+    def ended(self, what: str) -> NodeProblem:
+        """Why the agent's output ended before ``what``: a failed setup command, no such python,
+        or its exit status and last words."""
+        status = self.exit_status()
+        self._stderr_done.wait(1.0)
+        if status:
+            return early_exit_problem(self.node, status, tuple(self._stderr))
+        return NodeProblem(self.node.label, f"the agent ended {what} (exit status {status})")
 
     def next(self, timeout: float) -> tuple[bytes, object]:
         try:
@@ -92,12 +107,19 @@ class AgentCall:
                     self._frames.put((kind, payload))
         self._frames.put(self.END)
 
+    def _read_stderr(self) -> None:
+        splitter = protocol.LineSplitter()
+        while chunk := self.proc.read_stderr():
+            self._stderr.extend(line.decode("utf-8", "replace") for line in splitter.feed(chunk))
+        self._stderr.extend(line.decode("utf-8", "replace") for line in splitter.flush())
+        self._stderr_done.set()
+
 
 def call_agent(node: NodeConfig, spec: dict, limit: float, until: bytes,
-               transport: Transport | None = None) -> Reply:
+               transport: Transport | None = None, setup: bool = False) -> Reply:
     """Send ``spec`` and read frames until the ``until`` frame; bounded by ``limit`` seconds."""
     reply = Reply(node)
-    call = AgentCall(node, spec, transport)
+    call = AgentCall(node, spec, transport, setup)
     reply.problem = call.open()
     if reply.problem is not None:
         return reply
@@ -108,7 +130,7 @@ def call_agent(node: NodeConfig, spec: dict, limit: float, until: bytes,
             if frame is AgentCall.TIMEOUT:
                 reply.fail(f"no answer from the node agent within {limit:.0f} s")
             elif frame is AgentCall.END:
-                reply.fail(f"the agent ended without an answer (exit status {call.exit_status()})")
+                reply.problem = call.ended("without an answer")
             else:
                 reply.frames[frame[0]] = protocol.decode_json(frame[1])
                 continue

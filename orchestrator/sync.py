@@ -245,8 +245,8 @@ class NodeSync:
         frame = self.call.next(limit)
         if frame is AgentCall.TIMEOUT:
             self.fail(f"no answer from the node agent within {limit:.0f} s")
-        elif frame is AgentCall.END:
-            self.fail(f"the connection closed during the workdir copy (agent exit status {self.call.exit_status()})")
+        elif frame is AgentCall.END and self.problem is None:
+            self.problem = self.call.ended("during the workdir copy")
         else:
             data = protocol.decode_json(frame[1])
             if frame[0] == want:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shlex
 import socket
 import subprocess
 import threading
 from abc import ABC, abstractmethod
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .config import NodeConfig, SSHSettings
 from .errors import NodeProblem
@@ -238,6 +239,28 @@ def setup_script(setup: tuple[str, ...], workdir: str | None, then: str) -> str:
         lines.append(f"{{ {command}\n}} </dev/null >&2 || {{ echo \"{SETUP_MARK} {i} failed with status $?\" >&2; "
                      f"exit {SETUP_FAILED}; }}")
     return "\n".join([*lines, then])
+
+
+_SETUP_FAILURE = re.compile(re.escape(SETUP_MARK) + r" (\d+) failed with status (\d+)")
+
+
+def early_exit_problem(node: NodeConfig, exit_status: int | None, stderr_tail: Sequence[str]) -> NodeProblem:
+    """Why an agent ended before it answered, from its shell's exit status and last stderr lines:
+    a failed setup command (which one, its status, what it printed), no such python, or else."""
+    tail = " | ".join(stderr_tail[-3:])
+    if exit_status == SETUP_FAILED:
+        found = next(filter(None, (_SETUP_FAILURE.match(line) for line in stderr_tail)), None)
+        number, status = (int(found.group(1)), found.group(2)) if found else (0, "?")
+        command = node.setup[number - 1] if 0 < number <= len(node.setup) else "?"
+        output = " | ".join(line for line in stderr_tail[-4:] if not _SETUP_FAILURE.match(line))
+        return NodeProblem(node.label, f"setup command {number} `{command}` failed with status {status}"
+                           + (f": {output}" if output else ""),
+                           "fix it in `setup:`, or run it by hand on the node to see why")
+    if exit_status == 127:
+        return NodeProblem(node.label, f"python not found: {node.python!r} ({tail})",
+                           "set `python:` to the interpreter's absolute path on that node")
+    return NodeProblem(node.label, f"the node agent exited before it was ready (status {exit_status})"
+                       + (f": {tail}" if tail else ""), "run the same python on the node by hand")
 
 
 def fabric_config(ssh: SSHSettings):

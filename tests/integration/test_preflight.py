@@ -95,10 +95,14 @@ def test_gpus_auto_takes_the_count_the_job_would_see(cluster, cluster_file):
     assert code == 3, out
     assert f"{cluster.nodes[2].addr}: gpus: auto, but the job would see no GPU here" in out, out
     assert f"{cluster.nodes[1].addr}:" not in out and "READY" not in out
-    path.write_text(text.replace("CUDA_VISIBLE_DEVICES: ''", "CUDA_VISIBLE_DEVICES: '3'"))
+    # The count is taken after the node's `setup:`, which may choose the GPUs itself.
+    path.write_text(text.replace("env: {CUDA_VISIBLE_DEVICES: ''}", "setup: ['export CUDA_VISIBLE_DEVICES=3,4']"))
     code, out, _ = ddp_up(str(path), SCRIPT, "run")
     assert code == 0, out
-    assert re.search(r"r2 +\| READY rank=2 world=4", out) and "READY rank=3 world=4" in out, out
+    assert re.search(r"r2 +\| READY rank=2 world=5", out) and "READY rank=4 world=5" in out, out
+    path.write_text(text.replace("env: {CUDA_VISIBLE_DEVICES: ''}", "setup: ['module load cuda']"))
+    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    assert code == 3 and f"{cluster.nodes[2].addr}: setup command 1 `module load cuda` failed with status 127" in out, out
 
 
 def test_setup_commands_shape_the_job_environment_and_a_failure_stops_everything(cluster, cluster_file):
