@@ -88,7 +88,7 @@ def add_node_sources(p: argparse.ArgumentParser) -> None:
     one.add_argument("--hostfile", metavar="FILE", help="MPI/DeepSpeed hostfile: `HOST slots=N` lines, # comments")
     one.add_argument("-H", dest="hosts", metavar="HOST:N,...", help="horovod-style list, e.g. gpu-a:8,gpu-b:8")
     one.add_argument("--slurm", action="store_true",
-                     help="the nodes of the current Slurm allocation, its GPUs per node, port 15000 + job id % 10000")
+                     help="the nodes of the current Slurm allocation, its GPUs per node, port 15000 + job id %% 10000")
 
 
 def node_source(args: argparse.Namespace) -> NodeSource | None:

@@ -66,3 +66,12 @@ def test_sync_without_a_workdir_is_refused_before_connecting(tmp_path, capsys):
     c.write_text("nodes: [{host: 192.0.2.1, gpus: 1}]\nsync: .\n")
     assert main_up([str(c), "t.py"]) == 2
     assert f"{c}:1: nodes[0]: sync copies into each node's `workdir:`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("main", ["main_up", "main_check", "main_kill"])
+def test_help_renders(main, capsys):
+    import orchestrator.cli as cli
+
+    with pytest.raises(SystemExit) as done:
+        getattr(cli, main)(["--help"])
+    assert done.value.code == 0 and "--slurm" in capsys.readouterr().out
