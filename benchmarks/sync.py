@@ -41,7 +41,7 @@ from functools import partial
 config = load_cluster(sys.argv[1])
 plan = make_plan(config, "job.py", [], "bench", "/")
 tree = scan(config.sync)
-print(sync_all(targets(plan, tree, config.path), partial(transfer_progress, Console())).render())
+print(sync_all(tree, targets(plan, tree, config.path), partial(transfer_progress, Console())).render())
 """
 
 

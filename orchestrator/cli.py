@@ -207,7 +207,7 @@ def sync_choice(flag: bool | None, configured: SyncConfig | None) -> SyncConfig 
 def copy_workdirs(plan: LaunchPlan, tree: Tree, config_path: str, console: Console) -> None:
     """The changed files of ``tree`` to every node's workdir, before anything starts."""
     try:
-        summary = sync_all(targets(plan, tree, config_path), partial(transfer_progress, console))
+        summary = sync_all(tree, targets(plan, tree, config_path), partial(transfer_progress, console))
     except KeyboardInterrupt:
         raise Interrupted(signal.SIGINT) from None
     console.print(f"ddp-up {summary.render()}", markup=False)

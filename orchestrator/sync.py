@@ -303,6 +303,8 @@ class SyncSummary:
 
     def render(self) -> str:
         where = f"sync {self.tree.root} -> workdir, {len(self.tree.entries):,} files"
+        if not self.nodes:
+            return f"sync {self.tree.root}: every node's workdir is this directory; nothing to copy"
         copied = [n for n in self.nodes if n.need]
         if not copied:
             return f"{where}: nothing to copy, all unchanged on {len(self.nodes)} node(s) ({self.seconds:.1f} s)"
@@ -336,11 +338,10 @@ def targets(plan: LaunchPlan, tree: Tree, config_path: str) -> list[NodeSync]:
     return found
 
 
-def sync_all(syncs: list[NodeSync], progress) -> SyncSummary:
+def sync_all(tree: Tree, syncs: list[NodeSync], progress) -> SyncSummary:
     """Ask every node what differs, then send it, all nodes at once. SetupError naming each node
     that failed (nothing has been started anywhere)."""
     started = time.monotonic()
-    tree = syncs[0].tree if syncs else Tree("", ())
     try:
         _each(syncs, NodeSync.offer)
         _raise_problems(syncs)

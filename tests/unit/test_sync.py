@@ -83,6 +83,7 @@ def test_every_node_needs_a_workdir_and_a_local_one_that_is_the_source_needs_not
         targets(plan, tree, "c.yaml")
     # local nodes run in the current directory: syncing it onto itself, or twice, is skipped
     assert targets(local_plan(tmp_path, "", ""), tree, "c.yaml") == []
+    assert sync_all(tree, [], no_bar).render() == f"sync {tree.root}: every node's workdir is this directory; nothing to copy"
     assert len(targets(local_plan(tmp_path, str(tmp_path / "d"), str(tmp_path / "d")), tree, "c.yaml")) == 1
 
 
@@ -96,19 +97,19 @@ def test_a_large_file_arrives_whole_with_its_time_and_mode_and_twice_means_once(
     (src / "big.bin").write_bytes(os.urandom(3 * 1024 * 1024 + 17))  # several chunks
     dest = tmp_path / "dest"
     tree = scan(SyncConfig(src=str(src)))
-    summary = sync_all(targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    summary = sync_all(tree, targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
     assert summary.nodes[0].files == 2 and summary.nodes[0].bytes == tree.size
     assert (dest / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
     assert os.stat(dest / "big.bin").st_mtime_ns == os.stat(src / "big.bin").st_mtime_ns
     assert not [p for p in os.listdir(dest) if "ddp-up" in p]  # no temp file left
-    again = sync_all(targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    again = sync_all(tree, targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
     assert again.nodes[0].need == [] and "nothing to copy" in again.render()
 
 
 def test_a_path_leaving_the_destination_is_refused_by_the_node(tmp_path):
     tree = Tree(str(tmp_path), (Entry("../escape.txt", 1, 0, 0o644),))
     with pytest.raises(SetupError, match=r"n0: cannot sync into .*refusing path '\.\./escape\.txt'"):
-        sync_all(targets(local_plan(tmp_path, str(tmp_path / "dest")), tree, "c.yaml"), no_bar)
+        sync_all(tree, targets(local_plan(tmp_path, str(tmp_path / "dest")), tree, "c.yaml"), no_bar)
     assert not (tmp_path / "escape.txt").exists()
 
 
@@ -156,10 +157,10 @@ def test_links_replace_what_is_in_their_way_except_a_directory(tmp_path):
     write(dest, {"was-file": "old"})
     os.symlink("elsewhere", dest / "was-link")
     tree = scan(SyncConfig(src=str(src)))
-    sync_all(targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    sync_all(tree, targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
     assert os.readlink(dest / "was-file") == "a.txt" and os.readlink(dest / "was-link") == "a.txt"
     os.unlink(dest / "was-file")
     (dest / "was-file").mkdir()
     with pytest.raises(SetupError, match=r"cannot write .*was-file"):
-        sync_all(targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+        sync_all(tree, targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
     assert [p for p in os.listdir(dest) if "ddp-up" in p] == []
