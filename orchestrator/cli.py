@@ -178,7 +178,9 @@ def main_up(argv: list[str] | None = None) -> int:
                        RunLogs(plan, args.runs_dir), preflight=args.preflight)
     except DdpUpError as e:
         return _report("ddp-up", e)
-    except Interrupted as e:  # before any job existed: nothing to stop
+    except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop
+        err.print(f"ddp-up: {signal.Signals(e.signum).name} before the job started; nothing was started",
+                  markup=False)
         return 128 + e.signum
     except Exception:  # noqa: BLE001 - a bug: show it, and say what happened to the job
         err.print_exception()

@@ -164,3 +164,46 @@ def test_links_replace_what_is_in_their_way_except_a_directory(tmp_path):
     with pytest.raises(SetupError, match=r"cannot write .*was-file"):
         sync_all(tree, targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
     assert [p for p in os.listdir(dest) if "ddp-up" in p] == []
+
+
+def test_ctrl_c_mid_copy_leaves_no_partial_file_and_no_agent(tmp_path):
+    """Interrupted while a large file is in flight: exit 130, the nodes drop their partial file."""
+    import signal
+    import time
+
+    from tests.harness.runner import Launch
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    with open(src / "big.bin", "wb") as f:
+        f.truncate(8 * 10**9)  # sparse: reads fast, takes seconds to copy
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"transport: local\npython: {sys.executable}\nnodes: [{{host: a, gpus: 1, workdir: {dest}}}]\n"
+                   f"sync: {src}\n")
+    launch = Launch([str(cfg), "t.py"])
+    try:
+        deadline = time.monotonic() + 60
+        while not (dest.exists() and os.listdir(dest)):  # the temp file appears: bytes are moving
+            assert launch.proc.poll() is None and time.monotonic() < deadline, launch.output
+            time.sleep(0.01)
+        launch.signal(signal.SIGINT)
+        assert launch.wait(30) == 130, launch.output
+    finally:
+        launch.proc.kill()
+    assert "SIGINT before the job started; nothing was started" in launch.output
+    deadline = time.monotonic() + 10
+    while os.listdir(dest) or agents_running():  # the agent saw its input end, dropped the file, left
+        assert time.monotonic() < deadline, (os.listdir(dest), agents_running())
+        time.sleep(0.05)
+
+
+def agents_running() -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if agent.BOOTSTRAP.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
