@@ -825,12 +825,16 @@ class IdleGuard:
         os._exit(3)
 
 
+def temp_beside(path):
+    """A temp name in ``path``'s directory (created if missing), for a write renamed into place.
+    Unique across nodes too: workdirs on a shared filesystem get the copy from every node at once."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return os.path.join(os.path.dirname(path), ".%s.ddp-up-%s" % (os.path.basename(path), SYNC_TOKEN))
+
+
 def receive_file(stream, path, size, mtime_ns, mode):
     """``size`` bytes from ``stream`` (an IdleGuard) into ``path``, atomically (a temp file, then rename)."""
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    # Unique across nodes too: workdirs on a shared filesystem get a copy from every node at once.
-    tmp = os.path.join(parent, ".%s.ddp-up-%s" % (os.path.basename(path), SYNC_TOKEN))
+    tmp = temp_beside(path)
     stream.partial = tmp
     try:
         with open(tmp, "wb") as f:
@@ -857,8 +861,7 @@ def receive_file(stream, path, size, mtime_ns, mode):
 def place_link(path, target):
     """The link, replacing a file or link there in one rename (other nodes may be placing the same
     one on a shared filesystem); a directory in the way is reported, never removed."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(path), ".%s.ddp-up-%s" % (os.path.basename(path), SYNC_TOKEN))
+    tmp = temp_beside(path)
     os.symlink(target, tmp)
     try:
         os.replace(tmp, path)
@@ -881,32 +884,36 @@ def receive(spec, writer, stream):
     except (OSError, SyncFailed) as e:
         return sync_failed(writer, "cannot sync into %s: %s" % (dest, getattr(e, "strerror", None) or e))
     writer.json(b"R", {"hostname": socket.gethostname(), "dest": dest, "need": need})
-    stream = IdleGuard(stream, spec["idle_timeout"])
-    files = size_total = links = 0
-    current = dest
+    done = {"files": 0, "bytes": 0, "links": 0, "at": dest}  # "at": the path being written
     try:
-        while True:
-            header = stream.readline().split()
-            if not header or header[0] == b"Z":
-                break
-            index, size, mtime_ns = (int(x) for x in header[1:4])
-            rel, _, _, mode, _ = entries[index]
-            current = os.path.join(dest, rel)
-            receive_file(stream, current, size, mtime_ns, mode)
-            files, size_total = files + 1, size_total + size
-        if not header:
-            raise SyncFailed("the controller went away")
+        take_files(IdleGuard(stream, spec["idle_timeout"]), dest, entries, done)
         for i in need:
             rel, _, _, _, link = entries[i]
             if link is not None:
-                current = os.path.join(dest, rel)
-                place_link(current, link)
-                links += 1
+                done["at"] = os.path.join(dest, rel)
+                place_link(done["at"], link)
+                done["links"] += 1
     except (OSError, SyncFailed, ValueError, IndexError) as e:
-        return sync_failed(writer, "cannot write %s: %s" % (current, getattr(e, "strerror", None) or e))
-    writer.json(b"X", {"files": files, "bytes": size_total, "links": links})
+        return sync_failed(writer, "cannot write %s: %s" % (done["at"], getattr(e, "strerror", None) or e))
+    writer.json(b"X", {k: done[k] for k in ("files", "bytes", "links")})
     writer.drain(5)
     return 0
+
+
+def take_files(stream, dest, entries, done):
+    """Each ``U INDEX SIZE MTIME_NS`` header and its bytes, until ``Z``."""
+    while True:
+        header = stream.readline().split()
+        if not header:
+            raise SyncFailed("the controller went away")
+        if header[0] == b"Z":
+            return
+        index, size, mtime_ns = (int(x) for x in header[1:4])
+        rel, _, _, mode, _ = entries[index]
+        done["at"] = os.path.join(dest, rel)
+        receive_file(stream, done["at"], size, mtime_ns, mode)
+        done["files"] += 1
+        done["bytes"] += size
 
 
 def sync_failed(writer, what):
