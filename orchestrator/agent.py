@@ -882,7 +882,9 @@ def receive(spec, writer, stream):
         os.makedirs(dest, exist_ok=True)
         need = sync_needs(dest, entries)
     except (OSError, SyncFailed) as e:
-        return sync_failed(writer, "cannot sync into %s: %s" % (dest, getattr(e, "strerror", None) or e))
+        return sync_failed(writer, "cannot sync into %s: %s" % (dest, getattr(e, "strerror", None) or e),
+                           getattr(e, "errno", None), "a file is in the way of the workdir: remove it there, "
+                                                      "or set another `workdir:`")
     writer.json(b"R", {"hostname": socket.gethostname(), "dest": dest, "need": need})
     done = {"files": 0, "bytes": 0, "links": 0, "at": dest}  # "at": the path being written
     try:
@@ -894,7 +896,8 @@ def receive(spec, writer, stream):
                 place_link(done["at"], link)
                 done["links"] += 1
     except (OSError, SyncFailed, ValueError, IndexError) as e:
-        return sync_failed(writer, "cannot write %s: %s" % (done["at"], getattr(e, "strerror", None) or e))
+        return sync_failed(writer, "cannot write %s: %s" % (done["at"], getattr(e, "strerror", None) or e),
+                           getattr(e, "errno", None))
     writer.json(b"X", {k: done[k] for k in ("files", "bytes", "links")})
     writer.drain(5)
     return 0
@@ -916,8 +919,14 @@ def take_files(stream, dest, entries, done):
         done["bytes"] += size
 
 
-def sync_failed(writer, what):
-    writer.json(b"F", {"what": what, "fix": "check the node's disk space and that `workdir:` is writable"})
+def sync_failed(writer, what, err=None, in_the_way=None):
+    """Report a failed copy, with the fix its errno points at."""
+    if err in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY):
+        fix = in_the_way or ("a file in the copy has the name of a directory on the node (or the other way "
+                             "round): remove it there")
+    else:
+        fix = "check the node's disk space and that `workdir:` is writable"
+    writer.json(b"F", {"what": what, "fix": fix})
     writer.drain(5)
     return 3
 

@@ -99,5 +99,6 @@ def test_a_node_that_cannot_take_the_copy_is_named_and_nothing_starts(cluster, t
     dests[1].write_text("a file where the workdir should be")
     code, out, _ = ddp_up(str(path), "job.py", "env", "RANK")
     assert code == 3, out
-    assert f"{cluster.nodes[1].addr}: cannot sync into {dests[1]}" in out, out
+    assert f"{cluster.nodes[1].addr}: cannot sync into {dests[1]}: File exists" in out, out
+    assert "fix: a file is in the way of the workdir" in out, out
     assert "ENV RANK" not in out
