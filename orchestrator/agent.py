@@ -786,6 +786,18 @@ def safe_relpath(rel):
 
 
 SYNC_TOKEN = "%d-%s" % (os.getpid(), os.urandom(4).hex())
+# Each node's sync agent leaves an empty file of this name + its token in the workdir while it
+# works; a node that finds another's marker in its own workdir shares that directory (NFS).
+MARKER_PREFIX = ".ddp-up-sync-"
+
+
+def remove_quietly(*paths):
+    for path in paths:
+        if path:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 class SyncFailed(Exception):
@@ -802,6 +814,7 @@ class IdleGuard:
         self.limit = limit
         self.last = time.monotonic()
         self.partial = None  # the temp file being written
+        self.leftovers = []  # more files to remove on the way out (the marker)
         threading.Thread(target=self._watch, name="idle", daemon=True).start()
 
     def readline(self):
@@ -817,11 +830,7 @@ class IdleGuard:
     def _watch(self):
         while time.monotonic() - self.last < self.limit:
             time.sleep(1.0)
-        if self.partial:
-            try:
-                os.unlink(self.partial)
-            except OSError:
-                pass
+        remove_quietly(self.partial, *self.leftovers)
         os._exit(3)
 
 
@@ -849,10 +858,7 @@ def receive_file(stream, path, size, mtime_ns, mode):
         os.utime(tmp, ns=(mtime_ns, mtime_ns))
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        remove_quietly(tmp)
         raise
     finally:
         stream.partial = None
@@ -881,14 +887,19 @@ def receive(spec, writer, stream):
             raise SyncFailed("refusing path %r: outside the destination" % bad[0])
         os.makedirs(dest, exist_ok=True)
         need = sync_needs(dest, entries)
+        marker = os.path.join(dest, MARKER_PREFIX + SYNC_TOKEN)
+        open(marker, "wb").close()
     except (OSError, SyncFailed) as e:
         return sync_failed(writer, "cannot sync into %s: %s" % (dest, getattr(e, "strerror", None) or e),
                            getattr(e, "errno", None), "a file is in the way of the workdir: remove it there, "
                                                       "or set another `workdir:`")
-    writer.json(b"R", {"hostname": socket.gethostname(), "dest": dest, "need": need})
+    writer.json(b"R", {"hostname": socket.gethostname(), "dest": dest, "need": need,
+                       "marker": os.path.basename(marker)})
     done = {"files": 0, "bytes": 0, "links": 0, "at": dest}  # "at": the path being written
+    guard = IdleGuard(stream, spec["idle_timeout"])
+    guard.leftovers.append(marker)
     try:
-        take_files(IdleGuard(stream, spec["idle_timeout"]), dest, entries, done)
+        take_files(guard, dest, entries, done, writer)
         for i in need:
             rel, _, _, _, link = entries[i]
             if link is not None:
@@ -898,19 +909,27 @@ def receive(spec, writer, stream):
     except (OSError, SyncFailed, ValueError, IndexError) as e:
         return sync_failed(writer, "cannot write %s: %s" % (done["at"], getattr(e, "strerror", None) or e),
                            getattr(e, "errno", None))
+    finally:
+        remove_quietly(marker)
     writer.json(b"X", {k: done[k] for k in ("files", "bytes", "links")})
     writer.drain(5)
     return 0
 
 
-def take_files(stream, dest, entries, done):
-    """Each ``U INDEX SIZE MTIME_NS`` header and its bytes, until ``Z``."""
+def take_files(stream, dest, entries, done, writer):
+    """Each ``U INDEX SIZE MTIME_NS`` header and its bytes, until ``Z``. ``M [names]`` asks which
+    of the other nodes' markers this workdir holds too (a shared filesystem), answered by ``V``."""
     while True:
-        header = stream.readline().split()
+        line = stream.readline()
+        header = line.split()
         if not header:
             raise SyncFailed("the controller went away")
         if header[0] == b"Z":
             return
+        if header[0] == b"M":
+            names = [n for n in json.loads(line[2:]) if n.startswith(MARKER_PREFIX) and safe_relpath(n) and "/" not in n]
+            writer.json(b"V", {"sees": [n for n in names if os.path.exists(os.path.join(dest, n))]})
+            continue
         index, size, mtime_ns = (int(x) for x in header[1:4])
         rel, _, _, mode, _ = entries[index]
         done["at"] = os.path.join(dest, rel)

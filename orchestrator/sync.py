@@ -11,6 +11,7 @@ Nothing on a node is ever deleted: outputs and checkpoints in the workdir stay.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -165,6 +166,9 @@ class NodeSync:
     idle_timeout: float  # the node gives up on a controller silent this long (see targets)
     need: list[int] = field(default_factory=list)
     hostname: str = ""
+    marker: str = ""  # the file this node's agent keeps in its workdir while it works
+    sees: frozenset[str] = frozenset()  # the other nodes' markers found in this node's workdir
+    shares_with: NodeSync | None = None  # an earlier node with the same workdir (NFS): it copies
     files: int = 0
     bytes: int = 0
     problem: NodeProblem | None = None
@@ -196,6 +200,17 @@ class NodeSync:
         kind, payload = self._answer(limit, b"R")
         if kind == b"R":
             self.need, self.hostname = list(payload["need"]), payload.get("hostname", "")
+            self.marker = payload.get("marker", "")
+
+    def ask_sharing(self, markers: list[str]) -> None:
+        """Which of the other nodes' markers are in this node's workdir (a shared filesystem)."""
+        try:
+            self.call.write(b"M " + json.dumps(markers).encode() + b"\n")
+        except OSError:
+            pass  # the answer below reports the closed connection
+        kind, payload = self._answer(ANSWER_MARGIN, b"V")
+        if kind == b"V":
+            self.sees = frozenset(payload.get("sees", ()))
 
     def send(self, advance: Callable[[int], None]) -> None:
         """Every needed file, then ``Z``; the node creates the needed links and reports."""
@@ -313,8 +328,11 @@ class SyncSummary:
         else:
             total = human_bytes(sum(n.bytes for n in copied))
             what = f"{sum(n.files for n in copied):,} file(s) ({total} in all) to {len(copied)} node(s)"
-        fresh = len(self.nodes) - len(copied)
-        return f"{where}: copied {what}" + (f", {fresh} up to date" if fresh else "") + f" ({self.seconds:.1f} s)"
+        shared = sum(1 for n in self.nodes if n.shares_with is not None)
+        fresh = len(self.nodes) - len(copied) - shared
+        return (f"{where}: copied {what}" + (f", {fresh} up to date" if fresh else "")
+                + (f"; {shared} more share a workdir with one of those" if shared else "")
+                + f" ({self.seconds:.1f} s)")
 
 
 def targets(plan: LaunchPlan, tree: Tree, config_path: str) -> list[NodeSync]:
@@ -345,6 +363,10 @@ def sync_all(tree: Tree, syncs: list[NodeSync], progress) -> SyncSummary:
     try:
         _each(syncs, NodeSync.offer)
         _raise_problems(syncs)
+        if len(syncs) > 1:
+            _each(syncs, lambda s: s.ask_sharing([o.marker for o in syncs if o is not s]))
+            _raise_problems(syncs)
+            share_workdirs(syncs)
         with progress(sum(s.need_bytes for s in syncs), len([s for s in syncs if s.need])) as advance:
             _each(syncs, lambda s: s.send(advance))
         _raise_problems(syncs)
@@ -352,6 +374,18 @@ def sync_all(tree: Tree, syncs: list[NodeSync], progress) -> SyncSummary:
         for s in syncs:
             s.abort()
     return SyncSummary(tree, syncs, time.monotonic() - started)
+
+
+def share_workdirs(syncs: list[NodeSync]) -> None:
+    """Nodes whose workdir is one directory (a shared filesystem: one found the other's marker)
+    get one copy, from the first of them; the rest are sent nothing. Markers only ever show a
+    real share, so a missed one (NFS caches lookups) means a redundant copy, never a lost one."""
+    for i, node in enumerate(syncs):
+        for earlier in syncs[:i]:
+            if earlier.marker in node.sees or node.marker in earlier.sees:
+                node.shares_with = earlier.shares_with or earlier
+                node.need = []
+                break
 
 
 def _raise_problems(syncs: list[NodeSync]) -> None:

@@ -102,3 +102,20 @@ def test_a_node_that_cannot_take_the_copy_is_named_and_nothing_starts(cluster, t
     assert f"{cluster.nodes[1].addr}: cannot sync into {dests[1]}: File exists" in out, out
     assert "fix: a file is in the way of the workdir" in out, out
     assert "ENV RANK" not in out
+
+
+def test_nodes_sharing_one_workdir_get_one_copy(cluster, tmp_path):
+    """Two nodes whose workdir is one directory (the namespaces share this disk, as NFS homes do):
+    one of them receives the copy, the other nothing, and no marker is left behind."""
+    src = tmp_path / "src"
+    make_tree(src)
+    path, _ = sync_cluster(cluster, tmp_path, src)
+    shared = tmp_path / "shared" / "project"
+    doc = yaml.safe_load(path.read_text())
+    for node in doc["nodes"]:
+        node["workdir"] = str(shared)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, out, _ = ddp_up(str(path), "job.py", "env", "RANK")
+    assert code == 0, out
+    assert "copied 6 file(s)" in out and "to each of 1 node(s); 1 more share a workdir" in out, out
+    assert set(tree_of(shared)) == COPIED  # and no .ddp-up-sync-* marker

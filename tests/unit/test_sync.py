@@ -207,3 +207,17 @@ def agents_running() -> list[int]:
         except OSError:
             pass
     return found
+
+
+def test_a_shared_workdir_is_copied_once_through_the_first_node_that_has_it():
+    from orchestrator.sync import share_workdirs
+
+    plan = make_plan(parse_cluster("workdir: ~/p\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1}, {host: c, gpus: 1}, "
+                                   "{host: d, gpus: 1}]\n", "c.yaml"), "t.py", [], "j", "/")
+    a, b, c, d = syncs = targets(plan, Tree("/src", (Entry("x", 1, 0, 0o644),)), "c.yaml")
+    for s, marker in zip(syncs, "ABCD"):
+        s.marker, s.need = marker, [0]
+    a.sees, c.sees = frozenset("C"), frozenset("D")  # a, c and d share one directory (seen either way)
+    share_workdirs(syncs)
+    assert [s.shares_with for s in syncs] == [None, None, a, a]
+    assert [s.need for s in syncs] == [[0], [0], [], []]
