@@ -4,9 +4,11 @@ The tree is scanned once here, honoring .gitignore files as git does (each appli
 directory, deeper ones win, ``.git/info/exclude`` lowest) plus the `exclude:` patterns (highest),
 via ``pathspec``. Then, on every node at once, one agent call in ``sync`` mode: the node says
 which entries differ from its copy (missing, size, whole-second mtime, permission bits, link
-target) and receives only those, each written to a temp file and renamed into place. It runs
-over the node's own transport, so SSH config, ProxyJump and host-key checks are the launch's.
-Nothing on a node is ever deleted: outputs and checkpoints in the workdir stay.
+target) and receives only those, each written to a temp file and renamed into place. Nodes
+whose workdirs turn out to be one directory (each finds the other's marker file: an NFS home)
+get one copy between them. It runs over the node's own transport, so SSH config, ProxyJump and
+host-key checks are the launch's. Nothing on a node is ever deleted: outputs and checkpoints in
+the workdir stay.
 """
 
 from __future__ import annotations
