@@ -92,13 +92,15 @@ def torchrun_line(nodes: list[Node], k: int, port: int, workdir: str, tag: str, 
 
 
 def parallel_ssh_script(cluster: SSHCluster, nodes: list[Node], remote_of, tty: bool = False,
-                        trap: bool = False) -> str:
-    """The manual way, scripted: one ``ssh node cmd &`` per node, then ``wait`` for each."""
+                        trap: bool = False, feed: str = "") -> str:
+    """The manual way, scripted: one ``ssh node cmd &`` per node (each reading ``feed | `` when
+    given), then ``wait`` for each."""
     lines = ["set -u", "pids=()"]
     if trap:  # the careful version: Ctrl-C takes the ssh clients down with the script
         lines.append("trap 'kill 0' INT TERM")
     for k, node in enumerate(nodes):
-        lines.append(f"{shlex.join(ssh_argv(cluster, node, remote_of(k), tty))} & pids+=($!)")
+        pipe = f"{feed} | " if feed else ""
+        lines.append(f"{pipe}{shlex.join(ssh_argv(cluster, node, remote_of(k), tty))} & pids+=($!)")
     lines += ["rc=0", 'for p in "${pids[@]}"; do wait "$p" || rc=1; done', "exit $rc"]
     return "\n".join(lines) + "\n"
 

@@ -88,10 +88,9 @@ def ddp_up_sync(path: Path):
 def tar_ssh(cluster: SSHCluster, n: int, src: Path, dests: list[Path]):
     tar = f"tar --exclude-vcs --exclude-vcs-ignores -C {shlex.quote(str(src))} -cf - ."
     script = parallel_ssh_script(cluster, cluster.nodes[:n],
-                                 lambda k: f"mkdir -p {shlex.quote(str(dests[k]))} && tar -C {shlex.quote(str(dests[k]))} -xf -")
-    # every ssh reads its own tar stream: `tar ... | ssh ...` per node
-    lines = [line.replace("ssh ", f"{tar} | ssh ", 1) if line.startswith("ssh ") else line for line in script.splitlines()]
-    sample = timed(["bash", "-c", "\n".join(lines)], TIMEOUT)
+                                 lambda k: f"mkdir -p {shlex.quote(str(dests[k]))} && tar -C {shlex.quote(str(dests[k]))} -xf -",
+                                 feed=tar)  # every ssh reads its own tar stream
+    sample = timed(["bash", "-c", script], TIMEOUT)
     if sample.code != 0:
         raise SystemExit(f"tar | ssh failed:\n{sample.output[-3000:]}")
     return sample

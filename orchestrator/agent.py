@@ -442,9 +442,7 @@ class Runner:
         return None
 
     def job_env(self):
-        env = dict(os.environ)
-        env.update(self.spec.get("env") or {})
-        return env
+        return job_env(self.spec)
 
     def probe(self, target):
         """Can this node open a TCP connection to the master's address and port?"""
@@ -707,6 +705,13 @@ def probe_torch(env):
     return info if info.get("torch") else None
 
 
+def job_env(spec):
+    """The environment the job gets: this agent's (after `setup:`), then the plan's `env`."""
+    env = dict(os.environ)
+    env.update(spec.get("env") or {})
+    return env
+
+
 def count_gpus(env):
     """GPUs the job would see: CUDA_VISIBLE_DEVICES in its environment if set, else the driver's list."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
@@ -722,9 +727,7 @@ def count_gpus(env):
 
 def detect(spec, writer):
     """One-shot facts for planning (``gpus: auto``), before any job exists."""
-    env = dict(os.environ)
-    env.update(spec.get("env") or {})
-    writer.json(b"R", {"hostname": socket.gethostname(), "gpus": count_gpus(env)})
+    writer.json(b"R", {"hostname": socket.gethostname(), "gpus": count_gpus(job_env(spec))})
     writer.drain(5)
     return 0
 
@@ -872,7 +875,7 @@ def place_link(path, target):
     try:
         os.replace(tmp, path)
     except OSError:
-        os.unlink(tmp)
+        remove_quietly(tmp)
         raise
 
 

@@ -31,10 +31,6 @@ class Reply:
     def error(self) -> str | None:
         return self.problem.what if self.problem else None
 
-    def fail(self, what: str) -> None:
-        if self.problem is None:
-            self.problem = NodeProblem(self.node.label, what)
-
 
 class AgentCall:
     """A one-shot agent to talk with: ``write`` to it, ``next`` frame from it, every wait bounded.
@@ -76,6 +72,23 @@ class AgentCall:
         if status:
             return early_exit_problem(self.node, status, tuple(self._stderr))
         return NodeProblem(self.node.label, f"the agent ended {what} (exit status {status})")
+
+    def wait_for(self, want: bytes, limit: float, frames: dict[bytes, dict]) -> NodeProblem | None:
+        """Read frames into ``frames`` (the last of each kind) until ``want``; the problem instead
+        if the agent reports a failure (``F``), ends, or says nothing for ``limit`` seconds."""
+        deadline = time.monotonic() + limit
+        while True:
+            frame = self.next(deadline - time.monotonic())
+            if frame is self.TIMEOUT:
+                return NodeProblem(self.node.label, f"no answer from the node agent within {limit:.0f} s")
+            if frame is self.END:
+                return self.ended("without an answer")
+            kind, data = frame[0], protocol.decode_json(frame[1])
+            frames[kind] = data
+            if kind == want:
+                return None
+            if kind == b"F":
+                return NodeProblem(self.node.label, data.get("what", "the node agent failed"), data.get("fix", ""))
 
     def next(self, timeout: float) -> tuple[bytes, object]:
         try:
@@ -123,18 +136,8 @@ def call_agent(node: NodeConfig, spec: dict, limit: float, until: bytes,
     reply.problem = call.open()
     if reply.problem is not None:
         return reply
-    deadline = time.monotonic() + limit
     try:
-        while until not in reply.frames:
-            frame = call.next(deadline - time.monotonic())
-            if frame is AgentCall.TIMEOUT:
-                reply.fail(f"no answer from the node agent within {limit:.0f} s")
-            elif frame is AgentCall.END:
-                reply.problem = call.ended("without an answer")
-            else:
-                reply.frames[frame[0]] = protocol.decode_json(frame[1])
-                continue
-            break
+        reply.problem = call.wait_for(until, limit, reply.frames)
     finally:
         call.close()
     return reply

@@ -24,7 +24,6 @@ from typing import Callable, Iterable
 
 from rich.filesize import decimal as human_bytes
 
-from . import protocol
 from .config import SyncConfig
 from .errors import ConfigError, NodeProblem, SetupError, UsageError
 from .oneshot import AgentCall
@@ -199,8 +198,8 @@ class NodeSync:
         if self.problem is not None:
             return
         limit = self.node.config.ssh.connect_timeout + ANSWER_MARGIN
-        kind, payload = self._answer(limit, b"R")
-        if kind == b"R":
+        payload = self._answer(limit, b"R")
+        if payload is not None:
             self.need, self.hostname = list(payload["need"]), payload.get("hostname", "")
             self.marker = payload.get("marker", "")
 
@@ -210,8 +209,8 @@ class NodeSync:
             self.call.write(b"M " + json.dumps(markers).encode() + b"\n")
         except OSError:
             pass  # the answer below reports the closed connection
-        kind, payload = self._answer(ANSWER_MARGIN, b"V")
-        if kind == b"V":
+        payload = self._answer(ANSWER_MARGIN, b"V")
+        if payload is not None:
             self.sees = frozenset(payload.get("sees", ()))
 
     def send(self, advance: Callable[[int], None]) -> None:
@@ -236,8 +235,8 @@ class NodeSync:
             pass  # the node closed; its F frame (read below) or the lost connection says why
         finally:
             self.sent.set()
-        kind, payload = self._answer(ANSWER_MARGIN, b"X")
-        if kind == b"X":
+        payload = self._answer(ANSWER_MARGIN, b"X")
+        if payload is not None:
             self.files, self.bytes = payload["files"], payload["bytes"]
 
     def _send_file(self, index: int, entry: Entry, out: _Outbox) -> None:
@@ -257,19 +256,14 @@ class NodeSync:
                 out.put(data, len(data))
                 left -= len(data)
 
-    def _answer(self, limit: float, want: bytes) -> tuple[bytes, dict]:
-        """The agent's next report: ``want``, or a failure (recorded as the node's problem)."""
-        frame = self.call.next(limit)
-        if frame is AgentCall.TIMEOUT:
-            self.fail(f"no answer from the node agent within {limit:.0f} s")
-        elif frame is AgentCall.END and self.problem is None:
-            self.problem = self.call.ended("during the workdir copy")
-        else:
-            data = protocol.decode_json(frame[1])
-            if frame[0] == want:
-                return want, data
-            self.fail(data.get("what", f"unexpected answer {frame[0]!r}"), data.get("fix", ""))
-        return b"", {}
+    def _answer(self, limit: float, want: bytes) -> dict | None:
+        """The agent's ``want`` report, or None with the failure recorded as the node's problem."""
+        frames: dict[bytes, dict] = {}
+        problem = self.call.wait_for(want, limit, frames)
+        if problem is not None:
+            self.problem = self.problem or problem  # the first reason is the one that explains
+            return None
+        return frames[want]
 
     def _watch(self) -> None:
         while not self.sent.wait(1.0):
