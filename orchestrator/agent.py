@@ -9,14 +9,8 @@ mode it finds tagged processes and stops them (the same code path ddp-kill uses)
 mode it reports what planning needs to know of the node (its GPU count, for ``gpus: auto``). In
 ``sync`` mode it receives the changed files of the workdir copy (see sync.py).
 
-Wire protocol, one frame per line. Controller -> agent (stdin): the agent source (length given
-on the command line), a JSON spec line, then commands: ``H`` heartbeat, ``G {json}`` go,
-``T`` graceful stop, ``K`` kill now, ``C {json}`` probe the master, ``D`` dump stacks; EOF means
-the controller is gone.
-Agent -> controller (stdout): ``R``/``F`` ready or preflight failure, ``S`` started, ``O``/``E``
-a line of the launcher's own stdout/stderr, ``W STREAM LOCAL_RANK N`` followed by N raw bytes of
-a worker's whole lines, ``H`` heartbeat, ``P`` stopping, ``Y`` dumped, ``C`` probed, ``L`` listed
-processes, ``X`` exit.
+The wire protocol (every frame, both directions, every mode) is defined once, in wire.py, which
+the controller ships to the node ahead of this file; a bootstrap registers it as ``ddp_up_wire``.
 
 Worker output: torchrun redirects every worker's stdout/stderr to files (``--redirects=3``) and a
 tailer thread relays them in chunks. Workers write to a local file exactly as if nobody watched,
@@ -39,12 +33,20 @@ import tempfile
 import threading
 import time
 
+try:
+    from . import wire  # imported by the controller, as part of the package
+except ImportError:  # running on a node: the bootstrap registered the shipped wire.py under this name
+    import ddp_up_wire as wire
+
 TAG_JOB = "DDP_UP_JOB"
 TAG_NODE = "DDP_UP_NODE"
 TAG_CLUSTER = "DDP_UP_CLUSTER"
 TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER)
-# Turns the source sent on stdin into the running agent; argv[1] is the source length in bytes.
-BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'ddp_up_agent','exec'))"
+# Turns the sources sent on stdin into the running agent: argv[1] bytes of wire.py, registered as
+# the module ddp_up_wire, then argv[2] bytes of this file, run as the main program.
+BOOTSTRAP = ("import sys,types;r=sys.stdin.buffer.read;w=types.ModuleType('ddp_up_wire');"
+             "sys.modules['ddp_up_wire']=w;exec(compile(r(int(sys.argv[1])),'ddp_up_wire','exec'),w.__dict__);"
+             "exec(compile(r(int(sys.argv[2])),'ddp_up_agent','exec'))")
 # `launcher: none`: the plan names ddp-up's own launcher by this file name; the agent writes the
 # source from its spec into the job's state directory and runs it from there.
 LAUNCH_FILE = "ddp-up-launch.py"
@@ -218,12 +220,8 @@ class Writer:
         self.last_activity = time.monotonic()  # last line queued or written
         threading.Thread(target=self._loop, name="writer", daemon=True).start()
 
-    def frame(self, kind, payload=b"", block=True):
-        data = kind + b" " + payload + b"\n" if payload else kind + b"\n"
-        self.put(data, block)
-
-    def json(self, kind, obj):
-        self.frame(kind, json.dumps(obj).encode())
+    def send(self, frame, block=True):
+        self.put(frame.encode(), block)
 
     def put(self, data, block=True):
         self.idle.clear()
@@ -267,8 +265,8 @@ def join_while_moving(thread, writer, stall_timeout):
             return
 
 
-def pump(fd, kind, writer):
-    """Relay the launcher's own stream to the controller, a whole line per frame, batched per read."""
+def pump(fd, stream, writer):
+    """Relay the launcher's own stream to the controller: the whole lines of each read, one frame."""
     rest = b""
     while True:
         try:
@@ -279,13 +277,14 @@ def pump(fd, kind, writer):
             chunk = b""
         if not chunk:
             if rest:
-                writer.put(kind + b" " + rest + b"\n")
+                writer.send(wire.Output(stream, None, rest + b"\n"))
             os.close(fd)
             return
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        if lines:
-            writer.put(b"".join(kind + b" " + line + b"\n" for line in lines))
+        rest += chunk
+        cut = rest.rfind(b"\n") + 1
+        if cut:
+            writer.send(wire.Output(stream, None, rest[:cut]))
+            rest = rest[cut:]
 
 
 class Tailer:
@@ -335,7 +334,7 @@ class Tailer:
             if path in self.files:
                 continue
             local_rank = os.path.basename(os.path.dirname(path))
-            stream = {"stdout.log": b"O", "stderr.log": b"E"}.get(os.path.basename(path))
+            stream = {"stdout.log": "out", "stderr.log": "err"}.get(os.path.basename(path))
             if not local_rank.isdigit() or stream is None:
                 continue
             try:
@@ -373,16 +372,18 @@ class Tailer:
         return moved
 
     def send(self, stream, local_rank, data):
-        self.out.put(b"W %s %d %d\n" % (stream, local_rank, len(data)) + data)
+        self.out.send(wire.Output(stream, local_rank, data))
 
 
 # --- run mode -----------------------------------------------------------------------------------
 
 class Runner:
+    """Run mode: preflight, wait for Go, start the launcher, relay, stop on request or silence."""
+
     def __init__(self, spec, writer):
-        self.spec = spec
+        self.spec = spec  # a wire.RunSpec
         self.out = writer
-        self.match = {TAG_JOB: spec["job"], TAG_NODE: str(spec["node"])}
+        self.match = {TAG_JOB: spec.job, TAG_NODE: str(spec.node)}
         self.events = queue.SimpleQueue()  # put() is safe from signal handlers
         self.last_heard = time.monotonic()
         self.proc = None
@@ -390,89 +391,104 @@ class Runner:
         self.tailer = None
         self.listener = None
         self.torch = None  # {"torch", "cuda", "nccl"} once probed
-        self.dir = state_dir(spec["job"])
-        self.state_file = os.path.join(self.dir, "node%d.json" % spec["node"])
-        self.log_dir = os.path.join(self.dir, "node%d-logs" % spec["node"])
+        self.dir = state_dir(spec.job)
+        self.log_dir = os.path.join(self.dir, "node%d-logs" % spec.node)
 
     def run(self):
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, lambda s, _f: self.events.put(("stop", "agent got " + signal.Signals(s).name)))
         problem = self.preflight()
         if problem:
-            self.out.json(b"F", problem)
+            self.out.send(problem)
             self.out.drain(5)
             return 3
-        ready = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0],
-                 "torch": self.torch["torch"], "cuda": self.torch.get("cuda"), "nccl": self.torch.get("nccl"),
-                 "gpus": count_gpus(self.job_env()), "time": time.time(),
-                 "disk_free": shutil.disk_usage(".").free}
-        if self.listener is not None:
-            ready["port"] = self.listener.getsockname()[1]
-        self.out.json(b"R", ready)
+        self.out.send(wire.Ready(
+            hostname=socket.gethostname(), python=sys.version.split()[0], torch=self.torch["torch"],
+            cuda=self.torch.get("cuda"), nccl=self.torch.get("nccl"), gpus=count_gpus(self.job_env()),
+            time=time.time(), disk_free=shutil.disk_usage(".").free,
+            port=None if self.listener is None else self.listener.getsockname()[1]))
         threading.Thread(target=self.read_controller, name="stdin", daemon=True).start()
         kind, arg = self.wait_for_go()
         if kind != "go":
-            self.out.json(b"X", {"code": None, "stopped": True, "reason": arg, "started": False})
+            self.out.send(wire.Exited(code=None, signal=None, stopped=True, reason=arg))
             self.out.drain(5)
             return 0
-        self.start(arg["argv"])
+        self.start(arg)
         return self.supervise()
 
     def preflight(self):
-        workdir = os.path.expanduser(self.spec.get("workdir") or "~")
+        """None, or the Failed frame that says what is wrong here and how to fix it."""
+        workdir = os.path.expanduser(self.spec.workdir or "~")
         if not os.path.isdir(workdir):
-            return {"what": "workdir %s does not exist" % workdir,
-                    "fix": "create it on this node, or set `workdir:` in the cluster file"}
+            return wire.Failed("workdir %s does not exist" % workdir,
+                               "create it on this node, or set `workdir:` in the cluster file")
         os.chdir(workdir)
-        script = self.spec.get("script")
+        script = self.spec.script
         if script and not os.path.isfile(script):
-            return {"what": "script %s not found in %s" % (script, workdir),
-                    "fix": "copy it to this node, or set `workdir:` to the directory that holds it"}
+            return wire.Failed("script %s not found in %s" % (script, workdir),
+                               "copy it to this node, or set `workdir:` to the directory that holds it")
         self.torch = probe_torch(self.job_env())
         if self.torch is None:
-            return {"what": "torch is not installed for %s (Python %s)" % (sys.executable, sys.version.split()[0]),
-                    "fix": "install torch on this node, or set `python:` to an interpreter that has it"}
-        port = self.spec.get("check_port")
-        if port or self.spec.get("pick_port"):
+            return wire.Failed("torch is not installed for %s (Python %s)" % (sys.executable, sys.version.split()[0]),
+                               "install torch on this node, or set `python:` to an interpreter that has it")
+        port = self.spec.check_port
+        if port or self.spec.pick_port:
             try:  # held until go: reserves the port and lets every node probe the master for real
                 self.listener = listen_on(port or 0)
             except OSError:
-                return {"what": "master port %d is already in use on the master node" % port,
-                        "fix": "set `master: {port: auto}` or pick another port"}
+                return wire.Failed("master port %d is already in use on the master node" % port,
+                                   "set `master: {port: auto}` or pick another port")
         return None
 
     def job_env(self):
-        return job_env(self.spec)
+        return job_env(self.spec.env)
 
     def probe(self, target):
         """Can this node open a TCP connection to the master's address and port?"""
         try:
-            socket.create_connection((target["addr"], target["port"]), timeout=target["timeout"]).close()
-            self.out.json(b"C", {"ok": True})
+            socket.create_connection((target.addr, target.port), timeout=target.timeout).close()
+            self.out.send(wire.Probed(ok=True))
         except OSError as e:
-            self.out.json(b"C", {"ok": False, "error": e.strerror or str(e) or type(e).__name__})
+            self.out.send(wire.Probed(ok=False, error=e.strerror or str(e) or type(e).__name__))
+
+    COMMANDS = {wire.Go: "go", wire.Stop: "stop", wire.Kill: "kill", wire.Probe: "probe", wire.Dump: "dump"}
 
     def read_controller(self):
-        commands = {b"G": "go", b"T": "stop", b"K": "kill", b"C": "probe", b"D": "dump"}
-        for line in sys.stdin.buffer:
+        """The controller's frames, as events; a frame that is not one stops the job."""
+        while True:
+            try:
+                frame = wire.read_frame(sys.stdin.buffer)
+            except wire.ProtocolError as e:
+                self.events.put(("stop", "protocol error from the controller: %s" % e))
+                return
+            except (OSError, ValueError):
+                frame = None
+            if frame is None:
+                break
             self.last_heard = time.monotonic()
-            kind, _, payload = line.rstrip(b"\n").partition(b" ")
-            if kind in commands:
-                arg = json.loads(payload) if payload else "controller asked"
-                self.events.put((commands[kind], arg))
+            kind = self.COMMANDS.get(type(frame))
+            if kind == "go":
+                self.events.put((kind, frame.argv))
+            elif kind == "probe":
+                self.events.put((kind, frame))
+            elif kind is not None:
+                self.events.put((kind, "controller asked"))
+            elif not isinstance(frame, wire.Heartbeat):
+                self.events.put(("stop", "protocol error from the controller: %s in run mode" % type(frame).__name__))
+                return
         self.events.put(("stop", "controller connection closed"))
 
     def tick(self):
         """Heartbeat both ways; returns a stop event once the controller has gone quiet."""
-        self.out.frame(b"H", block=False)
+        self.out.send(wire.Heartbeat(), block=False)
         silent = time.monotonic() - self.last_heard
-        if silent > self.spec["orphan_timeout"]:
+        if silent > self.spec.orphan_timeout:
             return ("stop", "no heartbeat from the controller for %.0f s" % silent)
         return None
 
     def next_event(self):
         try:
-            return self.events.get(timeout=self.spec["heartbeat"])
+            return self.events.get(timeout=self.spec.heartbeat)
         except queue.Empty:
             return self.tick()
 
@@ -492,26 +508,24 @@ class Runner:
 
     def start(self, argv):
         env = self.job_env()
-        env.update({TAG_JOB: self.spec["job"], TAG_NODE: str(self.spec["node"]),
-                    TAG_CLUSTER: self.spec.get("cluster", "")})
+        env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster})
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
         os.makedirs(self.dir, exist_ok=True)
-        if self.spec.get("stack_dumps"):
+        if self.spec.stack_dumps:
             hooks = os.path.dirname(self.write_hook("sitecustomize.py", DUMP_HOOK))
             env["PYTHONPATH"] = hooks + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
         # agent runs under exactly that interpreter, already resolved by the shell that started it.
         argv = [sys.executable if a == argv[0] else a for a in argv]
-        if self.spec.get("launch_source"):
-            launch = self.write_hook(LAUNCH_FILE, self.spec["launch_source"])
+        if self.spec.launch_source:
+            launch = self.write_hook(LAUNCH_FILE, self.spec.launch_source)
             argv = [launch if a == LAUNCH_FILE else a for a in argv]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
-        self.record_state(argv)
-        self.out.json(b"S", {"pid": self.proc.pid})
-        for stream, kind in ((self.proc.stdout, b"O"), (self.proc.stderr, b"E")):
-            t = threading.Thread(target=pump, args=(os.dup(stream.fileno()), kind, self.out), daemon=True)
-            stream.close()
+        self.out.send(wire.Started())
+        for pipe, stream in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
+            t = threading.Thread(target=pump, args=(os.dup(pipe.fileno()), stream, self.out), daemon=True)
+            pipe.close()
             t.start()
             self.pumps.append(t)
         self.tailer = Tailer(self.log_dir, self.out)
@@ -520,21 +534,12 @@ class Runner:
 
     def write_hook(self, name, text):
         """A file of ours the job runs (dump hook, launcher), in this node's state directory."""
-        hooks = os.path.join(self.dir, "node%d-hooks" % self.spec["node"])
+        hooks = os.path.join(self.dir, "node%d-hooks" % self.spec.node)
         os.makedirs(hooks, exist_ok=True)
         path = os.path.join(hooks, name)
         with open(path, "w") as f:
             f.write(text)
         return path
-
-    def record_state(self, argv):
-        state = {"job": self.spec["job"], "node": self.spec["node"], "cluster": self.spec.get("cluster"),
-                 "agent_pid": os.getpid(), "launcher_pid": self.proc.pid, "launcher_pgid": self.proc.pid,
-                 "started": time.time(), "argv": argv}
-        tmp = self.state_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, self.state_file)
 
     def supervise(self):
         while True:
@@ -551,7 +556,7 @@ class Runner:
                 return self.stop(arg, force=(kind == "kill"))
 
     def dump_stacks(self):
-        """Every worker's Python stack into its stderr stream, then ``Y``: with py-spy where the
+        """Every worker's Python stack into its stderr stream, then Dumped: with py-spy where the
         job's PATH has it (no hook needed, works on any frame), else by the dump hook's signal.
         On a thread, so heartbeats go on while py-spy attaches."""
         threading.Thread(target=self._dump_stacks, name="dump", daemon=True).start()
@@ -571,7 +576,7 @@ class Runner:
             t.start()
         for t in threads:
             t.join(PYSPY_TIMEOUT + 5)
-        self.out.json(b"Y", {"ranks": sorted(rank for (_, rank, _), ok in results.items() if ok)})
+        self.out.send(wire.Dumped(ranks=sorted(rank for (_, rank, _), ok in results.items() if ok)))
 
     def dump_one(self, pyspy, pid, rank, local_rank):
         if pyspy:
@@ -580,7 +585,7 @@ class Runner:
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=PYSPY_TIMEOUT)
                 if done.returncode == 0:
                     text = b"ddp-up: py-spy dump of pid %d (rank %d)\n" % (pid, rank) + done.stdout.rstrip(b"\n")
-                    self.tailer.send(b"E", local_rank, text + b"\n")  # as if the worker printed it
+                    self.tailer.send("err", local_rank, text + b"\n")  # as if the worker printed it
                     return True
             except (OSError, subprocess.SubprocessError):
                 pass  # e.g. ptrace not allowed here: fall back to the hook
@@ -588,11 +593,11 @@ class Runner:
 
     def stop(self, reason, force):
         """SIGTERM the launcher, wait up to stop_grace, then SIGKILL every tagged survivor."""
-        self.out.json(b"P", {"reason": reason, "force": force})
+        self.out.send(wire.Stopping(reason=reason))
         code = None
         if not force:
             self.send_launcher(signal.SIGTERM)
-            deadline = time.monotonic() + self.spec["stop_grace"]
+            deadline = time.monotonic() + self.spec.stop_grace
             while code is None and time.monotonic() < deadline:
                 event = self.wait_event(deadline)
                 if event and event[0] == "exited":
@@ -603,9 +608,9 @@ class Runner:
 
     def wait_event(self, deadline):
         try:
-            return self.events.get(timeout=max(0.0, min(self.spec["heartbeat"], deadline - time.monotonic())))
+            return self.events.get(timeout=max(0.0, min(self.spec.heartbeat, deadline - time.monotonic())))
         except queue.Empty:
-            self.out.frame(b"H", block=False)
+            self.out.send(wire.Heartbeat(), block=False)
             return None
 
     def send_launcher(self, sig):
@@ -613,7 +618,7 @@ class Runner:
             signal_tagged(self.proc.pid, sig, self.match)
 
     def finish(self, code, stopped, reason):
-        swept = kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)
+        kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)
         if code is None and self.proc is not None:
             try:
                 code = self.proc.wait(timeout=KILL_WAIT)
@@ -622,24 +627,19 @@ class Runner:
         # Every line before the exit frame. The job's processes are gone, so the pipes reach EOF
         # and the log files are complete; what bounds the wait is the controller reading (a
         # stalled connection: orphan_timeout).
-        stall = self.spec["orphan_timeout"]
+        stall = self.spec.orphan_timeout
         for t in self.pumps:
             join_while_moving(t, self.out, stall)  # stuck: a held pipe, or a dead connection
         if self.tailer is not None:
             self.tailer.finish(stall)
-        self.out.json(b"X", {"code": code, "signal": signal_name(code), "stopped": stopped, "reason": reason,
-                             "started": True, "killed": len(swept["killed"]), "left": swept["left"]})
+        self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason))
         self.out.drain(stall)
         self.cleanup_state(keep_logs=self.out.broken)
         return 0
 
     def cleanup_state(self, keep_logs):
         """Remove this node's state; keep torchrun's log copy if the controller may have missed lines."""
-        try:
-            os.unlink(self.state_file)
-        except OSError:
-            pass
-        shutil.rmtree(os.path.join(self.dir, "node%d-hooks" % self.spec["node"]), ignore_errors=True)
+        shutil.rmtree(os.path.join(self.dir, "node%d-hooks" % self.spec.node), ignore_errors=True)
         if not keep_logs:
             shutil.rmtree(self.log_dir, ignore_errors=True)
         for path in (self.dir, os.path.dirname(self.dir)):
@@ -705,10 +705,10 @@ def probe_torch(env):
     return info if info.get("torch") else None
 
 
-def job_env(spec):
+def job_env(extra):
     """The environment the job gets: this agent's (after `setup:`), then the plan's `env`."""
     env = dict(os.environ)
-    env.update(spec.get("env") or {})
+    env.update(extra or {})
     return env
 
 
@@ -727,7 +727,7 @@ def count_gpus(env):
 
 def detect(spec, writer):
     """One-shot facts for planning (``gpus: auto``), before any job exists."""
-    writer.json(b"R", {"hostname": socket.gethostname(), "gpus": count_gpus(job_env(spec))})
+    writer.send(wire.Detected(gpus=count_gpus(job_env(spec.env))))
     writer.drain(5)
     return 0
 
@@ -735,16 +735,15 @@ def detect(spec, writer):
 # --- sweep mode (ddp-kill, and the controller's fallback) ---------------------------------------
 
 def sweep(spec, writer):
-    match = {k: str(v) for k, v in spec["match"].items() if v is not None}
+    match = {k: str(v) for k, v in spec.match.items() if v is not None}
     found = find_tagged(match)
-    writer.json(b"L", {"hostname": socket.gethostname(), "found": found})
-    if spec.get("dry_run"):
+    writer.send(wire.Listed(found=found))
+    if spec.dry_run:
         result = {"found": found, "killed": [], "left": []}
     else:
-        result = kill_tagged(match, grace=spec["grace"])
+        result = kill_tagged(match, grace=spec.grace)
         remove_stale_state(match)
-    writer.json(b"X", {"code": 0, "terminated": [p["pid"] for p in found if p["pid"] not in result["killed"]],
-                       "killed": result["killed"], "left": result["left"]})
+    writer.send(wire.Swept(killed=result["killed"], left=result["left"]))
     writer.drain(5)
     return 0
 
@@ -880,10 +879,10 @@ def place_link(path, target):
 
 
 def receive(spec, writer, stream):
-    """Say which entries differ, then take ``U INDEX SIZE MTIME_NS`` + bytes for each until ``Z``.
+    """Say which entries differ (Needs), then take a File frame + bytes for each until EndOfFiles.
     Never deletes: files only the node has (outputs, checkpoints) stay."""
-    dest = os.path.abspath(os.path.expanduser(spec["dest"]))
-    entries = spec["entries"]
+    dest = os.path.abspath(os.path.expanduser(spec.dest))
+    entries = spec.entries
     bad = [e[0] for e in entries if not safe_relpath(e[0])]
     try:
         if bad:
@@ -896,10 +895,9 @@ def receive(spec, writer, stream):
         return sync_failed(writer, "cannot sync into %s: %s" % (dest, getattr(e, "strerror", None) or e),
                            getattr(e, "errno", None), "a file is in the way of the workdir: remove it there, "
                                                       "or set another `workdir:`")
-    writer.json(b"R", {"hostname": socket.gethostname(), "dest": dest, "need": need,
-                       "marker": os.path.basename(marker)})
+    writer.send(wire.Needs(dest=dest, need=need, marker=os.path.basename(marker)))
     done = {"files": 0, "bytes": 0, "links": 0, "at": dest}  # "at": the path being written
-    guard = IdleGuard(stream, spec["idle_timeout"])
+    guard = IdleGuard(stream, spec.idle_timeout)
     guard.leftovers.append(marker)
     try:
         take_files(guard, dest, entries, done, writer)
@@ -909,36 +907,36 @@ def receive(spec, writer, stream):
                 done["at"] = os.path.join(dest, rel)
                 place_link(done["at"], link)
                 done["links"] += 1
-    except (OSError, SyncFailed, ValueError, IndexError) as e:
+    except (OSError, SyncFailed, ValueError, IndexError, wire.ProtocolError) as e:
         return sync_failed(writer, "cannot write %s: %s" % (done["at"], getattr(e, "strerror", None) or e),
                            getattr(e, "errno", None))
     finally:
         remove_quietly(marker)
-    writer.json(b"X", {k: done[k] for k in ("files", "bytes", "links")})
+    writer.send(wire.Copied(files=done["files"], bytes=done["bytes"], links=done["links"]))
     writer.drain(5)
     return 0
 
 
 def take_files(stream, dest, entries, done, writer):
-    """Each ``U INDEX SIZE MTIME_NS`` header and its bytes, until ``Z``. ``M [names]`` asks which
-    of the other nodes' markers this workdir holds too (a shared filesystem), answered by ``V``."""
+    """Each File frame and its bytes, until EndOfFiles. AskShared asks which of the other nodes'
+    markers this workdir holds too (a shared filesystem), answered by Shared."""
     while True:
-        line = stream.readline()
-        header = line.split()
-        if not header:
+        frame = wire.read_frame(stream)
+        if frame is None:
             raise SyncFailed("the controller went away")
-        if header[0] == b"Z":
+        if isinstance(frame, wire.EndOfFiles):
             return
-        if header[0] == b"M":
-            names = [n for n in json.loads(line[2:]) if n.startswith(MARKER_PREFIX) and safe_relpath(n) and "/" not in n]
-            writer.json(b"V", {"sees": [n for n in names if os.path.exists(os.path.join(dest, n))]})
+        if isinstance(frame, wire.AskShared):
+            names = [n for n in frame.markers if n.startswith(MARKER_PREFIX) and safe_relpath(n) and "/" not in n]
+            writer.send(wire.Shared(sees=[n for n in names if os.path.exists(os.path.join(dest, n))]))
             continue
-        index, size, mtime_ns = (int(x) for x in header[1:4])
-        rel, _, _, mode, _ = entries[index]
+        if not isinstance(frame, wire.File):
+            raise SyncFailed("protocol error: %s in sync mode" % type(frame).__name__)
+        rel, _, _, mode, _ = entries[frame.index]
         done["at"] = os.path.join(dest, rel)
-        receive_file(stream, done["at"], size, mtime_ns, mode)
+        receive_file(stream, done["at"], frame.size, frame.mtime_ns, mode)
         done["files"] += 1
-        done["bytes"] += size
+        done["bytes"] += frame.size
 
 
 def sync_failed(writer, what, err=None, in_the_way=None):
@@ -948,19 +946,27 @@ def sync_failed(writer, what, err=None, in_the_way=None):
                              "round): remove it there")
     else:
         fix = "check the node's disk space and that `workdir:` is writable"
-    writer.json(b"F", {"what": what, "fix": fix})
+    writer.send(wire.Failed(what=what, fix=fix))
     writer.drain(5)
     return 3
 
 
 def main():
     writer = Writer(sys.stdout.buffer)
-    spec = json.loads(sys.stdin.buffer.readline())
-    if spec["mode"] == "sweep":
+    try:
+        spec = wire.read_frame(sys.stdin.buffer)
+        if not isinstance(spec, wire.SPECS):
+            raise wire.ProtocolError("expected a spec frame first, got %s" % type(spec).__name__)
+    except wire.ProtocolError as e:
+        writer.send(wire.Failed(what="protocol error from the controller: %s" % e,
+                                fix="use the same ddp-up version on both ends"))
+        writer.drain(5)
+        os._exit(3)
+    if isinstance(spec, wire.SweepSpec):
         code = sweep(spec, writer)
-    elif spec["mode"] == "detect":
+    elif isinstance(spec, wire.DetectSpec):
         code = detect(spec, writer)
-    elif spec["mode"] == "sync":
+    elif isinstance(spec, wire.SyncSpec):
         code = receive(spec, writer, sys.stdin.buffer)
     else:
         code = Runner(spec, writer).run()

@@ -1,23 +1,28 @@
 """Find and stop tagged job processes on nodes: ddp-kill, and the job's fallback for lost nodes.
 
-Runs the same agent as a launch, in ``sweep`` mode: it matches processes by the tags ddp-up put
-in their environment (job, node, cluster file), never by name or command line.
+Runs the same agent as a launch, in sweep mode: it matches processes by the tags ddp-up put in
+their environment (job, node, cluster file), never by name or command line.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
+from . import wire
 from .agent import TAG_CLUSTER, TAG_JOB, TAG_NODE
 from .config import NodeConfig
-from .oneshot import call_agent, on_each
+from .oneshot import call_agent
+from .parallel import on_each
 from .transport import Transport
+
+SWEEP_MARGIN = 15.0  # seconds for the sweep agent to start and report, on top of connect + grace
 
 
 @dataclass
 class SweepReport:
     node: NodeConfig
-    hostname: str = ""
     found: list[dict] = field(default_factory=list)  # {"pid", "tags", "cmd"}
     killed: list[int] = field(default_factory=list)  # needed SIGKILL after the grace period
     left: list[int] = field(default_factory=list)  # still alive at the end (should be empty)
@@ -34,17 +39,46 @@ def match_for(job: str | None = None, node: int | None = None, cluster: str | No
     return {k: v for k, v in pairs.items() if v is not None}
 
 
+def sweep_limit(node: NodeConfig, grace: float) -> float:
+    return grace + node.ssh.connect_timeout + SWEEP_MARGIN
+
+
 def sweep_node(node: NodeConfig, match: dict, grace: float, dry_run: bool = False,
-               transport: Transport | None = None, timeout: float | None = None) -> SweepReport:
-    """Run the agent in sweep mode on one node and collect its report (bounded by ``timeout``)."""
-    spec = {"mode": "sweep", "match": match, "grace": grace, "dry_run": dry_run}
-    limit = timeout if timeout is not None else grace + node.ssh.connect_timeout + 15
-    reply = call_agent(node, spec, limit, until=b"X", transport=transport)
-    listed, done = reply.frames.get(b"L", {}), reply.frames.get(b"X", {})
-    return SweepReport(node, hostname=listed.get("hostname", ""), found=listed.get("found", []),
-                       killed=done.get("killed", []), left=done.get("left", []), error=reply.error)
+               transport: Transport | None = None) -> SweepReport:
+    """Run the agent in sweep mode on one node and collect its report (bounded by sweep_limit)."""
+    spec = wire.SweepSpec(match=match, grace=grace, dry_run=dry_run)
+    reply = call_agent(node, spec, sweep_limit(node, grace), until=wire.Swept, transport=transport)
+    listed, swept = reply.frames.get(wire.Listed), reply.frames.get(wire.Swept)
+    return SweepReport(node, found=listed.found if listed else [], killed=swept.killed if swept else [],
+                       left=swept.left if swept else [], error=reply.error)
 
 
 def sweep_nodes(nodes: list[NodeConfig], match_of, grace: float, dry_run: bool = False) -> list[SweepReport]:
     """Sweep many nodes in parallel; ``match_of(node)`` gives each node's tag filter."""
-    return on_each(nodes, lambda n: sweep_node(n, match_of(n), grace, dry_run))
+    return on_each(nodes, lambda n: sweep_node(n, match_of(n), grace, dry_run), name="sweep")
+
+
+class LostNodeSweeper:
+    """A lost node may still run job processes: sweep them over a fresh connection, at once and
+    in parallel with stopping the other nodes; ``finish`` collects the reports (bounded)."""
+
+    def __init__(self, job_id: str, grace: float, transport_factory: Callable[[NodeConfig], Transport]):
+        self.job_id = job_id
+        self.grace = grace
+        self.transport_factory = transport_factory
+        self._threads: list[tuple[NodeConfig, threading.Thread]] = []
+        self._reports: list[SweepReport] = []
+
+    def start(self, node: NodeConfig) -> None:
+        def sweep() -> None:
+            match = match_for(job=self.job_id, node=node.rank)
+            self._reports.append(sweep_node(node, match, self.grace, transport=self.transport_factory(node)))
+
+        thread = threading.Thread(target=sweep, name=f"sweep-{node.label}", daemon=True)
+        thread.start()
+        self._threads.append((node, thread))
+
+    def finish(self) -> list[SweepReport]:
+        for node, thread in self._threads:  # each sweep bounds itself; the margin covers thread start
+            thread.join(sweep_limit(node, self.grace) + 5)
+        return list(self._reports)

@@ -1,7 +1,9 @@
-"""Command-line shells for ddp-up and ddp-kill.
+"""Command-line shells for ddp-up, ddp-check and ddp-kill.
 
-The only layer that turns signals into exceptions and exceptions into exit statuses; the code
-below it reports problems as values or DdpUpError subclasses that render themselves.
+The only layer that turns exceptions into exit statuses; the code below it reports problems as
+values or DdpUpError subclasses that render themselves. Signals are recorded by signals.py; the
+shells read the inbox between start-up steps (and the parallel calls while they wait), the job
+loop at every turn.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__
+from . import __version__, signals
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import NodeSource, SyncConfig, load_cluster
 from .detect import resolve_auto_gpus
 from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, ConfigError, DdpUpError,
                      Interrupted, SetupError, UsageError)
 from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
-from .job import Job, torch_versions
-from .outcome import JobResult
+from .job import Job
+from .parallel import interruptible
 from .plan import LaunchPlan, make_plan, new_job_id
+from .preflight import torch_versions
 from .sync import Tree, human_bytes, scan, sync_all, targets
 from .transport import ssh_hostnames
 from .views.console import ConsoleView
@@ -34,8 +37,6 @@ from .views.fanout import Fanout
 from .views.filters import parse_ranks
 from .views.logfiles import RunLogs
 from .views.transfer import transfer_progress
-
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 # --- ddp-up ---------------------------------------------------------------------------------
@@ -146,11 +147,14 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main_up(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    with signals.recording() as inbox:
+        return _up(sys.argv[1:] if argv is None else argv, inbox)
+
+
+def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
     ours, script_args = split_argv(argv)
     args = up_parser().parse_args(ours)
     console = Console(highlight=False, soft_wrap=True)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         source = node_source(args)
         args.cluster, args.script = cluster_and_script(args.cluster, args.script, source is not None)
@@ -159,11 +163,12 @@ def main_up(argv: list[str] | None = None) -> int:
         config = load_cluster(args.cluster, source)
         if args.hang_timeout is not None and args.hang_timeout <= 0:
             raise UsageError("--hang-timeout must be a number of seconds > 0")
+        _check_signals(inbox)
         config = _resolve_nodes(config)
         plan = make_plan(config, args.script, script_args, args.job_id or new_job_id(), os.getcwd(),
                          hang_timeout=args.hang_timeout)
         sync = sync_choice(args.sync, config.sync)
-        tree = scan(sync, skip=[args.runs_dir]) if sync else None
+        tree = interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None
         if args.dry_run:
             print_dry_run(plan, console, tree)
             return EXIT_OK
@@ -174,29 +179,38 @@ def main_up(argv: list[str] | None = None) -> int:
         if dashboard and not console.is_terminal:
             console = Console(highlight=False, soft_wrap=True, force_terminal=True)
         view_class = DashboardView if dashboard else ConsoleView
+        _check_signals(inbox)
         return run_job(plan, view_class(plan, console, ranks=ranks, collapse=args.collapse),
-                       RunLogs(plan, args.runs_dir), preflight=args.preflight)
+                       RunLogs(plan, args.runs_dir), preflight=args.preflight, inbox=inbox)
     except DdpUpError as e:
         return _report("ddp-up", e)
     except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop
-        err.print(f"ddp-up: {signal.Signals(e.signum).name} before the job started; nothing was started",
-                  markup=False)
-        return 128 + e.signum
+        return _interrupted("ddp-up", e, "before the job started; nothing was started")
     except Exception:  # noqa: BLE001 - a bug: show it, and say what happened to the job
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
         err.print_exception()
         err.print("[bold red]ddp-up: internal error[/] (a bug; please report it). Connections were closed, "
                   "so every node stops its job by itself; `ddp-kill CLUSTER.yaml` confirms.")
         return EXIT_INTERNAL
 
 
+def _check_signals(inbox: signals.SignalInbox) -> None:
+    """A defined point between start-up steps: a signal received so far ends the start-up here."""
+    if inbox.received:
+        raise Interrupted(inbox.first)
+
+
+def _interrupted(prog: str, e: Interrupted, what: str) -> int:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"{prog}: {signal.Signals(e.signum).name} {what}", markup=False)
+    return 128 + e.signum
+
+
 def _resolve_nodes(config):
     """SSH config aliases -> the addresses other nodes use; then ask `gpus: auto` nodes for their
     count (a short, bounded call; nothing is started)."""
     config = config.with_addresses(ssh_hostnames(list(config.nodes)))
-    try:
-        return resolve_auto_gpus(config)
-    except KeyboardInterrupt:
-        raise Interrupted(signal.SIGINT) from None
+    return resolve_auto_gpus(config)
 
 
 def sync_choice(flag: bool | None, configured: SyncConfig | None) -> SyncConfig | None:
@@ -208,70 +222,27 @@ def sync_choice(flag: bool | None, configured: SyncConfig | None) -> SyncConfig 
 
 def copy_workdirs(plan: LaunchPlan, tree: Tree, config_path: str, console: Console) -> None:
     """The changed files of ``tree`` to every node's workdir, before anything starts."""
-    try:
-        summary = sync_all(tree, targets(plan, tree, config_path), partial(transfer_progress, console))
-    except KeyboardInterrupt:
-        raise Interrupted(signal.SIGINT) from None
+    summary = sync_all(tree, targets(plan, tree, config_path), partial(transfer_progress, console))
     console.print(f"ddp-up {summary.render()}", markup=False)
 
 
-def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True) -> int:
-    """Run to completion; first signal = graceful stop of all nodes, second = SIGKILL now."""
-    view = Fanout(console_view, logs)
-    job = Job(plan, view, preflight=preflight)
-    console_view.intro(plan)
-    result = None
-    with SignalGate() as gate:
+def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
+            inbox: signals.SignalInbox = signals.INBOX) -> int:
+    """Run to completion. Signals are the job loop's events: the first stops every node
+    gracefully, the second kills now; either way the exit status is 128+N."""
+    job = Job(plan, Fanout(console_view, logs), preflight=preflight, inbox=inbox)
+    with console_view, logs:
         try:
-            result = _run_or_stop(job, view)
-        finally:
-            gate.hold()  # cleanup below must run to the end
+            result = job.run()
+        except BaseException as e:  # setup failure or a bug: record it and give the terminal back
             job.close()
-            if result is None:  # setup failure or a bug: record it and give the terminal back
-                logs.finished(job.result(), exit_code=getattr(sys.exc_info()[1], "exit_code", EXIT_INTERNAL))
-                console_view.close()
-    view.finished(result)
+            logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL))
+            raise
+        job.close()
+        logs.finished(result)
+        console_view.finished(result)
     console_view.notice(f"logs: {logs.dir}")
     return result.exit_code
-
-
-def _run_or_stop(job: Job, view) -> JobResult:
-    try:
-        return job.run()
-    except Interrupted as e:
-        name = signal.Signals(e.signum).name
-        view.notice(f"{name}: stopping all nodes (Ctrl-C again to kill now)")
-        try:
-            return job.stop(e.signum, reason=f"interrupted ({name})")
-        except Interrupted:
-            view.notice("killing every job process now")
-            return job.kill()
-
-
-class SignalGate:
-    """Turns the first two SIGINT/SIGTERM/SIGHUP into Interrupted; later ones are only noted."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.holding = False
-        self.previous: dict[int, object] = {}
-
-    def __enter__(self) -> SignalGate:
-        for sig in HANDLED_SIGNALS:
-            self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def hold(self) -> None:
-        self.holding = True
-
-    def _handle(self, signum: int, _frame) -> None:
-        self.count += 1
-        if not self.holding and self.count <= 2:
-            raise Interrupted(signum)
 
 
 def print_dry_run(plan: LaunchPlan, console: Console, tree: Tree | None = None) -> None:
@@ -330,22 +301,21 @@ def main_check(argv: list[str] | None = None) -> int:
     config = _load_or_report(args, "ddp-check", script_too=True)
     if config is None:
         return EXIT_USAGE
-    try:
-        config = _resolve_nodes(config)
-    except SetupError as e:
-        return _report("ddp-check", e)
-    except Interrupted:
-        return 130
-    plan = make_plan(config, args.script or "", [], new_job_id(), os.getcwd())
-    job = Job(plan, _QuietView(console))
-    with SignalGate() as gate:
+    with signals.recording() as inbox:
+        try:
+            config = _resolve_nodes(config)
+        except SetupError as e:
+            return _report("ddp-check", e)
+        except Interrupted as e:
+            return _interrupted("ddp-check", e, "while checking; nothing was started")
+        plan = make_plan(config, args.script or "", [], new_job_id(), os.getcwd())
+        job = Job(plan, _QuietView(console), inbox=inbox)
         try:
             problems = job.check()
-        except Interrupted:
-            return 130
         finally:
-            gate.hold()
             job.close()
+        if job.interrupted:
+            return _interrupted("ddp-check", Interrupted(job.interrupted), "while checking; nothing was started")
     console.print(check_table(job.status, problems, job.master_port))
     for p in problems:
         console.print(Text("✗ ", style="bold red") + Text(p.render()))
@@ -400,7 +370,11 @@ def main_kill(argv: list[str] | None = None) -> int:
             return match_for(job=args.job)
         return match_for(cluster=config.cluster_id, node=node.rank)
 
-    reports = sweep_nodes(list(config.nodes), match_of, grace=config.stop_grace, dry_run=args.dry_run)
+    with signals.recording():
+        try:
+            reports = sweep_nodes(list(config.nodes), match_of, grace=config.stop_grace, dry_run=args.dry_run)
+        except Interrupted as e:
+            return _interrupted("ddp-kill", e, "before every node answered; run ddp-kill again to confirm")
     console.print(kill_table(reports, args.dry_run))
     return EXIT_JOB_FAILED if any(r.error or r.left for r in reports) else EXIT_OK
 
@@ -443,4 +417,6 @@ def _escape(text: str) -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main_up())
+    from .entry import up
+
+    up()

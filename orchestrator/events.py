@@ -1,11 +1,18 @@
-"""What node sessions report to the job loop. Plain values; one queue, one consumer."""
+"""What the job loop consumes: one queue, one consumer. Plain values.
+
+Node sessions post what their agent said (``Message`` carries a wire frame as it arrived; the
+vocabulary is wire.py's, not repeated here), its output as ``Lines``, and how the channel ended.
+A signal handler posts ``Wake``: the loop then reads the signal inbox at its next turn.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Union
 
+from .channel import ChannelEnd
 from .errors import NodeProblem
+from .wire import Frame
 
 Stream = Literal["out", "err", "node"]  # worker/launcher stdout, stderr, or the node's own diagnostics
 
@@ -19,70 +26,39 @@ class LogLine(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Ready:
-    node: int
-    info: dict
-
-
-@dataclass(frozen=True)
-class SetupFailed:
-    node: int
-    problem: NodeProblem
-
-
-@dataclass(frozen=True)
-class Probed:
-    """Whether the node could open a TCP connection to the master's addr:port."""
-
-    node: int
-    ok: bool
-    error: str | None
-
-
-@dataclass(frozen=True)
-class Dumped:
-    """The node signalled these ranks to print their stacks (which then arrive as stderr lines)."""
-
-    node: int
-    ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Started:
-    node: int
-    pid: int
-
-
-@dataclass(frozen=True)
 class Lines:
     node: int
     lines: list[LogLine] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
-class Stopping:
+class Message:
+    """A control frame from the node's agent (Ready, Failed, Probed, Started, Dumped, Stopping, Exited)."""
+
     node: int
-    reason: str
+    frame: Frame
 
 
 @dataclass(frozen=True)
-class Exited:
+class SetupFailed:
+    """The node could not be reached, or its agent not started."""
+
     node: int
-    code: int | None
-    signal: str | None
-    stopped: bool  # ended because we (or a signal to the agent) asked it to stop
-    reason: str | None
-    started: bool
-    killed: int  # processes that needed SIGKILL
+    problem: NodeProblem
 
 
 @dataclass(frozen=True)
 class Closed:
-    """The session's stream ended. Without an Exited first, the node is lost."""
+    """The node's channel ended. Without an Exited first, the node is lost."""
 
     node: int
-    exit_status: int | None
-    stderr_tail: tuple[str, ...]
+    end: ChannelEnd
 
 
-Event = Union[Ready, SetupFailed, Probed, Dumped, Started, Lines, Stopping, Exited, Closed]
+class Wake:
+    """A signal arrived (posted by the handler: SimpleQueue.put is safe there)."""
+
+
+WAKE = Wake()
+
+Event = Union[Lines, Message, SetupFailed, Closed, Wake]

@@ -1,34 +1,41 @@
 """The job loop: open every node in parallel, start them together, watch, fail fast, clean up.
 
-The main thread consumes one event queue (fed by session threads) and owns every decision;
-per-node outcomes are values, and the first failure by time is named as the root cause.
+The main thread consumes one event queue (fed by the node sessions' threads and woken by the
+signal handler) and owns every decision and every state change (the states and their
+transitions are documented at ``outcome.State``). Hang detection (hang.py), the cross-node
+checks (preflight.py) and the sweeps of lost nodes (cleanup.py) are units of their own that
+return decisions; this module acts on them. Per-node outcomes are values, and the first
+failure by time is named as the root cause.
+
+Signals are events: the loop reads the inbox at every turn. The first asks every node to stop
+(Stop, then Kill after stop_grace, then a sweep), the second kills at once; either at any phase.
 """
 
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Protocol
 
-from . import protocol
-from .cleanup import SweepReport, match_for, sweep_node
+from . import preflight, wire
+from .cleanup import LostNodeSweeper
 from .errors import NodeProblem, SetupError
-from .events import Closed, Dumped, Exited, Lines, LogLine, Probed, Ready, SetupFailed, Started, Stopping
-from .logparse import StackReport
-from .outcome import TERMINAL, Failure, JobResult, JobSnapshot, NodeRow, NodeStatus, State
+from .events import WAKE, Closed, Lines, LogLine, Message, SetupFailed, Wake
+from .hang import AskStacks, HangWatch, Hung
+from .outcome import Failure, JobResult, JobSnapshot, NodeStatus, State, TERMINAL
+from .parallel import on_each
 from .plan import LaunchPlan, NodePlan
 from .session import NodeSession
-from .transport import Transport, early_exit_problem, transport_for
+from .signals import INBOX, SignalInbox
+from .transport import transport_for
 
 STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its stop is SIGKILLed
 KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept over a new channel
 SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
-PROBE_TIMEOUT = 3.0  # for each node's TCP connect to the master
-DUMP_WAIT = 5.0  # after asking for stacks, how long to wait for them before stopping the job
-DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the stacks to arrive
-SKEW_WARNING = 5.0  # seconds of clock difference worth a warning (logs and timeouts get confusing)
+PROBE_MARGIN = 10.0  # beyond the probe's own timeout for every node to answer it
+TICK = 0.25  # the loop's longest sleep: views redraw and deadlines are checked at least this often
 
 
 class View(Protocol):
@@ -39,122 +46,113 @@ class View(Protocol):
         """Called often from the job loop; a view that redraws builds the snapshot only when it does."""
 
 
-TORCH_FIELDS = ("torch", "cuda", "nccl")
+class Session(Protocol):
+    """What the job needs of a node session (NodeSession; fakes in the unit tests)."""
+
+    last_heard: float
+    started: bool
+
+    def open(self) -> None: ...
+    def send(self, frame: wire.Frame) -> None: ...
+    def cancel(self) -> None: ...
+    def close(self) -> None: ...
+    def disconnect(self) -> None: ...
 
 
-def torch_versions(info: dict, fields=TORCH_FIELDS) -> str:
-    """``2.4.0+cu121 (CUDA 12.1, NCCL 2.20.5)``, naming only ``fields`` that are known."""
-    extra = [f"{name} {info[key]}" for key, name in (("cuda", "CUDA"), ("nccl", "NCCL"))
-             if key in fields and info.get(key)]
-    return f"{info.get('torch') or '-'}" + (f" ({', '.join(extra)})" if extra else "")
+class Sweeper(Protocol):
+    def start(self, node) -> None: ...
+    def finish(self) -> list: ...
 
 
-def torch_build(info: dict, fields=TORCH_FIELDS) -> str:
-    return f"torch {torch_versions(info, fields)}"
+def real_sessions(plan: LaunchPlan, post: Callable[[object], None], clock: Callable[[], float]) -> list[Session]:
+    return [NodeSession(plan, n, transport_for(n.config), post, clock) for n in plan.nodes]
 
 
-def torch_mismatches(statuses: list[NodeStatus], master_index: int) -> list[NodeProblem]:
-    """torch, and the CUDA and NCCL it uses, must agree with the master's; a field a node could
-    not read (NCCL from conda, say) is not compared."""
-    master = statuses[master_index]
-    problems = []
-    for s in statuses:
-        differ = [key for key in TORCH_FIELDS if _differs(key, s.info, master.info)]
-        if differ:
-            problems.append(NodeProblem(s.plan.label, f"{torch_build(s.info, differ)} here, "
-                                        f"{torch_build(master.info, differ)} on the master ({master.plan.label})",
-                                        "install the same torch build (CUDA, NCCL) on every node"))
-    return problems
-
-
-def _differs(key: str, mine: dict, theirs: dict) -> bool:
-    a, b = mine.get(key), theirs.get(key)
-    return a != b and (key == "torch" or bool(a and b))
+def start_threads(sessions: list[Session]) -> None:
+    """Connect every node at once. Daemon threads, not an executor: a connect stuck on a dead
+    host must not delay exit."""
+    for i, session in enumerate(sessions):
+        threading.Thread(target=session.open, name=f"connect-{i}", daemon=True).start()
 
 
 class Job:
-    def __init__(self, plan: LaunchPlan, view: View,
-                 transport_factory: Callable[[object], Transport] = transport_for,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 preflight: bool = True):
+    def __init__(self, plan: LaunchPlan, view: View, *, preflight: bool = True,
+                 sessions: Callable[..., list[Session]] = real_sessions,
+                 opener: Callable[[list[Session]], None] = start_threads,
+                 sweeper: Sweeper | None = None, events: queue.SimpleQueue | None = None,
+                 inbox: SignalInbox = INBOX, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time):
         self.plan = plan
-        self.preflight = preflight
         self.view = view
+        self.preflight = preflight
         self.clock = clock
         self.wall = wall
-        self.events: queue.SimpleQueue = queue.SimpleQueue()
-        self.transport_factory = transport_factory
-        self.sessions = [NodeSession(plan, n, transport_factory(n.config), self.events.put, clock)
-                         for n in plan.nodes]
+        self.events = events if events is not None else queue.SimpleQueue()
+        self.inbox = inbox
+        self.sessions = sessions(plan, self.events.put, clock)
+        self.opener = opener
+        self.sweeper = sweeper or LostNodeSweeper(plan.job_id, plan.stop_grace, transport_for)
         self.status = [NodeStatus(n) for n in plan.nodes]
+        self.hang = HangWatch(plan.hang_timeout, plan.job_id)
         self.failures: list[Failure] = []
         self.master_port = plan.master_port
-        self.interrupted: int | None = None
+        self.interrupted: int | None = None  # the first signal's number
+        self.signals_seen = 0  # how many of the inbox's signals this loop has acted on
         self.stop_requested = False
         self.stop_deadline: float | None = None
         self.kill_deadline: float | None = None
         self.started = clock()
-        self.sweeps: list[SweepReport] = []
         self._next_heartbeat = 0.0
-        self.last_output: float | None = None  # any rank's latest line (hang detection)
-        self.rank_last: dict[int, float] = {}
-        self.first_done: float | None = None
-        self.hang: str | None = None  # why the job was declared hung
-        self.stacks = StackReport()
-        self.dump_pending: set[int] = set()
-        self.dump_deadline: float | None = None
-        self._sweepers: list[threading.Thread] = []
-        self._sweep_results: list[SweepReport] = []
 
-    # --- the three phases ---
+    # --- entry points ---
 
     def run(self) -> JobResult:
-        """Connect + preflight everywhere, start everywhere at once, supervise to the end."""
-        self._open_all()
-        problems = self._await_ready()
-        if not problems and self.preflight:
-            problems = self._check_nodes()
-        if problems:
-            raise SetupError(problems)
-        self._go()
-        self._drain()
+        """Connect + preflight everywhere, start everywhere at once, supervise to the end.
+        SetupError (nothing started anywhere) if a node is not fit to run."""
+        with self.inbox.waking(lambda: self.events.put(WAKE)):
+            self.opener(self.sessions)
+            problems = self._await_ready()
+            if not problems and self.preflight and not self.stop_requested:
+                problems = self._check_nodes()
+            if problems and not self.stop_requested:
+                raise SetupError(problems)
+            if not self.stop_requested:
+                self._go()
+            self._drain()
         return self.result()
 
-    def stop(self, signum: int | None = None, reason: str = "") -> JobResult:
-        """Graceful stop of every node (Ctrl-C, SIGTERM, SIGHUP): idempotent."""
-        if signum is not None and self.interrupted is None:
-            self.interrupted = signum
-        self._request_stop(reason or "stop requested")
-        self._drain()
-        return self.result()
-
-    def kill(self) -> JobResult:
-        """Immediate SIGKILL of every job process (second Ctrl-C)."""
-        self._request_stop("kill requested")
-        self.kill_deadline = self.clock() + KILL_MARGIN
-        for session, status in zip(self.sessions, self.status):
-            if not status.terminal:
-                session.send(protocol.KILL)
-        self._drain()
-        return self.result()
+    def check(self) -> list[NodeProblem]:
+        """Connect, preflight and probe every node, start nothing (ddp-check)."""
+        with self.inbox.waking(lambda: self.events.put(WAKE)):
+            self.opener(self.sessions)
+            problems = self._await_ready()
+            if self.master_port is not None and all(s.state == "ready" for s in self.status):
+                problems += self._check_nodes()
+        return problems
 
     def close(self) -> None:
-        """Always called (finally): drop connections, then sweep any node that was lost."""
+        """Always called (finally): drop connections, then wait for the sweeps of lost nodes.
+        Not interruptible: cleanup runs to its end (every step of it is bounded)."""
         for session in self.sessions:
             session.cancel()
-        with ThreadPoolExecutor(max_workers=min(64, len(self.sessions))) as pool:
-            list(pool.map(lambda s: s.disconnect(), self.sessions))
-        self.sweeps.extend(self._finish_sweeps())  # the same list a result taken earlier holds
+        on_each(self.sessions, lambda s: s.disconnect(), inbox=None, name="disconnect")
+        for report in self.sweeper.finish():
+            if report.error:
+                self.view.notice(f"{report.node.label}: cleanup not confirmed ({report.error}); its agent stops the "
+                                 f"job by itself within orphan_timeout ({self.plan.orphan_timeout:g} s), "
+                                 f"or run ddp-kill")
+            elif report.found:
+                self.view.notice(f"{report.node.label}: swept {len(report.found)} leftover process(es)")
+
+    def result(self) -> JobResult:
+        return JobResult(self.plan, tuple(s.outcome() for s in self.status), self.master_port,
+                         tuple(self.failures), self.interrupted, self.clock() - self.started)
 
     def snapshot(self) -> JobSnapshot:
         now = self.clock()
-        rows = tuple(NodeRow(
-            s.plan.index, s.plan.label, s.plan.ranks, s.state,
-            None if s.started_at is None else (s.ended_at or now) - s.started_at,
-            s.lines, s.last_line, s.signal or ("" if s.exit_code is None else str(s.exit_code)), s.reason)
-            for s in self.status)
         return JobSnapshot(self.plan.job_id, f"{self.plan.master_addr}:{self.master_port or 'auto'}",
-                           self.plan.world_size, now - self.started, self._phase(), rows, now)
+                           self.plan.world_size, now - self.started, self._phase(),
+                           tuple(s.row(now) for s in self.status), now)
 
     def _phase(self) -> str:
         if all(s.terminal for s in self.status):
@@ -165,109 +163,85 @@ class Job:
             return "connecting"
         return "running"
 
-    def result(self) -> JobResult:
-        return JobResult(self.plan, self.status, self.master_port, list(self.failures), self.interrupted,
-                         self.sweeps, self.clock() - self.started)
-
     # --- phase 1: connect and preflight ---
-
-    def check(self) -> list[NodeProblem]:
-        """Connect, preflight and probe every node, start nothing (ddp-check)."""
-        self._open_all()
-        problems = self._await_ready()
-        if self.master_port is not None and all(s.state == "ready" for s in self.status):
-            problems += self._check_nodes()
-        return problems
-
-    def _open_all(self) -> None:
-        for session in self.sessions:
-            # Daemon threads, not an executor: a connect stuck on a dead host must not delay exit.
-            threading.Thread(target=session.open, name=f"connect-{session.node.label}", daemon=True).start()
 
     def _await_ready(self) -> list[NodeProblem]:
         deadline = self.clock() + max(n.config.ssh.connect_timeout for n in self.plan.nodes) + SETUP_MARGIN
-        problems: dict[int, NodeProblem] = {}
         while any(s.state == "connecting" for s in self.status):
-            event = self._next(deadline)
-            if event is None and self.clock() >= deadline:
+            if self.clock() >= deadline:
                 for s in self.status:
                     if s.state == "connecting":
-                        problems[s.plan.index] = NodeProblem(s.plan.label, "no ready report from the node agent",
-                                                             "check the node's load and filesystem")
-                        s.state = "error"
+                        self._error(s.plan.index, NodeProblem(s.plan.label, "no ready report from the node agent",
+                                                              "check the node's load and filesystem"))
                 break
-            if isinstance(event, SetupFailed):
-                problems[event.node] = event.problem
-                self._set(event.node, "error", reason=event.problem.what)
-            elif isinstance(event, Closed) and self.status[event.node].state == "connecting":
-                problems[event.node] = self._early_exit_problem(event)
-                self._set(event.node, "error", reason=problems[event.node].what)
-            elif event is not None:
-                self._handle(event)
-        return [problems[k] for k in sorted(problems)]
+            self._turn(deadline)
+        return [s.problem for s in self.status if s.problem is not None]
 
     def _check_nodes(self) -> list[NodeProblem]:
-        """Across nodes: the same torch as the master, and a real TCP path to master addr:port."""
-        problems = torch_mismatches(self.status, self.plan.master.index) + gpu_shortfalls(self.status)
+        """Across nodes: the same torch as the master, enough GPUs, a real TCP path to the master."""
+        probe = wire.Probe(addr=self.plan.master_addr, port=self.master_port, timeout=preflight.PROBE_TIMEOUT)
         for session in self.sessions:
-            session.send(protocol.probe(self.plan.master_addr, self.master_port, PROBE_TIMEOUT))
-        deadline = self.clock() + PROBE_TIMEOUT + 10
-        while any(s.reach is None for s in self.status) and self.clock() < deadline:
-            event = self._next(deadline)
-            if isinstance(event, Probed):
-                self.status[event.node].reach = event
-            elif event is not None:
-                self._handle(event)
-        target = f"{self.plan.master_addr}:{self.master_port}"
-        for s in self.status:
-            if s.reach is None or not s.reach.ok:
-                why = s.reach.error if s.reach else "no answer to the probe"
-                problems.append(NodeProblem(s.plan.label, f"cannot reach the master at {target} ({why})",
-                                            "check master.addr is the address nodes use to reach the master, "
-                                            "and that no firewall blocks the port"))
-        for s in self.status:
-            if s.clock_skew is not None and abs(s.clock_skew) > SKEW_WARNING:
-                self.view.notice(f"{s.plan.label}: clock differs from this machine's by {s.clock_skew:+.1f} s")
-        return problems
-
-    def _early_exit_problem(self, event: Closed) -> NodeProblem:
-        return early_exit_problem(self.plan.nodes[event.node].config, event.exit_status, event.stderr_tail)
+            session.send(probe)
+        deadline = self.clock() + preflight.PROBE_TIMEOUT + PROBE_MARGIN
+        while any(s.reach is None for s in self.status) and self.clock() < deadline and not self.stop_requested:
+            self._turn(deadline)
+        for text in preflight.skew_notices(self.status):
+            self.view.notice(text)
+        return preflight.cross_node_problems(self.status, self.plan.master.index,
+                                             f"{self.plan.master_addr}:{self.master_port}")
 
     # --- phase 2: go ---
 
     def _go(self) -> None:
         if self.master_port is None:
             raise SetupError([NodeProblem(self.plan.master.label, "the master did not report a free port")])
-        self.last_output = self.clock()
+        self.hang.started(self.clock())
         for session, status in zip(self.sessions, self.status):
-            session.send(protocol.go(self.plan.launcher_argv(session.node, self.master_port)))
-            status.state = "starting"
+            session.send(wire.Go(argv=self.plan.launcher_argv(status.plan, self.master_port)))
             status.started_at = self.clock()
-            self.view.node_state(status)
+            self._set(status.plan.index, "starting")
 
     # --- phase 3: supervise until every node is terminal ---
 
     def _drain(self) -> None:
         while not all(s.terminal for s in self.status):
-            event = self._next(self._soonest_deadline())
-            if event is not None:
-                self._handle(event)
-            self._watch()
+            self._turn(self._soonest_deadline())
 
-    def _next(self, deadline: float | None) -> object | None:
+    def _turn(self, deadline: float | None) -> None:
+        """One turn of the loop: at most one event, then signals, heartbeats, deadlines, views."""
         now = self.clock()
-        wait = min(self.plan.heartbeat, 0.25) if deadline is None else max(0.0, min(deadline - now, 0.25))
+        wait = TICK if deadline is None else max(0.0, min(deadline - now, TICK))
         try:
-            return self.events.get(timeout=wait)
+            event = self.events.get(timeout=wait)
         except queue.Empty:
-            return None
-        finally:
-            self._heartbeat()
-            self.view.tick(self.snapshot)
+            event = None
+        if event is not None and not isinstance(event, Wake):
+            self._handle(event)
+        self._take_signals()
+        self._heartbeat()
+        self._watch()
+        self.view.tick(self.snapshot)
 
     def _soonest_deadline(self) -> float | None:
-        times = [t for t in (self.stop_deadline, self.kill_deadline, self.dump_deadline) if t is not None]
+        times = [t for t in (self.stop_deadline, self.kill_deadline, self.hang.deadline) if t is not None]
         return min(times) if times else None
+
+    def _take_signals(self) -> None:
+        while self.signals_seen < len(self.inbox.received):
+            signum = self.inbox.received[self.signals_seen]
+            self.signals_seen += 1
+            self._on_signal(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.interrupted is None:
+            self.interrupted = signum
+            self.view.notice(f"{name}: stopping all nodes (Ctrl-C again to kill now)")
+            self._request_stop(f"interrupted ({name})")
+        elif self.kill_deadline is None:
+            self.view.notice("killing every job process now")
+            self._kill_all(self.clock())
+        # later signals: the kill is under way; cleanup runs to its end
 
     def _heartbeat(self) -> None:
         now = self.clock()
@@ -275,168 +249,133 @@ class Job:
             return
         self._next_heartbeat = now + self.plan.heartbeat
         for session, status in zip(self.sessions, self.status):
-            if not status.terminal and session.proc is not None:
-                session.send(protocol.HEARTBEAT)
+            if not status.terminal and session.started:
+                session.send(wire.Heartbeat())
+
+    # --- events ---
 
     def _handle(self, event: object) -> None:
         if isinstance(event, Lines):
             self._lines(event)
         elif self.status[event.node].terminal:
             return  # e.g. a cancelled connect finishing late: its outcome is already decided
-        elif isinstance(event, Ready):
-            self._ready(event)
-        elif isinstance(event, Started):
-            self.status[event.node].pid = event.pid
-            self._set(event.node, "running")
-        elif isinstance(event, Dumped):
-            self.dump_pending.discard(event.node)
-            if not self.dump_pending and self.dump_deadline is not None:
-                self.dump_deadline = min(self.dump_deadline, self.clock() + DUMP_SETTLE)
-        elif isinstance(event, Stopping):
-            self._set(event.node, "stopping", reason=event.reason)
-        elif isinstance(event, Exited):
-            self._exited(event)
+        elif isinstance(event, Message):
+            self._message(event.node, event.frame)
         elif isinstance(event, Closed):
             self._closed(event)
         elif isinstance(event, SetupFailed):
-            self._set(event.node, "stopped", reason=event.problem.what)  # cancelled while connecting
+            if self.status[event.node].state == "connecting" and not self.stop_requested:
+                self._error(event.node, event.problem)
+            else:
+                self._set(event.node, "stopped", reason="cancelled while connecting")
 
-    def _ready(self, event: Ready) -> None:
-        status = self.status[event.node]
-        status.info = event.info
-        if "time" in event.info:
-            status.clock_skew = float(event.info["time"]) - self.wall()
-        if "port" in event.info and self.master_port is None:
-            self.master_port = int(event.info["port"])
-        if not self.status[event.node].terminal:
-            self._set(event.node, "ready")
+    def _message(self, node: int, frame: wire.Frame) -> None:
+        status = self.status[node]
+        if isinstance(frame, wire.Ready) and status.state == "connecting":
+            self._ready(node, frame)
+        elif isinstance(frame, wire.Failed) and status.state == "connecting":
+            self._error(node, NodeProblem(status.plan.label, frame.what, frame.fix))
+        elif isinstance(frame, wire.Probed):
+            status.reach = frame
+        elif isinstance(frame, wire.Started):
+            self._set(node, "running")
+        elif isinstance(frame, wire.Dumped):
+            self.hang.dumped(node, self.clock())
+        elif isinstance(frame, wire.Stopping):
+            self._set(node, "stopping", reason=frame.reason)
+        elif isinstance(frame, wire.Exited):
+            self._exited(node, frame)
+        else:
+            self._lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
+                             f"while {status.state}")
+
+    def _ready(self, node: int, frame: wire.Ready) -> None:
+        status = self.status[node]
+        status.info = frame.fields()
+        status.clock_skew = frame.time - self.wall()
+        if frame.port is not None and self.master_port is None:
+            self.master_port = frame.port
+        self._set(node, "ready")
 
     def _lines(self, event: Lines) -> None:
-        if self.plan.secrets:  # before anything keeps or shows a line
-            event = Lines(event.node, [line._replace(text=self.plan.mask(line.text)) for line in event.lines])
         status = self.status[event.node]
         for line in event.lines:
             if line.rank is None and line.stream != "node":
                 status.report.feed(line.text)
-        now = self.clock()
-        for line in event.lines:
-            if line.rank is not None:
-                self.last_output = self.rank_last[line.rank] = now
-                if self.hang and line.stream == "err":
-                    self.stacks.feed(line.rank, line.text)
+        self.hang.lines(event.lines, self.clock())
         status.lines += len(event.lines)
         status.last_line = event.lines[-1].text
         self.view.lines(status.plan, event.lines)
 
-    def _exited(self, event: Exited) -> None:
-        status = self.status[event.node]
-        status.exit_code, status.signal = event.code, event.signal
-        if self.stop_requested and (event.stopped or event.code != 0):
-            self._set(event.node, "stopped", reason=status.reason or event.reason)
-        elif event.stopped:
-            self._set(event.node, "stopped", reason=event.reason)
-            self._fail(event.node, None, event.code, f"stopped on the node: {event.reason}")
-        elif event.code == 0:
-            self._set(event.node, "done")
-            self.first_done = self.first_done or self.clock()
+    def _exited(self, node: int, frame: wire.Exited) -> None:
+        status = self.status[node]
+        status.exit_code, status.signal = frame.code, frame.signal
+        if self.stop_requested and (frame.stopped or frame.code != 0):
+            self._set(node, "stopped", reason=status.reason or frame.reason)
+        elif frame.stopped:
+            self._set(node, "stopped", reason=frame.reason)
+            self._fail(node, None, frame.code, f"stopped on the node: {frame.reason}")
+        elif frame.code == 0:
+            self._set(node, "done")
+            self.hang.node_done(self.clock())
         else:
-            self._set(event.node, "failed", reason=f"launcher exited with {_describe_code(event.code, event.signal)}")
+            how = f"signal {frame.signal}" if frame.signal else f"code {frame.code}"
+            self._set(node, "failed", reason=f"launcher exited with {how}")
             root = status.report.root
             rank = root.rank if root else None
-            code = root.exit_code if root and root.exit_code is not None else event.code
+            code = root.exit_code if root and root.exit_code is not None else frame.code
             what = f"rank {rank} exited with code {code}" if rank is not None else status.reason
-            self._fail(event.node, rank, code, what, at=root.time if root else None)
+            self._fail(node, rank, code, what, at=root.time if root else None)
 
     def _closed(self, event: Closed) -> None:
         status = self.status[event.node]
-        if status.terminal:
+        if status.state == "connecting":
+            self._error(event.node, event.end.problem(status.plan.config, "before it was ready"))
             return
-        tail = "; ".join(event.stderr_tail[-2:])
-        what = "connection to the node agent lost" + (f" ({tail})" if tail else "")
+        if event.end.protocol_error:
+            what = f"protocol error from the node agent: {event.end.protocol_error}"
+        else:
+            tail = "; ".join(event.end.stderr_tail[-2:])
+            what = "connection to the node agent lost" + (f" ({tail})" if tail else "")
         self._lost(event.node, what)
 
-    def _lost(self, node: int, what: str) -> None:
-        self._set(node, "lost", reason=what)
-        self.sessions[node].close()
-        self._start_sweep(self.plan.nodes[node])
-        if not self.stop_requested or self.interrupted is None:
-            self._fail(node, None, None, what)
+    # --- deadlines: silence, hangs, stop escalation ---
 
     def _watch(self) -> None:
-        """Heartbeat deadlines, hangs, and escalation when nodes do not confirm a stop."""
         now = self.clock()
-        self._watch_hang(now)
         for session, status in zip(self.sessions, self.status):
             silent = now - session.last_heard
-            if not status.terminal and session.proc is not None and silent > self.plan.orphan_timeout:
+            if not status.terminal and session.started and silent > self.plan.orphan_timeout:
                 self._lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
+        self._act_on_hang(self.hang.check(now, self.status, self.stop_requested))
         if self.stop_deadline is not None and now >= self.stop_deadline and self.kill_deadline is None:
-            self.kill_deadline = now + KILL_MARGIN
-            for session, status in zip(self.sessions, self.status):
+            for status in self.status:
                 if not status.terminal:
                     self.view.notice(f"{status.plan.label}: no stop confirmation; sending SIGKILL")
-                    session.send(protocol.KILL)
+            self._kill_all(now)
         if self.kill_deadline is not None and now >= self.kill_deadline:
             for status in self.status:
                 if not status.terminal:
                     self._set(status.plan.index, "lost", reason="did not confirm the stop; sweeping it")
                     self.sessions[status.plan.index].close()
-                    self._start_sweep(status.plan)
+                    self.sweeper.start(status.plan.config)
 
-    # --- hangs ---
-
-    def _watch_hang(self, now: float) -> None:
-        limit = self.plan.hang_timeout
-        if self.dump_deadline is not None and now >= self.dump_deadline:
-            self.dump_deadline = None
-            self._fail_hung()
-        if not limit or self.hang or self.stop_requested or self.last_output is None:
-            return
-        running = [s for s in self.status if s.state == "running"]
-        if not running:
-            return
-        quiet = now - self.last_output
-        if quiet > limit:
-            self._declare_hang(f"no output from any rank for {quiet:.0f} s")
-        elif self.first_done is not None and now - self.first_done > limit:
-            done = sum(s.state == "done" for s in self.status)
-            self._declare_hang(f"{done} node(s) finished {now - self.first_done:.0f} s ago, "
-                               f"{len(running)} still running")
-
-    def _declare_hang(self, why: str) -> None:
-        self.hang = why
-        self.view.notice(f"job looks hung: {why}; asking every rank for its Python stack")
-        for session, status in zip(self.sessions, self.status):
-            if status.state == "running":
-                self.dump_pending.add(status.plan.index)
-                session.send(protocol.DUMP)
-        self.dump_deadline = self.clock() + DUMP_WAIT
-
-    def _fail_hung(self) -> None:
-        """Name the ranks that look stuck, then stop the job as a failure.
-
-        With stacks: the odd ones out, i.e. the smallest group by the collective they wait in
-        (one rank in all_reduce while the rest are elsewhere, or the reverse). Without: the
-        ranks on nodes still running, quietest first.
-        """
-        running = [r for s in self.status if s.state == "running" for r in s.plan.ranks]
-        if not running:
-            return
-        odd = [r for r in self.stacks.odd_ones_out() if r in running]
-        if odd:
-            stuck = odd
-            detail = "; ".join(f"rank {r} {self.stacks.describe(r)}" for r in odd[:4])
-            others = sorted(set(self.stacks.collective) - set(odd))
-            if others:
-                detail += f"; the other {len(others)} rank(s) {self.stacks.describe(others[0])}"
-        else:
-            stuck = sorted(running, key=lambda r: self.rank_last.get(r, 0.0))
-            detail = "quietest ranks first: " + ", ".join(map(str, stuck[:8])) + (" ..." if len(stuck) > 8 else "")
-        node = next(s.plan.index for s in self.status if stuck[0] in s.plan.ranks)
-        self._fail(node, stuck[0], None, f"job hung ({self.hang}); {detail}; "
-                                         f"stacks in the log above and in runs/{self.plan.job_id}/")
+    def _act_on_hang(self, decision: AskStacks | Hung | None) -> None:
+        if isinstance(decision, AskStacks):
+            self.view.notice(f"job looks hung: {decision.why}; asking every rank for its Python stack")
+            for node in decision.nodes:
+                self.sessions[node].send(wire.Dump())
+        elif isinstance(decision, Hung):
+            self._fail(decision.node, decision.rank, None, decision.what)
 
     # --- failure and stop ---
+
+    def _lost(self, node: int, what: str) -> None:
+        self._set(node, "lost", reason=what)
+        self.sessions[node].close()
+        self.sweeper.start(self.plan.nodes[node].config)
+        if not self.stop_requested or self.interrupted is None:
+            self._fail(node, None, None, what)
 
     def _fail(self, node: int, rank: int | None, code: int | None, what: str, at: float | None = None) -> None:
         label = self.plan.nodes[node].label
@@ -456,7 +395,19 @@ class Job:
                 self._set(status.plan.index, "stopped", reason="cancelled while connecting")
             elif not status.terminal:
                 status.reason = reason
-                session.send(protocol.STOP)
+                session.send(wire.Stop())
+
+    def _kill_all(self, now: float) -> None:
+        """SIGKILL every job process still running; nodes that do not confirm in time are swept."""
+        self._request_stop("kill requested")
+        self.kill_deadline = now + KILL_MARGIN
+        for session, status in zip(self.sessions, self.status):
+            if not status.terminal:
+                session.send(wire.Kill())
+
+    def _error(self, node: int, problem: NodeProblem) -> None:
+        self.status[node].problem = problem
+        self._set(node, "error", reason=problem.what)
 
     def _set(self, node: int, state: State, reason: str | None = None) -> None:
         status = self.status[node]
@@ -466,46 +417,3 @@ class Job:
         if state in TERMINAL:
             status.ended_at = self.clock()
         self.view.node_state(status)
-
-    def _start_sweep(self, node: NodePlan) -> None:
-        """A lost node may still run job processes: sweep them over a fresh connection, now,
-        in parallel with stopping the other nodes."""
-
-        def sweep() -> None:
-            match = match_for(job=self.plan.job_id, node=node.index)
-            self._sweep_results.append(sweep_node(node.config, match, grace=self.plan.stop_grace,
-                                                  transport=self.transport_factory(node.config)))
-
-        thread = threading.Thread(target=sweep, name=f"sweep-{node.label}", daemon=True)
-        thread.start()
-        self._sweepers.append(thread)
-
-    def _finish_sweeps(self) -> list[SweepReport]:
-        for thread in self._sweepers:  # each sweep bounds itself (connect timeout, grace)
-            thread.join(self.plan.stop_grace + max(n.config.ssh.connect_timeout for n in self.plan.nodes) + 20)
-        for report in self._sweep_results:
-            if report.error:
-                self.view.notice(f"{report.node.label}: cleanup not confirmed ({report.error}); its agent stops the "
-                                 f"job by itself within orphan_timeout ({self.plan.orphan_timeout:g} s), "
-                                 f"or run ddp-kill")
-            elif report.found:
-                self.view.notice(f"{report.node.label}: swept {len(report.found)} leftover process(es)")
-        return list(self._sweep_results)
-
-
-def gpu_shortfalls(statuses: list[NodeStatus]) -> list[NodeProblem]:
-    """Nodes asked to run more processes than they have GPUs. A node with no GPU detected is
-    left alone: CPU jobs (gloo) are legitimate, and the driver may not expose /proc there."""
-    problems = []
-    for s in statuses:
-        have = s.info.get("gpus") or 0
-        if 0 < have < s.plan.nproc:
-            problems.append(NodeProblem(s.plan.label, f"gpus: {s.plan.nproc} but the node has {have} GPU(s)",
-                                        f"set `gpus: {have}` for this node"))
-    return problems
-
-
-def _describe_code(code: int | None, signal: str | None) -> str:
-    if signal:
-        return f"signal {signal}"
-    return f"code {code}"

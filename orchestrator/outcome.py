@@ -8,14 +8,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import EXIT_JOB_FAILED, EXIT_OK
-from .cleanup import SweepReport
-from .events import Probed
+from . import wire
+from .errors import EXIT_JOB_FAILED, EXIT_OK, NodeProblem
 from .logparse import FailureReportParser
 from .plan import LaunchPlan, NodePlan
 
 State = Literal["connecting", "ready", "starting", "running", "stopping",
                 "done", "failed", "stopped", "lost", "error"]
+"""One node's state in a job. The job loop (job.py) is the only writer.
+
+    connecting --Ready--> ready --Go--> starting --Started--> running --Exited--> done | failed
+        |                   |              |                    |
+        |                   +--------------+--------------------+--Stopping--> stopping --Exited--> stopped
+        |
+        +--SetupFailed, Failed, channel closed, no Ready in time--> error
+
+    connecting   connect, start the agent, preflight; nothing of the job runs yet
+    ready        preflight passed; the agent holds until Go (the master holds the port)
+    starting     Go sent; running once the agent reports the launcher Started
+    stopping     the agent is stopping the job here (asked to, or on its own: a signal to it)
+    done         the launcher exited 0 by itself
+    failed       the launcher exited non-zero by itself (a rank failed)
+    stopped      ended because a stop was asked for (fail-fast, Ctrl-C, a kill), or cancelled
+                 while connecting; also a node that stopped on its own (then a failure)
+    lost         the channel ended without Exited, or silence past orphan_timeout, or no stop
+                 confirmation after SIGKILL: a sweep over a fresh connection follows
+    error        could not connect or preflight: nothing was started there
+
+From any non-terminal state: a stop request sends Stop (stop_grace + margin), then Kill (margin),
+then the node is declared lost and swept. Terminal states never change.
+"""
 TERMINAL = frozenset({"done", "failed", "stopped", "lost", "error"})
 
 
@@ -26,19 +48,40 @@ class NodeStatus:
     exit_code: int | None = None
     signal: str | None = None
     reason: str | None = None
-    pid: int | None = None
+    problem: NodeProblem | None = None  # why it is in state error
     started_at: float | None = None
     ended_at: float | None = None
     lines: int = 0
     last_line: str = ""
-    info: dict = field(default_factory=dict)  # the agent's ready report (versions, clock, disk, gpus)
+    info: dict = field(default_factory=dict)  # the agent's Ready fields (versions, clock, disk, gpus)
     clock_skew: float | None = None  # node clock minus controller clock, seconds
-    reach: Probed | None = None
+    reach: wire.Probed | None = None
     report: FailureReportParser = field(default_factory=FailureReportParser)
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
+
+    def outcome(self) -> NodeOutcome:
+        return NodeOutcome(self.plan, self.state, self.exit_code, self.signal, self.reason, self.lines)
+
+    def row(self, now: float) -> NodeRow:
+        uptime = None if self.started_at is None else (self.ended_at or now) - self.started_at
+        code = self.signal or ("" if self.exit_code is None else str(self.exit_code))
+        return NodeRow(self.plan.index, self.plan.label, self.plan.ranks, self.state, uptime, self.lines,
+                       self.last_line, code, self.reason)
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """How one node ended (a value: the result outlives the job loop's mutable statuses)."""
+
+    plan: NodePlan
+    state: State
+    exit_code: int | None
+    signal: str | None
+    reason: str | None
+    lines: int
 
 
 @dataclass(frozen=True)
@@ -55,14 +98,13 @@ class Failure:
         return f"{who}: {self.what}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobResult:
     plan: LaunchPlan
-    nodes: list[NodeStatus]
+    nodes: tuple[NodeOutcome, ...]
     master_port: int | None
-    failures: list[Failure]
+    failures: tuple[Failure, ...]
     interrupted: int | None = None  # signal number
-    sweeps: list[SweepReport] = field(default_factory=list)
     elapsed: float = 0.0
 
     @property

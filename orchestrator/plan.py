@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
 
-from . import spawner
+from . import spawner, wire
 from .agent import LAUNCH_FILE, TAG_CLUSTER, TAG_JOB, TAG_NODE
 from .config import ClusterConfig, NodeConfig
 
@@ -109,27 +109,15 @@ class LaunchPlan:
             return ["--no-python", python, "-u", "-c", LEGACY_SHIM, self.script]
         return [self.script]
 
-    def agent_spec(self, node: NodePlan) -> dict:
+    def agent_spec(self, node: NodePlan) -> wire.RunSpec:
         """What the node agent needs before go: where to run, what to check, how to stop."""
         is_master = node.index == self.master.index
-        spec = {
-            "mode": "run",
-            "job": self.job_id,
-            "node": node.index,
-            "cluster": self.cluster_id,
-            "workdir": node.workdir,
-            "script": self.script,
-            "env": dict(node.env),
-            "pick_port": is_master and self.master_port is None,
-            "check_port": self.master_port if is_master else None,
-            "orphan_timeout": self.orphan_timeout,
-            "stop_grace": self.stop_grace,
-            "heartbeat": self.heartbeat,
-            "stack_dumps": self.hang_timeout is not None,
-        }
-        if self.launcher == "none":
-            spec["launch_source"] = spawner_source()
-        return spec
+        return wire.RunSpec(
+            job=self.job_id, node=node.index, cluster=self.cluster_id, workdir=node.workdir, script=self.script,
+            env=dict(node.env), pick_port=is_master and self.master_port is None,
+            check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
+            stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
+            launch_source=spawner_source() if self.launcher == "none" else None)
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""

@@ -13,20 +13,20 @@ the workdir stay.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from rich.filesize import decimal as human_bytes
 
+from . import wire
 from .config import SyncConfig
 from .errors import ConfigError, NodeProblem, SetupError, UsageError
 from .oneshot import AgentCall
+from .parallel import on_each
 from .plan import LaunchPlan, NodePlan
 
 CHUNK = 1 << 20
@@ -166,7 +166,6 @@ class NodeSync:
     tree: Tree
     idle_timeout: float  # the node gives up on a controller silent this long (see targets)
     need: list[int] = field(default_factory=list)
-    hostname: str = ""
     marker: str = ""  # the file this node's agent keeps in its workdir while it works
     sees: frozenset[str] = frozenset()  # the other nodes' markers found in this node's workdir
     shares_with: NodeSync | None = None  # an earlier node with the same workdir (NFS): it copies
@@ -175,8 +174,8 @@ class NodeSync:
     problem: NodeProblem | None = None
 
     def __post_init__(self) -> None:
-        spec = {"mode": "sync", "dest": self.dest, "entries": [e.wire() for e in self.tree.entries],
-                "idle_timeout": self.idle_timeout}
+        spec = wire.SyncSpec(dest=self.dest, entries=[e.wire() for e in self.tree.entries],
+                             idle_timeout=self.idle_timeout)
         self.call = AgentCall(self.node.config, spec)
         self.moved = 0.0  # last time bytes went out (the stall watchdog reads it)
         self.sent = threading.Event()  # ends the watchdog
@@ -198,23 +197,19 @@ class NodeSync:
         if self.problem is not None:
             return
         limit = self.node.config.ssh.connect_timeout + ANSWER_MARGIN
-        payload = self._answer(limit, b"R")
-        if payload is not None:
-            self.need, self.hostname = list(payload["need"]), payload.get("hostname", "")
-            self.marker = payload.get("marker", "")
+        needs = self._answer(limit, wire.Needs)
+        if needs is not None:
+            self.need, self.marker = list(needs.need), needs.marker
 
     def ask_sharing(self, markers: list[str]) -> None:
         """Which of the other nodes' markers are in this node's workdir (a shared filesystem)."""
-        try:
-            self.call.write(b"M " + json.dumps(markers).encode() + b"\n")
-        except OSError:
-            pass  # the answer below reports the closed connection
-        payload = self._answer(ANSWER_MARGIN, b"V")
-        if payload is not None:
-            self.sees = frozenset(payload.get("sees", ()))
+        self.call.send(wire.AskShared(markers=markers))
+        shared = self._answer(ANSWER_MARGIN, wire.Shared)
+        if shared is not None:
+            self.sees = frozenset(shared.sees)
 
     def send(self, advance: Callable[[int], None]) -> None:
-        """Every needed file, then ``Z``; the node creates the needed links and reports."""
+        """Every needed file, then EndOfFiles; the node creates the needed links and reports."""
         if self.problem is not None:
             return
         self.moved = time.monotonic()
@@ -225,7 +220,7 @@ class NodeSync:
                 entry = self.tree.entries[i]
                 if entry.link is None:
                     self._send_file(i, entry, out)
-            out.put(b"Z\n")
+            out.put(wire.EndOfFiles().encode())
             out.flush()
         except LocalChanged as e:
             self.fail(str(e), "let the writer finish, then run again")
@@ -235,9 +230,9 @@ class NodeSync:
             pass  # the node closed; its F frame (read below) or the lost connection says why
         finally:
             self.sent.set()
-        payload = self._answer(ANSWER_MARGIN, b"X")
-        if payload is not None:
-            self.files, self.bytes = payload["files"], payload["bytes"]
+        copied = self._answer(ANSWER_MARGIN, wire.Copied)
+        if copied is not None:
+            self.files, self.bytes = copied.files, copied.bytes
 
     def _send_file(self, index: int, entry: Entry, out: _Outbox) -> None:
         path = os.path.join(self.tree.root, entry.path)
@@ -247,7 +242,7 @@ class NodeSync:
             raise LocalChanged(f"cannot read {path}: {e.strerror}") from None
         with f:
             st = os.fstat(f.fileno())
-            out.put(b"U %d %d %d\n" % (index, st.st_size, st.st_mtime_ns))
+            out.put(wire.File(index=index, size=st.st_size, mtime_ns=st.st_mtime_ns).encode())
             left = st.st_size
             while left:
                 data = f.read(min(left, CHUNK))
@@ -256,9 +251,9 @@ class NodeSync:
                 out.put(data, len(data))
                 left -= len(data)
 
-    def _answer(self, limit: float, want: bytes) -> dict | None:
+    def _answer(self, limit: float, want: type) -> wire.Frame | None:
         """The agent's ``want`` report, or None with the failure recorded as the node's problem."""
-        frames: dict[bytes, dict] = {}
+        frames: dict[type, wire.Frame] = {}
         problem = self.call.wait_for(want, limit, frames)
         if problem is not None:
             self.problem = self.problem or problem  # the first reason is the one that explains
@@ -391,17 +386,10 @@ def _raise_problems(syncs: list[NodeSync]) -> None:
 
 
 def _each(syncs: list[NodeSync], step: Callable[[NodeSync], None]) -> None:
-    """``step`` on every node at once; on Ctrl-C every call is closed first, so no thread is left
-    blocked on a transfer (the nodes see EOF and drop their partial files)."""
-    if not syncs:
-        return
-    pool = ThreadPoolExecutor(max_workers=min(64, len(syncs)))
-    try:
-        for future in [pool.submit(step, s) for s in syncs]:
-            future.result()
-    except BaseException:
+    """``step`` on every node at once; on a signal every call is closed first, so no thread is
+    left blocked on a transfer (the nodes see EOF and drop their partial files)."""
+    def abort() -> None:
         for s in syncs:
             s.abort()
-        raise
-    finally:
-        pool.shutdown(wait=True)
+
+    on_each(syncs, step, abort=abort, name="sync")

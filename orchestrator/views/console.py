@@ -106,6 +106,16 @@ class ConsoleView:
         self._text_ink = {stream: Ink(self.console, style) for stream, style in _TEXT_STYLE.items()}
         self._bold = Ink(self.console, _BOLD)
 
+    # A view owns its lifecycle, as rich's Live does: ``with view:`` prints the intro (and starts
+    # a live display), leaving gives the terminal back, whatever happened in between.
+
+    def __enter__(self) -> ConsoleView:
+        self.intro(self.plan)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def lines(self, node: NodePlan, lines: list[LogLine]) -> None:
         out = Block()
         now = self.clock()

@@ -49,6 +49,17 @@ class RunLogs:
             f = self.rank_files[rank] = open(os.path.join(self.dir, f"rank{rank}.log"), "a", encoding="utf-8")
         return f
 
+    def __enter__(self) -> RunLogs:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Idempotent: the files of a job that ended before ``finished`` are closed too."""
+        for f in (*self.node_files.values(), *self.rank_files.values()):
+            f.close()
+
     # --- view protocol ---
 
     def lines(self, node: NodePlan, lines: list[LogLine]) -> None:
@@ -75,8 +86,7 @@ class RunLogs:
         pass
 
     def finished(self, result, exit_code: int | None = None) -> None:
-        for f in (*self.node_files.values(), *self.rank_files.values()):
-            f.close()
+        self.close()
         with open(os.path.join(self.dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(self.summary(result, result.exit_code if exit_code is None else exit_code), f, indent=2)
             f.write("\n")

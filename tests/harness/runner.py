@@ -18,9 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 # Run logs of every test launch go here (not into the checkout), removed when the tests end.
 RUNS_ROOT = tempfile.mkdtemp(prefix="ddp-up-test-runs-")
 atexit.register(shutil.rmtree, RUNS_ROOT, True)
-UP = "import sys; from orchestrator.cli import main_up; sys.exit(main_up())"
-KILL = "import sys; from orchestrator.cli import main_kill; sys.exit(main_kill())"
-CHECK = "import sys; from orchestrator.cli import main_check; sys.exit(main_check())"
+# The console entry points, as `ddp-up` runs them (signals recorded before anything is imported).
+UP = "from orchestrator.entry import up; up()"
+KILL = "from orchestrator.entry import kill; kill()"
+CHECK = "from orchestrator.entry import check; check()"
 
 
 def _env() -> dict:

@@ -3,7 +3,7 @@
 import threading
 from pathlib import Path
 
-from orchestrator import protocol
+from orchestrator import wire
 from orchestrator.agent import Tailer, Writer
 
 
@@ -21,7 +21,7 @@ class Sink:
 
 
 def frames(sink: Sink) -> list:
-    return protocol.FrameReader().feed(bytes(sink.data))
+    return wire.Decoder().feed(bytes(sink.data))
 
 
 def test_whole_lines_per_rank_and_stream_and_the_unterminated_tail_at_the_end(tmp_path: Path):
@@ -41,11 +41,11 @@ def test_whole_lines_per_rank_and_stream_and_the_unterminated_tail_at_the_end(tm
     tailer.start()
     tailer.finish(stall_timeout=5)
     assert writer.drain(5)
-    chunks = [payload for kind, payload in frames(sink) if kind == b"W"]
+    chunks = [f for f in frames(sink) if isinstance(f, wire.Output)]
     by_stream: dict = {}
     for c in chunks:
         assert c.data.endswith(b"\n")
-        by_stream.setdefault((c.stream, c.local_rank), []).extend(c.lines())
+        by_stream.setdefault((c.stream, c.rank), []).extend(c.lines())
     assert by_stream == {("out", 0): ["first", "second", "x" * 100_000, "no newline"], ("err", 1): ["err line"]}
     assert chunks[0].lines() == ["first"]
 

@@ -1,4 +1,5 @@
 from orchestrator.config import parse_cluster
+from orchestrator import wire
 from orchestrator.plan import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path
 
 CLUSTER = """\
@@ -33,20 +34,18 @@ def test_launcher_argv_golden():
 def test_agent_spec_golden():
     p = plan()
     spec = p.agent_spec(p.nodes[0])
-    assert spec == {
-        "mode": "run", "job": "20261122-000000-abcdef", "node": 0, "cluster": p.cluster_id, "workdir": "~/proj",
-        "script": "train.py", "env": {},
-        "pick_port": False, "check_port": 29400, "orphan_timeout": 20.0, "stop_grace": 10.0, "heartbeat": 5.0,
-        "stack_dumps": False}
-    assert p.agent_spec(p.nodes[1])["check_port"] is None  # only the master checks its port
-    assert p.agent_spec(p.nodes[1])["env"]["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert spec == wire.RunSpec(
+        job="20261122-000000-abcdef", node=0, cluster=p.cluster_id, workdir="~/proj", script="train.py", env={},
+        pick_port=False, check_port=29400, orphan_timeout=20.0, stop_grace=10.0, heartbeat=5.0, stack_dumps=False)
+    assert p.agent_spec(p.nodes[1]).check_port is None  # only the master checks its port
+    assert p.agent_spec(p.nodes[1]).env["NCCL_SOCKET_IFNAME"] == "eth1"
 
 
 def test_auto_port_is_picked_by_the_master_only():
     cfg = parse_cluster(CLUSTER.replace("master: {port: 29400}", "master: {addr: 10.0.0.2}"), "/etc/c.yaml")
     p = make_plan(cfg, "t.py", [], "j", "/")
     assert p.master.index == 1  # master.addr names node 1's addr
-    assert [p.agent_spec(n)["pick_port"] for n in p.nodes] == [False, True]
+    assert [p.agent_spec(n).pick_port for n in p.nodes] == [False, True]
 
 
 def test_shell_line_quotes_every_value():
@@ -90,5 +89,5 @@ def test_launcher_none_runs_ddp_ups_own_launcher_with_the_ranks_it_planned():
     assert p.launcher_argv(p.nodes[1], 29400) == [
         "/opt/py/bin/python3", "-u", "ddp-up-launch.py", "--nproc-per-node=3", "--node-rank=1", "--first-rank=1",
         "--world-size=4", "--master-addr=10.0.0.1", "--master-port=29400", "train.py", "--lr", "0.1"]
-    assert "def main(argv)" in p.agent_spec(p.nodes[1])["launch_source"]  # the agent writes it out
-    assert "launch_source" not in plan().agent_spec(plan().nodes[0])
+    assert "def main(argv)" in p.agent_spec(p.nodes[1]).launch_source  # the agent writes it out
+    assert plan().agent_spec(plan().nodes[0]).launch_source is None

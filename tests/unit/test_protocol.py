@@ -1,45 +1,107 @@
-import json
+"""The wire protocol: one vocabulary for both ends, and what is not a frame is an error."""
+
+import ast
+import subprocess
 import sys
 
 import pytest
 
-from orchestrator import agent, protocol, spawner
+from orchestrator import agent, protocol, spawner, wire
+
+EXAMPLES = [
+    wire.RunSpec(job="j", node=1, cluster="c", workdir=None, script="t.py", env={"A": "1"}, pick_port=True,
+                 check_port=None, orphan_timeout=30.0, stop_grace=10.0, heartbeat=5.0, stack_dumps=False),
+    wire.DetectSpec(env={}), wire.SweepSpec(match={"DDP_UP_JOB": "j"}, grace=1.0, dry_run=True),
+    wire.SyncSpec(dest="~/p", entries=[["a", 1, 2, 0o644, None]], idle_timeout=9.0),
+    wire.Heartbeat(), wire.Probe(addr="10.0.0.1", port=29500, timeout=3.0), wire.Go(argv=["python", "-u", "x"]),
+    wire.Dump(), wire.Stop(), wire.Kill(), wire.AskShared(markers=[".ddp-up-sync-1"]), wire.EndOfFiles(),
+    wire.Ready(hostname="n", python="3.11", torch="2.13.0", cuda=None, nccl=None, gpus=0, time=1.5,
+               disk_free=10, port=1234),
+    wire.Failed(what="no", fix="yes"), wire.Probed(ok=False, error="refused"), wire.Started(),
+    wire.Output(stream="err", rank=None, data=b"W 1\n\x00\xff not a frame\n"), wire.Dumped(ranks=[0, 3]),
+    wire.Stopping(reason="asked"), wire.Exited(code=-9, signal="SIGKILL", stopped=False, reason=None),
+    wire.Detected(gpus=8), wire.Listed(found=[{"pid": 1, "tags": {}, "cmd": "x"}]), wire.Swept(killed=[], left=[2]),
+    wire.Needs(dest="/p", need=[0, 2], marker="m"), wire.Shared(sees=[]), wire.Copied(files=1, bytes=2, links=3),
+]
 
 
-def test_line_splitter_keeps_partial_lines():
-    s = protocol.LineSplitter()
-    assert s.feed(b"O hel") == []
-    assert s.feed(b"lo\nE x\nH") == [b"O hello", b"E x"]
-    assert s.flush() == [b"H"]
-    assert s.flush() == []
+def test_every_frame_kind_has_an_example_and_one_meaning():
+    kinds = {type(f) for f in EXAMPLES} | {wire.File}
+    assert kinds == set(wire.TO_AGENT.values()) | set(wire.TO_CONTROLLER.values())
+    # A kind name means one thing: only the heartbeat travels both ways.
+    assert set(wire.TO_AGENT) & set(wire.TO_CONTROLLER) == {b"Heartbeat"}
 
 
-def test_split_frame():
-    assert protocol.split_frame(b"O a b") == (b"O", b"a b")
-    assert protocol.split_frame(b"H") == (b"H", b"")
+def test_every_frame_survives_the_wire_byte_by_byte():
+    to_controller = [f for f in EXAMPLES if type(f) in wire.TO_CONTROLLER.values()]
+    stream = b"".join(f.encode() for f in to_controller)
+    decoder = wire.Decoder(wire.TO_CONTROLLER)
+    got = [frame for i in range(len(stream)) for frame in decoder.feed(stream[i:i + 1])]
+    assert got == to_controller and decoder.at_rest()
+    assert got[to_controller.index(EXAMPLES[16])].lines() == ["W 1", "\x00\ufffd not a frame"]
 
 
-def test_frame_reader_takes_worker_chunks_whole_whatever_they_hold():
-    chunk = b"line one\nW E 0 3\n\x00\xff\n"  # looks like a frame header, and is not UTF-8
-    stream = b"H\nW O 2 %d\n" % len(chunk) + chunk + b"X {\"code\": 0}\n"
-    reader = protocol.FrameReader()
-    frames = [f for i in range(len(stream)) for f in reader.feed(stream[i:i + 1])]  # byte by byte
-    assert frames == [(b"H", b""), (b"W", protocol.WorkerChunk("out", 2, chunk)), (b"X", b'{"code": 0}')]
-    assert frames[1][1].lines() == ["line one", "W E 0 3", "\x00\ufffd"]
-    assert reader.feed(b"") == [] and not reader.buf
+def test_the_agent_side_reads_the_controllers_frames_from_a_stream():
+    import io
+
+    to_agent = [f for f in EXAMPLES if type(f) in wire.TO_AGENT.values()]
+    stream = io.BytesIO(b"".join(f.encode() for f in to_agent) + wire.File(index=0, size=3, mtime_ns=5).encode() + b"abc")
+    got = [wire.read_frame(stream) for _ in to_agent]
+    assert got == to_agent
+    assert wire.read_frame(stream) == wire.File(index=0, size=3, mtime_ns=5) and stream.read() == b"abc"
+    assert wire.read_frame(stream) is None
 
 
-def test_hello_is_source_then_spec():
-    data = protocol.hello({"mode": "sweep"})
-    n = int(protocol.bootstrap_args()[-1])
-    assert data[:n] == agent.source()
-    assert json.loads(data[n:]) == {"mode": "sweep"}
+@pytest.mark.parametrize("data, error", [
+    (b"Bogus {}\n", "unexpected frame 'Bogus {}'"),
+    (b"O some launcher line\n", "unexpected frame 'O some launcher line'"),  # the old protocol's letters
+    (b"Go {\"argv\": []}\n", "unexpected frame"),  # a controller frame, coming from an agent
+    (b"Exited {not json\n", "malformed Exited frame (not JSON)"),
+    (b"Exited [1]\n", "malformed Exited frame (not an object)"),
+    (b"Exited {\"code\": 0}\n", "malformed Exited frame"),  # missing fields
+    (b"Detected {\"gpus\": 1, \"extra\": 2}\n", "malformed Detected frame"),  # unknown field
+    (b"Output {\"stream\": \"out\", \"rank\": 0, \"size\": -1}\n", "malformed Output frame (size -1)"),
+])
+def test_what_is_not_a_frame_is_a_protocol_error(data, error):
+    with pytest.raises(wire.ProtocolError, match=error.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        wire.Decoder(wire.TO_CONTROLLER).feed(data)
 
 
-@pytest.mark.parametrize("module", [agent, spawner])
+def test_an_endless_header_is_an_error_not_a_memory_leak(monkeypatch):
+    monkeypatch.setattr(wire, "MAX_HEADER", 1000)
+    with pytest.raises(wire.ProtocolError, match="header line"):
+        wire.Decoder().feed(b"x" * 2000)
+
+
+def test_hello_is_the_sources_then_the_spec():
+    data = protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True))
+    n_wire, n_agent = map(int, protocol.bootstrap_args()[-2:])
+    assert data[:n_wire] == open(wire.__file__, "rb").read()
+    assert data[n_wire:n_wire + n_agent] == agent.source()
+    assert data[n_wire + n_agent:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true}\n'
+
+
+def test_an_agent_given_garbage_instead_of_a_spec_says_so_and_exits():
+    proc = subprocess.run([sys.executable, "-u", *protocol.bootstrap_args()],
+                          input=b"".join(protocol.sources()) + b"Hello there\n", capture_output=True, timeout=30)
+    assert proc.returncode == 3
+    assert wire.Decoder().feed(proc.stdout) == [wire.Failed(
+        "protocol error from the controller: unexpected frame 'Hello there'",
+        "use the same ddp-up version on both ends")]
+
+
+def _top_level_imports(module) -> set[str]:
+    tree = ast.parse(open(module.__file__, encoding="utf-8").read())
+    names = set()
+    for node in tree.body:  # top level only: the agent's package import is inside a try
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("module", [agent, spawner, wire])
 def test_what_nodes_run_is_stdlib_only(module):
-    """Nodes have nothing but Python: the shipped agent and launcher import neither the package nor deps."""
-    with open(module.__file__, encoding="utf-8") as f:
-        src = f.read()
-    imports = {line.split()[1].split(".")[0] for line in src.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= sys.stdlib_module_names - {"__future__"}
+    """Nodes have nothing but Python: the shipped sources import neither the package nor deps."""
+    assert _top_level_imports(module) <= sys.stdlib_module_names

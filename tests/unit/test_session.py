@@ -2,9 +2,9 @@
 
 import queue
 
-from orchestrator import protocol
+from orchestrator import wire
 from orchestrator.config import parse_cluster
-from orchestrator.events import Closed, Ready, SetupFailed
+from orchestrator.events import Closed, Message, SetupFailed
 from orchestrator.plan import make_plan
 from orchestrator.session import NodeSession
 from orchestrator.transport import transport_for
@@ -19,12 +19,12 @@ def test_hello_reaches_the_agent_first_even_after_early_heartbeats(tmp_path):
     events: queue.SimpleQueue = queue.SimpleQueue()
     session = NodeSession(plan, plan.nodes[0], transport_for(plan.nodes[0].config), events.put)
     for _ in range(3):
-        session.send(protocol.HEARTBEAT)
+        session.send(wire.Heartbeat())
     session.open()
     try:
         event = events.get(timeout=30)
-        while not isinstance(event, (Ready, SetupFailed, Closed)):
+        while not isinstance(event, (Message, SetupFailed, Closed)):
             event = events.get(timeout=30)
-        assert isinstance(event, Ready), event
+        assert isinstance(event, Message) and isinstance(event.frame, wire.Ready), event
     finally:
         session.disconnect()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+from unittest.mock import ANY
 import sys
 from pathlib import Path
 
@@ -126,20 +127,18 @@ def test_the_progress_bar_is_for_large_copies_on_a_terminal():
 
 def test_a_node_agent_whose_controller_goes_silent_drops_its_partial_file_and_exits(tmp_path):
     """A partition closes nothing: the agent must not wait forever on a half-sent file."""
-    import json
     import subprocess
 
-    from orchestrator import protocol
+    from orchestrator import protocol, wire
 
-    spec = {"mode": "sync", "dest": str(tmp_path / "dest"), "entries": [["big.bin", 10, 0, 0o644, None]],
-            "idle_timeout": 1.0}
+    spec = wire.SyncSpec(dest=str(tmp_path / "dest"), entries=[["big.bin", 10, 0, 0o644, None]], idle_timeout=1.0)
     proc = subprocess.Popen([sys.executable, "-u", *protocol.bootstrap_args()], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     try:
         proc.stdin.write(protocol.hello(spec))
         proc.stdin.flush()
-        assert json.loads(proc.stdout.readline().split(b" ", 1)[1])["need"] == [0]
-        proc.stdin.write(b"U 0 10 0\nabc")  # 3 of 10 bytes, then silence with the pipe still open
+        assert wire.Decoder().feed(proc.stdout.readline()) == [wire.Needs(str(tmp_path / "dest"), [0], ANY)]
+        proc.stdin.write(wire.File(index=0, size=10, mtime_ns=0).encode() + b"abc")  # 3 of 10 bytes, then silence with the pipe still open
         proc.stdin.flush()
         assert proc.wait(timeout=15) == 3
     finally:

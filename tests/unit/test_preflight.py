@@ -2,7 +2,7 @@ from orchestrator.config import parse_cluster
 import os
 
 from orchestrator import agent
-from orchestrator.job import gpu_shortfalls, torch_mismatches
+from orchestrator.preflight import gpu_shortfalls, torch_mismatches
 from orchestrator.outcome import NodeStatus
 from orchestrator.plan import make_plan
 

@@ -1,0 +1,107 @@
+"""Hang detection: when a running job looks hung, and which ranks to name. Decisions as values.
+
+A job looks hung when no rank printed for ``hang_timeout`` seconds, or when some nodes finished
+that long ago while others still run. The watch then asks for every rank's stack (``AskStacks``;
+the job sends Dump), waits for the nodes to confirm and the stacks to arrive, and names the
+ranks that look stuck (``Hung``): with stacks, the odd ones out by the collective they wait in;
+without, the quietest ranks. The job loop acts on the decisions; this module does no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .events import LogLine
+from .logparse import StackReport
+from .outcome import NodeStatus
+
+DUMP_WAIT = 5.0  # after asking for stacks, how long to wait for them before stopping the job
+DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the stacks to arrive
+
+
+@dataclass(frozen=True)
+class AskStacks:
+    why: str
+    nodes: tuple[int, ...]  # the running nodes to send Dump to
+
+
+@dataclass(frozen=True)
+class Hung:
+    node: int
+    rank: int
+    what: str
+
+
+class HangWatch:
+    def __init__(self, timeout: float | None, job_id: str):
+        self.timeout = timeout
+        self.job_id = job_id
+        self.last_output: float | None = None  # any rank's latest line; None until go
+        self.rank_last: dict[int, float] = {}
+        self.first_done: float | None = None
+        self.why: str | None = None  # set once the job was declared hung
+        self.stacks = StackReport()
+        self.pending: set[int] = set()  # nodes asked for stacks that have not confirmed
+        self.deadline: float | None = None  # when to name the stuck ranks
+
+    def started(self, now: float) -> None:
+        self.last_output = now
+
+    def lines(self, lines: Sequence[LogLine], now: float) -> None:
+        for line in lines:
+            if line.rank is not None:
+                self.last_output = self.rank_last[line.rank] = now
+                if self.why and line.stream == "err":
+                    self.stacks.feed(line.rank, line.text)
+
+    def node_done(self, now: float) -> None:
+        self.first_done = self.first_done or now
+
+    def dumped(self, node: int, now: float) -> None:
+        self.pending.discard(node)
+        if not self.pending and self.deadline is not None:
+            self.deadline = min(self.deadline, now + DUMP_SETTLE)
+
+    def check(self, now: float, statuses: Sequence[NodeStatus], stopping: bool) -> AskStacks | Hung | None:
+        """What the job should do now about a hang, if anything."""
+        if self.deadline is not None and now >= self.deadline:
+            self.deadline = None
+            return self._name_stuck(statuses)
+        if not self.timeout or self.why or stopping or self.last_output is None:
+            return None
+        running = [s for s in statuses if s.state == "running"]
+        if not running:
+            return None
+        quiet = now - self.last_output
+        if quiet > self.timeout:
+            return self._declare(f"no output from any rank for {quiet:.0f} s", running, now)
+        if self.first_done is not None and now - self.first_done > self.timeout:
+            done = sum(s.state == "done" for s in statuses)
+            return self._declare(f"{done} node(s) finished {now - self.first_done:.0f} s ago, "
+                                 f"{len(running)} still running", running, now)
+        return None
+
+    def _declare(self, why: str, running: list[NodeStatus], now: float) -> AskStacks:
+        self.why = why
+        self.pending = {s.plan.index for s in running}
+        self.deadline = now + DUMP_WAIT
+        return AskStacks(why, tuple(sorted(self.pending)))
+
+    def _name_stuck(self, statuses: Sequence[NodeStatus]) -> Hung | None:
+        running = [r for s in statuses if s.state == "running" for r in s.plan.ranks]
+        if not running:
+            return None
+        odd = [r for r in self.stacks.odd_ones_out() if r in running]
+        if odd:
+            stuck = odd
+            detail = "; ".join(f"rank {r} {self.stacks.describe(r)}" for r in odd[:4])
+            others = sorted(set(self.stacks.collective) - set(odd))
+            if others:
+                detail += f"; the other {len(others)} rank(s) {self.stacks.describe(others[0])}"
+        else:
+            stuck = sorted(running, key=lambda r: self.rank_last.get(r, 0.0))
+            detail = "quietest ranks first: " + ", ".join(map(str, stuck[:8])) + (" ..." if len(stuck) > 8 else "")
+        node = next(s.plan.index for s in statuses if stuck[0] in s.plan.ranks)
+        return Hung(node, stuck[0], f"job hung ({self.why}); {detail}; "
+                                    f"stacks in the log above and in runs/{self.job_id}/")

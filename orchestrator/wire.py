@@ -1,0 +1,395 @@
+"""The controller <-> node agent protocol: every frame, both directions, every agent mode.
+
+Stdlib only (Python 3.8+): the controller imports this module, and ships its source to every
+node ahead of the agent's (see ``protocol.bootstrap_args``), so both ends share one definition.
+
+A frame is one line, ``KIND JSON`` (``KIND`` alone for a frame without fields), where KIND is the
+frame's class name and JSON its fields. A frame with a body (``Output``, ``File``) announces its
+``size`` in the header and is followed by exactly that many raw bytes, so nothing a job prints
+(newlines, binary, text that looks like a frame) can ever be read as a frame. An unknown kind, a
+frame sent the wrong way, bad JSON or wrong fields are a ``ProtocolError``, never data.
+
+A conversation: the controller writes the agent source (the bootstrap reads it by length), then
+one spec frame that picks the agent's mode, then that mode's commands; EOF on the agent's stdin
+means the controller is gone, and the agent stops whatever it started.
+
+  mode    controller -> agent                       agent -> controller
+  run     RunSpec; Heartbeat, Probe, Go, Dump,      Ready or Failed; Heartbeat, Probed, Started,
+          Stop, Kill                                Output, Dumped, Stopping, Exited
+  detect  DetectSpec                                Detected
+  sweep   SweepSpec                                 Listed, Swept
+  sync    SyncSpec; AskShared, File (+ bytes)...,   Needs or Failed; Shared; Copied or Failed
+          EndOfFiles
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Dict, List, Optional
+
+MAX_HEADER = 64 << 20  # a header line longer than this is garbage, not a frame (specs list files)
+
+
+class ProtocolError(Exception):
+    """The other end sent something that is not a frame of this protocol."""
+
+
+TO_AGENT: Dict[bytes, type] = {}  # frames the controller sends, by kind
+TO_CONTROLLER: Dict[bytes, type] = {}  # frames the agent sends, by kind
+
+
+def _frame(*directions):
+    def register(cls):
+        cls = dataclass(frozen=True)(cls)
+        cls.KIND = cls.__name__.encode()
+        cls.FIELDS = tuple(f.name for f in fields(cls) if not (cls.BODY == "data" and f.name == "data"))
+        for registry in directions:
+            registry[cls.KIND] = cls
+        return cls
+    return register
+
+
+class Frame:
+    KIND = b""
+    FIELDS = ()  # header fields, in order
+    BODY = None  # "data": the ``size`` bytes after the header are the field ``data``; "stream": the
+    # ``size`` bytes after the header are left in the stream for the reader (a file, streamed to disk)
+
+    def encode(self) -> bytes:
+        values = {name: getattr(self, name) for name in self.FIELDS}
+        if self.BODY == "data":
+            values["size"] = len(self.data)
+            return self.KIND + b" " + json.dumps(values).encode() + b"\n" + self.data
+        if not values:
+            return self.KIND + b"\n"
+        return self.KIND + b" " + json.dumps(values).encode() + b"\n"
+
+    def fields(self) -> dict:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+# --- specs: the first frame after the agent's source picks the mode -------------------------------
+
+@_frame(TO_AGENT)
+class RunSpec(Frame):
+    """Preflight this node, wait for Go, run the launcher, relay its output, stop it on request."""
+
+    job: str
+    node: int
+    cluster: str
+    workdir: Optional[str]
+    script: str
+    env: Dict[str, str]
+    pick_port: bool  # the master node: hold a free port and report it
+    check_port: Optional[int]  # the master node: hold this port (and fail if taken)
+    orphan_timeout: float
+    stop_grace: float
+    heartbeat: float
+    stack_dumps: bool
+    launch_source: Optional[str] = None  # `launcher: none`: ddp-up's own launcher, written out by the agent
+
+
+@_frame(TO_AGENT)
+class DetectSpec(Frame):
+    """Report what planning needs to know (the GPU count the job would see)."""
+
+    env: Dict[str, str]
+
+
+@_frame(TO_AGENT)
+class SweepSpec(Frame):
+    """Find the processes carrying these tags and stop them (ddp-kill, and lost nodes)."""
+
+    match: Dict[str, str]
+    grace: float
+    dry_run: bool
+
+
+@_frame(TO_AGENT)
+class SyncSpec(Frame):
+    """Say which of ``entries`` ([path, size, mtime_ns, mode, link]) differ under ``dest``; take them."""
+
+    dest: str
+    entries: List[list]
+    idle_timeout: float
+
+
+SPECS = (RunSpec, DetectSpec, SweepSpec, SyncSpec)
+
+
+# --- run mode -----------------------------------------------------------------------------------
+
+@_frame(TO_AGENT, TO_CONTROLLER)
+class Heartbeat(Frame):
+    """Both ways, every few seconds: silence past orphan_timeout means the other end is gone."""
+
+
+@_frame(TO_AGENT)
+class Probe(Frame):
+    """Open a TCP connection to the master's address and port, and say whether it worked."""
+
+    addr: str
+    port: int
+    timeout: float
+
+
+@_frame(TO_AGENT)
+class Go(Frame):
+    argv: List[str]
+
+
+@_frame(TO_AGENT)
+class Dump(Frame):
+    """Have every worker print its Python stack (the job looks hung)."""
+
+
+@_frame(TO_AGENT)
+class Stop(Frame):
+    """SIGTERM the launcher, SIGKILL what is left after stop_grace."""
+
+
+@_frame(TO_AGENT)
+class Kill(Frame):
+    """SIGKILL every process of the job on this node, now."""
+
+
+@_frame(TO_CONTROLLER)
+class Ready(Frame):
+    """Preflight passed; the node waits for Go."""
+
+    hostname: str
+    python: str
+    torch: str
+    cuda: Optional[str]
+    nccl: Optional[str]
+    gpus: int
+    time: float  # the node's wall clock (skew check)
+    disk_free: int
+    port: Optional[int] = None  # the master node's free port, when it picked one
+
+
+@_frame(TO_CONTROLLER)
+class Failed(Frame):
+    """This node cannot do what its spec asked (preflight, sync); nothing was started."""
+
+    what: str
+    fix: str = ""
+
+
+@_frame(TO_CONTROLLER)
+class Probed(Frame):
+    ok: bool
+    error: Optional[str] = None
+
+
+@_frame(TO_CONTROLLER)
+class Started(Frame):
+    """The launcher runs."""
+
+
+@_frame(TO_CONTROLLER)
+class Output(Frame):
+    """Whole lines one process wrote to one stream: a worker (``rank``, its local rank) or the
+    launcher itself (``rank`` None). The bytes follow the header."""
+
+    BODY = "data"
+    stream: str  # "out" | "err"
+    rank: Optional[int]
+    data: bytes = field(repr=False)
+
+    def lines(self) -> List[str]:
+        text = self.data.decode("utf-8", "replace")
+        return [line.rstrip("\r") for line in text.split("\n")[:-1]]  # a body ends with a newline
+
+
+@_frame(TO_CONTROLLER)
+class Dumped(Frame):
+    """These ranks were signalled to print their stacks (which follow as their stderr Output)."""
+
+    ranks: List[int]
+
+
+@_frame(TO_CONTROLLER)
+class Stopping(Frame):
+    reason: str
+
+
+@_frame(TO_CONTROLLER)
+class Exited(Frame):
+    """The job on this node is over and every process of it is gone."""
+
+    code: Optional[int]  # the launcher's exit code; None if it never started or could not be reaped
+    signal: Optional[str]  # the signal that ended the launcher, if one did
+    stopped: bool  # ended because it was asked to (Stop, Kill, controller gone, a signal to the agent)
+    reason: Optional[str]
+
+
+# --- one-shot modes -------------------------------------------------------------------------------
+
+@_frame(TO_CONTROLLER)
+class Detected(Frame):
+    gpus: int
+
+
+@_frame(TO_CONTROLLER)
+class Listed(Frame):
+    """The tagged processes found (before anything is stopped): [{"pid", "tags", "cmd"}]."""
+
+    found: List[dict]
+
+
+@_frame(TO_CONTROLLER)
+class Swept(Frame):
+    killed: List[int]  # needed SIGKILL after the grace period
+    left: List[int]  # still alive at the end (should be empty)
+
+
+@_frame(TO_CONTROLLER)
+class Needs(Frame):
+    """The indices of the sync entries that differ on this node, and the marker it keeps there."""
+
+    dest: str
+    need: List[int]
+    marker: str
+
+
+@_frame(TO_AGENT)
+class AskShared(Frame):
+    """Which of these other nodes' markers does this workdir hold too (a shared filesystem)?"""
+
+    markers: List[str]
+
+
+@_frame(TO_CONTROLLER)
+class Shared(Frame):
+    sees: List[str]
+
+
+@_frame(TO_AGENT)
+class File(Frame):
+    """One needed entry's contents: ``size`` raw bytes follow, which the agent streams to disk."""
+
+    BODY = "stream"
+    index: int
+    size: int
+    mtime_ns: int
+
+
+@_frame(TO_AGENT)
+class EndOfFiles(Frame):
+    """Every needed file was sent: place the links and report."""
+
+
+@_frame(TO_CONTROLLER)
+class Copied(Frame):
+    files: int
+    bytes: int
+    links: int
+
+
+# --- decoding -----------------------------------------------------------------------------------
+
+def parse_header(line: bytes, registry: Dict[bytes, type]):
+    """One header line (without its newline) -> (frame class, fields); ProtocolError if it is not
+    a frame that may travel this way."""
+    kind, _, payload = line.partition(b" ")
+    cls = registry.get(kind)
+    if cls is None:
+        raise ProtocolError("unexpected frame %r" % _shorten(line))
+    if not payload:
+        return cls, {}
+    try:
+        values = json.loads(payload)
+    except ValueError:
+        raise ProtocolError("malformed %s frame (not JSON)" % cls.__name__) from None
+    if not isinstance(values, dict):
+        raise ProtocolError("malformed %s frame (not an object)" % cls.__name__)
+    return cls, values
+
+
+def build(cls, values: dict, body: bytes = b""):
+    """The frame from its header fields (and body); ProtocolError if the fields do not fit."""
+    if cls.BODY is not None:
+        size = values.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ProtocolError("malformed %s frame (size %r)" % (cls.__name__, size))
+        if cls.BODY == "data":
+            values = dict(values, data=body)
+            del values["size"]
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise ProtocolError("malformed %s frame (%s)" % (cls.__name__, e)) from None
+
+
+def body_size(cls, values: dict) -> int:
+    """Bytes that follow this header and belong to the frame (0 if the reader takes them itself)."""
+    if cls.BODY != "data":
+        return 0
+    size = values.get("size")
+    return size if isinstance(size, int) and size > 0 else 0
+
+
+class Decoder:
+    """A byte stream -> frames, fed in chunks of any size (controller side)."""
+
+    def __init__(self, registry: Dict[bytes, type] = TO_CONTROLLER):
+        self.registry = registry
+        self.buf = bytearray()
+        self.pending = None  # (cls, values, size): a header waiting for its body
+
+    def feed(self, data: bytes) -> list:
+        self.buf += data
+        frames = []
+        pos = 0
+        try:
+            while True:
+                if self.pending is not None:
+                    cls, values, size = self.pending
+                    if len(self.buf) - pos < size:
+                        break
+                    frames.append(build(cls, values, bytes(self.buf[pos:pos + size])))
+                    pos += size
+                    self.pending = None
+                    continue
+                end = self.buf.find(b"\n", pos)
+                if end < 0:
+                    if len(self.buf) - pos > MAX_HEADER:
+                        raise ProtocolError("a header line of more than %d bytes" % MAX_HEADER)
+                    break
+                cls, values = parse_header(bytes(self.buf[pos:end]), self.registry)
+                pos = end + 1
+                size = body_size(cls, values)
+                if cls.BODY == "data":
+                    self.pending = (cls, values, size)
+                else:
+                    frames.append(build(cls, values))
+        finally:
+            del self.buf[:pos]
+        return frames
+
+    def at_rest(self) -> bool:
+        """True between frames (a stream that ends otherwise was cut mid-frame)."""
+        return not self.buf and self.pending is None
+
+
+def read_frame(stream, registry: Dict[bytes, type] = TO_AGENT):
+    """The next frame from a blocking binary stream (agent side); None at EOF. A ``File`` frame's
+    bytes are left in the stream for the caller."""
+    line = stream.readline()
+    if not line:
+        return None
+    if not line.endswith(b"\n"):
+        raise ProtocolError("the stream ended inside a frame")
+    cls, values = parse_header(line[:-1], registry)
+    size = body_size(cls, values)
+    body = stream.read(size) if size else b""
+    if len(body) < size:
+        raise ProtocolError("the stream ended inside a %s frame" % cls.__name__)
+    return build(cls, values, body)
+
+
+def _shorten(data: bytes, limit: int = 40) -> str:
+    text = data[:limit].decode("utf-8", "replace")
+    return text + ("..." if len(data) > limit else "")
