@@ -43,8 +43,9 @@ TAG_NODE = "DDP_UP_NODE"
 TAG_CLUSTER = "DDP_UP_CLUSTER"
 TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER)
 # Turns the sources sent on stdin into the running agent: argv[1] bytes of wire.py, registered as
-# the module ddp_up_wire, then argv[2] bytes of this file, run as the main program.
-BOOTSTRAP = ("import sys,types;r=sys.stdin.buffer.read;w=types.ModuleType('ddp_up_wire');"
+# the module ddp_up_wire, then argv[2] bytes of this file, run as the main program. The leading
+# string names the agent early in its command line (ps, /proc/PID/cmdline cut at 200 characters).
+BOOTSTRAP = ("'ddp_up_agent';import sys,types;r=sys.stdin.buffer.read;w=types.ModuleType('ddp_up_wire');"
              "sys.modules['ddp_up_wire']=w;exec(compile(r(int(sys.argv[1])),'ddp_up_wire','exec'),w.__dict__);"
              "exec(compile(r(int(sys.argv[2])),'ddp_up_agent','exec'))")
 # `launcher: none`: the plan names ddp-up's own launcher by this file name; the agent writes the
@@ -64,12 +65,6 @@ _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)  # t
 if _spec is not None and _spec.loader is not None:
     _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 """ % DUMP_SIGNAL
-
-
-def source() -> bytes:
-    """This module's source, as shipped to nodes."""
-    with open(__file__, "rb") as f:
-        return f.read()
 
 
 # --- finding and signalling the job's processes -------------------------------------------------

@@ -70,7 +70,8 @@ class SetupError(DdpUpError):
 
 
 class Interrupted(Exception):
-    """Raised in the main thread by the CLI's signal handler (Ctrl-C, SIGTERM, SIGHUP)."""
+    """A signal arrived before any job existed; raised at a point that reads the signal inbox
+    (between start-up steps, or by a parallel wait after it closed its calls), never by a handler."""
 
     def __init__(self, signum: int):
         super().__init__(signum)

@@ -77,7 +77,7 @@ def test_hello_is_the_sources_then_the_spec():
     data = protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True))
     n_wire, n_agent = map(int, protocol.bootstrap_args()[-2:])
     assert data[:n_wire] == open(wire.__file__, "rb").read()
-    assert data[n_wire:n_wire + n_agent] == agent.source()
+    assert data[n_wire:n_wire + n_agent] == open(agent.__file__, "rb").read()
     assert data[n_wire + n_agent:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true}\n'
 
 

@@ -1,0 +1,228 @@
+"""The job loop, driven by fake nodes and a fake clock: fail-fast, stop escalation, lost nodes,
+hangs, and signals at every step. No root, no network, no sleeping: milliseconds each."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from orchestrator import wire
+from orchestrator.errors import SetupError
+from orchestrator.events import Message
+from orchestrator.job import KILL_MARGIN, STOP_MARGIN
+from tests.unit.fakejob import Harness
+
+T0 = 1000.0  # the fake clock's start
+
+
+def test_a_healthy_job_runs_every_node_with_its_rank_and_exits_0():
+    h = Harness(3)
+    for n in h.nodes:
+        n.exit_code = 0
+    result = h.job.run()
+    assert result.exit_code == 0 and h.states() == ["done"] * 3
+    assert [n.kinds() for n in h.nodes] == [["Probe", "Go"]] * 3
+    go = [next(f for f in n.sent if isinstance(f, wire.Go)) for n in h.nodes]
+    assert [a for a in go[2].argv if a.startswith(("--node-rank", "--master-port", "--nnodes"))] == [
+        "--nnodes=3", "--node-rank=2", "--master-port=29500"]
+    assert not h.sweeper.swept and not result.failures and result.interrupted is None
+
+
+def test_heartbeats_go_to_every_live_node_at_the_planned_rate():
+    h = Harness(2, orphan_timeout=8)  # heartbeat every 2 s
+    for n in h.nodes:
+        n.exit_code, n.run_for = 0, 9.0
+    h.job.run()
+    beats = [sum(isinstance(f, wire.Heartbeat) for f in n.sent) for n in h.nodes]
+    assert all(4 <= b <= 6 for b in beats), beats
+
+
+def test_fail_fast_names_the_root_cause_rank_and_stops_the_others():
+    h = Harness(3)
+    h.nodes[1].exit_code, h.nodes[1].run_for = 1, 5.0
+    report = ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-22_10:00:00",
+              "  host      : h1", "  rank      : 2 (local_rank: 1)", "  exitcode  : 7 (pid: 42)", "=" * 20]
+    h.queue.at(T0 + 4.9, h.lines(1, *report, stream="err"))
+    result = h.job.run()
+    assert result.exit_code == 1
+    assert h.states() == ["stopped", "failed", "stopped"]
+    assert [n.kinds()[-1] for n in h.nodes] == ["Stop", "Go", "Stop"]  # nobody stops the failed node
+    root = result.root_cause
+    assert (root.node, root.rank, root.exit_code, root.what) == (1, 2, 7, "rank 2 exited with code 7")
+    assert "h1 failed: rank 2 exited with code 7; stopping all nodes" in h.view.notices
+
+
+def test_a_node_that_ignores_stop_is_killed_then_lost_and_swept():
+    h = Harness(2, stop_grace=3)
+    h.nodes[0].exit_code, h.nodes[0].run_for = 1, 2.0
+    h.nodes[1].obeys_stop = h.nodes[1].obeys_kill = False
+    sent_at: dict[str, float] = {}
+    h.nodes[1].on_send = lambda f: sent_at.setdefault(type(f).__name__, h.clock())
+    result = h.job.run()
+    assert result.exit_code == 1
+    assert h.nodes[1].kinds()[-3:] == ["Go", "Stop", "Kill"]
+    assert sent_at["Kill"] - sent_at["Stop"] == pytest.approx(3 + STOP_MARGIN, abs=0.3)
+    assert h.states() == ["failed", "lost"] and h.nodes[1].closed
+    assert h.sweeper.swept == ["h1"]
+    assert result.root_cause.node == 0  # the loss was a consequence, not the cause
+    assert h.clock() - sent_at["Kill"] == pytest.approx(KILL_MARGIN, abs=0.3)
+
+
+def test_a_node_whose_channel_closes_is_lost_swept_and_named():
+    h = Harness(2)
+    h.queue.at(T0 + 3, h.close_channel(1, "client_loop: send disconnect: Broken pipe"))
+    result = h.job.run()
+    assert result.exit_code == 1 and h.states() == ["stopped", "lost"]
+    assert h.sweeper.swept == ["h1"]
+    assert result.root_cause.what == "connection to the node agent lost (client_loop: send disconnect: Broken pipe)"
+
+
+def test_a_silent_node_is_lost_after_orphan_timeout():
+    h = Harness(2, orphan_timeout=8)
+    h.queue.at(T0 + 2, lambda: setattr(h.nodes[1], "silent_since", h.clock()))
+    result = h.job.run()
+    assert h.states() == ["stopped", "lost"] and h.sweeper.swept == ["h1"]
+    assert result.root_cause.what.startswith("no heartbeat from the node for 8 s")
+    assert result.root_cause.at == pytest.approx(T0 + 10, abs=0.3)
+
+
+def test_a_frame_that_makes_no_sense_now_is_a_protocol_error_naming_the_node():
+    h = Harness(2)
+    h.queue.at(T0 + 1, Message(1, wire.Detected(gpus=3)))
+    result = h.job.run()
+    assert h.states()[1] == "lost"
+    assert result.root_cause.render() == "h1 (node 1): protocol error from the node agent: unexpected Detected while running"
+
+
+def test_a_hang_asks_for_stacks_and_names_the_odd_rank_out():
+    h = Harness(2, gpus=2, hang_timeout=20)
+    h.queue.at(T0 + 1, h.lines(0, "step 1", rank=0))
+    h.queue.at(T0 + 1, h.lines(1, "step 1", rank=3))
+
+    def stacks(node: int, frame: wire.Frame) -> None:
+        if isinstance(frame, wire.Dump):
+            for rank in h.plan.nodes[node].ranks:
+                where = ("/job/data.py", "load_batch") if rank == 3 else (
+                    "/x/torch/distributed/distributed_c10d.py", "all_reduce")
+                h.queue.put(h.lines(node, "Thread 0x1 (most recent call first):",
+                                    f'  File "{where[0]}", line 1 in {where[1]}',
+                                    '  File "/job/train.py", line 9 in step', rank=rank, stream="err"))
+            h.nodes[node].say(wire.Dumped(ranks=list(h.plan.nodes[node].ranks)))
+
+    for n in h.nodes:
+        n.on_send = lambda f, i=n.index: stacks(i, f)
+    result = h.job.run()
+    assert any(t.startswith("job looks hung: no output from any rank for 20 s") for t in h.view.notices)
+    assert [n.kinds()[2] for n in h.nodes] == ["Dump", "Dump"]
+    root = result.root_cause
+    assert (root.node, root.rank) == (1, 3)
+    assert "rank 3 not in a collective (load_batch); the other 3 rank(s) in all_reduce (from step)" in root.what
+
+
+def test_a_node_that_fails_preflight_stops_the_launch_before_anything_starts():
+    h = Harness(2)
+    h.job.opener = lambda ss: [ss[0].open(), ss[1].say(wire.Failed(what="script train.py not found", fix="copy it"))]
+    with pytest.raises(SetupError) as e:
+        h.job.run()
+    assert [(p.node, p.what, p.fix) for p in e.value.problems] == [("h1", "script train.py not found", "copy it")]
+    assert not any(isinstance(f, wire.Go) for n in h.nodes for f in n.sent)
+
+
+# --- signals are events, at every step -----------------------------------------------------------
+
+def test_ctrl_c_while_a_node_is_still_connecting_cancels_it_and_stops_the_rest():
+    h = Harness(3)
+    h.job.opener = lambda ss: [s.open() for s in ss if s.index != 2]  # node 2: connect never returns
+    h.signal_at(T0 + 1)
+    result = h.job.run()
+    assert result.exit_code == 130 and not result.failures
+    assert h.states() == ["stopped"] * 3 and h.nodes[2].cancelled
+    assert all("Go" not in n.kinds() for n in h.nodes)
+    assert h.view.notices == ["SIGINT: stopping all nodes (Ctrl-C again to kill now)"]
+
+
+def test_a_signal_before_the_job_loop_first_turns_is_not_lost():
+    h = Harness(2)
+    h.signal(signal.SIGTERM)  # arrived between the last start-up check and the loop
+    result = h.job.run()
+    assert result.exit_code == 128 + signal.SIGTERM and h.states() == ["stopped", "stopped"]
+    assert all("Go" not in n.kinds() for n in h.nodes)
+
+
+STEPS = {
+    # where the second Ctrl-C lands: after which frame to node 1, how long after, what node 1 does
+    "as the Stop goes out": ("Stop", 0.0, {"obeys_stop": False}),
+    "while waiting for the stop": ("Stop", 10.0, {"obeys_stop": False}),
+    "after the escalation's Kill": ("Kill", 0.0, {"obeys_stop": False, "obeys_kill": False}),
+}
+
+
+@pytest.mark.parametrize("first_at", ["connecting", "probing", "running"])
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_a_second_ctrl_c_at_any_step_of_the_stop_path_kills_now(first_at, step):
+    trigger, delay, behaviour = STEPS[step]
+    h = Harness(2, stop_grace=60)
+    for key, value in behaviour.items():
+        setattr(h.nodes[1], key, value)
+    sent_at: dict[str, float] = {}
+    second_at: list[float] = []
+
+    def second() -> None:
+        second_at.append(h.clock())
+        h.signal()
+
+    def on_send(frame: wire.Frame) -> None:
+        kind = type(frame).__name__
+        sent_at.setdefault(kind, h.clock())
+        if first_at == "probing" and kind == "Probe" and not h.inbox.received:
+            h.signal()
+        if first_at == "running" and kind == "Go" and not h.inbox.received:
+            h.queue.at(h.clock() + 5, h.signal)
+        if kind == trigger and len(h.inbox.received) == 1 and not second_at:
+            h.queue.at(h.clock() + delay, second)
+
+    h.nodes[1].on_send = on_send
+    if first_at == "connecting":  # node 1 connects a second after the first Ctrl-C: it is cancelled
+        h.job.opener = lambda ss: [ss[0].open(), h.queue.at(T0 + 2, ss[1].open)]
+        h.signal_at(T0 + 1)
+    result = h.job.run()
+    assert result.exit_code == 130 and not result.failures and result.interrupted == signal.SIGINT
+    assert all(s in ("stopped", "lost") for s in h.states()), h.states()
+    assert h.view.notices[0] == "SIGINT: stopping all nodes (Ctrl-C again to kill now)"
+    if first_at == "connecting":
+        assert h.nodes[1].kinds() == [] and h.states()[1] == "stopped"  # never started, nothing to kill
+        return
+    assert second_at and sent_at["Kill"] <= second_at[0] + 1.0  # the kill went out at once
+    assert h.clock() - second_at[0] <= KILL_MARGIN + 1.0  # and the job ended within the kill margin
+    if behaviour.get("obeys_kill") is False:
+        assert h.states()[1] == "lost" and h.sweeper.swept == ["h1"]
+
+
+def test_a_third_signal_changes_nothing_and_the_kill_still_completes():
+    h = Harness(2, stop_grace=60)
+    h.nodes[1].obeys_stop = False
+
+    def on_send(frame: wire.Frame) -> None:
+        if isinstance(frame, wire.Go) and not h.inbox.received:
+            h.queue.at(h.clock() + 1, lambda: h.signal())
+        if isinstance(frame, wire.Stop):
+            h.signal()
+            h.signal(signal.SIGTERM)
+
+    h.nodes[1].on_send = on_send
+    result = h.job.run()
+    assert result.exit_code == 130 and result.interrupted == signal.SIGINT
+    assert h.nodes[1].kinds().count("Kill") == 1
+    assert h.view.notices.count("killing every job process now") == 1
+
+
+def test_close_sweeps_and_reports_without_taking_signals():
+    h = Harness(2)
+    h.queue.at(T0 + 1, h.close_channel(1))
+    h.job.run()
+    h.signal()  # during cleanup: recorded, not acted on
+    h.job.close()
+    assert all(n.closed for n in h.nodes) and h.sweeper.swept == ["h1"]
+    assert h.job.result().interrupted is None
+
