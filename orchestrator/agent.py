@@ -20,9 +20,11 @@ spends no per-line work (torchrun's ``--tee`` re-prints every line from a Python
 
 import errno
 import glob
+import itertools
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -41,7 +43,10 @@ except ImportError:  # running on a node: the bootstrap registered the shipped w
 TAG_JOB = "DDP_UP_JOB"
 TAG_NODE = "DDP_UP_NODE"
 TAG_CLUSTER = "DDP_UP_CLUSTER"
-TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER)
+TAG_RUN = "DDP_UP_RUN"  # one launch: a job's own cleanup matches it too, so it can never touch another
+TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER, TAG_RUN)
+# A job id names directories here and on the controller: a plain name, never a path.
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # Turns the sources sent on stdin into the running agent: argv[1] bytes of wire.py, registered as
 # the module ddp_up_wire, then argv[2] bytes of this file, run as the main program. The leading
 # string names the agent early in its command line (ps, /proc/PID/cmdline cut at 200 characters).
@@ -194,12 +199,85 @@ def kill_tagged(match, grace, first_signal=signal.SIGTERM):
     return {"found": procs, "killed": killed, "left": left}
 
 
+# --- node-side state: private, never through a link --------------------------------------------
+#
+# $TMPDIR/ddp-up-$UID/               this user's, 0700, checked (never created through a link)
+#   <job>/                           0700
+#     node<N>/                       created exclusively: a job id already in use here is refused
+#       hooks/                       files the job runs (stack-dump hook, launcher), 0600
+#       logs/                        torchrun's per-worker log files, relayed by the Tailer
+
 def state_root():
     return os.path.join(tempfile.gettempdir(), "ddp-up-%d" % os.getuid())
 
 
-def state_dir(job):
-    return os.path.join(state_root(), job)
+def private_dir(path, create=True):
+    """None if ``path`` is (now) a real directory of this user's that no one else can enter;
+    else what is wrong with it. Never follows a link: a directory that another local user made,
+    replaced or pointed elsewhere first is refused, not used. One of this user's that others may
+    only read (earlier versions made it 0755) is tightened to 0700; one others could write into
+    may hold anything, and is refused."""
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            return "cannot be created (%s)" % (e.strerror or e)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return "is a symbolic link or not a directory"
+        return "cannot be opened (%s)" % (e.strerror or e)
+    try:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid != os.getuid():
+            return "belongs to uid %d, not to this user (uid %d)" % (st.st_uid, os.getuid())
+        if mode & 0o022:
+            return "is writable by other users (mode %03o)" % mode
+        if mode & 0o077:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return None
+
+
+def unsafe_state(path, why):
+    return wire.Failed("ddp-up's state directory %s %s; refusing to use it" % (path, why),
+                       "if you made it, remove it (rm -rf %s); if another user did, ask an admin to, or give the "
+                       "agent a private TMPDIR with `setup: export TMPDIR=$HOME/.cache/ddp-up-tmp`" % path)
+
+
+def claim_node_dir(job, node):
+    """(the node's state directory, None), or (None, Failed): the job's id is in use here, or
+    the state root is not private."""
+    root = state_root()
+    for path in (root, os.path.join(root, job)):
+        why = private_dir(path)
+        if why:
+            return None, unsafe_state(path, why)
+    path = os.path.join(root, job, "node%d" % node)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return None, job_in_use(job, "its state directory %s exists" % path)
+    except OSError as e:
+        return None, unsafe_state(path, "cannot be created (%s)" % (e.strerror or e))
+    return path, None
+
+
+def job_in_use(job, why):
+    return wire.Failed("job id %s is already in use on this node (%s)" % (job, why),
+                       "pick another --job-id, or stop the other one first: ddp-kill CLUSTER.yaml --job %s" % job)
+
+
+def write_private(path, text):
+    """A new file of ours, 0600, never through a link or over an existing file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 # --- output to the controller -------------------------------------------------------------------
@@ -260,6 +338,18 @@ def join_while_moving(thread, writer, stall_timeout):
             return
 
 
+MAX_PIECE = 1 << 20  # a line longer than this goes out in pieces (the controller joins them again)
+
+
+def whole_lines(buffered, flush):
+    """Split ``buffered`` bytes into (what to send now, what to keep): whole lines, all of a line
+    past MAX_PIECE, and everything at the end (``flush``). Nothing is added or dropped."""
+    cut = buffered.rfind(b"\n") + 1
+    if flush or (cut == 0 and len(buffered) >= MAX_PIECE):
+        cut = len(buffered)
+    return buffered[:cut], buffered[cut:]
+
+
 def pump(fd, stream, writer):
     """Relay the launcher's own stream to the controller: the whole lines of each read, one frame."""
     rest = b""
@@ -270,16 +360,12 @@ def pump(fd, stream, writer):
             if e.errno == errno.EINTR:
                 continue
             chunk = b""
+        send, rest = whole_lines(rest + chunk, flush=not chunk)
+        if send:
+            writer.send(wire.Output(stream, None, send))
         if not chunk:
-            if rest:
-                writer.send(wire.Output(stream, None, rest + b"\n"))
             os.close(fd)
             return
-        rest += chunk
-        cut = rest.rfind(b"\n") + 1
-        if cut:
-            writer.send(wire.Output(stream, None, rest[:cut]))
-            rest = rest[cut:]
 
 
 class Tailer:
@@ -293,7 +379,6 @@ class Tailer:
     POLL = 0.05
     RESCAN = 0.5  # new attempts (restarts) appear rarely
     CHUNK = 1 << 16
-    MAX_PARTIAL = 1 << 20  # a "line" longer than this is sent in pieces
     BACKLOG = 32  # frames queued to the controller before reading pauses (bounds memory)
 
     def __init__(self, log_dir, writer):
@@ -353,15 +438,11 @@ class Tailer:
             if not data:
                 break
             moved = True
-            partial += data
-            cut = partial.rfind(b"\n") + 1
-            if cut == 0 and len(partial) >= self.MAX_PARTIAL:
-                cut = len(partial)
-            if cut:
-                self.send(stream, local_rank, partial[:cut])
-                partial = partial[cut:]
+            send, partial = whole_lines(partial + data, flush=False)
+            if send:
+                self.send(stream, local_rank, send)
         if flush and partial:
-            self.send(stream, local_rank, partial + b"\n")
+            self.send(stream, local_rank, partial)  # the unterminated end, as it is
             partial = b""
         entry[3] = partial
         return moved
@@ -378,7 +459,7 @@ class Runner:
     def __init__(self, spec, writer):
         self.spec = spec  # a wire.RunSpec
         self.out = writer
-        self.match = {TAG_JOB: spec.job, TAG_NODE: str(spec.node)}
+        self.match = {TAG_JOB: spec.job, TAG_NODE: str(spec.node), TAG_RUN: spec.run}  # this launch only
         self.events = queue.SimpleQueue()  # put() is safe from signal handlers
         self.last_heard = time.monotonic()
         self.proc = None
@@ -386,14 +467,15 @@ class Runner:
         self.tailer = None
         self.listener = None
         self.torch = None  # {"torch", "cuda", "nccl"} once probed
-        self.dir = state_dir(spec.job)
-        self.log_dir = os.path.join(self.dir, "node%d-logs" % spec.node)
+        self.dir = None  # this node's private state directory, once claimed
+        self.log_dir = None
 
     def run(self):
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, lambda s, _f: self.events.put(("stop", "agent got " + signal.Signals(s).name)))
         problem = self.preflight()
         if problem:
+            self.cleanup_state(keep_logs=False)
             self.out.send(problem)
             self.out.drain(5)
             return 3
@@ -405,6 +487,7 @@ class Runner:
         threading.Thread(target=self.read_controller, name="stdin", daemon=True).start()
         kind, arg = self.wait_for_go()
         if kind != "go":
+            self.cleanup_state(keep_logs=False)
             self.out.send(wire.Exited(code=None, signal=None, stopped=True, reason=arg))
             self.out.drain(5)
             return 0
@@ -426,6 +509,9 @@ class Runner:
         if self.torch is None:
             return wire.Failed("torch is not installed for %s (Python %s)" % (sys.executable, sys.version.split()[0]),
                                "install torch on this node, or set `python:` to an interpreter that has it")
+        problem = self.claim_state()
+        if problem:
+            return problem
         port = self.spec.check_port
         if port or self.spec.pick_port:
             try:  # held until go: reserves the port and lets every node probe the master for real
@@ -437,6 +523,21 @@ class Runner:
 
     def job_env(self):
         return job_env(self.spec.env)
+
+    def claim_state(self):
+        """This node's private state directory, created exclusively: a job id in use here (a
+        directory, or live processes of it) is refused before anything starts."""
+        job, node = self.spec.job, self.spec.node
+        if not JOB_ID.fullmatch(job):
+            return wire.Failed("job id %r is not a plain name" % job[:80], "use the same ddp-up version everywhere")
+        others = find_tagged({TAG_JOB: job, TAG_NODE: str(node)})
+        if others:
+            return job_in_use(job, "pid %d carries its tags" % others[0]["pid"])
+        self.dir, problem = claim_node_dir(job, node)
+        if problem:
+            return problem
+        self.log_dir = os.path.join(self.dir, "logs")
+        return None
 
     def probe(self, target):
         """Can this node open a TCP connection to the master's address and port?"""
@@ -503,9 +604,9 @@ class Runner:
 
     def start(self, argv):
         env = self.job_env()
-        env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster})
+        env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
+                    TAG_RUN: self.spec.run})
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
-        os.makedirs(self.dir, exist_ok=True)
         if self.spec.stack_dumps:
             hooks = os.path.dirname(self.write_hook("sitecustomize.py", DUMP_HOOK))
             env["PYTHONPATH"] = hooks + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -529,11 +630,13 @@ class Runner:
 
     def write_hook(self, name, text):
         """A file of ours the job runs (dump hook, launcher), in this node's state directory."""
-        hooks = os.path.join(self.dir, "node%d-hooks" % self.spec.node)
-        os.makedirs(hooks, exist_ok=True)
+        hooks = os.path.join(self.dir, "hooks")
+        try:
+            os.mkdir(hooks, 0o700)
+        except FileExistsError:
+            pass
         path = os.path.join(hooks, name)
-        with open(path, "w") as f:
-            f.write(text)
+        write_private(path, text)
         return path
 
     def supervise(self):
@@ -634,14 +737,16 @@ class Runner:
 
     def cleanup_state(self, keep_logs):
         """Remove this node's state; keep torchrun's log copy if the controller may have missed lines."""
-        shutil.rmtree(os.path.join(self.dir, "node%d-hooks" % self.spec.node), ignore_errors=True)
-        if not keep_logs:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
-        for path in (self.dir, os.path.dirname(self.dir)):
-            try:
-                os.rmdir(path)  # only if empty: other jobs may share the parent
-            except OSError:
-                break
+        if self.dir is None:
+            return
+        shutil.rmtree(os.path.join(self.dir, "hooks"), ignore_errors=True)
+        if keep_logs:
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(self.dir))  # the job's directory, once its last node is done here
+        except OSError:
+            pass
 
 
 def signal_name(code):
@@ -744,14 +849,26 @@ def sweep(spec, writer):
 
 
 def remove_stale_state(match):
-    """Remove the state directories (pids, and any torchrun log copy kept for a vanished
-    controller) of jobs that no longer have processes here."""
+    """Remove the node directories (hooks, and any torchrun log copy kept for a vanished
+    controller) of jobs that no longer have processes here; only in a private state root, only
+    directories named as ddp-up names them, never through a link."""
+    root = state_root()
+    if private_dir(root, create=False):
+        return
     job = match.get(TAG_JOB)
-    base = state_root()
-    jobs = [job] if job else (os.listdir(base) if os.path.isdir(base) else [])
+    jobs = [job] if job else os.listdir(root)
     for name in jobs:
-        if not find_tagged({TAG_JOB: name}):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        job_dir = os.path.join(root, name)
+        if not JOB_ID.fullmatch(name) or private_dir(job_dir, create=False):
+            continue
+        for entry in os.listdir(job_dir):
+            node = entry[4:]
+            if entry.startswith("node") and node.isdigit() and not find_tagged({TAG_JOB: name, TAG_NODE: node}):
+                shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
+        try:
+            os.rmdir(job_dir)  # only if empty
+        except OSError:
+            pass
 
 
 # --- sync mode (the workdir copy before a launch) ----------------------------------------------
@@ -831,11 +948,29 @@ class IdleGuard:
         os._exit(3)
 
 
+TEMP_NUMBERS = itertools.count()
+
+
 def temp_beside(path):
     """A temp name in ``path``'s directory (created if missing), for a write renamed into place.
-    Unique across nodes too: workdirs on a shared filesystem get the copy from every node at once."""
+    Unique across nodes too (workdirs on a shared filesystem get the copy from every node at once),
+    and short whatever ``path``'s own name: a name at the filesystem's limit must still work."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    return os.path.join(os.path.dirname(path), ".%s.ddp-up-%s" % (os.path.basename(path), SYNC_TOKEN))
+    return os.path.join(os.path.dirname(path), ".ddp-up-%s-%d" % (SYNC_TOKEN, next(TEMP_NUMBERS)))
+
+
+def link_in_parents(dest, rel):
+    """The first directory of ``rel`` under ``dest`` that is a symbolic link on this node, or
+    None. Sync never writes through one: a copy must not land outside the workdir."""
+    path = dest
+    for part in rel.split("/")[:-1]:
+        path = os.path.join(path, part)
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return path
+        except FileNotFoundError:
+            return None  # the rest is created below, as real directories
+    return None
 
 
 def receive_file(stream, path, size, mtime_ns, mode):
@@ -884,6 +1019,12 @@ def receive(spec, writer, stream):
             raise SyncFailed("refusing path %r: outside the destination" % bad[0])
         os.makedirs(dest, exist_ok=True)
         need = sync_needs(dest, entries)
+        linked = next(filter(None, (link_in_parents(dest, entries[i][0]) for i in need)), None)
+        if linked:
+            return sync_failed(writer, "cannot sync into %s: %s is a symbolic link on this node, and sync never "
+                                       "writes through one" % (dest, linked), None,
+                               fix="remove the link there (the copy makes a real directory), or exclude that "
+                                   "path from `sync:`")
         marker = os.path.join(dest, MARKER_PREFIX + SYNC_TOKEN)
         open(marker, "wb").close()
     except (OSError, SyncFailed) as e:
@@ -934,9 +1075,11 @@ def take_files(stream, dest, entries, done, writer):
         done["bytes"] += frame.size
 
 
-def sync_failed(writer, what, err=None, in_the_way=None):
-    """Report a failed copy, with the fix its errno points at."""
-    if err in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY):
+def sync_failed(writer, what, err=None, in_the_way=None, fix=None):
+    """Report a failed copy, with ``fix`` or the fix its errno points at."""
+    if fix is not None:
+        pass
+    elif err in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY):
         fix = in_the_way or ("a file in the copy has the name of a directory on the node (or the other way "
                              "round): remove it there")
     else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import wire
-from .agent import TAG_CLUSTER, TAG_JOB, TAG_NODE
+from .agent import TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .config import NodeConfig
 from .oneshot import call_agent
 from .parallel import on_each
@@ -33,9 +33,10 @@ class SweepReport:
         return sorted({p["tags"].get(TAG_JOB, "?") for p in self.found})
 
 
-def match_for(job: str | None = None, node: int | None = None, cluster: str | None = None) -> dict:
+def match_for(job: str | None = None, node: int | None = None, cluster: str | None = None,
+              run: str | None = None) -> dict:
     """Tag filter: every given value must match; an empty filter matches every ddp-up process."""
-    pairs = {TAG_JOB: job, TAG_NODE: None if node is None else str(node), TAG_CLUSTER: cluster}
+    pairs = {TAG_JOB: job, TAG_NODE: None if node is None else str(node), TAG_CLUSTER: cluster, TAG_RUN: run}
     return {k: v for k, v in pairs.items() if v is not None}
 
 
@@ -62,8 +63,10 @@ class LostNodeSweeper:
     """A lost node may still run job processes: sweep them over a fresh connection, at once and
     in parallel with stopping the other nodes; ``finish`` collects the reports (bounded)."""
 
-    def __init__(self, job_id: str, grace: float, transport_factory: Callable[[NodeConfig], Transport]):
+    def __init__(self, job_id: str, run_token: str, grace: float,
+                 transport_factory: Callable[[NodeConfig], Transport]):
         self.job_id = job_id
+        self.run_token = run_token
         self.grace = grace
         self.transport_factory = transport_factory
         self._threads: list[tuple[NodeConfig, threading.Thread]] = []
@@ -71,7 +74,7 @@ class LostNodeSweeper:
 
     def start(self, node: NodeConfig) -> None:
         def sweep() -> None:
-            match = match_for(job=self.job_id, node=node.rank)
+            match = match_for(job=self.job_id, node=node.rank, run=self.run_token or None)
             self._reports.append(sweep_node(node, match, self.grace, transport=self.transport_factory(node)))
 
         thread = threading.Thread(target=sweep, name=f"sweep-{node.label}", daemon=True)

@@ -20,18 +20,18 @@ from rich.text import Text
 
 from . import __version__, signals
 from .cleanup import SweepReport, match_for, sweep_nodes
-from .config import NodeSource, SyncConfig, load_cluster
+from .config import NodeSource, SyncConfig, load_cluster, read_text
 from .detect import resolve_auto_gpus
 from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, ConfigError, DdpUpError,
                      Interrupted, SetupError, UsageError)
 from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from .job import Job
 from .parallel import interruptible
-from .plan import LaunchPlan, make_plan, new_job_id
+from .plan import LaunchPlan, check_job_id, make_plan, mask_secrets, new_job_id
 from .preflight import torch_versions
 from .sync import Tree, human_bytes, scan, sync_all, targets
 from .transport import ssh_hostnames
-from .views.console import ConsoleView
+from .views.console import ConsoleView, safe_text, terminal_console
 from .views.dashboard import DashboardView
 from .views.fanout import Fanout
 from .views.filters import parse_ranks
@@ -94,11 +94,7 @@ def add_node_sources(p: argparse.ArgumentParser) -> None:
 
 def node_source(args: argparse.Namespace) -> NodeSource | None:
     if args.hostfile:
-        try:
-            with open(args.hostfile, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise ConfigError(args.hostfile, None, "", f"cannot read hostfile: {e.strerror}") from None
+        text = read_text(args.hostfile, "hostfile")
         return NodeSource(f"--hostfile {args.hostfile}", args.hostfile, parse_hostfile(text, args.hostfile))
     if args.hosts:
         return NodeSource(f"-H {args.hosts}", "", parse_host_list(args.hosts))
@@ -154,19 +150,23 @@ def main_up(argv: list[str] | None = None) -> int:
 def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
     ours, script_args = split_argv(argv)
     args = up_parser().parse_args(ours)
-    console = Console(highlight=False, soft_wrap=True)
+    console = terminal_console()
+    secrets: frozenset[str] = frozenset()  # known once the cluster file is read; masked in every message
     try:
+        if args.job_id is not None:
+            check_job_id(args.job_id, "--job-id")  # before anything is read or reached
         source = node_source(args)
         args.cluster, args.script = cluster_and_script(args.cluster, args.script, source is not None)
         if args.script is None:
             raise UsageError("missing SCRIPT: ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]")
         config = load_cluster(args.cluster, source)
-        if args.hang_timeout is not None and args.hang_timeout <= 0:
+        secrets = config.secret_values
+        if args.hang_timeout is not None and not 0 < args.hang_timeout < float("inf"):
             raise UsageError("--hang-timeout must be a number of seconds > 0")
         _check_signals(inbox)
         config = _resolve_nodes(config)
-        plan = make_plan(config, args.script, script_args, args.job_id or new_job_id(), os.getcwd(),
-                         hang_timeout=args.hang_timeout)
+        job_id = args.job_id or new_job_id()
+        plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout)
         sync = sync_choice(args.sync, config.sync)
         tree = interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None
         if args.dry_run:
@@ -177,13 +177,13 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
         dashboard = console.is_terminal if args.dashboard is None else args.dashboard
         if dashboard and not console.is_terminal:
-            console = Console(highlight=False, soft_wrap=True, force_terminal=True)
-        view_class = DashboardView if dashboard else ConsoleView
+            console = terminal_console(force_terminal=True)
+        view = (DashboardView if dashboard else ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse)
         _check_signals(inbox)
-        return run_job(plan, view_class(plan, console, ranks=ranks, collapse=args.collapse),
-                       RunLogs(plan, args.runs_dir), preflight=args.preflight, inbox=inbox)
+        return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
+                       inbox=inbox)
     except DdpUpError as e:
-        return _report("ddp-up", e)
+        return _report("ddp-up", e, secrets)
     except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop
         return _interrupted("ddp-up", e, "before the job started; nothing was started")
     except Exception:  # noqa: BLE001 - a bug: show it, and say what happened to the job
@@ -297,7 +297,7 @@ class _QuietView:
 
 def main_check(argv: list[str] | None = None) -> int:
     args = check_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    console = Console(highlight=False, soft_wrap=True)
+    console = terminal_console()
     config = _load_or_report(args, "ddp-check", script_too=True)
     if config is None:
         return EXIT_USAGE
@@ -305,7 +305,7 @@ def main_check(argv: list[str] | None = None) -> int:
         try:
             config = _resolve_nodes(config)
         except SetupError as e:
-            return _report("ddp-check", e)
+            return _report("ddp-check", e, config.secret_values)
         except Interrupted as e:
             return _interrupted("ddp-check", e, "while checking; nothing was started")
         plan = make_plan(config, args.script or "", [], new_job_id(), os.getcwd())
@@ -318,7 +318,7 @@ def main_check(argv: list[str] | None = None) -> int:
             return _interrupted("ddp-check", Interrupted(job.interrupted), "while checking; nothing was started")
     console.print(check_table(job.status, problems, job.master_port))
     for p in problems:
-        console.print(Text("✗ ", style="bold red") + Text(p.render()))
+        console.print(Text("✗ ", style="bold red") + Text(safe_text(mask_secrets(p.render(), config.secret_values))))
     return EXIT_SETUP if problems else EXIT_OK
 
 
@@ -358,7 +358,12 @@ def kill_parser() -> argparse.ArgumentParser:
 
 def main_kill(argv: list[str] | None = None) -> int:
     args = kill_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    console = Console(highlight=False, soft_wrap=True)
+    console = terminal_console()
+    if args.job is not None:
+        try:
+            check_job_id(args.job, "--job")
+        except UsageError as e:
+            return _report("ddp-kill", e)
     config = _load_or_report(args, "ddp-kill", forward=False)
     if config is None:
         return EXIT_USAGE
@@ -404,9 +409,10 @@ def _load_or_report(args: argparse.Namespace, prog: str, script_too: bool = Fals
         return None
 
 
-def _report(prog: str, e: DdpUpError) -> int:
-    """The error's one message on stderr; its exit status."""
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]{prog}:[/] {_escape(e.render())}")
+def _report(prog: str, e: DdpUpError, secrets: frozenset[str] = frozenset()) -> int:
+    """The error's one message on stderr (secrets masked, control characters dropped); its exit status."""
+    text = safe_text(mask_secrets(e.render(), secrets))
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]{prog}:[/] {_escape(text)}")
     return e.exit_code
 
 

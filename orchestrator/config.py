@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import math
 import os
 import re
 import sys
@@ -32,7 +33,8 @@ SYNC_KEYS = ("src", "exclude", "gitignore")
 DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
 LAUNCHERS = ("torchrun", "legacy", "none")
 MASTER_KEYS = ("addr", "port")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always with fullmatch: `$` would accept "NAME\n"
+MAX_YAML_NODES = 100_000  # a cluster file has hundreds; more is an alias bomb or not a cluster file
 
 
 @dataclass(frozen=True)
@@ -136,28 +138,41 @@ class NodeSource:
 
 def load_cluster(path: str | None, source: NodeSource | None = None, forward: bool = True) -> ClusterConfig:
     """Read and validate a cluster file (optional when ``source`` gives the nodes); raise
-    ConfigError naming file, line and key. ``forward=False`` (ddp-kill) leaves `forward_env:`
-    unresolved: stopping jobs must not depend on this shell having the job's tokens."""
+    ConfigError naming file, line and key. ``forward=False`` (ddp-kill) leaves `forward_env:`,
+    `env_file:` and `sync:` unresolved: stopping jobs must not depend on this shell having the
+    job's tokens, or on files that only the launching machine has."""
     environ = os.environ if forward else None
     if path is None:
         assert source is not None, "nodes come from a cluster file or another source"
-        return parse_cluster("", source.path or source.name, source, environ)
+        return parse_cluster("", source.path or source.name, source, environ, local_files=forward)
+    text = read_text(path, "cluster file")
+    return parse_cluster(text, path, source, environ, local_files=forward)
+
+
+def read_text(path: str, what: str) -> str:
+    """A UTF-8 text file, or ConfigError naming the file (and the line of a byte that is not UTF-8)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
-        raise ConfigError(path, None, "", f"cannot read cluster file: {e.strerror}") from None
-    return parse_cluster(text, path, source, environ)
+        raise ConfigError(path, None, "", f"cannot read {what}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(path, line, "", f"{what} is not UTF-8 text (byte 0x{data[e.start]:02x}); "
+                                          "save it as UTF-8") from None
 
 
 def parse_cluster(text: str, path: str = "<cluster>", source: NodeSource | None = None,
-                  environ: Mapping[str, str] | None = None) -> ClusterConfig:
+                  environ: Mapping[str, str] | None = None, local_files: bool = True) -> ClusterConfig:
     """``environ`` is where `forward_env:` takes values from (load_cluster: this process's);
-    None: checked for form only, nothing forwarded."""
+    None: checked for form only, nothing forwarded. ``local_files=False`` reads no `env_file:`
+    and checks no `sync:` source."""
     data, lines = _load_yaml(text, path)
     if source is not None:
         data = _with_source(data, lines, path, source)
-    return _Validator(path, lines, environ).cluster(data)
+    return _Validator(path, lines, environ, local_files).cluster(data)
 
 
 def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource) -> Any:
@@ -185,8 +200,11 @@ def cluster_id_for(path: str) -> str:
 
 def _load_yaml(text: str, path: str) -> tuple[Any, dict[tuple, int]]:
     loader = yaml.SafeLoader(text)
+    lines: dict[tuple, int] = {}
     try:
         root = loader.get_single_node()
+        if root is not None:  # before constructing: merge keys (`<<: *defaults`) rewrite the nodes
+            _index_lines(root, (), lines, path, set())
         data = loader.construct_document(root) if root is not None else None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -194,30 +212,42 @@ def _load_yaml(text: str, path: str) -> tuple[Any, dict[tuple, int]]:
         raise ConfigError(path, line, "", f"invalid YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise ConfigError(path, None, "", f"invalid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(path, None, "", "nested too deeply to be a cluster file") from None
     finally:
         loader.dispose()
-    lines: dict[tuple, int] = {}
-    if root is not None:
-        _index_lines(root, (), lines, path)
     return data, lines
 
 
-def _index_lines(node: yaml.Node, at: tuple, lines: dict[tuple, int], path: str) -> None:
+def _index_lines(node: yaml.Node, at: tuple, lines: dict[tuple, int], path: str, seen_nodes: set[int]) -> None:
+    """The line of every key path; duplicate keys are errors. A node reached again through an
+    alias is not walked again, so an alias bomb costs its size, not its expansion."""
     lines[at] = node.start_mark.line + 1
+    if id(node) in seen_nodes:
+        return
+    seen_nodes.add(id(node))
+    if len(seen_nodes) > MAX_YAML_NODES:
+        raise ConfigError(path, node.start_mark.line + 1, _key_path(at),
+                          f"more than {MAX_YAML_NODES:,} YAML nodes: not a cluster file")
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
             key = key_node.value
             line = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: later keys override it
+                _index_lines(value_node, at, lines, path, seen_nodes)
+                continue
+            if not isinstance(key, str):
+                raise ConfigError(path, line, _key_path(at), "a key must be a plain name")
             if key in seen:
                 raise ConfigError(path, line, _key_path(at + (key,)),
                                   f"duplicate key (first set on line {seen[key]})")
             seen[key] = line
-            _index_lines(value_node, at + (key,), lines, path)
+            _index_lines(value_node, at + (key,), lines, path, seen_nodes)
             lines[at + (key,)] = line
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _index_lines(item, at + (i,), lines, path)
+            _index_lines(item, at + (i,), lines, path, seen_nodes)
 
 
 def _key_path(at: tuple) -> str:
@@ -230,10 +260,12 @@ def _key_path(at: tuple) -> str:
 # --- validation ---------------------------------------------------------------------------------
 
 class _Validator:
-    def __init__(self, path: str, lines: dict[tuple, int], environ: Mapping[str, str] | None):
+    def __init__(self, path: str, lines: dict[tuple, int], environ: Mapping[str, str] | None,
+                 local_files: bool = True):
         self.path = path
         self.lines = lines
         self.environ = environ
+        self.local_files = local_files
         self.base_dir = os.path.dirname(os.path.abspath(path))
         self.base_env: dict[str, str] = {}  # env_file, then forward_env: under every node's env
 
@@ -331,7 +363,7 @@ class _Validator:
             identity_file=None if ident is None else self.file_path(ident, i_at),
             known_hosts=self.file_path(known, k_at),
             connect_timeout=self.positive(timeout, c_at),
-            config_file=None if config_file is None else self.file_path(config_file, f_at),
+            config_file=None if config_file is None else self.existing_file(config_file, f_at),
         )
 
     def commands(self, value: Any, at: tuple) -> tuple[str, ...]:
@@ -375,11 +407,14 @@ class _Validator:
         if value is None:
             return {}
         path = self.file_path(value, ("env_file",))
+        if not self.local_files:
+            return {}
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise self.error(("env_file",), f"cannot read {path}: {e.strerror}") from None
+            text = read_text(path, "env_file")
+        except ConfigError as e:
+            if e.line is not None:
+                raise
+            raise self.error(("env_file",), e.message) from None
         found = {}
         for number, raw in enumerate(text.splitlines(), start=1):
             line = raw.strip()
@@ -387,8 +422,10 @@ class _Validator:
                 continue
             name, eq, val = line.removeprefix("export ").partition("=")
             name, val = name.strip(), val.strip()
-            if not eq or not ENV_NAME.match(name):
-                raise ConfigError(path, number, "", f"expected NAME=value, got {raw.strip()!r}")
+            if not eq or not ENV_NAME.fullmatch(name):
+                # The line is not echoed: it may hold a secret.
+                raise ConfigError(path, number, "", "expected NAME=value (a letter or _ first, then letters, "
+                                                    "digits, _), an `export ` prefix, a # comment or nothing")
             if len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"":
                 val = val[1:-1]
             found[name] = val
@@ -400,7 +437,7 @@ class _Validator:
             if not isinstance(raw, dict):
                 raise self.error(where, "must be a mapping of NAME: value")
             for name, value in raw.items():
-                if not isinstance(name, str) or not ENV_NAME.match(name):
+                if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
                     raise self.error(where + (name,), "is not a valid environment variable name")
                 if value is None or isinstance(value, (dict, list)):
                     raise self.error(where + (name,), "must be a string or number")
@@ -416,7 +453,7 @@ class _Validator:
         if "src" not in raw:
             raise self.error(("sync",), "missing `src:` (the local directory to copy to each node's workdir)")
         src = self.file_path(raw["src"], ("sync", "src") if isinstance(value, dict) else ("sync",))
-        if not os.path.isdir(src):
+        if self.local_files and not os.path.isdir(src):
             raise self.error(("sync",), f"{src} is not a directory (the local directory to copy to each workdir)")
         gitignore = raw.get("gitignore", True)
         if not isinstance(gitignore, bool):
@@ -476,7 +513,7 @@ class _Validator:
         return value
 
     def positive(self, value: Any, at: tuple, allow_zero: bool = False) -> float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or value < 0 or (value == 0 and not allow_zero):
             raise self.error(at, f"must be a number of seconds {'>= 0' if allow_zero else '> 0'}, got {value!r}")
         return float(value)
@@ -484,6 +521,12 @@ class _Validator:
     def file_path(self, value: Any, at: tuple) -> str:
         text = os.path.expanduser(self.string(value, at))
         return text if os.path.isabs(text) else os.path.join(self.base_dir, text)
+
+    def existing_file(self, value: Any, at: tuple) -> str:
+        path = self.file_path(value, at)
+        if not os.path.isfile(path):
+            raise self.error(at, f"{path} does not exist (or is not a file): fix the path, or remove the key")
+        return path
 
 
 def _env_text(value: Any) -> str:

@@ -22,7 +22,8 @@ class LogLine(NamedTuple):
 
     stream: Stream
     rank: int | None  # global rank; None for the launcher or the node itself
-    text: str
+    text: str  # bytes that were not UTF-8 are kept as surrogates (the log files write them back)
+    more: bool = False  # the line goes on in the next piece (a huge line, cut on the node)
 
 
 @dataclass(frozen=True)

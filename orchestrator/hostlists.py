@@ -10,7 +10,9 @@ from typing import Mapping
 
 from .errors import ConfigError, UsageError
 
-_SLOTS = re.compile(r"^slots\s*=\s*(\S+)$")
+_SLOTS = re.compile(r"slots\s*=\s*(\S+)")
+MAX_HOSTS = 65536  # more than any cluster: a host list that expands past it is a typo (or an attack)
+MAX_SLOTS = 4096  # processes on one node
 
 
 def parse_hostfile(text: str, path: str) -> list[dict]:
@@ -22,7 +24,7 @@ def parse_hostfile(text: str, path: str) -> list[dict]:
             continue
         slots = 1
         for word in words[1:]:
-            found = _SLOTS.match(word)
+            found = _SLOTS.fullmatch(word)
             if found:
                 slots = _count(found.group(1), lambda why: ConfigError(path, number, "slots", why))
             elif not word.startswith("max_slots="):  # an MPI upper bound: nothing to launch by
@@ -45,8 +47,8 @@ def parse_host_list(spec: str) -> list[dict]:
 
 
 def _count(text: str, error) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise error(f"slots must be an integer >= 1, got {text!r}")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_SLOTS:
+        raise error(f"slots must be an integer from 1 to {MAX_SLOTS}, got {text!r}")
     return int(text)
 
 
@@ -57,7 +59,7 @@ def expand_hostlist(spec: str) -> list[str]:
     Zero padding is kept; several bracket groups in one name expand as a product."""
     hosts: list[str] = []
     for name in _split_top_level(spec):
-        hosts.extend(_expand_name(name))
+        hosts.extend(_expand_name(name, spec, MAX_HOSTS - len(hosts)))
     return hosts
 
 
@@ -77,19 +79,27 @@ def _split_top_level(spec: str) -> list[str]:
     return [p for p in [*parts, current] if p]
 
 
-def _expand_name(name: str) -> list[str]:
+def _expand_name(name: str, spec: str, room: int) -> list[str]:
+    """``name``'s hosts; UsageError once they would pass ``room`` (checked before expanding, so
+    ``node[1-999999999]`` costs nothing)."""
     group = re.search(r"\[([^\]]*)\]", name)
     if not group:
         return [name]
     head, tail = name[:group.start()], name[group.end():]
-    out = []
+    out: list[str] = []
     for piece in group.group(1).split(","):
         low, _, high = piece.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
+        if not _digits(low) or (high and not _digits(high)) or (high and int(high) < int(low)):
             raise UsageError(f"bad Slurm host range [{group.group(1)}] in {name!r}")
+        if int(high or low) - int(low) + 1 > room - len(out):
+            raise UsageError(f"Slurm host list {spec[:80]!r} expands to more than {MAX_HOSTS} hosts")
         for n in range(int(low), int(high or low) + 1):
-            out.extend(_expand_name(f"{head}{n:0{len(low)}d}{tail}"))
+            out.extend(_expand_name(f"{head}{n:0{len(low)}d}{tail}", spec, room - len(out)))
     return out
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 9
 
 
 def slurm_nodes(env: Mapping[str, str]) -> tuple[list[dict], int]:

@@ -35,6 +35,7 @@ STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its 
 KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept over a new channel
 SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
 PROBE_MARGIN = 10.0  # beyond the probe's own timeout for every node to answer it
+LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 TICK = 0.25  # the loop's longest sleep: views redraw and deadlines are checked at least this often
 
 
@@ -91,7 +92,7 @@ class Job:
         self.inbox = inbox
         self.sessions = sessions(plan, self.events.put, clock)
         self.opener = opener
-        self.sweeper = sweeper or LostNodeSweeper(plan.job_id, plan.stop_grace, transport_for)
+        self.sweeper = sweeper or LostNodeSweeper(plan.job_id, plan.run_token, plan.stop_grace, transport_for)
         self.status = [NodeStatus(n) for n in plan.nodes]
         self.hang = HangWatch(plan.hang_timeout, plan.job_id)
         self.failures: list[Failure] = []
@@ -304,7 +305,7 @@ class Job:
                 status.report.feed(line.text)
         self.hang.lines(event.lines, self.clock())
         status.lines += len(event.lines)
-        status.last_line = event.lines[-1].text
+        status.last_line = event.lines[-1].text[:LAST_LINE]
         self.view.lines(status.plan, event.lines)
 
     def _exited(self, node: int, frame: wire.Exited) -> None:

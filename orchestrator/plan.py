@@ -6,6 +6,7 @@ JSON and is exec'd directly. ``shell_line`` renders the same argv shell-quoted f
 
 from __future__ import annotations
 
+import re
 import secrets
 import shlex
 import time
@@ -14,8 +15,9 @@ from functools import lru_cache
 from typing import Mapping
 
 from . import spawner, wire
-from .agent import LAUNCH_FILE, TAG_CLUSTER, TAG_JOB, TAG_NODE
+from .agent import JOB_ID, LAUNCH_FILE, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .config import ClusterConfig, NodeConfig
+from .errors import UsageError
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its
 # arguments, as torch.distributed.launch passed it (scripts parse `--local_rank`, underscore).
@@ -45,7 +47,7 @@ class NodePlan:
 
     def tags(self, plan: LaunchPlan) -> dict[str, str]:
         """Environment that marks every process of this job on this node as ddp-up's."""
-        return {TAG_JOB: plan.job_id, TAG_NODE: str(self.index), TAG_CLUSTER: plan.cluster_id}
+        return {TAG_JOB: plan.job_id, TAG_NODE: str(self.index), TAG_CLUSTER: plan.cluster_id, TAG_RUN: plan.run_token}
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,10 @@ class LaunchPlan:
     hang_timeout: float | None = None
     launcher: str = "torchrun"
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
+    run_token: str = ""  # tags this launch's processes apart from any other with the same job id
 
     def mask(self, text: str) -> str:
-        for value in self.secrets:
-            if value in text:
-                text = text.replace(value, "***")
-        return text
+        return mask_secrets(text, self.secrets)
 
     @property
     def world_size(self) -> int:
@@ -113,7 +113,8 @@ class LaunchPlan:
         """What the node agent needs before go: where to run, what to check, how to stop."""
         is_master = node.index == self.master.index
         return wire.RunSpec(
-            job=self.job_id, node=node.index, cluster=self.cluster_id, workdir=node.workdir, script=self.script,
+            job=self.job_id, node=node.index, cluster=self.cluster_id, run=self.run_token, workdir=node.workdir,
+            script=self.script,
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
@@ -130,7 +131,8 @@ class LaunchPlan:
 
 
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
-              job_id: str, local_cwd: str, hang_timeout: float | None = None) -> LaunchPlan:
+              job_id: str, local_cwd: str, hang_timeout: float | None = None,
+              run_token: str | None = None) -> LaunchPlan:
     """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings."""
     nodes = []
     first = 0
@@ -153,6 +155,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         hang_timeout=hang_timeout if hang_timeout is not None else config.hang_timeout,
         launcher=config.launcher,
         secrets=config.secret_values,
+        run_token=run_token if run_token is not None else secrets.token_hex(6),
     )
 
 
@@ -160,6 +163,23 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
 def spawner_source() -> str:
     with open(spawner.__file__, encoding="utf-8") as f:
         return f.read()
+
+
+def mask_secrets(text: str, values) -> str:
+    """Every secret value in ``text`` as ``***``, longest first: a secret that begins with another
+    must not be half-replaced by the shorter one."""
+    for value in sorted(values, key=len, reverse=True):
+        if value in text:
+            text = text.replace(value, "***")
+    return text
+
+
+def check_job_id(value: str, flag: str) -> str:
+    """``value`` if it is a plain job name; UsageError (exit 2) otherwise."""
+    if not JOB_ID.fullmatch(value):
+        raise UsageError(f"{flag} {value[:80]!r}: a job id is 1-64 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    return value
 
 
 def new_job_id(now: float | None = None, token: str | None = None) -> str:

@@ -60,7 +60,7 @@ class NodeSession:
         for frame in frames:
             if isinstance(frame, wire.Output):
                 rank = None if frame.rank is None else self.node.first_rank + frame.rank
-                batch.extend(LogLine(frame.stream, rank, self._mask(text)) for text in frame.lines())
+                batch.extend(LogLine(frame.stream, rank, self._mask(text), more) for text, more in frame.pieces())
                 continue
             if batch:  # keep order: lines before a control frame are posted before it
                 self.post(Lines(self.node.index, batch))

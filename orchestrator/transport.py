@@ -196,15 +196,15 @@ class SSHTransport(Transport):
         ssh = self.node.ssh
         conn = Connection(self.node.host, user=ssh.user, port=ssh.port, config=fabric_config(ssh),
                           connect_timeout=max(1, round(ssh.connect_timeout)))
+        revoked: list = []
         for hop in _hops(conn):  # a jump host's key is checked as strictly as the node's own
-            if os.path.isfile(ssh.known_hosts):
-                hop.client.load_host_keys(ssh.known_hosts)
-            if os.path.isfile(SYSTEM_KNOWN_HOSTS):
-                hop.client.load_system_host_keys(SYSTEM_KNOWN_HOSTS)
+            for path in (ssh.known_hosts, SYSTEM_KNOWN_HOSTS):
+                revoked += load_known_hosts(hop.client.get_host_keys(), path, paramiko)
             # Fabric installs AutoAddPolicy; replace it before connecting: unknown keys are refused.
             hop.client.set_missing_host_key_policy(_RejectUnknownHost(self.node, ssh.known_hosts, jump=hop is not conn))
         try:
             conn.open()
+            _refuse_revoked(self.node, conn, revoked)
         except Exception as e:  # noqa: BLE001 - every failure becomes one clear message
             conn.close()
             raise ConnectFailed(describe_connect_error(self.node, e, paramiko)) from None
@@ -293,6 +293,45 @@ def ssh_hostnames(nodes: list[NodeConfig]) -> dict[str, str]:
             if hostname != node.host:
                 found[node.host] = hostname
     return found
+
+
+def load_known_hosts(keys, path: str, paramiko) -> list:
+    """Add a known_hosts file's entries to ``keys`` (paramiko HostKeys), line by line as OpenSSH
+    reads it: a line that does not parse is skipped, not fatal. Marker lines are not host keys:
+    ``@revoked`` keys are returned (a node presenting one is refused); ``@cert-authority`` lines
+    need certificate support, which this SSH client does not have (the `ssh` client does)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    revoked = []
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        marker = line.split(None, 1)[0] if line.startswith("@") else None
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line.split(None, 1)[1] if marker else line)
+        except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError, IndexError):
+            continue
+        if entry is None:
+            continue
+        if marker == "@revoked":
+            revoked.append(entry.key)
+        elif marker is None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
+    return revoked
+
+
+def _refuse_revoked(node: NodeConfig, conn, revoked: list) -> None:
+    for hop in _hops(conn):
+        key = hop.transport.get_remote_server_key() if hop.transport else None
+        if key is not None and any(key == bad for bad in revoked):
+            raise UnknownHostKey(NodeProblem(node.label, f"the host key of {hop.host} is marked @revoked in "
+                                             "known_hosts; refusing to connect",
+                                             "ask the node's admin for its new key"))
 
 
 class UnknownHostKey(Exception):

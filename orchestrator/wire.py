@@ -78,6 +78,7 @@ class RunSpec(Frame):
     job: str
     node: int
     cluster: str
+    run: str  # this launch's tag: the agent's own cleanup matches it, so it never touches another launch
     workdir: Optional[str]
     script: str
     env: Dict[str, str]
@@ -190,17 +191,29 @@ class Started(Frame):
 
 @_frame(TO_CONTROLLER)
 class Output(Frame):
-    """Whole lines one process wrote to one stream: a worker (``rank``, its local rank) or the
-    launcher itself (``rank`` None). The bytes follow the header."""
+    """What one process wrote to one stream: a worker (``rank``, its local rank) or the launcher
+    itself (``rank`` None). The bytes follow the header: whole lines, except the last piece when
+    it does not end in a newline (a line longer than the agent sends at once, or the unterminated
+    end of the stream); the next Output of the same stream and rank goes on from there."""
 
     BODY = "data"
     stream: str  # "out" | "err"
     rank: Optional[int]
     data: bytes = field(repr=False)
 
+    def pieces(self) -> List[tuple]:
+        """[(text, more)]: each line's text (not UTF-8: surrogates, so no byte is lost), and
+        whether it goes on in the next Output (no newline yet)."""
+        parts = self.data.decode("utf-8", "surrogateescape").split("\n")
+        last = parts.pop()
+        out = [(p, False) for p in parts]
+        if last:
+            out.append((last, True))
+        return out
+
     def lines(self) -> List[str]:
-        text = self.data.decode("utf-8", "replace")
-        return [line.rstrip("\r") for line in text.split("\n")[:-1]]  # a body ends with a newline
+        """The text of each piece (tests and tools; the session keeps ``pieces``)."""
+        return [text for text, _ in self.pieces()]
 
 
 @_frame(TO_CONTROLLER)

@@ -8,7 +8,10 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
+import os
+import sys
 import time
+from typing import Callable, TextIO
 
 from ..events import LogLine
 from ..outcome import JobResult, NodeStatus
@@ -23,12 +26,79 @@ SEPARATOR = {"out": "|", "err": "!", "node": "~"}  # stdout, stderr, the node's 
 
 
 # A rank's output must not drive the terminal (clear the screen, move the cursor under the
-# dashboard): C0 controls and DEL are dropped, tabs kept.
-_CONTROL = {c: None for c in (*range(0, 9), *range(10, 32), 127)}
+# dashboard): C0 and C1 controls and DEL are dropped, tabs kept; bytes that were not UTF-8 (kept
+# as surrogates for the log files) show as U+FFFD.
+_CONTROL = {c: None for c in (*range(0, 9), *range(10, 32), *range(127, 160))}
+_CONTROL.update({c: "\ufffd" for c in range(0xDC80, 0xDD00)})
 
 
-def _safe(text: str) -> str:
+def safe_text(text: str) -> str:
     return text if text.isprintable() else text.translate(_CONTROL)  # the test is C-fast; most lines pass
+
+
+_safe = safe_text
+
+
+DISPLAY_MAX = 10_000  # characters of one line the console shows; the log files keep every byte
+
+
+class GuardedStream:
+    """The console's stdout. A write to a closed pipe (``ddp-up ... | head``) or a terminal that
+    went away turns the console off instead of raising into the job loop: the job goes on, its
+    log files fill, and the exit status is still the job's. The stream is pointed at /dev/null,
+    so Python's own flush at exit cannot fail either."""
+
+    def __init__(self, stream: TextIO, warn: Callable[[str], None] | None = None):
+        self.stream = stream
+        self.warn = warn or _warn_on_stderr
+        self.gone: str | None = None
+
+    def write(self, text: str) -> int:
+        if self.gone is None:
+            try:
+                self.stream.write(text)
+            except OSError as e:
+                self._lost(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.gone is None:
+            try:
+                self.stream.flush()
+            except OSError as e:
+                self._lost(e)
+
+    def isatty(self) -> bool:
+        return self.gone is None and self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    def _lost(self, e: OSError) -> None:
+        self.gone = e.strerror or type(e).__name__
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        self.warn(f"ddp-up: stdout is gone ({self.gone}); the job goes on, its output still reaches the run logs")
+
+
+def _warn_on_stderr(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def terminal_console(**kwargs) -> Console:
+    """The Console ddp-up prints through: stdout behind a GuardedStream."""
+    return Console(file=GuardedStream(sys.stdout), highlight=False, soft_wrap=True, **kwargs)
 
 
 def node_color(index: int) -> str:
@@ -105,6 +175,7 @@ class ConsoleView:
         self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
         self._text_ink = {stream: Ink(self.console, style) for stream, style in _TEXT_STYLE.items()}
         self._bold = Ink(self.console, _BOLD)
+        self._cut: dict[tuple, int] = {}  # (node, rank, stream) of a huge line being shown: characters left out
 
     # A view owns its lifecycle, as rich's Live does: ``with view:`` prints the intro (and starts
     # a live display), leaving gives the terminal back, whatever happened in between.
@@ -122,6 +193,10 @@ class ConsoleView:
         for line in lines:
             if line.rank is not None and self.ranks is not None and line.rank not in self.ranks:
                 continue
+            key = (node.index, line.rank, line.stream)
+            if line.more or key in self._cut or len(line.text) > DISPLAY_MAX:
+                self._long_line(out, node, line, key)
+                continue
             if line.rank is not None and self.collapser is not None and line.stream != "node":
                 for stream, ranks, text in self.collapser.add(line.stream, line.rank, line.text, now):
                     self._collapsed(out, stream, ranks, text)
@@ -129,6 +204,24 @@ class ConsoleView:
             out.add(self._prefix(node, line.rank, line.stream))
             out.add(self._text_ink[line.stream](_safe(line.text)) + "\n")
         self.emit(out)
+
+    def _long_line(self, out: Block, node: NodePlan, line: LogLine, key: tuple) -> None:
+        """The start of a huge line (it may arrive in pieces), then one marker saying how much of
+        it the terminal was spared; the log files keep all of it."""
+        left = self._cut.get(key)
+        if left is None:
+            out.add(self._prefix(node, line.rank, line.stream))
+            out.add(self._text_ink[line.stream](_safe(line.text[:DISPLAY_MAX])))
+            left = len(line.text) - min(len(line.text), DISPLAY_MAX)
+        else:
+            left += len(line.text)
+        if line.more:
+            self._cut[key] = left
+            return
+        self._cut.pop(key, None)
+        where = f"rank{line.rank}.log" if line.rank is not None else f"node{node.index}-*.log"
+        marker = f" ... [{left:,} more characters not shown; the whole line is in {where}]" if left else ""
+        out.add(self._bold(marker) + "\n")
 
     def _prefix(self, node: NodePlan, rank: int | None, stream: str) -> str:
         """The styled prefix, made once per (node, rank, stream)."""
@@ -171,7 +264,7 @@ class ConsoleView:
             self.notice(f"{status.plan.label}: {status.state}" + (f" ({status.reason})" if status.reason else ""))
 
     def notice(self, text: str) -> None:
-        self.console.print(Text("ddp-up ", style="bold") + Text(text, style="yellow"))
+        self.console.print(Text("ddp-up ", style="bold") + Text(safe_text(self.plan.mask(text)), style="yellow"))
 
     def intro(self, plan: LaunchPlan) -> None:
         self.notice(f"job {plan.job_id}: {len(plan.nodes)} node(s), world size {plan.world_size}, "
@@ -179,10 +272,10 @@ class ConsoleView:
 
     def finished(self, result: JobResult) -> None:
         self.close()
-        self.console.print(summary_table(result))
+        self.console.print(summary_table(result, self.plan.mask))
         root = result.root_cause
         if root:
-            self.console.print(Text("root cause: ", style="bold red") + Text(root.render()))
+            self.console.print(Text("root cause: ", style="bold red") + Text(safe_text(self.plan.mask(root.render()))))
         verdict = "interrupted" if result.interrupted else ("ok" if result.exit_code == 0 else "FAILED")
         self.notice(f"job {result.plan.job_id} {verdict} after {result.elapsed:.1f} s (exit status {result.exit_code})")
 
@@ -191,7 +284,7 @@ _TEXT_STYLE = {"out": None, "err": Style(color="red"), "node": Style(dim=True)}
 _BOLD = Style(bold=True)
 
 
-def summary_table(result: JobResult) -> Table:
+def summary_table(result: JobResult, mask=lambda text: text) -> Table:
     table = Table(title=f"job {result.plan.job_id} (master {result.plan.master_addr}:{result.master_port})",
                   title_justify="left")
     for column in ("node", "host", "ranks", "state", "exit", "detail"):
@@ -201,5 +294,6 @@ def summary_table(result: JobResult) -> Table:
         ranks = f"{plan.ranks.start}-{plan.ranks.stop - 1}" if plan.nproc > 1 else str(plan.ranks.start)
         code = status.signal or ("" if status.exit_code is None else str(status.exit_code))
         table.add_row(str(plan.index), plan.label, ranks,
-                      Text(status.state, style=STATE_STYLE.get(status.state, "")), code, status.reason or "")
+                      Text(status.state, style=STATE_STYLE.get(status.state, "")), code,
+                      Text(safe_text(mask(status.reason or ""))))
     return table

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..outcome import JobResult, JobSnapshot, NodeRow
 from ..plan import LaunchPlan
-from .console import STATE_STYLE, Block, ConsoleView, Ink, node_color
+from .console import STATE_STYLE, Block, ConsoleView, Ink, node_color, safe_text
 
 DRAW_INTERVAL = 0.25  # seconds between table redraws (4 Hz)
 FLUSH_INTERVAL = 0.1  # seconds between batched log prints above the table
@@ -24,7 +24,8 @@ ATTENTION = {"failed": 0, "lost": 0, "error": 0, "stopping": 1, "stopped": 1, "c
              "starting": 2, "done": 3, "running": 4}
 
 
-def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int) -> RenderableType:
+def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambda text: text) -> RenderableType:
+    """The live table. Cells that hold what nodes said are Text, never markup, and cleaned."""
     header = Text.assemble(("ddp-up ", "bold"), f"job {snap.job_id}  master {snap.master}  "
                            f"world {snap.world_size}  elapsed {_duration(snap.elapsed)}  ",
                            (snap.phase, PHASE_STYLE.get(snap.phase, "")))
@@ -39,7 +40,7 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int) -> Rendera
         table.add_row(str(row.index), Text(row.label, style=node_color(row.index)), _ranks(row.ranks),
                       Text(row.state, style=STATE_STYLE.get(row.state, "")),
                       "" if row.uptime is None else _duration(row.uptime), str(row.lines),
-                      f"{rates.get(row.index, 0.0):.0f}", row.exit, row.reason or row.last_line)
+                      f"{rates.get(row.index, 0.0):.0f}", row.exit, Text(safe_text(mask(row.reason or row.last_line))))
     parts: list[RenderableType] = [header, table]
     if hidden:
         counts: dict[str, int] = {}
@@ -88,7 +89,7 @@ class DashboardView(ConsoleView):
     def notice(self, text: str) -> None:
         if not self.started:  # before or after the live table: print straight away
             return super().notice(text)
-        self.pending.add(self._bold("ddp-up ") + self._notice_ink(text) + "\n")
+        self.pending.add(self._bold("ddp-up ") + self._notice_ink(safe_text(self.plan.mask(text))) + "\n")
 
     def intro(self, plan: LaunchPlan) -> None:
         super().intro(plan)
@@ -111,7 +112,7 @@ class DashboardView(ConsoleView):
                 self.rates[row.index] = (row.lines - n0) / (snap.now - t0) if snap.now > t0 else 0.0
                 self.samples[row.index] = (snap.now, row.lines)
         max_rows = max(4, self.console.size.height // 2 - 4)
-        self.live.update(render(snap, self.rates, max_rows), refresh=True)
+        self.live.update(render(snap, self.rates, max_rows, self.plan.mask), refresh=True)
 
     def _flush(self) -> None:
         self.last_flush = time.monotonic()

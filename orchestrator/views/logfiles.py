@@ -1,5 +1,12 @@
 """Every line of every rank on the controller: ``runs/<job-id>/`` with one file per node, one per
-global rank, and ``summary.json``. Not filtered by --ranks or --collapse: the files keep all."""
+global rank, and ``summary.json``. Not filtered by --ranks or --collapse: the files keep all.
+
+A rank log holds exactly the bytes the rank printed (text that was not UTF-8 travels as
+surrogates and is written back as the same bytes; a line cut into pieces on the node is joined
+again here). Logging is never a reason to stop training: a runs directory that cannot be created
+or written (a full disk, no permission) is reported once, the job goes on, and ``summary.json``
+is still attempted at the end with the exit status ddp-up returns.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +15,10 @@ import os
 import re
 import time
 from datetime import datetime, timezone
-from typing import IO
+from typing import IO, Callable
 
 from ..events import LogLine
-from ..plan import LaunchPlan, NodePlan
+from ..plan import LaunchPlan, NodePlan, mask_secrets
 
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}
 
@@ -25,29 +32,21 @@ def _iso(wall: float | None) -> str | None:
 
 
 class RunLogs:
-    def __init__(self, plan: LaunchPlan, root: str, wall=time.time):
+    def __init__(self, plan: LaunchPlan, root: str, wall=time.time, warn: Callable[[str], None] | None = None):
         self.plan = plan
         self.dir = os.path.join(root, plan.job_id)
         self.wall = wall
+        self.warn = warn or (lambda text: None)
         self.started = wall()
         self.node_started: dict[int, float] = {}
         self.node_ended: dict[int, float] = {}
-        os.makedirs(self.dir, exist_ok=True)
         self.node_files: dict[int, IO[str]] = {}
         self.rank_files: dict[int, IO[str]] = {}
-
-    def _node_file(self, node: NodePlan) -> IO[str]:
-        f = self.node_files.get(node.index)
-        if f is None:
-            name = f"node{node.index}-{_safe(node.label)}.log"
-            f = self.node_files[node.index] = open(os.path.join(self.dir, name), "a", encoding="utf-8")
-        return f
-
-    def _rank_file(self, rank: int) -> IO[str]:
-        f = self.rank_files.get(rank)
-        if f is None:
-            f = self.rank_files[rank] = open(os.path.join(self.dir, f"rank{rank}.log"), "a", encoding="utf-8")
-        return f
+        self.broken: str | None = None  # why line logging stopped (reported once)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            self._failed(e)
 
     def __enter__(self) -> RunLogs:
         return self
@@ -58,18 +57,53 @@ class RunLogs:
     def close(self) -> None:
         """Idempotent: the files of a job that ended before ``finished`` are closed too."""
         for f in (*self.node_files.values(), *self.rank_files.values()):
-            f.close()
+            try:
+                f.close()
+            except OSError as e:  # the last buffered write failed
+                self._failed(e)
+        self.node_files.clear()
+        self.rank_files.clear()
+
+    def _failed(self, e: OSError) -> None:
+        if self.broken is None:
+            self.broken = e.strerror or str(e)
+            self.warn(f"cannot write the run logs in {self.dir} ({self.broken}); the job goes on, "
+                      f"and its output still reaches this terminal")
+
+    def _open(self, name: str) -> IO[str]:
+        # surrogateescape: bytes that were not UTF-8 are written back exactly as the rank printed them
+        return open(os.path.join(self.dir, name), "a", encoding="utf-8", errors="surrogateescape")
+
+    def _node_file(self, node: NodePlan) -> IO[str]:
+        f = self.node_files.get(node.index)
+        if f is None:
+            f = self.node_files[node.index] = self._open(f"node{node.index}-{_safe(node.label)}.log")
+        return f
+
+    def _rank_file(self, rank: int) -> IO[str]:
+        f = self.rank_files.get(rank)
+        if f is None:
+            f = self.rank_files[rank] = self._open(f"rank{rank}.log")
+        return f
 
     # --- view protocol ---
 
     def lines(self, node: NodePlan, lines: list[LogLine]) -> None:
+        if self.broken is not None:
+            return
+        try:
+            self._write(node, lines)
+        except OSError as e:
+            self._failed(e)
+
+    def _write(self, node: NodePlan, lines: list[LogLine]) -> None:
         nf = self._node_file(node)
-        nf.writelines(f"{'r' + str(l.rank) if l.rank is not None else '-'} {SEPARATOR[l.stream]} {l.text}\n"
-                      for l in lines)
+        nf.writelines(f"{'r' + str(l.rank) if l.rank is not None else '-'} {SEPARATOR[l.stream]} {l.text}"
+                      f"{'' if l.more else chr(10)}" for l in lines)
         by_rank: dict[int, list[str]] = {}
         for line in lines:
             if line.rank is not None:
-                by_rank.setdefault(line.rank, []).append(line.text + "\n")
+                by_rank.setdefault(line.rank, []).append(line.text if line.more else line.text + "\n")
         for rank, texts in by_rank.items():  # one write per rank and batch, not per line
             self._rank_file(rank).writelines(texts)
 
@@ -86,14 +120,24 @@ class RunLogs:
         pass
 
     def finished(self, result, exit_code: int | None = None) -> None:
+        """Close the line files and write summary.json with ``exit_code`` (the status ddp-up
+        returns; the result's own unless ddp-up ends otherwise, e.g. a setup error)."""
         self.close()
-        with open(os.path.join(self.dir, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump(self.summary(result, result.exit_code if exit_code is None else exit_code), f, indent=2)
-            f.write("\n")
+        summary = self.summary(result, result.exit_code if exit_code is None else exit_code)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            tmp = os.path.join(self.dir, ".summary.json.tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(summary, f, indent=2)
+                f.write("\n")
+            os.replace(tmp, os.path.join(self.dir, "summary.json"))
+        except OSError as e:
+            self.broken = None  # this one is news even if the line files failed before
+            self._failed(e)
 
     def summary(self, result, exit_code: int) -> dict:
         root = result.root_cause
-        return {
+        return _masked({
             "job_id": self.plan.job_id,
             "master": f"{self.plan.master_addr}:{result.master_port}",
             "world_size": self.plan.world_size,
@@ -111,4 +155,17 @@ class RunLogs:
                 "state": s.state, "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,
                 "lines": s.lines, "started": _iso(self.node_started.get(s.plan.index)),
                 "ended": _iso(self.node_ended.get(s.plan.index))} for s in result.nodes],
-        }
+        }, self.plan.secrets)
+
+
+def _masked(value, secrets):
+    """``value`` with every secret in every string masked (script arguments, reasons, root cause)."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        return mask_secrets(value, secrets)
+    if isinstance(value, list):
+        return [_masked(v, secrets) for v in value]
+    if isinstance(value, dict):
+        return {k: _masked(v, secrets) for k, v in value.items()}
+    return value

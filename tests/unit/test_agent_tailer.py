@@ -44,10 +44,31 @@ def test_whole_lines_per_rank_and_stream_and_the_unterminated_tail_at_the_end(tm
     chunks = [f for f in frames(sink) if isinstance(f, wire.Output)]
     by_stream: dict = {}
     for c in chunks:
-        assert c.data.endswith(b"\n")
         by_stream.setdefault((c.stream, c.rank), []).extend(c.lines())
     assert by_stream == {("out", 0): ["first", "second", "x" * 100_000, "no newline"], ("err", 1): ["err line"]}
     assert chunks[0].lines() == ["first"]
+    assert b"".join(c.data for c in chunks if c.stream == "out") == out0.read_bytes()  # the very bytes
+    assert not chunks[-1].data.endswith(b"\n") or chunks[-1].stream == "err"  # nothing added at the end
+
+
+def test_a_line_of_several_megabytes_arrives_in_pieces_and_every_byte_of_it(tmp_path: Path):
+    attempt = tmp_path / "run" / "attempt_0" / "0"
+    attempt.mkdir(parents=True)
+    huge = bytes(range(256)) * 12_000 + b"\x9b[2J\xff"  # 3 MB of every byte value, C1 CSI, bad UTF-8
+    (attempt / "stdout.log").write_bytes(b"before\n" + huge + b"\nafter")
+    sink = Sink()
+    writer = Writer(sink)
+    tailer = Tailer(str(tmp_path), writer)
+    tailer.start()
+    tailer.finish(stall_timeout=5)
+    assert writer.drain(5)
+    chunks = [f for f in frames(sink) if isinstance(f, wire.Output)]
+    assert b"".join(c.data for c in chunks) == b"before\n" + huge + b"\nafter"
+    assert max(len(c.data) for c in chunks) <= 2 << 20  # pieces, not one 3 MB frame
+    pieces = [p for c in chunks for p in c.pieces()]
+    joined = "".join(text for text, _ in pieces).encode("utf-8", "surrogateescape")
+    assert joined == (b"before" + huge + b"after").replace(b"\n", b"")  # text keeps every byte, newlines aside
+    assert pieces[-1] == ("after", True)  # unterminated: no newline invented
 
 
 def test_nothing_to_relay_without_log_files(tmp_path: Path):

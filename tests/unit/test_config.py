@@ -111,6 +111,7 @@ def test_unreadable_file(tmp_path):
 
 
 def test_ssh_config_aliases_give_way_to_their_hostname_where_other_nodes_need_an_address(tmp_path):
+    (tmp_path / "my_ssh_config").write_text("")
     cfg = parse_cluster("ssh: {config_file: my_ssh_config}\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1, addr: x},"
                         " {host: c, gpus: 1}]\n", str(tmp_path / "c.yaml"))
     assert cfg.nodes[0].ssh.config_file == str(tmp_path / "my_ssh_config")  # beside the cluster file
@@ -155,7 +156,8 @@ def test_bad_env_file_names_its_line(tmp_path):
     (tmp_path / "x.env").write_text("A=1\nthis is not an assignment\n")
     with pytest.raises(ConfigError) as info:
         parse_cluster("env_file: x.env\nnodes: [{host: a, gpus: 1}]\n", str(tmp_path / "c.yaml"))
-    assert str(info.value) == f"{tmp_path}/x.env:2: expected NAME=value, got 'this is not an assignment'"
+    assert str(info.value).startswith(f"{tmp_path}/x.env:2: expected NAME=value")
+    assert "this is not" not in str(info.value)  # the line is not echoed: it may hold a secret
 
 
 def test_setup_is_a_command_or_a_list_and_a_node_replaces_the_top_level():

@@ -21,8 +21,8 @@ def test_hostfile_lines_become_nodes():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("a slots=8\nb slots=x\n", "hosts:2: slots: slots must be an integer >= 1, got 'x'"),
-    ("a slots=0\n", "hosts:1: slots: slots must be an integer >= 1, got '0'"),
+    ("a slots=8\nb slots=x\n", "hosts:2: slots: slots must be an integer from 1 to 4096, got 'x'"),
+    ("a slots=0\n", "hosts:1: slots: slots must be an integer from 1 to 4096, got '0'"),
     ("a gpus=8\n", "hosts:1: expected `HOST slots=N`, got 'a gpus=8'"),
     ("# nothing\n\n", "hosts: no hosts in the hostfile (expected lines like `gpu-a slots=8`)"),
 ])
@@ -35,7 +35,7 @@ def test_bad_hostfiles_name_the_line(text, message):
 def test_horovod_host_list():
     assert parse_host_list("gpu-a:4, gpu-b:2,gpu-c") == [{"host": "gpu-a", "gpus": 4}, {"host": "gpu-b", "gpus": 2},
                                                         {"host": "gpu-c", "gpus": 1}]
-    with pytest.raises(UsageError, match="slots must be an integer >= 1, got 'four'"):
+    with pytest.raises(UsageError, match="slots must be an integer from 1 to 4096, got 'four'"):
         parse_host_list("gpu-a:four")
     with pytest.raises(UsageError, match="expected HOST:N"):
         parse_host_list("gpu-a:4,:2")

@@ -35,7 +35,8 @@ def test_agent_spec_golden():
     p = plan()
     spec = p.agent_spec(p.nodes[0])
     assert spec == wire.RunSpec(
-        job="20261122-000000-abcdef", node=0, cluster=p.cluster_id, workdir="~/proj", script="train.py", env={},
+        job="20261122-000000-abcdef", node=0, cluster=p.cluster_id, run=p.run_token, workdir="~/proj",
+        script="train.py", env={},
         pick_port=False, check_port=29400, orphan_timeout=20.0, stop_grace=10.0, heartbeat=5.0, stack_dumps=False)
     assert p.agent_spec(p.nodes[1]).check_port is None  # only the master checks its port
     assert p.agent_spec(p.nodes[1]).env["NCCL_SOCKET_IFNAME"] == "eth1"
@@ -53,7 +54,7 @@ def test_shell_line_quotes_every_value():
     line = p.shell_line(p.nodes[1], 29400)
     assert line == (
         'cd "$HOME"/proj && env DDP_UP_JOB=20261122-000000-abcdef DDP_UP_NODE=1 '
-        f"DDP_UP_CLUSTER={p.cluster_id} NCCL_SOCKET_IFNAME=eth1 "
+        f"DDP_UP_CLUSTER={p.cluster_id} DDP_UP_RUN={p.run_token} NCCL_SOCKET_IFNAME=eth1 "
         "/opt/py/bin/python3 -u -m torch.distributed.run "
         "--nnodes=2 --nproc-per-node=3 --node-rank=1 --master-addr=10.0.0.1 --master-port=29400 --redirects=3 train.py "
         "'$(rm -rf ~)' 'a b' 'it'\"'\"'s'")

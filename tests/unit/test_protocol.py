@@ -9,7 +9,7 @@ import pytest
 from orchestrator import agent, protocol, spawner, wire
 
 EXAMPLES = [
-    wire.RunSpec(job="j", node=1, cluster="c", workdir=None, script="t.py", env={"A": "1"}, pick_port=True,
+    wire.RunSpec(job="j", node=1, cluster="c", run="r1", workdir=None, script="t.py", env={"A": "1"}, pick_port=True,
                  check_port=None, orphan_timeout=30.0, stop_grace=10.0, heartbeat=5.0, stack_dumps=False),
     wire.DetectSpec(env={}), wire.SweepSpec(match={"DDP_UP_JOB": "j"}, grace=1.0, dry_run=True),
     wire.SyncSpec(dest="~/p", entries=[["a", 1, 2, 0o644, None]], idle_timeout=9.0),
@@ -38,7 +38,7 @@ def test_every_frame_survives_the_wire_byte_by_byte():
     decoder = wire.Decoder(wire.TO_CONTROLLER)
     got = [frame for i in range(len(stream)) for frame in decoder.feed(stream[i:i + 1])]
     assert got == to_controller and decoder.at_rest()
-    assert got[to_controller.index(EXAMPLES[16])].lines() == ["W 1", "\x00\ufffd not a frame"]
+    assert got[to_controller.index(EXAMPLES[16])].lines() == ["W 1", "\x00\udcff not a frame"]  # bytes kept
 
 
 def test_the_agent_side_reads_the_controllers_frames_from_a_stream():
