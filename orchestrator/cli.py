@@ -381,6 +381,9 @@ def main_kill(argv: list[str] | None = None) -> int:
         except Interrupted as e:
             return _interrupted("ddp-kill", e, "before every node answered; run ddp-kill again to confirm")
     console.print(kill_table(reports, args.dry_run))
+    for r in reports:
+        if r.error:
+            console.print(Text("✗ ", style="bold red") + Text(safe_text(f"{r.node.label}: {r.error}")))
     return EXIT_JOB_FAILED if any(r.error or r.left for r in reports) else EXIT_OK
 
 
@@ -391,7 +394,7 @@ def kill_table(reports: list[SweepReport], dry_run: bool) -> Table:
     for r in reports:
         stopped = 0 if dry_run else len(r.found) - len(r.left)
         table.add_row(str(r.node.rank), r.node.label, ", ".join(r.jobs) or "-", str(len(r.found)), str(stopped),
-                      str(len(r.killed)), str(len(r.left)), r.error or "")
+                      str(len(r.killed)), str(len(r.left)), "see below" if r.error else "")
     return table
 
 

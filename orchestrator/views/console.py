@@ -175,7 +175,7 @@ class ConsoleView:
         self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
         self._text_ink = {stream: Ink(self.console, style) for stream, style in _TEXT_STYLE.items()}
         self._bold = Ink(self.console, _BOLD)
-        self._cut: dict[tuple, int] = {}  # (node, rank, stream) of a huge line being shown: characters left out
+        self._cut: dict[tuple, list] = {}  # (node, rank, stream) of a huge line being shown: [node, characters left out]
 
     # A view owns its lifecycle, as rich's Live does: ``with view:`` prints the intro (and starts
     # a live display), leaving gives the terminal back, whatever happened in between.
@@ -206,22 +206,28 @@ class ConsoleView:
         self.emit(out)
 
     def _long_line(self, out: Block, node: NodePlan, line: LogLine, key: tuple) -> None:
-        """The start of a huge line (it may arrive in pieces), then one marker saying how much of
-        it the terminal was spared; the log files keep all of it."""
-        left = self._cut.get(key)
-        if left is None:
+        """The start of a huge line (it may arrive in pieces) on a terminal line of its own, then,
+        when the line ends, one marker saying how much of it the terminal was spared; the log
+        files keep all of it."""
+        cut = self._cut.get(key)
+        if cut is None:
             out.add(self._prefix(node, line.rank, line.stream))
-            out.add(self._text_ink[line.stream](_safe(line.text[:DISPLAY_MAX])))
-            left = len(line.text) - min(len(line.text), DISPLAY_MAX)
+            out.add(self._text_ink[line.stream](_safe(line.text[:DISPLAY_MAX])) + "\n")
+            cut = self._cut[key] = [node, 0]
+            cut[1] = len(line.text) - min(len(line.text), DISPLAY_MAX)
         else:
-            left += len(line.text)
-        if line.more:
-            self._cut[key] = left
-            return
-        self._cut.pop(key, None)
-        where = f"rank{line.rank}.log" if line.rank is not None else f"node{node.index}-*.log"
-        marker = f" ... [{left:,} more characters not shown; the whole line is in {where}]" if left else ""
-        out.add(self._bold(marker) + "\n")
+            cut[1] += len(line.text)
+        if not line.more:
+            self._end_cut(out, key)
+
+    def _end_cut(self, out: Block, key: tuple) -> None:
+        node, left = self._cut.pop(key)
+        _, rank, stream = key
+        if left:
+            where = f"rank{rank}.log" if rank is not None else f"node{node.index}-*.log"
+            out.add(self._prefix(node, rank, stream))
+            out.add(self._bold(f"... [{left:,} more characters of that line not shown; the whole line is in {where}]")
+                    + "\n")
 
     def _prefix(self, node: NodePlan, rank: int | None, stream: str) -> str:
         """The styled prefix, made once per (node, rank, stream)."""
@@ -257,7 +263,16 @@ class ConsoleView:
             self.emit(out)
 
     def close(self) -> None:
+        self.end_lines()
+
+    def end_lines(self) -> None:
+        """Print what is held: collapsed lines, and the markers of huge lines that never ended
+        (a stream's unterminated end)."""
         self.flush_collapsed()
+        out = Block()
+        for key in list(self._cut):
+            self._end_cut(out, key)
+        self.emit(out)
 
     def node_state(self, status: NodeStatus) -> None:
         if status.state in ("failed", "lost", "error"):

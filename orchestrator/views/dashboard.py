@@ -121,7 +121,7 @@ class DashboardView(ConsoleView):
             self.console.print(block, end="")
 
     def close(self) -> None:
-        self.flush_collapsed()
+        self.end_lines()
         self._flush()
         if self.started:
             self.live.stop()

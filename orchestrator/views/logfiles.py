@@ -132,8 +132,7 @@ class RunLogs:
                 f.write("\n")
             os.replace(tmp, os.path.join(self.dir, "summary.json"))
         except OSError as e:
-            self.broken = None  # this one is news even if the line files failed before
-            self._failed(e)
+            self._failed(e)  # reported once: a runs dir that failed before fails here too
 
     def summary(self, result, exit_code: int) -> dict:
         root = result.root_cause

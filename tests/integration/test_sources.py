@@ -46,7 +46,7 @@ def test_hostfile_with_comments_for_ddp_up_check_and_kill(cluster, tmp_path):
     assert code == 0 and cluster.nodes[3].addr in out, out
     hosts.write_text(f"{cluster.nodes[2].addr} slots=two\n")
     code, out, _ = ddp_up("--hostfile", str(hosts), settings, SCRIPT, "run")
-    assert code == 2 and f"{hosts}:1: slots: slots must be an integer >= 1, got 'two'" in out, out
+    assert code == 2 and f"{hosts}:1: slots: slots must be an integer from 1 to 4096, got 'two'" in out, out
 
 
 LEGACY = str(Path(SCRIPT).with_name("legacy.py"))

@@ -6,6 +6,7 @@
   job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
   job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
   job.py env NAME...      every rank prints ENV NAME=value for each (no torch)
+  job.py blob N           every rank prints "start" and one unterminated N-byte binary line (no torch)
 """
 
 import datetime
@@ -74,6 +75,12 @@ def run(argv):
     finish(0)
 
 
+def blob(n: int) -> bytes:
+    """n bytes of every value but the newline: C0 and C1 controls, and bytes that are not UTF-8."""
+    pattern = bytes(b for b in range(256) if b != 10)
+    return (pattern * (n // len(pattern) + 1))[:n]
+
+
 def main():
     mode, rest = sys.argv[1], sys.argv[2:]
     if os.environ.get("JOB_DECOY"):  # a worker's exact command line, without ddp-up's tags
@@ -103,6 +110,10 @@ def main():
         if rank == dist.get_world_size() - 1:
             block_forever(dist)
         wait_for_peers()
+    if mode == "blob":  # job.py blob N: "start", then one N-byte line of every byte value but newline, unterminated
+        sys.stdout.buffer.write(b"start\n" + blob(int(rest[0])))
+        sys.stdout.buffer.flush()
+        finish(0)
     if mode == "env":  # job.py env NAME...: print each variable as this process sees it
         for name in rest:
             print(f"ENV {name}={os.environ.get(name, '<unset>')}", flush=True)

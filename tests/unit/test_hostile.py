@@ -1,0 +1,226 @@
+"""Hostile and careless inputs: each one ends with its documented exit status and one message that
+names the file, line and key (or the flag) and the fix; never a traceback, never a hang.
+
+Every case runs the real CLI in-process. Nodes, where a case needs any, are local or a closed port
+on 127.0.0.1: nothing here leaves this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from orchestrator.cli import main_check, main_kill, main_up
+from orchestrator.plan import mask_secrets
+
+LOCAL = "transport: local\nnodes: [{host: a, gpus: 1}]\n"
+SSH_CLOSED = "nodes: [{host: 127.0.0.1, gpus: 1, port: 1, connect_timeout: 5}]\n"  # refused at once
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, n in zip("abcdefgh", "bcdefghi")) \
+    + "nodes: *i\n"
+
+
+@dataclass
+class Case:
+    name: str
+    argv: list[str]  # {c} is the cluster file, {d} the test's directory
+    code: int
+    message: str  # must appear in stderr (or stdout), with {c}/{d} filled in
+    files: dict[str, str | bytes] = field(default_factory=dict)  # {"c.yaml": ...}
+    env: dict[str, str] = field(default_factory=dict)
+    tool: object = main_up
+    absent: str | None = None  # must not appear anywhere (a secret)
+
+
+CASES = [
+    # --- the cluster file ---
+    Case("not UTF-8", ["{c}", "t.py"], 2, "{c}:3: cluster file is not UTF-8 text (byte 0xe9); save it as UTF-8",
+         {"c.yaml": b"nodes:\n  - {host: a, gpus: 1}\n# caf\xe9\n"}),
+    Case("missing", ["{d}/nope.yaml", "t.py"], 2, "{d}/nope.yaml: cannot read cluster file: No such file"),
+    Case("a directory", ["{d}", "t.py"], 2, "{d}: cannot read cluster file: Is a directory"),
+    Case("NaN", ["{c}", "t.py"], 2, "{c}:1: orphan_timeout: must be a number of seconds > 0, got nan",
+         {"c.yaml": "orphan_timeout: .nan\n" + LOCAL}),
+    Case("inf", ["{c}", "t.py"], 2, "{c}:1: stop_grace: must be a number of seconds >= 0, got inf",
+         {"c.yaml": "stop_grace: .inf\n" + LOCAL}),
+    Case("-inf", ["{c}", "t.py"], 2, "{c}:1: hang_timeout: must be a number of seconds > 0, got -inf",
+         {"c.yaml": "hang_timeout: -.inf\n" + LOCAL}),
+    Case("alias bomb", ["{c}", "t.py"], 2, "{c}:1: a: unknown key", {"c.yaml": BOMB}),
+    Case("nested too deep", ["{c}", "t.py"], 2, "{c}: nested too deeply to be a cluster file",
+         {"c.yaml": "nodes: " + "[" * 5000 + "]" * 5000 + "\n"}),
+    Case("duplicate key", ["{c}", "t.py"], 2, "{c}:2: nodes: duplicate key (first set on line 1)",
+         {"c.yaml": LOCAL.split("\n", 1)[1] + "nodes: []\n"}),
+    Case("key that is not a name", ["{c}", "t.py"], 2, "{c}:1: a key must be a plain name",
+         {"c.yaml": "? [a, b]\n: 1\n" + LOCAL}),
+    Case("top level is a list", ["{c}", "t.py"], 2, "{c}:1: must be a mapping, got a list", {"c.yaml": "- a\n"}),
+    Case("nodes is a mapping", ["{c}", "t.py"], 2, "{c}:1: nodes: must be a non-empty list of nodes",
+         {"c.yaml": "nodes: {a: 1}\n"}),
+    Case("gpus 1.5", ["{c}", "t.py"], 2, "{c}:1: nodes[0].gpus: must be an integer >= 1 or `auto`, got 1.5",
+         {"c.yaml": "nodes: [{host: a, gpus: 1.5}]\n"}),
+    Case("gpus true", ["{c}", "t.py"], 2, "nodes[0].gpus: must be an integer >= 1 or `auto`, got True",
+         {"c.yaml": "nodes: [{host: a, gpus: true}]\n"}),
+    Case("port 70000", ["{c}", "t.py"], 2, "master.port: must be an integer between 1 and 65535 or `auto`",
+         {"c.yaml": "master: {port: 70000}\n" + LOCAL}),
+    Case("env name with a newline", ["{c}", "t.py"], 2, "is not a valid environment variable name",
+         {"c.yaml": 'env: {"FOO\\n": 1}\n' + LOCAL}),
+    Case("env name with a space", ["{c}", "t.py"], 2, "is not a valid environment variable name",
+         {"c.yaml": 'env: {"A B": 1}\n' + LOCAL}),
+    Case("missing ssh.config_file", ["{c}", "t.py"], 2,
+         "{c}:1: ssh.config_file: {d}/nope_config does not exist (or is not a file)",
+         {"c.yaml": "ssh: {config_file: nope_config}\nnodes: [{host: a, gpus: 1}]\n"}),
+    Case("missing env_file", ["{c}", "t.py"], 2, "{c}:1: env_file: cannot read env_file: No such file",
+         {"c.yaml": "env_file: nope.env\n" + LOCAL}),
+    Case("env_file not UTF-8", ["{c}", "t.py"], 2, "{d}/x.env:2: env_file is not UTF-8 text",
+         {"c.yaml": "env_file: x.env\n" + LOCAL, "x.env": b"A=1\nB=\xff\n"}),
+    Case("env_file bad line holding a secret", ["{c}", "t.py"], 2, "{d}/x.env:1: expected NAME=value",
+         {"c.yaml": "env_file: x.env\n" + LOCAL, "x.env": "HF TOKEN=hf_s3cr3t_value\n"}, absent="hf_s3cr3t_value"),
+    Case("sync source missing", ["{c}", "t.py"], 2, "{c}:1: sync: {d}/nowhere is not a directory",
+         {"c.yaml": "sync: nowhere\n" + LOCAL}),
+    # --- node lists ---
+    Case("hostfile not UTF-8", ["--hostfile", "{d}/hosts", "t.py"], 2, "{d}/hosts:2: hostfile is not UTF-8",
+         {"hosts": b"a slots=1\nb\xfe slots=1\n"}),
+    Case("hostfile slots=0", ["--hostfile", "{d}/hosts", "t.py"], 2,
+         "{d}/hosts:1: slots: slots must be an integer from 1 to 4096, got '0'", {"hosts": "a slots=0\n"}),
+    Case("hostfile slots huge", ["--hostfile", "{d}/hosts", "t.py"], 2, "got '99999999999999'",
+         {"hosts": "a slots=99999999999999\n"}),
+    Case("hostfile slots in Arabic digits", ["--hostfile", "{d}/hosts", "t.py"], 2, "slots must be an integer",
+         {"hosts": "a slots=\u0663\n"}),
+    Case("-H zero slots", ["-H", "a:0", "t.py"], 2, "-H 'a:0': slots must be an integer from 1 to 4096"),
+    Case("-H no host", ["-H", ":4", "t.py"], 2, "expected HOST:N[,HOST:N...]"),
+    Case("Slurm range bomb", ["--slurm", "t.py"], 2, "expands to more than 65536 hosts",
+         env={"SLURM_JOB_NODELIST": "n[1-999999999]", "SLURM_JOB_ID": "7"}),
+    Case("Slurm product bomb", ["--slurm", "t.py"], 2, "expands to more than 65536 hosts",
+         env={"SLURM_JOB_NODELIST": "n[1-1000][1-1000]", "SLURM_JOB_ID": "7"}),
+    Case("Slurm brackets", ["--slurm", "t.py"], 2, "unbalanced brackets",
+         env={"SLURM_JOB_NODELIST": "n[1-3", "SLURM_JOB_ID": "7"}),
+    Case("Slurm reversed range", ["--slurm", "t.py"], 2, "bad Slurm host range [5-1]",
+         env={"SLURM_JOB_NODELIST": "n[5-1]", "SLURM_JOB_ID": "7"}),
+    # --- ids and flags ---
+    Case("job id with ..", ["--job-id", "../../etc", "{c}", "t.py"], 2, "--job-id '../../etc': a job id is",
+         {"c.yaml": LOCAL}),
+    Case("job id with a slash", ["--job-id", "a/b", "{c}", "t.py"], 2, "--job-id 'a/b'", {"c.yaml": LOCAL}),
+    Case("empty job id", ["--job-id", "", "{c}", "t.py"], 2, "--job-id ''", {"c.yaml": LOCAL}),
+    Case("job id too long", ["--job-id", "j" * 65, "{c}", "t.py"], 2, "a job id is 1-64", {"c.yaml": LOCAL}),
+    Case("job id starting with a dash", ["--job-id=-rf", "{c}", "t.py"], 2, "--job-id '-rf'", {"c.yaml": LOCAL}),
+    Case("job id with a newline", ["--job-id", "a\nb", "{c}", "t.py"], 2, "--job-id 'a\\nb'", {"c.yaml": LOCAL}),
+    Case("hidden job id", ["--job-id", ".x", "{c}", "t.py"], 2, "--job-id '.x'", {"c.yaml": LOCAL}),
+    Case("ddp-kill --job path", ["{c}", "--job", "../x"], 2, "--job '../x': a job id is", {"c.yaml": LOCAL},
+         tool=main_kill),
+    Case("ddp-kill --job glob", ["{c}", "--job", "*"], 2, "--job '*'", {"c.yaml": LOCAL}, tool=main_kill),
+    Case("hang timeout nan", ["--hang-timeout", "nan", "{c}", "t.py"], 2, "--hang-timeout must be a number",
+         {"c.yaml": LOCAL}),
+    Case("hang timeout inf", ["--hang-timeout", "inf", "{c}", "t.py"], 2, "--hang-timeout must be a number",
+         {"c.yaml": LOCAL}),
+    # --- known_hosts lines paramiko cannot read: the node is named, nothing crashes ---
+    Case("@cert-authority and @revoked in known_hosts (ddp-up)", ["{c}", "t.py"], 3,
+         "127.0.0.1: connection refused by 127.0.0.1:1",
+         {"c.yaml": "ssh: {known_hosts: kh}\n" + SSH_CLOSED,
+          "kh": "@cert-authority *.x ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+                "@revoked * ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+                "not a key line\n"}),
+    Case("@cert-authority in known_hosts (ddp-kill)", ["{c}"], 1, "connection refused by 127.0.0.1:1",
+         {"c.yaml": "ssh: {known_hosts: kh}\n" + SSH_CLOSED,
+          "kh": "@cert-authority * ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"},
+         tool=main_kill),
+    Case("ddp-check against a refusing node", ["{c}"], 3, "connection refused by 127.0.0.1:1",
+         {"c.yaml": SSH_CLOSED}, tool=main_check),
+    # --- ddp-kill must not depend on files only the launching machine has ---
+    Case("ddp-kill without the env_file and sync source", ["{c}", "--dry-run"], 0, "ddp-kill (dry run",
+         {"c.yaml": "env_file: gone.env\nsync: gone/\nforward_env: [NOT_SET_HERE_X]\n" + LOCAL}, tool=main_kill),
+    # --- secrets in a failing setup command's message ---
+    Case("secret in a failed setup command and its output", ["{c}", "t.py"], 3,
+         "setup command 1 `echo *** >&2; false` failed with status 1: ***",
+         {"c.yaml": "setup: 'echo k3y-very-secret >&2; false'\nenv: {API_KEY: k3y-very-secret}\n" + LOCAL},
+         absent="k3y-very-secret"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_hostile_input(case: Case, tmp_path, capsys, monkeypatch):
+    for name, content in case.files.items():
+        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID", "SLURM_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    fill = {"c": str(tmp_path / "c.yaml"), "d": str(tmp_path)}
+    code = case.tool([a.format(**fill) for a in case.argv])
+    out, err = capsys.readouterr()
+    assert code == case.code, (out, err)
+    assert case.message.format(**fill) in " ".join((err + out).split()), (out, err)
+    assert "Traceback" not in out + err
+    if case.absent:
+        assert case.absent not in out + err
+        for root, _, names in os.walk(tmp_path):
+            for name in names:
+                with open(os.path.join(root, name), "rb") as f:
+                    assert case.absent.encode() not in f.read() or name.endswith(("c.yaml", ".env")), name
+
+
+def test_the_corpus_is_large():
+    assert len(CASES) >= 40
+
+
+def test_a_yaml_merge_key_with_an_override_is_a_valid_cluster_file(tmp_path, capsys):
+    c = tmp_path / "c.yaml"
+    c.write_text("nodes:\n  - &a {host: a, gpus: 2, python: python3}\n  - {<<: *a, host: b, gpus: 4}\n")
+    assert main_up(["--dry-run", str(c), "t.py"]) == 0
+    out = capsys.readouterr().out
+    assert "# node 1 b (ssh b), ranks 2-5" in out  # gpus 4 overrides the merged 2
+
+
+def test_secrets_are_masked_longest_first():
+    assert mask_secrets("token=abcdef and abcd", {"abcd", "abcdef"}) == "token=*** and ***"
+    assert mask_secrets("token=abcdef and abcd", {"abcdef", "abcd"}) == "token=*** and ***"
+
+
+def test_summary_json_and_console_never_show_a_secret_in_script_arguments(tmp_path, capsys, monkeypatch):
+    """launcher: none and a script without torch: a real local job in about a second."""
+    (tmp_path / "t.py").write_text("import sys; print('args', sys.argv[1:])\n")
+    (tmp_path / "c.yaml").write_text("launcher: none\nenv: {HF_TOKEN: hf_0123456789}\n" + LOCAL)
+    monkeypatch.chdir(tmp_path)
+    code = main_up(["--no-dashboard", "--runs-dir", str(tmp_path / "runs"), "--job-id", "J1", str(tmp_path / "c.yaml"),
+                    "t.py", "--token=hf_0123456789"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "args ['--token=***']" in out and "hf_0123456789" not in out + err
+    summary = json.loads((tmp_path / "runs" / "J1" / "summary.json").read_text())
+    assert summary["args"] == ["--token=***"] and summary["exit_code"] == 0
+    assert "hf_0123456789" not in (tmp_path / "runs" / "J1" / "rank0.log").read_text()
+
+
+def test_a_runs_dir_that_cannot_be_written_never_stops_the_job(tmp_path, capsys, monkeypatch):
+    (tmp_path / "t.py").write_text("print('trained')\n")
+    (tmp_path / "c.yaml").write_text("launcher: none\n" + LOCAL)
+    (tmp_path / "file").write_text("a file where the runs dir's parent should be")
+    monkeypatch.chdir(tmp_path)
+    code = main_up(["--no-dashboard", "--runs-dir", str(tmp_path / "file" / "runs"), str(tmp_path / "c.yaml"), "t.py"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "trained" in out
+    assert " ".join(out.split()).count("cannot write the run logs") == 1  # warned once, not per line
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc")
+def test_the_agent_state_root_is_private(tmp_path, monkeypatch):
+    from orchestrator import agent
+
+    monkeypatch.setattr(agent.tempfile, "gettempdir", lambda: str(tmp_path))
+    root = agent.state_root()
+    os.mkdir(root, 0o755)  # as an earlier version made it: tightened, since nobody else could write
+    assert agent.private_dir(root) is None and os.stat(root).st_mode & 0o777 == 0o700
+    os.chmod(root, 0o777)  # others could have planted anything: refused
+    assert agent.private_dir(root) == "is writable by other users (mode 777)"
+    os.rmdir(root)
+    os.symlink(str(tmp_path), root)  # a link planted in its place: refused, never followed
+    assert agent.private_dir(root) == "is a symbolic link or not a directory"
+    os.unlink(root)
+    path, problem = agent.claim_node_dir("J", 0)
+    assert problem is None and path.endswith("/J/node0")
+    _, problem = agent.claim_node_dir("J", 0)  # the same job id and node again: in use
+    assert problem.what.startswith("job id J is already in use on this node")
