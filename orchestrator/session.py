@@ -58,9 +58,15 @@ class NodeSession:
     def _frames(self, frames: list[wire.Frame]) -> None:
         batch: list[LogLine] = []
         for frame in frames:
-            if isinstance(frame, wire.Output):
+            if isinstance(frame, wire.Output):  # the hot path: a chatty job sends 100k+ lines a second
                 rank = None if frame.rank is None else self.node.first_rank + frame.rank
-                batch.extend(LogLine(frame.stream, rank, self._mask(text), more) for text, more in frame.pieces())
+                lines, tail = frame.split()
+                if self.plan.secrets:
+                    lines, tail = [self.plan.mask(t) for t in lines], self.plan.mask(tail)
+                stream = frame.stream
+                batch += [LogLine(stream, rank, text) for text in lines]
+                if tail:
+                    batch.append(LogLine(stream, rank, tail, True))
                 continue
             if batch:  # keep order: lines before a control frame are posted before it
                 self.post(Lines(self.node.index, batch))

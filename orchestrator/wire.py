@@ -201,15 +201,16 @@ class Output(Frame):
     rank: Optional[int]
     data: bytes = field(repr=False)
 
-    def pieces(self) -> List[tuple]:
-        """[(text, more)]: each line's text (not UTF-8: surrogates, so no byte is lost), and
-        whether it goes on in the next Output (no newline yet)."""
+    def split(self) -> tuple:
+        """(the text of each whole line, the text of an unfinished last piece or ""). Bytes that
+        are not UTF-8 become surrogates, so no byte is lost."""
         parts = self.data.decode("utf-8", "surrogateescape").split("\n")
-        last = parts.pop()
-        out = [(p, False) for p in parts]
-        if last:
-            out.append((last, True))
-        return out
+        return parts, parts.pop()
+
+    def pieces(self) -> List[tuple]:
+        """[(text, more)]: each piece's text, and whether it goes on in the next Output."""
+        lines, tail = self.split()
+        return [(text, False) for text in lines] + ([(tail, True)] if tail else [])
 
     def lines(self) -> List[str]:
         """The text of each piece (tests and tools; the session keeps ``pieces``)."""

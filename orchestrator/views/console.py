@@ -193,9 +193,9 @@ class ConsoleView:
         for line in lines:
             if line.rank is not None and self.ranks is not None and line.rank not in self.ranks:
                 continue
-            key = (node.index, line.rank, line.stream)
-            if line.more or key in self._cut or len(line.text) > DISPLAY_MAX:
-                self._long_line(out, node, line, key)
+            if line.more or len(line.text) > DISPLAY_MAX or (self._cut and (node.index, line.rank, line.stream)
+                                                                  in self._cut):
+                self._long_line(out, node, line, (node.index, line.rank, line.stream))
                 continue
             if line.rank is not None and self.collapser is not None and line.stream != "node":
                 for stream, ranks, text in self.collapser.add(line.stream, line.rank, line.text, now):

@@ -21,6 +21,7 @@ from ..events import LogLine
 from ..plan import LaunchPlan, NodePlan, mask_secrets
 
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}
+_END = ("\n", "")  # by LogLine.more
 
 
 def _safe(name: str) -> str:
@@ -98,12 +99,13 @@ class RunLogs:
 
     def _write(self, node: NodePlan, lines: list[LogLine]) -> None:
         nf = self._node_file(node)
+        # A piece of a longer line (``more``) gets no newline: the next piece goes on where it ends.
         nf.writelines(f"{'r' + str(l.rank) if l.rank is not None else '-'} {SEPARATOR[l.stream]} {l.text}"
-                      f"{'' if l.more else chr(10)}" for l in lines)
+                      f"{_END[l.more]}" for l in lines)
         by_rank: dict[int, list[str]] = {}
         for line in lines:
             if line.rank is not None:
-                by_rank.setdefault(line.rank, []).append(line.text if line.more else line.text + "\n")
+                by_rank.setdefault(line.rank, []).append(line.text + _END[line.more])
         for rank, texts in by_rank.items():  # one write per rank and batch, not per line
             self._rank_file(rank).writelines(texts)
 

@@ -105,3 +105,9 @@ def _top_level_imports(module) -> set[str]:
 def test_what_nodes_run_is_stdlib_only(module):
     """Nodes have nothing but Python: the shipped sources import neither the package nor deps."""
     assert _top_level_imports(module) <= sys.stdlib_module_names
+
+
+@pytest.mark.parametrize("module", [agent, spawner, wire])
+def test_what_nodes_run_parses_as_python_3_8(module):
+    """The agent says it needs Python 3.8+ on the nodes: no newer syntax may slip in."""
+    ast.parse(open(module.__file__, encoding="utf-8").read(), feature_version=(3, 8))
