@@ -22,7 +22,8 @@ from .errors import ConfigError
 
 Transport = Literal["ssh", "local"]
 
-SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout", "config_file")
+SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout", "config_file", "client")
+SSH_CLIENTS = ("fabric", "openssh")
 # Keys valid at the top level and overridable per node.
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
@@ -48,6 +49,10 @@ class SSHSettings:
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout: float = 10.0
     config_file: str | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config, as OpenSSH reads them
+    # "openssh": the user's own `ssh` client runs the agent's pipe (every ssh_config setting applies);
+    # "fabric": paramiko, for machines without one
+    client: str = "fabric"
+    known_hosts_set: bool = False  # the cluster file named known_hosts (else openssh uses its own config's)
 
 
 @dataclass(frozen=True)
@@ -357,6 +362,7 @@ class _Validator:
         config_file, f_at = pick("config_file", None)
         known, k_at = pick("known_hosts", "~/.ssh/known_hosts")
         timeout, c_at = pick("connect_timeout", 10)
+        client, cl_at = pick("client", "fabric")
         return SSHSettings(
             user=None if user is None else self.string(user, u_at),
             port=None if port is None else self.integer(port, p_at, low=1, high=65535),
@@ -364,6 +370,8 @@ class _Validator:
             known_hosts=self.file_path(known, k_at),
             connect_timeout=self.positive(timeout, c_at),
             config_file=None if config_file is None else self.existing_file(config_file, f_at),
+            client=self.choice(client, cl_at, SSH_CLIENTS),
+            known_hosts_set="known_hosts" in own or "known_hosts" in ssh_top,
         )
 
     def commands(self, value: Any, at: tuple) -> tuple[str, ...]:
@@ -524,8 +532,8 @@ class _Validator:
 
     def existing_file(self, value: Any, at: tuple) -> str:
         path = self.file_path(value, at)
-        if not os.path.isfile(path):
-            raise self.error(at, f"{path} does not exist (or is not a file): fix the path, or remove the key")
+        if not os.path.exists(path) or os.path.isdir(path):  # /dev/null is fine: "no config"
+            raise self.error(at, f"{path} does not exist (or is a directory): fix the path, or remove the key")
         return path
 
 

@@ -79,7 +79,13 @@ class Transport(ABC):
 
 
 def transport_for(node: NodeConfig) -> Transport:
-    return LocalTransport(node) if node.transport == "local" else SSHTransport(node)
+    if node.transport == "local":
+        return LocalTransport(node)
+    if node.ssh.client == "openssh":
+        from .openssh import OpenSSHTransport
+
+        return OpenSSHTransport(node)
+    return SSHTransport(node)
 
 
 # --- local ------------------------------------------------------------------------------------
@@ -213,10 +219,7 @@ class SSHTransport(Transport):
 
     def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
               setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tags.items())
-        command = f"exec env {env} {quote_path(python)} -u {' '.join(shlex.quote(a) for a in bootstrap_args)}"
-        if setup:  # bash, whatever the login shell: setup lines are written for it (`source`)
-            command = "exec bash -c " + shlex.quote(setup_script(setup, workdir, command))
+        command = remote_command(python, bootstrap_args, tags, setup, workdir)
         channel = self.conn.transport.open_session(timeout=self.node.ssh.connect_timeout)
         channel.exec_command(command)
         return SSHProcess(channel)
@@ -224,6 +227,17 @@ class SSHTransport(Transport):
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
+
+
+def remote_command(python: str, bootstrap_args: list[str], tags: Mapping[str, str],
+                   setup: tuple[str, ...] = (), workdir: str | None = None) -> str:
+    """The one line the node's login shell runs: the agent, with the tags in its environment,
+    after the setup commands. Every value is shell-quoted."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tags.items())
+    command = f"exec env {env} {quote_path(python)} -u {' '.join(shlex.quote(a) for a in bootstrap_args)}"
+    if setup:  # bash, whatever the login shell: setup lines are written for it (`source`)
+        command = "exec bash -c " + shlex.quote(setup_script(setup, workdir, command))
+    return command
 
 
 SETUP_FAILED = 96  # the exit status of the agent's shell when a setup command failed
@@ -248,6 +262,10 @@ def early_exit_problem(node: NodeConfig, exit_status: int | None, stderr_tail: S
     """Why an agent ended before it answered, from its shell's exit status and last stderr lines:
     a failed setup command (which one, its status, what it printed), no such python, or else."""
     tail = " | ".join(stderr_tail[-3:])
+    if exit_status == 255 and node.transport == "ssh" and node.ssh.client == "openssh":
+        from .openssh import ssh_failure  # ssh's own status for "could not connect or run"
+
+        return ssh_failure(node, stderr_tail)
     if exit_status == SETUP_FAILED:
         found = next(filter(None, (_SETUP_FAILURE.match(line) for line in stderr_tail)), None)
         number, status = (int(found.group(1)), found.group(2)) if found else (0, "?")
@@ -286,13 +304,17 @@ def _hops(conn) -> list:
 
 def ssh_hostnames(nodes: list[NodeConfig]) -> dict[str, str]:
     """SSH config aliases among the nodes' hosts -> their HostName (what other nodes can reach)."""
-    found = {}
-    for node in nodes:
-        if node.transport == "ssh":
-            hostname = fabric_config(node.ssh).base_ssh_config.lookup(node.host).get("hostname", node.host)
-            if hostname != node.host:
-                found[node.host] = hostname
-    return found
+    from .openssh import ssh_hostname
+    from .parallel import on_each
+
+    def hostname(node: NodeConfig) -> str:
+        if node.ssh.client == "openssh":
+            return ssh_hostname(node)  # `ssh -G`: Include, Match and all, as ssh reads them
+        return fabric_config(node.ssh).base_ssh_config.lookup(node.host).get("hostname", node.host)
+
+    ssh_nodes = [n for n in nodes if n.transport == "ssh"]
+    names = on_each(ssh_nodes, hostname, name="ssh-G")
+    return {n.host: name for n, name in zip(ssh_nodes, names) if name != n.host}
 
 
 def load_known_hosts(keys, path: str, paramiko) -> list:

@@ -69,7 +69,7 @@ CASES = [
     Case("env name with a space", ["{c}", "t.py"], 2, "is not a valid environment variable name",
          {"c.yaml": 'env: {"A B": 1}\n' + LOCAL}),
     Case("missing ssh.config_file", ["{c}", "t.py"], 2,
-         "{c}:1: ssh.config_file: {d}/nope_config does not exist (or is not a file)",
+         "{c}:1: ssh.config_file: {d}/nope_config does not exist (or is a directory)",
          {"c.yaml": "ssh: {config_file: nope_config}\nnodes: [{host: a, gpus: 1}]\n"}),
     Case("missing env_file", ["{c}", "t.py"], 2, "{c}:1: env_file: cannot read env_file: No such file",
          {"c.yaml": "env_file: nope.env\n" + LOCAL}),
