@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from contextlib import contextmanager
 import signal
 import sys
 from functools import partial
@@ -26,6 +27,7 @@ from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_U
                      Interrupted, SetupError, UsageError)
 from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from .job import Job
+from .openssh import CONTROL
 from .parallel import interruptible
 from .plan import LaunchPlan, check_job_id, make_plan, mask_secrets, new_job_id
 from .preflight import torch_versions
@@ -143,8 +145,17 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main_up(argv: list[str] | None = None) -> int:
-    with signals.recording() as inbox:
+    with signals.recording() as inbox, ssh_connections():
         return _up(sys.argv[1:] if argv is None else argv, inbox)
+
+
+@contextmanager
+def ssh_connections():
+    """The run's shared SSH connections (openssh client) end with the command."""
+    try:
+        yield
+    finally:
+        CONTROL.close()
 
 
 def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
@@ -301,7 +312,7 @@ def main_check(argv: list[str] | None = None) -> int:
     config = _load_or_report(args, "ddp-check", script_too=True)
     if config is None:
         return EXIT_USAGE
-    with signals.recording() as inbox:
+    with signals.recording() as inbox, ssh_connections():
         try:
             config = _resolve_nodes(config)
         except SetupError as e:
@@ -375,7 +386,7 @@ def main_kill(argv: list[str] | None = None) -> int:
             return match_for(job=args.job)
         return match_for(cluster=config.cluster_id, node=node.rank)
 
-    with signals.recording():
+    with signals.recording(), ssh_connections():
         try:
             reports = sweep_nodes(list(config.nodes), match_of, grace=config.stop_grace, dry_run=args.dry_run)
         except Interrupted as e:

@@ -22,7 +22,7 @@ from .errors import ConfigError
 
 Transport = Literal["ssh", "local"]
 
-SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout", "config_file", "client")
+SSH_KEYS = ("user", "port", "identity_file", "known_hosts", "connect_timeout", "config_file", "client", "max_parallel")
 SSH_CLIENTS = ("fabric", "openssh")
 # Keys valid at the top level and overridable per node.
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
@@ -53,6 +53,7 @@ class SSHSettings:
     # "fabric": paramiko, for machines without one
     client: str = "fabric"
     known_hosts_set: bool = False  # the cluster file named known_hosts (else openssh uses its own config's)
+    max_parallel: int = 10  # ssh connections set up at once (openssh): sshd's default MaxStartups begins at 10
 
 
 @dataclass(frozen=True)
@@ -363,6 +364,7 @@ class _Validator:
         known, k_at = pick("known_hosts", "~/.ssh/known_hosts")
         timeout, c_at = pick("connect_timeout", 10)
         client, cl_at = pick("client", "fabric")
+        parallel, mp_at = pick("max_parallel", 10)
         return SSHSettings(
             user=None if user is None else self.string(user, u_at),
             port=None if port is None else self.integer(port, p_at, low=1, high=65535),
@@ -371,6 +373,7 @@ class _Validator:
             connect_timeout=self.positive(timeout, c_at),
             config_file=None if config_file is None else self.existing_file(config_file, f_at),
             client=self.choice(client, cl_at, SSH_CLIENTS),
+            max_parallel=self.integer(parallel, mp_at, low=1, high=1024),
             known_hosts_set="known_hosts" in own or "known_hosts" in ssh_top,
         )
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
+import threading
 from typing import Mapping, Sequence
 
 from .config import NodeConfig
@@ -23,15 +25,106 @@ from .errors import NodeProblem
 from .transport import ConnectFailed, LocalProcess, RemoteProcess, Transport, remote_command
 
 G_TIMEOUT = 10.0  # `ssh -G` only reads config files
+PERSIST = 60  # seconds an idle master stays up: if ddp-up dies without closing it, it ends by itself
+EXIT_TIMEOUT = 5.0  # for `ssh -O exit`
 
 
-def ssh_args(node: NodeConfig) -> list[str]:
-    """ssh and its options for ``node``, up to (not including) ``-- HOST``."""
+class ControlSockets:
+    """One SSH connection per node per run. Every ssh that ddp-up starts for a node (the `gpus:
+    auto` probe, sync, the job's agent, sweeps) shares one ControlMaster, whose socket lives in
+    a private directory of this run (mkdtemp: 0700, a fresh random name); ``close`` ends the
+    masters and removes the directory."""
+
+    def __init__(self) -> None:
+        self.dir: str | None = None
+        self.used: dict[str, NodeConfig] = {}
+        self.lock = threading.Lock()
+
+    def options(self, node: NodeConfig) -> list[str]:
+        with self.lock:
+            if self.dir is None:
+                self.dir = tempfile.mkdtemp(prefix="ddp-up-ssh-")
+            self.used.setdefault(node.host, node)
+        # %C: a hash of the connection's endpoints, short enough for a socket path
+        return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.dir}/%C", "-o", f"ControlPersist={PERSIST}"]
+
+    def close(self) -> None:
+        with self.lock:
+            where, nodes = self.dir, list(self.used.values())
+            self.dir, self.used = None, {}
+        if where is None:
+            return
+        from .parallel import on_each
+
+        def stop(node: NodeConfig) -> None:
+            argv = [*ssh_args(node, control=False), "-o", f"ControlPath={where}/%C", "-O", "exit", "--", node.host]
+            try:
+                subprocess.run(argv, capture_output=True, timeout=EXIT_TIMEOUT, stdin=subprocess.DEVNULL)
+            except (OSError, subprocess.SubprocessError):
+                pass  # no master (never connected), or a dead one: it persists at most PERSIST seconds
+
+        on_each(nodes, stop, inbox=None, name="ssh-exit")
+        shutil.rmtree(where, ignore_errors=True)
+
+
+CONTROL = ControlSockets()
+
+
+class StartGate:
+    """At most ``ssh.max_parallel`` ssh connections being set up at once (from start until the
+    agent's first bytes or the end), so a jump host in front of many nodes keeps within its
+    sshd's MaxStartups (10 unauthenticated connections by default) instead of dropping some."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.slots: threading.BoundedSemaphore | None = None
+
+    def enter(self, limit: int) -> threading.BoundedSemaphore:
+        with self.lock:
+            if self.slots is None:
+                self.slots = threading.BoundedSemaphore(limit)
+            slots = self.slots
+        slots.acquire()
+        return slots
+
+
+GATE = StartGate()
+
+
+class OpenSSHProcess(LocalProcess):
+    """The ssh client's pipes; its start slot is given back at the first bytes from the agent."""
+
+    def __init__(self, proc: subprocess.Popen, slot: threading.BoundedSemaphore):
+        super().__init__(proc)
+        self._slot: threading.BoundedSemaphore | None = slot
+        self._slot_lock = threading.Lock()
+
+    def read_stdout(self) -> bytes:
+        data = super().read_stdout()
+        self.release()
+        return data
+
+    def release(self) -> None:
+        with self._slot_lock:
+            slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
+
+    def close(self) -> None:
+        super().close()
+        self.release()
+
+
+def ssh_args(node: NodeConfig, control: bool = False) -> list[str]:
+    """ssh and its options for ``node``, up to (not including) ``-- HOST``; with ``control``,
+    through the run's shared connection to it."""
     ssh = node.ssh
     args = [shutil.which("ssh") or "ssh"]
     if ssh.config_file:
         args += ["-F", ssh.config_file]
     args += ["-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(ssh.connect_timeout))}"]
+    if control:
+        args += CONTROL.options(node)
     if ssh.user:
         args += ["-l", ssh.user]
     if ssh.port:
@@ -53,14 +146,16 @@ class OpenSSHTransport(Transport):
     def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
               setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
         command = remote_command(python, bootstrap_args, tags, setup, workdir)
-        argv = [*ssh_args(self.node), "--", self.node.host, command]
+        argv = [*ssh_args(self.node, control=True), "--", self.node.host, command]
+        slot = GATE.enter(self.node.ssh.max_parallel)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)  # Ctrl-C reaches ddp-up only
         except OSError as e:
+            slot.release()
             raise ConnectFailed(NodeProblem(self.node.label, f"cannot run ssh: {e.strerror}",
                                             "install the OpenSSH client, or set `ssh: {client: fabric}`")) from None
-        return LocalProcess(proc)
+        return OpenSSHProcess(proc, slot)
 
 
 def resolved(node: NodeConfig) -> dict[str, str]:
@@ -94,8 +189,8 @@ _FAILURES = (
     ("timed out", "no answer from {host} within the connect timeout",
      "check the address, the network path and that sshd runs; or raise ssh.connect_timeout"),
     ("kex_exchange_identification", "the SSH server (or a jump host in front of it) dropped the connection "
-     "during the handshake", "too many connections at once through one host (sshd's MaxStartups): raise it "
-                            "there, or launch fewer nodes at once"),
+     "during the handshake", "too many connections at once through one host (sshd's MaxStartups): lower "
+                            "ssh.max_parallel (default 10), or raise MaxStartups there"),
     ("Connection closed by", "the SSH server (or a jump host in front of it) closed the connection",
      "try `ssh HOST true` by hand to see why"),
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -120,3 +121,29 @@ def test_ssh_failures_are_named_with_their_fix(cluster, tmp_path):
     assert code == 3, out
     assert f"{hosts[1]}: connection refused by {hosts[1]}" in out and "fix: start sshd on the node" in out, out
     assert "ENV RANK" not in out
+
+
+def accepted_logins(cluster, node) -> int:
+    log = cluster.run_dir / f"{node.name}.log"
+    return log.read_text().count("Accepted publickey") if log.exists() else 0
+
+
+def test_one_ssh_handshake_per_node_per_run_and_nothing_left_after_it(cluster, tmp_path):
+    """`gpus: auto` asks each node first (one agent call), then the job runs its agent there: both
+    over one connection, whose master ends with the run."""
+    config = write_config(cluster, tmp_path / "ssh_config", cluster.known_hosts)
+    nodes = cluster.nodes[:2]
+    path = cluster_file(tmp_path, config, [n.name for n in nodes])
+    doc = yaml.safe_load(path.read_text())
+    doc["gpus"] = "auto"
+    doc["env"]["CUDA_VISIBLE_DEVICES"] = "0"  # what `gpus: auto` counts on a node without a driver
+    for node in doc["nodes"]:
+        del node["gpus"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    before = [accepted_logins(cluster, n) for n in nodes]
+    code, out, _ = ddp_up(str(path), SCRIPT, "env", "RANK")
+    assert code == 0 and ranks_ran(out, 2), out
+    assert [accepted_logins(cluster, n) - b for n, b in zip(nodes, before)] == [1, 1]
+    left = subprocess.run(["pgrep", "-f", "ddp-up-ssh-"], capture_output=True, text=True).stdout
+    assert left == "", f"ssh masters left running: {left}"
+    assert not list(Path(tempfile.gettempdir()).glob("ddp-up-ssh-*"))

@@ -31,7 +31,7 @@ def test_only_what_the_cluster_file_sets_is_added_to_the_users_ssh():
     (["ssh: connect to host 10.0.0.1 port 22: Connection refused"], "connection refused by gpu-a", "start sshd"),
     (["ssh: connect to host 10.0.0.1 port 22: Connection timed out"], "no answer from gpu-a", "connect_timeout"),
     (["kex_exchange_identification: Connection closed by remote host"], "dropped the connection during the handshake",
-     "MaxStartups"),
+     "max_parallel"),
     (["something new"], "ssh to gpu-a failed: something new", "ssh gpu-a true"),
 ])
 def test_ssh_failures_become_one_problem_and_its_fix(stderr, what, fix):
