@@ -1076,13 +1076,12 @@ def take_files(stream, dest, entries, done, writer):
 
 
 def sync_failed(writer, what, err=None, in_the_way=None, fix=None):
-    """Report a failed copy, with ``fix`` or the fix its errno points at."""
-    if fix is not None:
-        pass
-    elif err in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY):
+    """Report a failed copy, with ``fix`` or the fix its errno points at (``in_the_way`` for a
+    file where a directory must be, or the other way round)."""
+    if fix is None and err in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY):
         fix = in_the_way or ("a file in the copy has the name of a directory on the node (or the other way "
                              "round): remove it there")
-    else:
+    elif fix is None:
         fix = "check the node's disk space and that `workdir:` is writable"
     writer.send(wire.Failed(what=what, fix=fix))
     writer.drain(5)

@@ -23,7 +23,7 @@ from . import __version__, signals
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import NodeSource, SyncConfig, load_cluster, read_text
 from .detect import resolve_auto_gpus
-from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, ConfigError, DdpUpError,
+from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, DdpUpError,
                      Interrupted, SetupError, UsageError)
 from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from .job import Job
@@ -174,7 +174,7 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         secrets = config.secret_values
         if args.hang_timeout is not None and not 0 < args.hang_timeout < float("inf"):
             raise UsageError("--hang-timeout must be a number of seconds > 0")
-        _check_signals(inbox)
+        inbox.check()
         config = _resolve_nodes(config)
         job_id = args.job_id or new_job_id()
         plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout)
@@ -190,7 +190,7 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         if dashboard and not console.is_terminal:
             console = terminal_console(force_terminal=True)
         view = (DashboardView if dashboard else ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse)
-        _check_signals(inbox)
+        inbox.check()
         return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
                        inbox=inbox)
     except DdpUpError as e:
@@ -203,12 +203,6 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         err.print("[bold red]ddp-up: internal error[/] (a bug; please report it). Connections were closed, "
                   "so every node stops its job by itself; `ddp-kill CLUSTER.yaml` confirms.")
         return EXIT_INTERNAL
-
-
-def _check_signals(inbox: signals.SignalInbox) -> None:
-    """A defined point between start-up steps: a signal received so far ends the start-up here."""
-    if inbox.received:
-        raise Interrupted(inbox.first)
 
 
 def _interrupted(prog: str, e: Interrupted, what: str) -> int:

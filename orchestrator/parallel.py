@@ -12,7 +12,6 @@ import queue
 import threading
 from typing import Callable, Sequence, TypeVar
 
-from .errors import Interrupted
 from .signals import INBOX, SignalInbox
 
 T = TypeVar("T")
@@ -52,7 +51,7 @@ def on_each(items: Sequence[T], call: Callable[[T], R], abort: Callable[[], None
                 if inbox.received:
                     if abort is not None:
                         abort()
-                    raise Interrupted(inbox.first)
+                    inbox.check()
                 if done.get() is not _WAKE:
                     left -= 1
     if errors:

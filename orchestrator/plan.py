@@ -6,7 +6,6 @@ JSON and is exec'd directly. ``shell_line`` renders the same argv shell-quoted f
 
 from __future__ import annotations
 
-import re
 import secrets
 import shlex
 import time

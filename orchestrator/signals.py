@@ -15,6 +15,8 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from .errors import Interrupted
+
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -48,6 +50,11 @@ class SignalInbox:
     @property
     def first(self) -> int | None:
         return self.received[0] if self.received else None
+
+    def check(self) -> None:
+        """A defined point in a step that has no job to stop yet: any signal so far ends it here."""
+        if self.received:
+            raise Interrupted(self.received[0])
 
     @contextmanager
     def waking(self, wake: Callable[[], None]) -> Iterator[None]:

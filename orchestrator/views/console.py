@@ -36,8 +36,6 @@ def safe_text(text: str) -> str:
     return text if text.isprintable() else text.translate(_CONTROL)  # the test is C-fast; most lines pass
 
 
-_safe = safe_text
-
 
 DISPLAY_MAX = 10_000  # characters of one line the console shows; the log files keep every byte
 
@@ -202,7 +200,7 @@ class ConsoleView:
                     self._collapsed(out, stream, ranks, text)
                 continue
             out.add(self._prefix(node, line.rank, line.stream))
-            out.add(self._text_ink[line.stream](_safe(line.text)) + "\n")
+            out.add(self._text_ink[line.stream](safe_text(line.text)) + "\n")
         self.emit(out)
 
     def _long_line(self, out: Block, node: NodePlan, line: LogLine, key: tuple) -> None:
@@ -212,7 +210,7 @@ class ConsoleView:
         cut = self._cut.get(key)
         if cut is None:
             out.add(self._prefix(node, line.rank, line.stream))
-            out.add(self._text_ink[line.stream](_safe(line.text[:DISPLAY_MAX])) + "\n")
+            out.add(self._text_ink[line.stream](safe_text(line.text[:DISPLAY_MAX])) + "\n")
             cut = self._cut[key] = [node, 0]
             cut[1] = len(line.text) - min(len(line.text), DISPLAY_MAX)
         else:
@@ -244,7 +242,7 @@ class ConsoleView:
         else:
             who = f"r{format_ranks(ranks)}" + (" (all)" if len(ranks) == self.plan.world_size else f" ({len(ranks)})")
             out.add(self._bold(f"{'*':<{self.prefix.label_width}} {who} {SEPARATOR[stream]} "))
-        out.add(self._text_ink[stream](_safe(text)) + "\n")
+        out.add(self._text_ink[stream](safe_text(text)) + "\n")
 
     def emit(self, block: Block) -> None:
         """Write lines now: one Console call per batch."""
