@@ -480,7 +480,7 @@ class Runner:
             self.out.drain(5)
             return 3
         self.out.send(wire.Ready(
-            hostname=socket.gethostname(), python=sys.version.split()[0], torch=self.torch["torch"],
+            hostname=socket.gethostname(), python=sys.version.split()[0], torch=self.torch.get("torch"),
             cuda=self.torch.get("cuda"), nccl=self.torch.get("nccl"), gpus=count_gpus(self.job_env()),
             time=time.time(), disk_free=shutil.disk_usage(".").free,
             port=None if self.listener is None else self.listener.getsockname()[1]))
@@ -505,7 +505,8 @@ class Runner:
         if script and not os.path.isfile(script):
             return wire.Failed("script %s not found in %s" % (script, workdir),
                                "copy it to this node, or set `workdir:` to the directory that holds it")
-        self.torch = probe_torch(self.job_env())
+        # a process per node, paid N times on a big cluster: only where the launcher needs torch
+        self.torch = probe_torch(self.job_env()) if self.spec.needs_torch else {}
         if self.torch is None:
             return wire.Failed("torch is not installed for %s (Python %s)" % (sys.executable, sys.version.split()[0]),
                                "install torch on this node, or set `python:` to an interpreter that has it")

@@ -32,7 +32,7 @@ from .parallel import interruptible
 from .plan import LaunchPlan, check_job_id, make_plan, mask_secrets, new_job_id
 from .preflight import torch_versions
 from .sync import Tree, human_bytes, scan, sync_all, targets
-from .transport import ssh_hostnames
+from .transport import ssh_facts
 from .views.console import ConsoleView, safe_text, terminal_console
 from .views.dashboard import DashboardView
 from .views.fanout import Fanout
@@ -175,7 +175,7 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         if args.hang_timeout is not None and not 0 < args.hang_timeout < float("inf"):
             raise UsageError("--hang-timeout must be a number of seconds > 0")
         inbox.check()
-        config = _resolve_nodes(config)
+        config = _resolve_nodes(config, console)
         job_id = args.job_id or new_job_id()
         plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout)
         sync = sync_choice(args.sync, config.sync)
@@ -211,11 +211,23 @@ def _interrupted(prog: str, e: Interrupted, what: str) -> int:
     return 128 + e.signum
 
 
-def _resolve_nodes(config):
-    """SSH config aliases -> the addresses other nodes use; then ask `gpus: auto` nodes for their
-    count (a short, bounded call; nothing is started)."""
-    config = config.with_addresses(ssh_hostnames(list(config.nodes)))
+def _resolve_nodes(config, console: Console):
+    """SSH config aliases -> the addresses other nodes use (and a note where the user's SSH
+    config trusts new host keys); then ask `gpus: auto` nodes for their count (a short, bounded
+    call; nothing is started)."""
+    facts = ssh_facts(list(config.nodes))
+    config = config.with_addresses({host: f.hostname for host, f in facts.items() if f.hostname != host})
+    for strict in ("accept-new", "no"):
+        hosts = [host for host, f in facts.items() if f.strict == strict]
+        if hosts:
+            console.print(f"ddp-up: note: your SSH config sets StrictHostKeyChecking {strict} for "
+                          f"{_some(hosts)}: a host key seen for the first time is trusted and recorded "
+                          "without checking", markup=False, highlight=False)
     return resolve_auto_gpus(config)
+
+
+def _some(hosts: list[str], shown: int = 3) -> str:
+    return ", ".join(hosts[:shown]) + (f" and {len(hosts) - shown} more" if len(hosts) > shown else "")
 
 
 def sync_choice(flag: bool | None, configured: SyncConfig | None) -> SyncConfig | None:
@@ -308,7 +320,7 @@ def main_check(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     with signals.recording() as inbox, ssh_connections():
         try:
-            config = _resolve_nodes(config)
+            config = _resolve_nodes(config, console)
         except SetupError as e:
             return _report("ddp-check", e, config.secret_values)
         except Interrupted as e:

@@ -11,6 +11,7 @@ import hashlib
 import math
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -38,6 +39,11 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always with fullmatch: `$` w
 MAX_YAML_NODES = 100_000  # a cluster file has hundreds; more is an alias bomb or not a cluster file
 
 
+def default_client() -> str:
+    """The user's own ssh wherever there is one (so every setting of theirs applies), else paramiko."""
+    return "openssh" if shutil.which("ssh") else "fabric"
+
+
 @dataclass(frozen=True)
 class SSHSettings:
     """What the cluster file sets; unset values come from the SSH config file (HostName, User,
@@ -49,9 +55,9 @@ class SSHSettings:
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout: float = 10.0
     config_file: str | None = None  # None: ~/.ssh/config and /etc/ssh/ssh_config, as OpenSSH reads them
-    # "openssh": the user's own `ssh` client runs the agent's pipe (every ssh_config setting applies);
-    # "fabric": paramiko, for machines without one
-    client: str = "fabric"
+    # "openssh": the user's own `ssh` client runs the agent's pipe (every ssh_config setting applies),
+    # the default wherever `ssh` is on PATH; "fabric": paramiko, for machines without one
+    client: str = "openssh"
     known_hosts_set: bool = False  # the cluster file named known_hosts (else openssh uses its own config's)
     max_parallel: int = 10  # ssh connections set up at once (openssh): sshd's default MaxStartups begins at 10
 
@@ -363,7 +369,7 @@ class _Validator:
         config_file, f_at = pick("config_file", None)
         known, k_at = pick("known_hosts", "~/.ssh/known_hosts")
         timeout, c_at = pick("connect_timeout", 10)
-        client, cl_at = pick("client", "fabric")
+        client, cl_at = pick("client", default_client())
         parallel, mp_at = pick("max_parallel", 10)
         return SSHSettings(
             user=None if user is None else self.string(user, u_at),

@@ -14,60 +14,159 @@ BatchMode turns asking into refusing.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import socket
+import stat
 import subprocess
 import tempfile
 import threading
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
-from .config import NodeConfig
+from .config import NodeConfig, SSHSettings
 from .errors import NodeProblem
 from .transport import ConnectFailed, LocalProcess, RemoteProcess, Transport, remote_command
 
 G_TIMEOUT = 10.0  # `ssh -G` only reads config files
 PERSIST = 60  # seconds an idle master stays up: if ddp-up dies without closing it, it ends by itself
 EXIT_TIMEOUT = 5.0  # for `ssh -O exit`
+RUN_DIR = re.compile(r"ddp-up-ssh-(\d+)-\w+")  # ours: the pid that made it, then mkdtemp's random part
 
 
-class ControlSockets:
-    """One SSH connection per node per run. Every ssh that ddp-up starts for a node (the `gpus:
-    auto` probe, sync, the job's agent, sweeps) shares one ControlMaster, whose socket lives in
-    a private directory of this run (mkdtemp: 0700, a fresh random name); ``close`` ends the
-    masters and removes the directory."""
+class SSHRun:
+    """What one ddp-up command shares among its ssh processes, in a private directory (mkdtemp:
+    0700, a fresh random name): one ControlMaster per node, so every ssh ddp-up starts for a node
+    (the `gpus: auto` probe, sync, the job's agent, sweeps) rides one connection; and the cluster
+    file's own ssh settings as a config file that every hop reads (see ``config_for``).
+    ``close`` ends the masters and removes the directory; a directory left by a ddp-up that was
+    killed is removed by the next one, once its masters have timed out."""
 
     def __init__(self) -> None:
         self.dir: str | None = None
         self.used: dict[str, NodeConfig] = {}
+        self.configs: dict[tuple, str] = {}
         self.lock = threading.Lock()
 
-    def options(self, node: NodeConfig) -> list[str]:
+    def _where(self) -> str:
         with self.lock:
             if self.dir is None:
-                self.dir = tempfile.mkdtemp(prefix="ddp-up-ssh-")
+                remove_stale_run_dirs(tempfile.gettempdir())
+                self.dir = tempfile.mkdtemp(prefix=f"ddp-up-ssh-{os.getpid()}-")
+            return self.dir
+
+    def options(self, node: NodeConfig) -> list[str]:
+        where = self._where()
+        with self.lock:
             self.used.setdefault(node.host, node)
         # %C: a hash of the connection's endpoints, short enough for a socket path
-        return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.dir}/%C", "-o", f"ControlPersist={PERSIST}"]
+        return ["-o", "ControlMaster=auto", "-o", f"ControlPath={where}/%C", "-o", f"ControlPersist={PERSIST}"]
+
+    def config_for(self, ssh: SSHSettings) -> str | None:
+        """A config file that puts the cluster file's identity file and known_hosts before the
+        user's own config, or None when the cluster file sets neither. On the command line they
+        would reach the node's connection only; ssh hands ``-F`` to a ProxyJump hop, so this way
+        a jump host is checked against the same known_hosts (and offered the same key) as the node."""
+        files = [("UserKnownHostsFile", ssh.known_hosts if ssh.known_hosts_set else None),
+                 ("IdentityFile", ssh.identity_file)]
+        lines = [f"{key} {_config_word(value)}" for key, value in files if value]
+        if not lines or not all(_config_word(value) for _, value in files if value):
+            return None  # nothing to add, or a path ssh_config cannot quote: the command line only
+        lines.insert(0, "BatchMode yes")
+        if ssh.config_file:
+            lines.append(f"Include {_config_word(ssh.config_file)}")
+        else:  # what ssh reads when no -F is given
+            lines += ["Include ~/.ssh/config", "Include /etc/ssh/ssh_config"]
+        key = tuple(lines)
+        where = self._where()
+        with self.lock:
+            if key not in self.configs:
+                path = os.path.join(where, f"config{len(self.configs)}")
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write("# ddp-up: the cluster file's ssh settings, then the user's own config\n")
+                    f.write("\n".join(lines) + "\n")
+                self.configs[key] = path
+            return self.configs[key]
 
     def close(self) -> None:
-        with self.lock:
-            where, nodes = self.dir, list(self.used.values())
-            self.dir, self.used = None, {}
-        if where is None:
+        if self.dir is None:
             return
+        with self.lock:
+            nodes = list(self.used.values())
+        # `-O exit` names the master by %C, which hashes what the config resolves: the same options
+        exits = [[*ssh_args(node, control=True), "-O", "exit", "--", node.host] for node in nodes]
+        with self.lock:
+            where, self.dir, self.used, self.configs = self.dir, None, {}, {}
         from .parallel import on_each
 
-        def stop(node: NodeConfig) -> None:
-            argv = [*ssh_args(node, control=False), "-o", f"ControlPath={where}/%C", "-O", "exit", "--", node.host]
+        def stop(argv: list[str]) -> None:
             try:
                 subprocess.run(argv, capture_output=True, timeout=EXIT_TIMEOUT, stdin=subprocess.DEVNULL)
             except (OSError, subprocess.SubprocessError):
                 pass  # no master (never connected), or a dead one: it persists at most PERSIST seconds
 
-        on_each(nodes, stop, inbox=None, name="ssh-exit")
+        on_each(exits, stop, inbox=None, name="ssh-exit")
         shutil.rmtree(where, ignore_errors=True)
 
 
-CONTROL = ControlSockets()
+def _config_word(value: str) -> str | None:
+    """``value`` as one ssh_config argument (double-quoted), or None if it cannot be one."""
+    if any(c in value for c in '"\\\n\r'):
+        return None
+    return f'"{value}"'
+
+
+def remove_stale_run_dirs(parent: str) -> None:
+    """Remove the run directories of ddp-up commands that are gone (killed: no `close`), once no
+    master listens in them. Only this user's own directories, never through a link."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    for entry in entries:
+        found = RUN_DIR.fullmatch(entry.name)
+        try:
+            if not found or not entry.is_dir(follow_symlinks=False) or \
+                    entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if _pid_alive(int(found.group(1))) or _master_listens(entry.path):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process: alive
+    return True
+
+
+def _master_listens(directory: str) -> bool:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                continue
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                probe.connect(path)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+CONTROL = SSHRun()
 
 
 class StartGate:
@@ -120,8 +219,9 @@ def ssh_args(node: NodeConfig, control: bool = False) -> list[str]:
     through the run's shared connection to it."""
     ssh = node.ssh
     args = [shutil.which("ssh") or "ssh"]
-    if ssh.config_file:
-        args += ["-F", ssh.config_file]
+    config = CONTROL.config_for(ssh)
+    if config or ssh.config_file:
+        args += ["-F", config or ssh.config_file]
     args += ["-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(ssh.connect_timeout))}"]
     if control:
         args += CONTROL.options(node)
@@ -129,10 +229,11 @@ def ssh_args(node: NodeConfig, control: bool = False) -> list[str]:
         args += ["-l", ssh.user]
     if ssh.port:
         args += ["-p", str(ssh.port)]
-    if ssh.identity_file:
-        args += ["-i", ssh.identity_file]
-    if ssh.known_hosts_set:
-        args += ["-o", f"UserKnownHostsFile={ssh.known_hosts}"]
+    if not config:
+        if ssh.identity_file:
+            args += ["-i", ssh.identity_file]
+        if ssh.known_hosts_set:
+            args += ["-o", f"UserKnownHostsFile={ssh.known_hosts}"]
     return args
 
 
@@ -174,40 +275,121 @@ def resolved(node: NodeConfig) -> dict[str, str]:
     return found
 
 
-# ssh's own words (stderr) -> one problem and its fix. First match wins.
-_FAILURES = (
-    ("REMOTE HOST IDENTIFICATION HAS CHANGED", "host key for {host} CHANGED (possible impersonation); refusing",
-     "if the node was reinstalled, remove the old key (ssh-keygen -R {host}) and add the new one after checking it"),
-    ("Host key verification failed", "unknown host key for {host}; refusing to connect (BatchMode: no prompts)",
-     "check the key's fingerprint with the node's admin, then add it: ssh-keyscan {keyscan} >> ~/.ssh/known_hosts "
-     "(or set `StrictHostKeyChecking accept-new` for it in your SSH config)"),
-    ("Permission denied", "SSH authentication failed for {host} (no password prompts)",
-     "check `user:`/`identity_file:` or your SSH config, ssh-agent, and the node's authorized_keys"),
-    ("Could not resolve hostname", "cannot resolve host name {host!r}",
-     "fix `host:` or add it to DNS, /etc/hosts or your SSH config"),
-    ("Connection refused", "connection refused by {host}", "start sshd on the node or fix the port"),
-    ("timed out", "no answer from {host} within the connect timeout",
-     "check the address, the network path and that sshd runs; or raise ssh.connect_timeout"),
-    ("kex_exchange_identification", "the SSH server (or a jump host in front of it) dropped the connection "
-     "during the handshake", "too many connections at once through one host (sshd's MaxStartups): lower "
-                            "ssh.max_parallel (default 10), or raise MaxStartups there"),
-    ("Connection closed by", "the SSH server (or a jump host in front of it) closed the connection",
-     "try `ssh HOST true` by hand to see why"),
-)
+class Inspection(NamedTuple):
+    """What a failed connection looked like, asked of ssh after the fact (``inspect``)."""
+
+    where: str  # user@host:port, as ssh resolved them
+    hostname: str  # the address ssh connects to
+    known_hosts: str  # where a new key belongs: the cluster file's, else the first UserKnownHostsFile
+    key: str | None = None  # the host key that was refused: "ssh-ed25519 SHA256:..."
+    key_of: str | None = None  # "host:port" that presented it (a jump host's, or the node's)
+    said: str = ""  # what that connection's ssh processes said, debug lines left out
 
 
-def ssh_failure(node: NodeConfig, stderr_tail: Sequence[str]) -> NodeProblem:
-    """Why ssh exited 255 before the agent answered, from its last stderr lines."""
+def inspect(node: NodeConfig, want_key: bool) -> Inspection:
+    """``ssh -G`` for the names; with ``want_key``, one more connection with ``-v`` and without
+    the shared master, to read the refused key's fingerprint (ssh prints it only at debug level)
+    and what a jump host said (a ControlPersist master sends a ProxyJump hop's stderr to
+    /dev/null). Runs only after a failure."""
+    facts = resolved(node)
+    user, port = facts.get("user", node.ssh.user or "?"), facts.get("port", str(node.ssh.port or 22))
+    hostname = facts.get("hostname", node.host)
+    known = node.ssh.known_hosts if node.ssh.known_hosts_set else \
+        (facts.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
+    found = Inspection(f"{user}@{node.host}:{port}", hostname, known)
+    if not want_key:
+        return found
+    argv = [*ssh_args(node), "-v", "--", node.host, "true"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL,
+                             timeout=2 * node.ssh.connect_timeout + G_TIMEOUT)
+    except (OSError, subprocess.SubprocessError):
+        return found
+    key = key_of = None
+    said = []
+    for line in out.stderr.splitlines():
+        if (m := _AUTHENTICATING.search(line)) is not None:
+            key_of = m.group(1)
+        elif (m := _SERVER_KEY.search(line)) is not None:
+            key = m.group(1)
+        elif not line.startswith(("debug", "OpenSSH_")):
+            said.append(line)
+    return found._replace(key=key, key_of=key_of if key else None, said="\n".join(said))
+
+
+_AUTHENTICATING = re.compile(r"debug1: Authenticating to (\S+) as ")
+_SERVER_KEY = re.compile(r"debug1: Server host (?:key|certificate): (\S+ [^\s,]+)")
+
+
+def ssh_failure(node: NodeConfig, stderr_tail: Sequence[str], ask=inspect) -> NodeProblem:
+    """Why ssh exited 255 before the agent answered: its last stderr lines, and (for a host key
+    or a time-out) ``ask`` for the details the one-line problem and its fix name."""
     text = "\n".join(stderr_tail)
-    port = f"-p {node.ssh.port} " if node.ssh.port else ""
-    for needle, what, fix in _FAILURES:
-        if needle in text:
-            fill = {"host": node.host, "keyscan": f"{port}{node.host}"}
-            return NodeProblem(node.label, what.format(**fill), fix.format(**fill))
-    last = next((line for line in reversed(stderr_tail) if line.strip()), "no message")
-    return NodeProblem(node.label, f"ssh to {node.host} failed: {last}", f"run `ssh {node.host} true` to see why")
+    what, fix = _described(node, text, ask)
+    return NodeProblem(node.label, what, fix)
 
 
-def ssh_hostname(node: NodeConfig) -> str:
-    """The address ssh connects to for ``node`` (an alias's HostName), as other nodes need it."""
-    return resolved(node).get("hostname", node.host)
+def _described(node: NodeConfig, text: str, ask, again: bool = True) -> tuple[str, str]:
+    host = node.host
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
+        seen = ask(node, False)
+        return (f"host key for {host} CHANGED (possible impersonation); refusing",
+                f"if the node was reinstalled, remove the old key: ssh-keygen -R {seen.hostname} "
+                f"-f {seen.known_hosts}, then add the new one after checking it")
+    certificate = re.search(r"Certificate invalid: (.+)", text)
+    if certificate is not None and "Host key verification failed" in text:
+        seen = ask(node, True)
+        return (f"the host certificate{_of_jump(seen)} is not valid for it ({certificate.group(1).strip()}): "
+                "refusing to connect",
+                f"have the site's SSH CA sign that host key for the name ssh uses ({seen.hostname}), or fix "
+                "`host:`; `ssh-keygen -L -f CERT` on the node shows what the certificate names")
+    if "Host key verification failed" in text:
+        return _unknown_key(node, ask(node, True))
+    if "Permission denied" in text:
+        return (f"SSH authentication failed for {ask(node, False).where} (key-only, no password prompts)",
+                "check `user:`/`identity_file:` or your SSH config, ssh-agent, and the node's authorized_keys")
+    if "Could not resolve hostname" in text:
+        return f"cannot resolve host name {host!r}", "fix `host:` or add it to DNS, /etc/hosts or your SSH config"
+    if "Connection refused" in text:
+        return f"connection refused by {ask(node, False).where}", "start sshd on the node or fix the port"
+    for unreachable in ("No route to host", "Network is unreachable"):
+        if unreachable in text:
+            return f"cannot reach {ask(node, False).where}: {unreachable}", "check the address and routing (is the node up?)"
+    if "timed out" in text:
+        return (f"no answer from {ask(node, False).where} within {node.ssh.connect_timeout:g} s",
+                "check the address, the network path and that sshd runs; or raise ssh.connect_timeout")
+    if again and ("kex_exchange_identification" in text or "Connection closed by" in text):
+        # a jump host's refusal is silent under ControlPersist: ask again, with its words
+        seen = ask(node, True)
+        if any(reason in seen.said for reason in _REASONS):
+            return _described(node, seen.said, lambda _node, _key: seen, again=False)
+    if "kex_exchange_identification" in text:
+        return ("the SSH server (or a jump host in front of it) dropped the connection during the handshake",
+                "too many connections at once through one host (sshd's MaxStartups): lower ssh.max_parallel "
+                "(default 10), or raise MaxStartups there")
+    if "Connection closed by" in text:
+        return ("the SSH server (or a jump host in front of it) closed the connection",
+                f"run `ssh {host} true` by hand to see why")
+    last = next((line for line in reversed(text.splitlines()) if line.strip()), "no message")
+    return f"ssh to {host} failed: {last}", f"run `ssh {host} true` to see why"
+
+
+_REASONS = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed", "Permission denied",
+            "Could not resolve hostname", "Connection refused", "No route to host", "Network is unreachable",
+            "timed out")
+
+
+def _of_jump(seen: Inspection) -> str:
+    """" of jump host H" where the refused key was a jump host's, not the node's own."""
+    key_host = (seen.key_of or "").rpartition(":")[0]
+    return f" of jump host {key_host}" if seen.key_of is not None and key_host != seen.hostname else ""
+
+
+def _unknown_key(node: NodeConfig, seen: Inspection) -> tuple[str, str]:
+    key_host, _, key_port = (seen.key_of or "").rpartition(":")
+    target = (f"-p {key_port} " if key_port not in ("", "22") else "") + (key_host or seen.hostname)
+    what = "unknown host key" + _of_jump(seen) + \
+        (f" ({seen.key})" if seen.key else "") + "; refusing to connect (BatchMode: no prompts)"
+    return what, (f"verify the fingerprint with the node's admin, then add it: ssh-keyscan {target} >> "
+                  f"{seen.known_hosts} (or set `StrictHostKeyChecking accept-new` for it in your SSH config)")
+

@@ -117,7 +117,8 @@ class LaunchPlan:
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
-            launch_source=spawner_source() if self.launcher == "none" else None)
+            launch_source=spawner_source() if self.launcher == "none" else None,
+            needs_torch=self.launcher != "none")
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""

@@ -9,6 +9,7 @@ share one code path.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import os
 import re
@@ -17,14 +18,14 @@ import socket
 import subprocess
 import threading
 from abc import ABC, abstractmethod
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from .config import NodeConfig, SSHSettings
 from .errors import NodeProblem
 from .plan import quote_path
 
 CHUNK = 65536
-SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
 
 
 class ConnectFailed(Exception):
@@ -204,10 +205,12 @@ class SSHTransport(Transport):
                           connect_timeout=max(1, round(ssh.connect_timeout)))
         revoked: list = []
         for hop in _hops(conn):  # a jump host's key is checked as strictly as the node's own
-            for path in (ssh.known_hosts, SYSTEM_KNOWN_HOSTS):
+            trust = HostKeyTrust.of(ssh, hop.ssh_config)
+            for path in trust.files:
                 revoked += load_known_hosts(hop.client.get_host_keys(), path, paramiko)
-            # Fabric installs AutoAddPolicy; replace it before connecting: unknown keys are refused.
-            hop.client.set_missing_host_key_policy(_RejectUnknownHost(self.node, ssh.known_hosts, jump=hop is not conn))
+            # Fabric installs AutoAddPolicy; replace it before connecting: unknown keys are refused
+            # unless the user's own SSH config says otherwise (StrictHostKeyChecking accept-new / no).
+            hop.client.set_missing_host_key_policy(_UnknownHostPolicy(self.node, trust, jump=hop is not conn))
         try:
             conn.open()
             _refuse_revoked(self.node, conn, revoked)
@@ -302,19 +305,27 @@ def _hops(conn) -> list:
     return hops
 
 
-def ssh_hostnames(nodes: list[NodeConfig]) -> dict[str, str]:
-    """SSH config aliases among the nodes' hosts -> their HostName (what other nodes can reach)."""
-    from .openssh import ssh_hostname
+class HostFacts(NamedTuple):
+    """What the SSH config says of one node's host, as ddp-up needs it before connecting."""
+
+    hostname: str  # the address the alias stands for: what the other nodes can reach
+    strict: str  # StrictHostKeyChecking, as ``strictness`` reads it
+
+
+def ssh_facts(nodes: list[NodeConfig]) -> dict[str, HostFacts]:
+    """Each SSH node's host -> what its SSH config says of it, asked of all nodes at once."""
+    from .openssh import resolved
     from .parallel import on_each
 
-    def hostname(node: NodeConfig) -> str:
+    def facts(node: NodeConfig) -> HostFacts:
         if node.ssh.client == "openssh":
-            return ssh_hostname(node)  # `ssh -G`: Include, Match and all, as ssh reads them
-        return fabric_config(node.ssh).base_ssh_config.lookup(node.host).get("hostname", node.host)
+            found = resolved(node)  # `ssh -G`: Include, Match and all, as ssh reads them
+        else:
+            found = fabric_config(node.ssh).base_ssh_config.lookup(node.host)
+        return HostFacts(found.get("hostname", node.host), strictness(found.get("stricthostkeychecking")))
 
     ssh_nodes = [n for n in nodes if n.transport == "ssh"]
-    names = on_each(ssh_nodes, hostname, name="ssh-G")
-    return {n.host: name for n, name in zip(ssh_nodes, names) if name != n.host}
+    return dict(zip((n.host for n in ssh_nodes), on_each(ssh_nodes, facts, name="ssh-G")))
 
 
 def load_known_hosts(keys, path: str, paramiko) -> list:
@@ -362,15 +373,69 @@ class UnknownHostKey(Exception):
         self.problem = problem
 
 
-class _RejectUnknownHost:
-    """Like OpenSSH's StrictHostKeyChecking=yes, but the refusal says how to fix it."""
+class HostKeyTrust(NamedTuple):
+    """How OpenSSH would check one hop's host key, from the cluster file and the SSH config."""
 
-    def __init__(self, node: NodeConfig, known_hosts: str, jump: bool = False):
+    files: tuple[str, ...]  # known_hosts files to read: the user's, then the system's
+    record_to: str  # where a key accepted under accept-new / no is written (the first user file)
+    strict: str  # "yes" (refuse unknown keys; also OpenSSH's "ask" in batch mode), "accept-new" or "no"
+    hashed: bool  # HashKnownHosts: record the host name hashed
+
+    @classmethod
+    def of(cls, ssh: SSHSettings, config: Mapping) -> HostKeyTrust:
+        if ssh.known_hosts_set:
+            user = [ssh.known_hosts]
+        else:
+            user = [os.path.expanduser(p) for p in config.get("userknownhostsfile", USER_KNOWN_HOSTS).split()]
+        system = [os.path.expanduser(p) for p in config.get("globalknownhostsfile", SYSTEM_KNOWN_HOSTS).split()]
+        return cls(tuple(user + system), user[0], strictness(config.get("stricthostkeychecking")),
+                   str(config.get("hashknownhosts", "no")).lower() == "yes")
+
+
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"
+
+
+def strictness(value: object) -> str:
+    """An SSH config's StrictHostKeyChecking as "yes", "accept-new" or "no" (unset: "yes", since
+    OpenSSH asks, and in batch mode asking is refusing)."""
+    word = str(value or "ask").lower()
+    if word == "accept-new":
+        return "accept-new"
+    return "no" if word in ("no", "off", "false") else "yes"
+
+
+_RECORD_LOCK = threading.Lock()
+
+
+def record_host_key(trust: HostKeyTrust, hostname: str, key) -> None:
+    """Append ``key`` for ``hostname`` to the user's known_hosts, as OpenSSH does under
+    accept-new: created 0600 (its directory 0700) if missing, the name hashed if configured."""
+    import paramiko
+
+    name = paramiko.HostKeys.hash_host(hostname) if trust.hashed else hostname
+    line = f"{name} {key.get_name()} {key.get_base64()}\n"
+    with _RECORD_LOCK:
+        os.makedirs(os.path.dirname(trust.record_to) or ".", mode=0o700, exist_ok=True)
+        fd = os.open(trust.record_to, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(line)
+
+
+class _UnknownHostPolicy:
+    """OpenSSH's StrictHostKeyChecking for a key no known_hosts file has: refuse (saying how to
+    fix it), or, where the user's SSH config says accept-new or no, record it and go on. (A
+    changed key is refused whatever the setting: paramiko raises before asking.)"""
+
+    def __init__(self, node: NodeConfig, trust: HostKeyTrust, jump: bool = False):
         self.node = node
-        self.known_hosts = known_hosts
+        self.trust = trust
         self.jump = jump  # the key belongs to a ProxyJump hop in front of the node
 
     def missing_host_key(self, client, hostname, key):
+        if self.trust.strict in ("accept-new", "no"):
+            record_host_key(self.trust, hostname, key)
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            return
         digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
         host, _, port = hostname.lstrip("[").partition("]:")  # paramiko names a non-22 port "[host]:port"
         target = f"-p {port} {host}" if port else host
@@ -379,7 +444,8 @@ class _RejectUnknownHost:
             self.node.label,
             f"unknown host key{hop} ({key.get_name()} SHA256:{digest}); refusing to connect",
             f"verify the fingerprint with the node's admin, then add it: "
-            f"ssh-keyscan {target} >> {self.known_hosts}"))
+            f"ssh-keyscan {target} >> {self.trust.record_to} "
+            "(or set `StrictHostKeyChecking accept-new` for it in your SSH config)"))
 
 
 def describe_connect_error(node: NodeConfig, e: Exception, paramiko) -> NodeProblem:
@@ -404,9 +470,12 @@ def describe_connect_error(node: NodeConfig, e: Exception, paramiko) -> NodeProb
     if isinstance(e, socket.gaierror):
         return NodeProblem(node.label, f"cannot resolve host name {node.host!r}",
                            "fix `host:` or add it to DNS, /etc/hosts or ~/.ssh/config")
-    if isinstance(e, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError)):
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):  # one OSError per address tried
+        e = next(iter(e.errors.values()), e)
+    if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
         return NodeProblem(node.label, f"connection refused by {where}",
                            "start sshd on the node or fix `port:`")
     if isinstance(e, OSError) and e.strerror:
-        return NodeProblem(node.label, f"cannot reach {where}: {e.strerror}", "check the address and routing")
+        return NodeProblem(node.label, f"cannot reach {where}: {e.strerror}",
+                           "check the address and routing (is the node up?)")
     return NodeProblem(node.label, f"SSH to {where} failed: {e}", "try `ssh` by hand to see the full error")

@@ -89,6 +89,7 @@ class RunSpec(Frame):
     heartbeat: float
     stack_dumps: bool
     launch_source: Optional[str] = None  # `launcher: none`: ddp-up's own launcher, written out by the agent
+    needs_torch: bool = True  # torchrun and legacy; `launcher: none` runs any program, and skips the probe
 
 
 @_frame(TO_AGENT)
@@ -161,7 +162,7 @@ class Ready(Frame):
 
     hostname: str
     python: str
-    torch: str
+    torch: Optional[str]  # None: not probed (`launcher: none`)
     cuda: Optional[str]
     nccl: Optional[str]
     gpus: int

@@ -125,17 +125,29 @@ class SSHCluster:
     def start_loopback_sshd(self, node: Node, port: int) -> None:
         """A second sshd inside ``node`` that listens on its 127.0.0.1 only: from outside, the only
         way in is through the node's own sshd (a jump host). Stopped by down() with the node."""
-        name = f"{node.name}-lo{port}"
+        self.start_sshd(node, f"127.0.0.1:{port}")
+
+    def start_sshd(self, node: Node, listen: str, host_key: Path | None = None,
+                   certificate: Path | None = None) -> None:
+        """Another sshd inside ``node`` on ``listen`` (ADDR:PORT), with its own host key and host
+        certificate if given. Stopped by down() with the node."""
+        port = listen.rpartition(":")[2]
+        name = f"{node.name}-{listen.replace(':', '-')}"
         config = self.run_dir / f"{name}.sshd_config"
         main = (self.run_dir / f"{node.name}.sshd_config").read_text()
-        config.write_text(main.replace(f"ListenAddress {node.addr}", f"ListenAddress 127.0.0.1:{port}")
-                          .replace(f"{node.name}.pid", f"{name}.pid"))
+        text = main.replace(f"ListenAddress {node.addr}", f"ListenAddress {listen}").replace(
+            f"{node.name}.pid", f"{name}.pid")
+        if host_key is not None:
+            text = text.replace(f"HostKey {self.host_key}", f"HostKey {host_key}")
+        if certificate is not None:
+            text += f"HostCertificate {certificate}\n"
+        config.write_text(text)
         _run(SSHD, "-t", "-f", str(config))
         _run("ip", "netns", "exec", node.name, SSHD, "-f", str(config), "-E", str(self.run_dir / f"{name}.log"))
         deadline = time.monotonic() + 10
         while "LISTEN" not in _run("ip", "netns", "exec", node.name, "ss", "-ltnH", f"sport = :{port}").stdout:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: sshd not listening on 127.0.0.1:{port}")
+                raise RuntimeError(f"{name}: sshd not listening on {listen}")
             time.sleep(0.05)
 
     def host_key_line(self, host: str) -> str:

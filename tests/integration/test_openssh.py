@@ -9,9 +9,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 
-from tests.harness.runner import ddp_up
+from tests.harness.runner import Launch, ddp_up
 from tests.integration.conftest import SCRIPT
 
 
@@ -24,8 +25,8 @@ def write_config(cluster, path: Path, known_hosts: Path, *, extra: str = "", per
     return path
 
 
-def cluster_file(tmp_path: Path, config: Path, hosts: list[str]) -> Path:
-    doc = {"ssh": {"client": "openssh", "config_file": str(config), "connect_timeout": 5},
+def cluster_file(tmp_path: Path, config: Path, hosts: list[str], client: str = "openssh") -> Path:
+    doc = {"ssh": {"client": client, "config_file": str(config), "connect_timeout": 5},
            "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1},
            "nodes": [{"host": h, "gpus": 1} for h in hosts]}
     path = tmp_path / "cluster.yaml"
@@ -42,36 +43,46 @@ def plain_ssh_works(config: Path, host: str) -> bool:
                           timeout=30).returncode == 0
 
 
-def test_settings_only_in_the_ssh_config_are_honoured(cluster, tmp_path):
+BOTH = pytest.mark.parametrize("client", ["openssh", "fabric"])
+
+
+@BOTH
+def test_settings_only_in_the_ssh_config_are_honoured(cluster, tmp_path, client):
     config = write_config(cluster, tmp_path / "ssh_config", cluster.known_hosts)
     hosts = [n.name for n in cluster.nodes[:2]]
     assert plain_ssh_works(config, hosts[0])
-    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, hosts)), SCRIPT, "env", "RANK")
+    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, hosts, client)), SCRIPT, "env", "RANK")
     assert code == 0 and ranks_ran(out, 2), out
     assert f"master {cluster.nodes[0].addr}:" in out, out  # the alias's HostName, from `ssh -G`
 
 
-def test_an_unknown_host_key_is_refused_by_default(cluster, tmp_path):
+@BOTH
+def test_an_unknown_host_key_is_refused_by_default(cluster, tmp_path, client):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     config = write_config(cluster, tmp_path / "ssh_config", empty)
     host = cluster.nodes[0].name
-    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, [host])), SCRIPT, "env", "RANK")
+    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, [host], client)), SCRIPT, "env", "RANK")
     assert code == 3, out
-    assert f"{host}: unknown host key for {host}; refusing to connect" in out, out
-    assert f"ssh-keyscan {host} >> ~/.ssh/known_hosts" in out, out
+    assert f"{host}: unknown host key (ssh-ed25519 SHA256:" in out, out
+    assert f"ssh-keyscan {cluster.nodes[0].addr} >> {empty}" in out, out  # the address ssh looks the key up by
     assert empty.read_text() == ""
 
 
-def test_accept_new_in_the_users_config_records_new_keys(cluster, tmp_path):
+@BOTH
+def test_accept_new_in_the_users_config_records_new_keys(cluster, tmp_path, client):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     config = write_config(cluster, tmp_path / "ssh_config", empty, extra="Host *\n  StrictHostKeyChecking accept-new\n")
     hosts = [n.name for n in cluster.nodes[:2]]
-    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, hosts)), SCRIPT, "env", "RANK")
+    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, hosts, client)), SCRIPT, "env", "RANK")
     assert code == 0 and ranks_ran(out, 2), out
+    assert out.count("StrictHostKeyChecking accept-new for") == 1, out  # noted, once
+    assert f"{hosts[0]}, {hosts[1]}: a host key seen for the first time is trusted" in out, out
     recorded = empty.read_text()
     assert all(n.addr in recorded for n in cluster.nodes[:2]), recorded
+    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, hosts, client)), SCRIPT, "env", "RANK")
+    assert code == 0 and empty.read_text() == recorded, out  # known now: nothing recorded twice
 
 
 def test_proxy_command_and_proxy_jump(cluster, tmp_path):
@@ -103,13 +114,15 @@ def test_include_and_match_blocks(cluster, tmp_path):
     assert code == 0 and ranks_ran(out, 2), out
 
 
-def test_hashed_known_hosts(cluster, tmp_path):
+@BOTH
+def test_hashed_known_hosts(cluster, tmp_path, client):
     hashed = tmp_path / "known_hosts"
     hashed.write_text(cluster.known_hosts.read_text())
     subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(hashed)], check=True, capture_output=True, timeout=30)
     assert cluster.nodes[0].addr not in hashed.read_text()  # only hashes now
     config = write_config(cluster, tmp_path / "ssh_config", hashed)
-    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, [cluster.nodes[0].name])), SCRIPT, "env", "RANK")
+    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, [cluster.nodes[0].name], client)), SCRIPT, "env",
+                          "RANK")
     assert code == 0 and ranks_ran(out, 1), out
 
 
@@ -119,7 +132,7 @@ def test_ssh_failures_are_named_with_their_fix(cluster, tmp_path):
     hosts = [cluster.nodes[0].name, cluster.nodes[1].name]
     code, out, _ = ddp_up(str(cluster_file(tmp_path, config, hosts)), SCRIPT, "env", "RANK")
     assert code == 3, out
-    assert f"{hosts[1]}: connection refused by {hosts[1]}" in out and "fix: start sshd on the node" in out, out
+    assert f"{hosts[1]}: connection refused by root@{hosts[1]}:2" in out and "fix: start sshd on the node" in out, out
     assert "ENV RANK" not in out
 
 
@@ -141,9 +154,37 @@ def test_one_ssh_handshake_per_node_per_run_and_nothing_left_after_it(cluster, t
         del node["gpus"]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     before = [accepted_logins(cluster, n) for n in nodes]
-    code, out, _ = ddp_up(str(path), SCRIPT, "env", "RANK")
+    launch = Launch([str(path), SCRIPT, "env", "RANK"])
+    code, out = launch.wait(120), launch.output
     assert code == 0 and ranks_ran(out, 2), out
     assert [accepted_logins(cluster, n) - b for n, b in zip(nodes, before)] == [1, 1]
-    left = subprocess.run(["pgrep", "-f", "ddp-up-ssh-"], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-f", f"ddp-up-ssh-{launch.proc.pid}-"], capture_output=True, text=True).stdout
     assert left == "", f"ssh masters left running: {left}"
-    assert not list(Path(tempfile.gettempdir()).glob("ddp-up-ssh-*"))
+    assert not list(Path(tempfile.gettempdir()).glob(f"ddp-up-ssh-{launch.proc.pid}-*"))
+
+
+def test_host_certificates_from_a_site_ca(cluster, tmp_path):
+    """Sites with an SSH CA list the CA once (`@cert-authority`), not each node's key: a node whose
+    certificate names it is trusted, one whose certificate names another host is refused."""
+    ca = tmp_path / "ca"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ca)], check=True, timeout=30)
+    good, bad = cluster.nodes[0], cluster.nodes[1]
+    for node, principal in ((good, good.addr), (bad, "somebody-else")):
+        key = tmp_path / f"host-{node.name}"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
+        subprocess.run(["ssh-keygen", "-q", "-s", str(ca), "-h", "-I", node.name, "-n", principal, f"{key}.pub"],
+                       check=True, capture_output=True, timeout=30)
+        cluster.start_sshd(node, f"{node.addr}:{CERT_PORT}", host_key=key, certificate=Path(f"{key}-cert.pub"))
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority * {Path(f'{ca}.pub').read_text()}")
+    config = write_config(cluster, tmp_path / "ssh_config", known, per_node=lambda n: f"  Port {CERT_PORT}\n")
+    assert plain_ssh_works(config, good.name) and not plain_ssh_works(config, bad.name)
+    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, [good.name])), SCRIPT, "env", "RANK")
+    assert code == 0 and ranks_ran(out, 1), out
+    code, out, _ = ddp_up(str(cluster_file(tmp_path, config, [good.name, bad.name])), SCRIPT, "env", "RANK")
+    assert code == 3 and "ENV RANK" not in out, out
+    assert f"{bad.name}: the host certificate is not valid for it (name is not a listed principal)" in out, out
+    assert f"sign that host key for the name ssh uses ({bad.addr})" in out, out
+
+
+CERT_PORT = 2223

@@ -117,15 +117,15 @@ CASES = [
     # --- known_hosts lines paramiko cannot read: the node is named, nothing crashes ---
     Case("@cert-authority and @revoked in known_hosts (ddp-up)", ["{c}", "t.py"], 3,
          "127.0.0.1: connection refused by 127.0.0.1:1",
-         {"c.yaml": "ssh: {known_hosts: kh}\n" + SSH_CLOSED,
+         {"c.yaml": "ssh: {known_hosts: kh, client: fabric}\n" + SSH_CLOSED,
           "kh": "@cert-authority *.x ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
                 "@revoked * ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
                 "not a key line\n"}),
     Case("@cert-authority in known_hosts (ddp-kill)", ["{c}"], 1, "connection refused by 127.0.0.1:1",
-         {"c.yaml": "ssh: {known_hosts: kh}\n" + SSH_CLOSED,
+         {"c.yaml": "ssh: {known_hosts: kh, client: fabric}\n" + SSH_CLOSED,
           "kh": "@cert-authority * ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"},
          tool=main_kill),
-    Case("ddp-check against a refusing node", ["{c}"], 3, "connection refused by 127.0.0.1:1",
+    Case("ddp-check against a refusing node", ["{c}"], 3, "connection refused by root@127.0.0.1:1",
          {"c.yaml": SSH_CLOSED}, tool=main_check),
     # --- ddp-kill must not depend on files only the launching machine has ---
     Case("ddp-kill without the env_file and sync source", ["{c}", "--dry-run"], 0, "ddp-kill (dry run",

@@ -2,38 +2,131 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
+from orchestrator import openssh
 from orchestrator.config import parse_cluster
-from orchestrator.openssh import ssh_args, ssh_failure
+from orchestrator.openssh import Inspection, ssh_args, ssh_failure
 
 
 def node(ssh: str = ""):
     return parse_cluster(f"ssh: {{client: openssh{ssh}}}\nnodes: [{{host: gpu-a, gpus: 1}}]\n", "/etc/c.yaml").nodes[0]
 
 
-def test_only_what_the_cluster_file_sets_is_added_to_the_users_ssh():
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """The run's private directory under tmp_path; closed (and so removed) after the test."""
+    monkeypatch.setattr(openssh.tempfile, "tempdir", str(tmp_path))
+    yield openssh.CONTROL
+    openssh.CONTROL.close()
+
+
+def test_only_what_the_cluster_file_sets_is_added_to_the_users_ssh(run, tmp_path):
     assert ssh_args(node())[1:] == ["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
-    args = ssh_args(node(", user: me, port: 2222, identity_file: k, known_hosts: kh, config_file: /dev/null"))
-    assert args[1:] == ["-F", "/dev/null", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-l", "me",
-                        "-p", "2222", "-i", "/etc/k", "-o", "UserKnownHostsFile=/etc/kh"]
+    assert ssh_args(node(", user: me, port: 2222, config_file: /dev/null"))[1:] == [
+        "-F", "/dev/null", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-l", "me", "-p", "2222"]
+    assert not list(tmp_path.iterdir())  # nothing to write for that
+
+
+def test_the_cluster_files_key_and_known_hosts_reach_every_hop_through_a_config_file(run, tmp_path):
+    (tmp_path / "my config").write_text("")
+    mine = tmp_path / "my config"
+    args = ssh_args(node(f", user: me, identity_file: k, known_hosts: kh, config_file: {mine}"))
+    assert args[1] == "-F" and args[3:] == ["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-l", "me"]
+    config = Path(args[2])
+    assert config.parent.parent == tmp_path and config.parent.stat().st_mode & 0o777 == 0o700
+    assert config.read_text().splitlines()[1:] == [
+        "BatchMode yes", 'UserKnownHostsFile "/etc/kh"', 'IdentityFile "/etc/k"', f'Include "{mine}"']
+    assert ssh_args(node(f", identity_file: k, known_hosts: kh, config_file: {mine}"))[2] == str(config)
+    without = ssh_args(node(", known_hosts: kh"))[2]
+    assert without != str(config) and Path(without).read_text().splitlines()[-2:] == [
+        "Include ~/.ssh/config", "Include /etc/ssh/ssh_config"]
+    run.close()
+    assert not config.parent.exists()
+
+
+def test_a_killed_runs_directory_is_removed_by_the_next_run_and_nothing_else_is(run, tmp_path):
+    dead = tmp_path / "ddp-up-ssh-999999999-abc"  # no such pid
+    alive = tmp_path / f"ddp-up-ssh-{os.getpid()}-abc"
+    other = tmp_path / "ddp-up-ssh-notours"
+    for d in (dead, alive, other):
+        d.mkdir()
+    (dead / "config0").write_text("")
+    ssh_args(node(", known_hosts: kh"))
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
+SEEN = Inspection("me@gpu-a:22", "10.0.0.1", "~/.ssh/known_hosts", "ssh-ed25519 SHA256:abc", "10.0.0.1:22")
 
 
 @pytest.mark.parametrize("stderr, what, fix", [
     (["No ED25519 host key is known for gpu-a and you have requested strict checking.",
-      "Host key verification failed."], "unknown host key for gpu-a; refusing to connect",
-     "ssh-keyscan gpu-a >> ~/.ssh/known_hosts"),
+      "Host key verification failed."], "unknown host key (ssh-ed25519 SHA256:abc); refusing to connect",
+     "ssh-keyscan 10.0.0.1 >> ~/.ssh/known_hosts"),
     (["@@@@@@@@", "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @", "Host key verification failed."],
-     "host key for gpu-a CHANGED", "ssh-keygen -R gpu-a"),
-    (["root@gpu-a: Permission denied (publickey)."], "SSH authentication failed for gpu-a", "authorized_keys"),
+     "host key for gpu-a CHANGED", "ssh-keygen -R 10.0.0.1 -f ~/.ssh/known_hosts"),
+    (["Certificate invalid: name is not a listed principal", "Host key verification failed."],
+     "the host certificate is not valid for it (name is not a listed principal)", "for the name ssh uses (10.0.0.1)"),
+    (["ssh: connect to host 10.0.0.1 port 22: No route to host"], "cannot reach me@gpu-a:22: No route to host",
+     "routing"),
+    (["root@gpu-a: Permission denied (publickey)."], "SSH authentication failed for me@gpu-a:22", "authorized_keys"),
     (["ssh: Could not resolve hostname gpu-a: Name or service not known"], "cannot resolve host name 'gpu-a'",
      "DNS"),
-    (["ssh: connect to host 10.0.0.1 port 22: Connection refused"], "connection refused by gpu-a", "start sshd"),
-    (["ssh: connect to host 10.0.0.1 port 22: Connection timed out"], "no answer from gpu-a", "connect_timeout"),
+    (["ssh: connect to host 10.0.0.1 port 22: Connection refused"], "connection refused by me@gpu-a:22",
+     "start sshd"),
+    (["ssh: connect to host 10.0.0.1 port 22: Connection timed out"], "no answer from me@gpu-a:22 within 10 s",
+     "connect_timeout"),
     (["kex_exchange_identification: Connection closed by remote host"], "dropped the connection during the handshake",
      "max_parallel"),
     (["something new"], "ssh to gpu-a failed: something new", "ssh gpu-a true"),
 ])
 def test_ssh_failures_become_one_problem_and_its_fix(stderr, what, fix):
-    problem = ssh_failure(node(), stderr)
+    problem = ssh_failure(node(), stderr, ask=lambda node, want_key: SEEN)
     assert problem.node == "gpu-a" and what in problem.what and fix in problem.fix
+
+
+def test_an_unknown_key_of_a_jump_host_is_named_as_the_jump_hosts():
+    seen = SEEN._replace(key_of="bastion:2222")
+    problem = ssh_failure(node(), ["Host key verification failed.", "kex_exchange_identification: closed"],
+                          ask=lambda node, want_key: seen)
+    assert "unknown host key of jump host bastion (ssh-ed25519 SHA256:abc)" in problem.what
+    assert "ssh-keyscan -p 2222 bastion >> ~/.ssh/known_hosts" in problem.fix
+
+
+def test_a_jump_hosts_refusal_hidden_by_the_shared_master_is_asked_again():
+    """Under ControlPersist ssh sends a ProxyJump hop's stderr to /dev/null: all that is left is
+    kex_exchange_identification, which alone would read as a MaxStartups drop."""
+    seen = SEEN._replace(key_of="bastion:22", said="Host key verification failed.\nkex_exchange_identification")
+    problem = ssh_failure(node(), ["kex_exchange_identification: Connection closed by remote host"],
+                          ask=lambda node, want_key: seen)
+    assert "unknown host key of jump host bastion" in problem.what
+    quiet = SEEN._replace(said="")  # it went through this time: it was the jump host's MaxStartups
+    problem = ssh_failure(node(), ["kex_exchange_identification: Connection closed by remote host"],
+                          ask=lambda node, want_key: quiet)
+    assert "max_parallel" in problem.fix
+
+
+@pytest.mark.parametrize("value, strict", [(None, "yes"), ("ask", "yes"), ("yes", "yes"), ("True", "yes"),
+                                           ("accept-new", "accept-new"), ("no", "no"), ("off", "no"),
+                                           ("false", "no")])
+def test_strict_host_key_checking_as_openssh_reads_it_in_batch_mode(value, strict):
+    from orchestrator.transport import strictness
+
+    assert strictness(value) == strict
+
+
+def test_fabric_reads_the_known_hosts_files_the_ssh_config_names():
+    from orchestrator.transport import HostKeyTrust
+
+    from_config = {"userknownhostsfile": "~/kh1 /etc/kh2", "globalknownhostsfile": "/dev/null",
+                   "stricthostkeychecking": "accept-new", "hashknownhosts": "yes"}
+    trust = HostKeyTrust.of(node().ssh, from_config)
+    assert trust.files == (os.path.expanduser("~/kh1"), "/etc/kh2", "/dev/null")
+    assert (trust.record_to, trust.strict, trust.hashed) == (os.path.expanduser("~/kh1"), "accept-new", True)
+    assert HostKeyTrust.of(node(", known_hosts: kh").ssh, from_config).files == ("/etc/kh", "/dev/null")
+    assert HostKeyTrust.of(node().ssh, {}).files == (
+        os.path.expanduser("~/.ssh/known_hosts"), os.path.expanduser("~/.ssh/known_hosts2"),
+        "/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")

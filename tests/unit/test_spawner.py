@@ -95,3 +95,24 @@ def test_script_arguments_that_look_like_options_stay_the_scripts():
     argv = [f"--{n}=1" for n in spawner.OPTIONS] + ["train.py", "--nproc-per-node=9", "--x"]
     opts, script, args = spawner.parse(argv)
     assert script == "train.py" and args == ["--nproc-per-node=9", "--x"] and opts["nproc-per-node"] == "1"
+
+
+def test_launcher_none_needs_no_torch_on_the_node(tmp_path, capsys, monkeypatch):
+    """A torch-free program on a python without torch: no torch probe, no refusal (the probe is a
+    process per node, paid N times on a big cluster)."""
+    import subprocess
+    import venv
+
+    from orchestrator.cli import main_up
+
+    venv.create(tmp_path / "venv", with_pip=False)  # no site-packages of ours: no torch
+    python = tmp_path / "venv" / "bin" / "python"
+    assert subprocess.run([python, "-c", "import torch"], capture_output=True, timeout=60).returncode != 0
+    (tmp_path / "t.py").write_text("print('no torch here, and fine')\n")
+    (tmp_path / "c.yaml").write_text(f"launcher: none\npython: {python}\ntransport: local\n"
+                                     "nodes: [{host: a, gpus: 1}]\n")
+    monkeypatch.chdir(tmp_path)
+    code = main_up(["--no-dashboard", "--runs-dir", str(tmp_path / "runs"), str(tmp_path / "c.yaml"), "t.py"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "no torch here, and fine" in out
