@@ -190,8 +190,14 @@ class StartGate:
 GATE = StartGate()
 
 
+# The remote shell prints this before anything else: the first byte back means the connection is
+# authenticated and the session runs, so its start slot is free (MaxStartups counts only
+# unauthenticated connections) while the agent is still starting up.
+LOGGED_IN = b"@"
+
+
 class OpenSSHProcess(LocalProcess):
-    """The ssh client's pipes; its start slot is given back at the first bytes from the agent."""
+    """The ssh client's pipes; its start slot is given back at the first byte from the node."""
 
     def __init__(self, proc: subprocess.Popen, slot: threading.BoundedSemaphore):
         super().__init__(proc)
@@ -200,7 +206,10 @@ class OpenSSHProcess(LocalProcess):
 
     def read_stdout(self) -> bytes:
         data = super().read_stdout()
-        self.release()
+        if self._slot is not None:  # the first read (only the reader thread reads)
+            self.release()
+            if data.startswith(LOGGED_IN):
+                data = data[len(LOGGED_IN):] or super().read_stdout()
         return data
 
     def release(self) -> None:
@@ -246,7 +255,7 @@ class OpenSSHTransport(Transport):
 
     def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
               setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
-        command = remote_command(python, bootstrap_args, tags, setup, workdir)
+        command = f"printf {LOGGED_IN.decode()}; " + remote_command(python, bootstrap_args, tags, setup, workdir)
         argv = [*ssh_args(self.node, control=True), "--", self.node.host, command]
         slot = GATE.enter(self.node.ssh.max_parallel)
         try:
