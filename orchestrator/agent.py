@@ -600,7 +600,11 @@ class Runner:
 
     def close_listener(self):
         if self.listener is not None:
-            self.listener.close()  # nothing was accepted, so torchrun can bind the port at once
+            try:
+                self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept in answer_probes
+            except OSError:
+                pass
+            self.listener.close()  # no connection of ours is left on the port: torchrun can bind it
             self.listener = None
 
     def start(self, argv):
@@ -760,15 +764,38 @@ def signal_name(code):
 
 
 def listen_on(port):
-    """A listening socket on ``port`` (0: one the OS picks) on every address of this node."""
+    """A listening socket on ``port`` (0: one the OS picks) on every address of this node, whose
+    connections (the other nodes' probes) are answered until it is closed (``close_listener``)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.bind(("", port))
-        s.listen(64)
+        s.listen(1024)
     except OSError:
         s.close()
         raise
+    threading.Thread(target=answer_probes, args=(s,), name="probes", daemon=True).start()
     return s
+
+
+def answer_probes(listener):
+    """Accept every probe while the port is held. Unaccepted, they would fill the backlog, and the
+    nodes after it would time out (128 nodes did). Each prober closes first, so the TIME_WAIT
+    stays on its side and torchrun can bind this port the moment it is released."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return  # shut down at go
+        try:
+            conn.settimeout(PROBE_CLOSE_WAIT)
+            conn.recv(1)  # b"": the prober has closed
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+PROBE_CLOSE_WAIT = 5.0
 
 
 # Run in the job's environment (its PYTHONPATH counts), without importing torch (seconds of CPU):

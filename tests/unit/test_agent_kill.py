@@ -70,3 +70,24 @@ def test_find_matches_cluster_tag(spawn):
                                            (" 0 , 1 ", 2)])
 def test_gpu_count_follows_cuda_visible_devices(visible, count):
     assert agent.count_gpus({"CUDA_VISIBLE_DEVICES": visible}) == count
+
+
+def test_the_held_master_port_answers_any_number_of_probes_then_is_free_at_once():
+    """128 nodes probing the master once filled the listen backlog of a port nothing accepted on."""
+    import socket
+
+    class Holder:
+        listener = agent.listen_on(0)
+        close_listener = agent.Runner.close_listener
+
+    holder = Holder()
+    port = holder.listener.getsockname()[1]
+    for _ in range(300):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    holder.close_listener()
+    again = socket.socket()
+    try:
+        again.bind(("", port))  # what torchrun does next: no SO_REUSEADDR needed
+        again.listen()
+    finally:
+        again.close()
