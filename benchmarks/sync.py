@@ -40,8 +40,10 @@ from orchestrator.views.transfer import transfer_progress
 from functools import partial
 config = load_cluster(sys.argv[1])
 plan = make_plan(config, "job.py", [], "bench", "/")
-tree = scan(config.sync)
-print(sync_all(tree, targets(plan, tree, config.path), partial(transfer_progress, Console())).render())
+from orchestrator.cli import ssh_connections
+with ssh_connections():  # as ddp-up does: the run's ssh masters end with it
+    tree = scan(config.sync)
+    print(sync_all(tree, targets(plan, tree, config.path), partial(transfer_progress, Console())).render())
 """
 
 
