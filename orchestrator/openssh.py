@@ -4,9 +4,11 @@ If ``ssh HOST`` works, this works: every setting the user's ssh honours applies 
 Include and Match, ProxyJump and ProxyCommand, known-hosts files, StrictHostKeyChecking, host
 certificates, the agent), because ssh itself applies it. ddp-up adds only what the cluster file
 says (user, port, identity file, known_hosts, connect timeout, config file) and BatchMode, so
-nothing ever prompts. The agent's protocol runs over the pipes of the ssh process exactly as the
+nothing ever prompts; the identity file and known_hosts through a config file of the run, so that
+jump hosts get them too. The agent's protocol runs over the pipes of the ssh process exactly as the
 local transport runs over a subprocess's; what ddp-up needs to know itself (the address other
-nodes use) comes from ``ssh -G``.
+nodes use, the host-key policy) comes from ``ssh -G``. A failure is ssh's exit status 255 and its
+words on stderr, turned into one problem and its fix (``ssh_failure``).
 
 With no setting anywhere, an unknown host key is refused: OpenSSH's default is to ask, and
 BatchMode turns asking into refusing.
@@ -363,7 +365,8 @@ def _described(node: NodeConfig, text: str, ask, again: bool = True) -> tuple[st
         return f"connection refused by {ask(node, False).where}", "start sshd on the node or fix the port"
     for unreachable in ("No route to host", "Network is unreachable"):
         if unreachable in text:
-            return f"cannot reach {ask(node, False).where}: {unreachable}", "check the address and routing (is the node up?)"
+            return (f"cannot reach {ask(node, False).where}: {unreachable}",
+                    "check the address and routing (is the node up?)")
     if "timed out" in text:
         return (f"no answer from {ask(node, False).where} within {node.ssh.connect_timeout:g} s",
                 "check the address, the network path and that sshd runs; or raise ssh.connect_timeout")

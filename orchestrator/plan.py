@@ -87,7 +87,8 @@ class LaunchPlan:
 
     def launcher_argv(self, node: NodePlan, port: int | str) -> list[str]:
         cfg = node.config
-        if self.launcher == "none":  # ddp-up's own launcher (spawner.py, stdlib-only: no `site`), written out by the agent
+        # `none`: ddp-up's own launcher (spawner.py), written out by the agent; stdlib-only, so no `site`
+        if self.launcher == "none":
             return [cfg.python, "-u", "-S", LAUNCH_FILE, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
                     f"--first-rank={node.first_rank}", f"--world-size={self.world_size}",
                     f"--master-addr={self.master_addr}", f"--master-port={port}", self.script, *self.script_args]
