@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from orchestrator.agent import find_tagged, is_alive
@@ -66,3 +67,32 @@ def parent_pid(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
     return int(stat[stat.rfind(b")") + 2:].split()[1])
+
+
+def end_orphaned_ssh_runs(timeout: float = 10.0) -> list[str]:
+    """What a SIGKILLed ddp-up could not close: the ssh masters of its run (they would end by
+    themselves after ControlPersist) and its run directory (the next ddp-up removes it then).
+    Tests leave nothing behind, so they end both now. Returns the directories it removed."""
+    import re
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    removed = []
+    for run in Path(tempfile.gettempdir()).glob("ddp-up-ssh-*"):
+        found = re.fullmatch(r"ddp-up-ssh-(\d+)-\w+", run.name)
+        if not found or alive(int(found.group(1))):
+            continue
+        listing = subprocess.run(["pgrep", "-f", f"ControlPath={run}/|ssh: {run}/"], capture_output=True, text=True)
+        masters = [int(pid) for pid in listing.stdout.split()]
+        for pid in masters:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        wait_for(lambda: not any(alive(pid) for pid in masters), timeout)
+        shutil.rmtree(run, ignore_errors=True)
+        removed.append(str(run))
+    return removed

@@ -32,6 +32,14 @@ def cluster(tmp_path_factory):
         c.down()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_ssh_runs_left():
+    """Tests that SIGKILL ddp-up leave its ssh masters and run directory behind by design (they
+    time out, and the next ddp-up removes the directory): the session ends them, leaving nothing."""
+    yield
+    procs.end_orphaned_ssh_runs()
+
+
 @pytest.fixture
 def cluster_file(cluster, tmp_path):
     """Write a cluster file for [(node index 0-based, gpus), ...] with test-friendly defaults."""
