@@ -466,6 +466,7 @@ class Runner:
         self.pumps = []
         self.tailer = None
         self.listener = None
+        self.answering = None  # the thread that answers probes while the listener is held
         self.torch = None  # {"torch", "cuda", "nccl"} once probed
         self.dir = None  # this node's private state directory, once claimed
         self.log_dir = None
@@ -517,6 +518,9 @@ class Runner:
         if port or self.spec.pick_port:
             try:  # held until go: reserves the port and lets every node probe the master for real
                 self.listener = listen_on(port or 0)
+                self.answering = threading.Thread(target=answer_probes, args=(self.listener,), name="probes",
+                                                  daemon=True)
+                self.answering.start()
             except OSError:
                 return wire.Failed("master port %d is already in use on the master node" % port,
                                    "set `master: {port: auto}` or pick another port")
@@ -604,8 +608,10 @@ class Runner:
                 self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept in answer_probes
             except OSError:
                 pass
-            self.listener.close()  # no connection of ours is left on the port: torchrun can bind it
+            self.listener.close()
             self.listener = None
+            # the probe being answered ends too: no socket of ours is left on the port for torchrun
+            self.answering.join(PROBE_CLOSE_WAIT)
 
     def start(self, argv):
         env = self.job_env()
@@ -764,16 +770,17 @@ def signal_name(code):
 
 
 def listen_on(port):
-    """A listening socket on ``port`` (0: one the OS picks) on every address of this node, whose
-    connections (the other nodes' probes) are answered until it is closed (``close_listener``)."""
+    """A listening socket on ``port`` (0: one the OS picks) on every address of this node."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Inherited by the probes it accepts: one still closing when torchrun's store binds the port
+    # (with SO_REUSEADDR, as c10d does) is then no obstacle. A second listener is refused as ever.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("", port))
         s.listen(1024)
     except OSError:
         s.close()
         raise
-    threading.Thread(target=answer_probes, args=(s,), name="probes", daemon=True).start()
     return s
 
 

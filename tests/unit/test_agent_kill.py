@@ -75,19 +75,24 @@ def test_gpu_count_follows_cuda_visible_devices(visible, count):
 def test_the_held_master_port_answers_any_number_of_probes_then_is_free_at_once():
     """128 nodes probing the master once filled the listen backlog of a port nothing accepted on."""
     import socket
+    import threading
 
     class Holder:
         listener = agent.listen_on(0)
+        answering = threading.Thread(target=agent.answer_probes, args=(listener,), daemon=True)
         close_listener = agent.Runner.close_listener
 
     holder = Holder()
+    holder.answering.start()
     port = holder.listener.getsockname()[1]
     for _ in range(300):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     holder.close_listener()
+    assert not holder.answering.is_alive()
     again = socket.socket()
-    try:
-        again.bind(("", port))  # what torchrun does next: no SO_REUSEADDR needed
+    try:  # what torchrun's store does next (with SO_REUSEADDR, as c10d sets it): only a listener would refuse
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("", port))
         again.listen()
     finally:
         again.close()
