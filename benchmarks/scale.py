@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,7 +144,7 @@ class Bench:
 def main() -> int:
     args = cluster_args(__doc__, nodes="16,64,128,250", more=lambda p: p.add_argument(
         "--jump", type=int, default=64, help="nodes behind one jump host (0: none)"))
-    if not shutil_which("pdsh"):
+    if not shutil.which("pdsh"):
         sys.exit("cannot run: needs pdsh (apt-get install pdsh)")
     direct = args.sizes
     size = 1 + max(max(direct), 0) + args.jump
@@ -174,12 +175,6 @@ def main() -> int:
             cluster.down()
     report(results, args.repeat)
     return 0
-
-
-def shutil_which(name: str) -> str | None:
-    import shutil
-
-    return shutil.which(name)
 
 
 def limit_startups(cluster: SSHCluster, jump) -> None:

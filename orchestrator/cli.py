@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from contextlib import contextmanager
 import signal
 import sys
+from contextlib import contextmanager
 from functools import partial
 
 from rich.console import Console

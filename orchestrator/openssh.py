@@ -27,6 +27,7 @@ import threading
 from typing import Mapping, NamedTuple, Sequence
 
 from .config import NodeConfig, SSHSettings
+from . import sshproblems as problems
 from .errors import NodeProblem
 from .transport import ConnectFailed, LocalProcess, RemoteProcess, Transport, remote_command
 
@@ -71,10 +72,10 @@ class SSHRun:
         a jump host is checked against the same known_hosts (and offered the same key) as the node."""
         files = [("UserKnownHostsFile", ssh.known_hosts if ssh.known_hosts_set else None),
                  ("IdentityFile", ssh.identity_file)]
-        lines = [f"{key} {_config_word(value)}" for key, value in files if value]
-        if not lines or not all(_config_word(value) for _, value in files if value):
+        words = [(key, _config_word(value)) for key, value in files if value]
+        if not words or any(word is None for _, word in words):
             return None  # nothing to add, or a path ssh_config cannot quote: the command line only
-        lines.insert(0, "BatchMode yes")
+        lines = ["BatchMode yes", *(f"{key} {word}" for key, word in words)]
         if ssh.config_file:
             lines.append(f"Include {_config_word(ssh.config_file)}")
         else:  # what ssh reads when no -F is given
@@ -335,55 +336,52 @@ _SERVER_KEY = re.compile(r"debug1: Server host (?:key|certificate): (\S+ [^\s,]+
 def ssh_failure(node: NodeConfig, stderr_tail: Sequence[str], ask=inspect) -> NodeProblem:
     """Why ssh exited 255 before the agent answered: its last stderr lines, and (for a host key
     or a time-out) ``ask`` for the details the one-line problem and its fix name."""
-    text = "\n".join(stderr_tail)
-    what, fix = _described(node, text, ask)
-    return NodeProblem(node.label, what, fix)
+    return _described(node, "\n".join(stderr_tail), ask)
 
 
-def _described(node: NodeConfig, text: str, ask, again: bool = True) -> tuple[str, str]:
-    host = node.host
+def _described(node: NodeConfig, text: str, ask, again: bool = True) -> NodeProblem:
+    host, label = node.host, node.label
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
         seen = ask(node, False)
-        return (f"host key for {host} CHANGED (possible impersonation); refusing",
-                f"if the node was reinstalled, remove the old key: ssh-keygen -R {seen.hostname} "
-                f"-f {seen.known_hosts}, then add the new one after checking it")
+        return problems.changed_key(label, host, seen.hostname, seen.known_hosts)
     certificate = re.search(r"Certificate invalid: (.+)", text)
     if certificate is not None and "Host key verification failed" in text:
         seen = ask(node, True)
-        return (f"the host certificate{_of_jump(seen)} is not valid for it ({certificate.group(1).strip()}): "
-                "refusing to connect",
-                f"have the site's SSH CA sign that host key for the name ssh uses ({seen.hostname}), or fix "
-                "`host:`; `ssh-keygen -L -f CERT` on the node shows what the certificate names")
+        of = f" of jump host {_jump_host(seen)}" if _jump_host(seen) else ""
+        return NodeProblem(label, f"the host certificate{of} is not valid for it ({certificate.group(1).strip()}): "
+                           "refusing to connect",
+                           f"have the site's SSH CA sign that host key for the name ssh uses ({seen.hostname}), or "
+                           "fix `host:`; `ssh-keygen -L -f CERT` on the node shows what the certificate names")
     if "Host key verification failed" in text:
-        return _unknown_key(node, ask(node, True))
+        seen = ask(node, True)
+        key_host, _, key_port = (seen.key_of or "").rpartition(":")
+        keyscan = (f"-p {key_port} " if key_port not in ("", "22") else "") + (key_host or seen.hostname)
+        return problems.unknown_key(label, seen.key, _jump_host(seen), keyscan, seen.known_hosts)
     if "Permission denied" in text:
-        return (f"SSH authentication failed for {ask(node, False).where} (key-only, no password prompts)",
-                "check `user:`/`identity_file:` or your SSH config, ssh-agent, and the node's authorized_keys")
+        return problems.auth_failed(label, ask(node, False).where)
     if "Could not resolve hostname" in text:
-        return f"cannot resolve host name {host!r}", "fix `host:` or add it to DNS, /etc/hosts or your SSH config"
+        return problems.unresolvable(label, host)
     if "Connection refused" in text:
-        return f"connection refused by {ask(node, False).where}", "start sshd on the node or fix the port"
+        return problems.refused(label, ask(node, False).where)
     for unreachable in ("No route to host", "Network is unreachable"):
         if unreachable in text:
-            return (f"cannot reach {ask(node, False).where}: {unreachable}",
-                    "check the address and routing (is the node up?)")
+            return problems.unreachable(label, ask(node, False).where, unreachable)
     if "timed out" in text:
-        return (f"no answer from {ask(node, False).where} within {node.ssh.connect_timeout:g} s",
-                "check the address, the network path and that sshd runs; or raise ssh.connect_timeout")
+        return problems.no_answer(label, ask(node, False).where, node.ssh.connect_timeout)
     if again and ("kex_exchange_identification" in text or "Connection closed by" in text):
         # a jump host's refusal is silent under ControlPersist: ask again, with its words
         seen = ask(node, True)
         if any(reason in seen.said for reason in _REASONS):
             return _described(node, seen.said, lambda _node, _key: seen, again=False)
     if "kex_exchange_identification" in text:
-        return ("the SSH server (or a jump host in front of it) dropped the connection during the handshake",
-                "too many connections at once through one host (sshd's MaxStartups): lower ssh.max_parallel "
-                "(default 10), or raise MaxStartups there")
+        return NodeProblem(label, "the SSH server (or a jump host in front of it) dropped the connection during "
+                           "the handshake", "too many connections at once through one host (sshd's MaxStartups): "
+                           "lower ssh.max_parallel (default 10), or raise MaxStartups there")
     if "Connection closed by" in text:
-        return ("the SSH server (or a jump host in front of it) closed the connection",
-                f"run `ssh {host} true` by hand to see why")
+        return NodeProblem(label, "the SSH server (or a jump host in front of it) closed the connection",
+                           f"run `ssh {host} true` by hand to see why")
     last = next((line for line in reversed(text.splitlines()) if line.strip()), "no message")
-    return f"ssh to {host} failed: {last}", f"run `ssh {host} true` to see why"
+    return NodeProblem(label, f"ssh to {host} failed: {last}", f"run `ssh {host} true` to see why")
 
 
 _REASONS = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed", "Permission denied",
@@ -391,17 +389,7 @@ _REASONS = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification fai
             "timed out")
 
 
-def _of_jump(seen: Inspection) -> str:
-    """" of jump host H" where the refused key was a jump host's, not the node's own."""
+def _jump_host(seen: Inspection) -> str | None:
+    """The jump host whose key was refused, or None where it was the node's own."""
     key_host = (seen.key_of or "").rpartition(":")[0]
-    return f" of jump host {key_host}" if seen.key_of is not None and key_host != seen.hostname else ""
-
-
-def _unknown_key(node: NodeConfig, seen: Inspection) -> tuple[str, str]:
-    key_host, _, key_port = (seen.key_of or "").rpartition(":")
-    target = (f"-p {key_port} " if key_port not in ("", "22") else "") + (key_host or seen.hostname)
-    what = "unknown host key" + _of_jump(seen) + \
-        (f" ({seen.key})" if seen.key else "") + "; refusing to connect (BatchMode: no prompts)"
-    return what, (f"verify the fingerprint with the node's admin, then add it: ssh-keyscan {target} >> "
-                  f"{seen.known_hosts} (or set `StrictHostKeyChecking accept-new` for it in your SSH config)")
-
+    return key_host if seen.key_of is not None and key_host != seen.hostname else None

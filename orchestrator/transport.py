@@ -20,6 +20,7 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Mapping, NamedTuple, Sequence
 
+from . import sshproblems as problems
 from .config import NodeConfig, SSHSettings
 from .errors import NodeProblem
 from .plan import quote_path
@@ -438,44 +439,32 @@ class _UnknownHostPolicy:
             return
         digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
         host, _, port = hostname.lstrip("[").partition("]:")  # paramiko names a non-22 port "[host]:port"
-        target = f"-p {port} {host}" if port else host
-        hop = f" of jump host {host}" if self.jump else ""
-        raise UnknownHostKey(NodeProblem(
-            self.node.label,
-            f"unknown host key{hop} ({key.get_name()} SHA256:{digest}); refusing to connect",
-            f"verify the fingerprint with the node's admin, then add it: "
-            f"ssh-keyscan {target} >> {self.trust.record_to} "
-            "(or set `StrictHostKeyChecking accept-new` for it in your SSH config)"))
+        raise UnknownHostKey(problems.unknown_key(self.node.label, f"{key.get_name()} SHA256:{digest}",
+                                                  host if self.jump else None,
+                                                  f"-p {port} {host}" if port else host, self.trust.record_to))
 
 
 def describe_connect_error(node: NodeConfig, e: Exception, paramiko) -> NodeProblem:
     """Map whatever the SSH stack raised to one reason and one fix."""
-    ssh = node.ssh
+    ssh, label = node.ssh, node.label
     where = f"{ssh.user + '@' if ssh.user else ''}{node.host}:{ssh.port or 22}"
     if isinstance(e, UnknownHostKey):
         return e.problem
     if isinstance(e, paramiko.BadHostKeyException):
-        return NodeProblem(node.label, f"host key for {node.host} CHANGED (possible impersonation); refusing",
-                           f"if the node was reinstalled, remove the old key: ssh-keygen -R {node.host} "
-                           f"-f {ssh.known_hosts}, then add the new one")
+        return problems.changed_key(label, node.host, node.host, ssh.known_hosts)
     if isinstance(e, paramiko.PasswordRequiredException):
-        return NodeProblem(node.label, "the identity file is passphrase-protected and no prompt is possible",
+        return NodeProblem(label, "the identity file is passphrase-protected and no prompt is possible",
                            "load it into ssh-agent (ssh-add) or use an unencrypted key")
     if isinstance(e, paramiko.AuthenticationException):
-        return NodeProblem(node.label, f"SSH authentication failed for {where} (key-only, no password prompts)",
-                           "check `user:`/`identity_file:`, ssh-agent, and the node's authorized_keys")
+        return problems.auth_failed(label, where)
     if isinstance(e, (socket.timeout, TimeoutError)):
-        return NodeProblem(node.label, f"no answer from {where} within {ssh.connect_timeout:g} s",
-                           "check the address, the network path and that sshd runs; or raise ssh.connect_timeout")
+        return problems.no_answer(label, where, ssh.connect_timeout)
     if isinstance(e, socket.gaierror):
-        return NodeProblem(node.label, f"cannot resolve host name {node.host!r}",
-                           "fix `host:` or add it to DNS, /etc/hosts or ~/.ssh/config")
+        return problems.unresolvable(label, node.host)
     if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):  # one OSError per address tried
         e = next(iter(e.errors.values()), e)
     if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
-        return NodeProblem(node.label, f"connection refused by {where}",
-                           "start sshd on the node or fix `port:`")
+        return problems.refused(label, where)
     if isinstance(e, OSError) and e.strerror:
-        return NodeProblem(node.label, f"cannot reach {where}: {e.strerror}",
-                           "check the address and routing (is the node up?)")
-    return NodeProblem(node.label, f"SSH to {where} failed: {e}", "try `ssh` by hand to see the full error")
+        return problems.unreachable(label, where, e.strerror)
+    return NodeProblem(label, f"SSH to {where} failed: {e}", "try `ssh` by hand to see the full error")
