@@ -19,7 +19,6 @@ spends no per-line work (torchrun's ``--tee`` re-prints every line from a Python
 """
 
 import errno
-import glob
 import itertools
 import json
 import os
@@ -47,15 +46,21 @@ TAG_RUN = "DDP_UP_RUN"  # one launch: a job's own cleanup matches it too, so it 
 TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER, TAG_RUN)
 # A job id names directories here and on the controller: a plain name, never a path.
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-# Turns the sources sent on stdin into the running agent: argv[1] bytes of wire.py, registered as
-# the module ddp_up_wire, then argv[2] bytes of this file, run as the main program. The leading
-# string names the agent early in its command line (ps, /proc/PID/cmdline cut at 200 characters).
-BOOTSTRAP = ("'ddp_up_agent';import sys,types;r=sys.stdin.buffer.read;w=types.ModuleType('ddp_up_wire');"
-             "sys.modules['ddp_up_wire']=w;exec(compile(r(int(sys.argv[1])),'ddp_up_wire','exec'),w.__dict__);"
-             "exec(compile(r(int(sys.argv[2])),'ddp_up_agent','exec'))")
-# `launcher: none`: the plan names ddp-up's own launcher by this file name; the agent writes the
-# source from its spec into the job's state directory and runs it from there.
-LAUNCH_FILE = "ddp-up-launch.py"
+# Turns what the controller sends first on stdin into the running agent. argv[1] is the
+# controller's bytecode key (cache tag and magic number); argv[2:6] are the sizes of wire.py,
+# this file, and both compiled by the controller (marshal). When the node's Python has the same
+# key it runs the compiled code (compiling both is a quarter of the agent's start-up, paid per
+# node), else it compiles the sources. wire.py becomes the module ddp_up_wire, this file the main
+# program. The leading string names the agent early in its command line (ps, /proc/PID/cmdline
+# cut at 200 characters).
+BOOTSTRAP = ("'ddp_up_agent';import sys,types,marshal;a=sys.argv;r=sys.stdin.buffer.read;s=[r(int(n)) for n in a[2:6]];"
+             "k='%s%s'%(sys.implementation.cache_tag,getattr(sys.modules.get('_frozen_importlib_external'),"
+             "'MAGIC_NUMBER',b'').hex());c=lambda i,n:marshal.loads(s[i+2]) if a[1]==k and s[i+2] else "
+             "compile(s[i],n,'exec');w=types.ModuleType('ddp_up_wire');sys.modules['ddp_up_wire']=w;"
+             "exec(c(0,'ddp_up_wire'),w.__dict__);exec(c(1,'ddp_up_agent'))")
+# `launcher: none`: the first word of the Go argv that asks this agent to start the workers itself
+# (``OWN_LAUNCHER --name=value... SCRIPT ARGS``), with no launcher process between them.
+OWN_LAUNCHER = "ddp-up-launch"
 KILL_WAIT = 3.0  # after SIGKILL, how long to wait for the kernel to reap before reporting
 # Stack dumps on request, without changing the user's script: a sitecustomize first on the
 # workers' PYTHONPATH registers faulthandler for a real-time signal (SIGUSR1 is often the
@@ -368,6 +373,29 @@ def pump(fd, stream, writer):
             return
 
 
+def subdirs(path, keep):
+    try:
+        with os.scandir(path) as entries:
+            return [e.path for e in entries if keep(e.name) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def worker_logs(log_dir):
+    """(path, stream, local rank) of every ``<run>/attempt_<n>/<local_rank>/std{out,err}.log``
+    under log_dir. A walk of three levels, not glob: glob (with fnmatch) is a tenth of the
+    agent's imports."""
+    found = []
+    for run in subdirs(log_dir, lambda name: True):
+        for attempt in subdirs(run, lambda name: name.startswith("attempt_")):
+            for rank in subdirs(attempt, lambda name: name.isascii() and name.isdigit()):
+                for name, stream in (("stdout.log", "out"), ("stderr.log", "err")):
+                    path = os.path.join(rank, name)
+                    if os.path.isfile(path):
+                        found.append((path, stream, int(os.path.basename(rank))))
+    return found
+
+
 class Tailer:
     """Relays the workers' log files to the controller in whole-line chunks, one per read.
 
@@ -410,17 +438,12 @@ class Tailer:
                 self.done.wait(self.POLL)
 
     def scan(self):
-        for path in glob.glob(os.path.join(glob.escape(self.log_dir), "*", "attempt_*", "*", "std*.log")):
-            if path in self.files:
-                continue
-            local_rank = os.path.basename(os.path.dirname(path))
-            stream = {"stdout.log": "out", "stderr.log": "err"}.get(os.path.basename(path))
-            if not local_rank.isdigit() or stream is None:
-                continue
-            try:
-                self.files[path] = [os.open(path, os.O_RDONLY), stream, int(local_rank), b""]
-            except OSError:
-                continue
+        for path, stream, local_rank in worker_logs(self.log_dir):
+            if path not in self.files:
+                try:
+                    self.files[path] = [os.open(path, os.O_RDONLY), stream, local_rank, b""]
+                except OSError:
+                    continue
 
     def relay_all(self, flush):
         moved = False
@@ -621,12 +644,21 @@ class Runner:
         if self.spec.stack_dumps:
             hooks = os.path.dirname(self.write_hook("sitecustomize.py", DUMP_HOOK))
             env["PYTHONPATH"] = hooks + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if argv[0] == OWN_LAUNCHER:
+            self.proc = Workers(parse_launch(argv[1:]), env, self.match,
+                                lambda text: self.out.send(wire.Output("err", None, text.encode())))
+            self.proc.start(self.log_dir)
+            self.out.send(wire.Started())
+        else:
+            self.start_launcher(argv, env)
+        self.tailer = Tailer(self.log_dir, self.out)
+        self.tailer.start()
+        threading.Thread(target=lambda: self.events.put(("exited", self.proc.wait())), daemon=True).start()
+
+    def start_launcher(self, argv, env):
         # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
         # agent runs under exactly that interpreter, already resolved by the shell that started it.
         argv = [sys.executable if a == argv[0] else a for a in argv]
-        if self.spec.launch_source:
-            launch = self.write_hook(LAUNCH_FILE, self.spec.launch_source)
-            argv = [launch if a == LAUNCH_FILE else a for a in argv]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.out.send(wire.Started())
@@ -635,9 +667,6 @@ class Runner:
             pipe.close()
             t.start()
             self.pumps.append(t)
-        self.tailer = Tailer(self.log_dir, self.out)
-        self.tailer.start()
-        threading.Thread(target=lambda: self.events.put(("exited", self.proc.wait())), daemon=True).start()
 
     def write_hook(self, name, text):
         """A file of ours the job runs (dump hook, launcher), in this node's state directory."""
@@ -723,10 +752,14 @@ class Runner:
             return None
 
     def send_launcher(self, sig):
-        if self.proc and self.proc.poll() is None:
+        if isinstance(self.proc, Workers):
+            self.proc.send_signal(sig)
+        elif self.proc and self.proc.poll() is None:
             signal_tagged(self.proc.pid, sig, self.match)
 
     def finish(self, code, stopped, reason):
+        if isinstance(self.proc, Workers):
+            self.proc.ending()  # the SIGKILL below is ours: not a worker's failure to report
         kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)
         if code is None and self.proc is not None:
             try:
@@ -758,6 +791,144 @@ class Runner:
             os.rmdir(os.path.dirname(self.dir))  # the job's directory, once its last node is done here
         except OSError:
             pass
+
+
+# --- `launcher: none`: the agent starts the workers itself -----------------------------------------
+
+LAUNCH_OPTIONS = ("nproc-per-node", "node-rank", "first-rank", "world-size", "master-addr", "master-port")
+FAIL_GRACE = 5.0  # after one worker failed: SIGTERM to the others, this long, then SIGKILL
+
+
+def parse_launch(argv):
+    """``--name=value`` options (all of LAUNCH_OPTIONS), then SCRIPT and its arguments, untouched.
+    The controller built them: a bad one is a version mismatch, reported like any start failure."""
+    opts, i = {}, 0
+    while i < len(argv) and argv[i].startswith("--") and "=" in argv[i]:
+        name, _, value = argv[i][2:].partition("=")
+        if name not in LAUNCH_OPTIONS:
+            raise ValueError("%s: unknown option --%s" % (OWN_LAUNCHER, name))
+        opts[name] = value
+        i += 1
+    missing = [n for n in LAUNCH_OPTIONS if n not in opts]
+    if missing or i >= len(argv):
+        raise ValueError("%s: missing %s" % (OWN_LAUNCHER, ", ".join(missing) or "SCRIPT"))
+    return opts, argv[i], argv[i + 1:]
+
+
+def worker_env(opts, local_rank, base):
+    """The variables ``init_process_group("env://")`` reads, as torchrun sets them."""
+    nproc = int(opts["nproc-per-node"])
+    env = dict(base)
+    env.update({
+        "RANK": str(int(opts["first-rank"]) + local_rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": opts["world-size"],
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": opts["node-rank"],
+        "MASTER_ADDR": opts["master-addr"],
+        "MASTER_PORT": opts["master-port"],
+    })
+    if nproc > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun does: N workers each using every core thrash
+    return env
+
+
+def worker_log_files(log_dir, local_rank):
+    """torchrun's layout, so the Tailer relays them: <log_dir>/none/attempt_0/<local_rank>/."""
+    where = os.path.join(log_dir, "none", "attempt_0", str(local_rank))
+    os.makedirs(where, exist_ok=True)
+    return (open(os.path.join(where, "stdout.log"), "ab"), open(os.path.join(where, "stderr.log"), "ab"))
+
+
+def root_cause(opts, local_rank, pid, code):
+    """torchrun's failure block, which the controller already knows how to read."""
+    name = ""
+    if code < 0:
+        try:
+            name = " (%s)" % signal.Signals(-code).name
+        except ValueError:
+            pass
+    return ("=" * 60 + "\n%s FAILED (ddp-up launcher: none)\nRoot Cause (first observed failure):\n[0]:\n"
+            "  time      : %s\n  host      : %s\n  rank      : %d (local_rank: %d)\n"
+            "  exitcode  : %d (pid: %d)%s\n" + "=" * 60 + "\n") % (
+                OWN_LAUNCHER, time.strftime("%Y-%m-%d_%H:%M:%S"), socket.gethostname(),
+                int(opts["first-rank"]) + local_rank, local_rank, code, pid, name)
+
+
+class Workers:
+    """`launcher: none`: this node's workers, each ``python -u SCRIPT ARGS``, started by the agent
+    itself (a launcher process would be one more interpreter per node, paid N times on a big
+    cluster), and stopped together when one fails, as torchrun does. To the Runner it looks like
+    the launcher process it replaces: ``send_signal``, ``poll``, ``wait`` and an exit status
+    (the first failure's, or 128 + the signal that stopped them); the first failure goes out as
+    torchrun's Root Cause block on the launcher's stderr."""
+
+    def __init__(self, launch, env, match, report):
+        self.opts, script, args = launch
+        self.argv = [sys.executable, "-u", script] + list(args)
+        self.env, self.match, self.report = env, match, report
+        self.procs = {}  # Popen -> local rank
+        self.exits = queue.SimpleQueue()  # (Popen, exit status), from a waiting thread per worker
+        self.stopping = None  # the signal that asked them to stop (a failure is not reported then)
+        self.code = None
+        self.done = threading.Event()
+
+    def start(self, log_dir):
+        for local_rank in range(int(self.opts["nproc-per-node"])):
+            out, err = worker_log_files(log_dir, local_rank)
+            try:
+                proc = subprocess.Popen(self.argv, env=worker_env(self.opts, local_rank, self.env),
+                                        stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+            finally:
+                out.close()
+                err.close()
+            self.procs[proc] = local_rank
+            threading.Thread(target=lambda p=proc: self.exits.put((p, p.wait())), daemon=True).start()
+        threading.Thread(target=self.watch, name="workers", daemon=True).start()
+
+    def watch(self):
+        first_failure, kill_at, left = None, None, len(self.procs)
+        while left:
+            try:
+                proc, code = self.exits.get(timeout=None if kill_at is None else max(0.0, kill_at - time.monotonic()))
+            except queue.Empty:
+                self.signal_all(signal.SIGKILL)  # survivors of a failure, past the grace
+                kill_at = None
+                continue
+            left -= 1
+            if code != 0 and first_failure is None and self.stopping is None:
+                first_failure = code
+                self.report(root_cause(self.opts, self.procs[proc], proc.pid, code))
+                self.signal_all(signal.SIGTERM)
+                kill_at = time.monotonic() + FAIL_GRACE
+        if first_failure is not None:
+            self.code = first_failure if first_failure > 0 else 128 - first_failure
+        else:
+            self.code = 128 + self.stopping if self.stopping else 0
+        self.done.set()
+
+    def signal_all(self, sig):
+        for proc in self.procs:
+            if proc.returncode is None:
+                signal_tagged(proc.pid, sig, self.match)  # pinned and re-checked: never a recycled pid
+
+    def send_signal(self, sig):
+        if self.stopping is None:
+            self.stopping = sig
+        self.signal_all(sig)
+
+    def ending(self):
+        """The agent kills what is left: whatever exits now was not a failure of its own."""
+        if self.stopping is None:
+            self.stopping = signal.SIGKILL
+
+    def poll(self):
+        return self.code if self.done.is_set() else None
+
+    def wait(self, timeout=None):
+        if not self.done.wait(timeout):
+            raise subprocess.TimeoutExpired(OWN_LAUNCHER, timeout)
+        return self.code
 
 
 def signal_name(code):

@@ -10,11 +10,10 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Mapping
 
-from . import spawner, wire
-from .agent import JOB_ID, LAUNCH_FILE, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
+from . import wire
+from .agent import JOB_ID, OWN_LAUNCHER, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .config import ClusterConfig, NodeConfig
 from .errors import UsageError
 
@@ -87,9 +86,9 @@ class LaunchPlan:
 
     def launcher_argv(self, node: NodePlan, port: int | str) -> list[str]:
         cfg = node.config
-        # `none`: ddp-up's own launcher (spawner.py), written out by the agent; stdlib-only, so no `site`
+        # `none`: the agent starts the workers itself (agent.Workers), with what a launcher would get
         if self.launcher == "none":
-            return [cfg.python, "-u", "-S", LAUNCH_FILE, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
+            return [OWN_LAUNCHER, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
                     f"--first-rank={node.first_rank}", f"--world-size={self.world_size}",
                     f"--master-addr={self.master_addr}", f"--master-port={port}", self.script, *self.script_args]
         return [
@@ -118,7 +117,6 @@ class LaunchPlan:
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
-            launch_source=spawner_source() if self.launcher == "none" else None,
             needs_torch=self.launcher != "none")
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
@@ -158,12 +156,6 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         secrets=config.secret_values,
         run_token=run_token if run_token is not None else secrets.token_hex(6),
     )
-
-
-@lru_cache(maxsize=1)
-def spawner_source() -> str:
-    with open(spawner.__file__, encoding="utf-8") as f:
-        return f.read()
 
 
 def mask_secrets(text: str, values) -> str:

@@ -5,6 +5,9 @@ The frames themselves are defined once, in wire.py, for both ends.
 
 from __future__ import annotations
 
+import importlib.util
+import marshal
+import sys
 from functools import lru_cache
 
 from . import agent, wire
@@ -21,18 +24,39 @@ def sources() -> tuple[bytes, bytes]:
     return _read(wire), _read(agent)
 
 
+def bytecode_key() -> str:
+    """What a node's Python must match to run this Python's bytecode (the bootstrap computes the
+    same): the cache tag and the magic number, which changes with every bytecode format."""
+    return "%s%s" % (sys.implementation.cache_tag, importlib.util.MAGIC_NUMBER.hex())
+
+
+@lru_cache(maxsize=1)
+def compiled() -> tuple[bytes, bytes]:
+    """wire.py and agent.py compiled here, as the node would compile them (same names, no
+    inherited __future__ flags); empty where this Python has no bytecode cache tag."""
+    if sys.implementation.cache_tag is None:
+        return b"", b""
+    return tuple(marshal.dumps(compile(src, name, "exec", dont_inherit=True))
+                 for src, name in zip(sources(), ("ddp_up_wire", "ddp_up_agent")))
+
+
+def shipped() -> tuple[bytes, ...]:
+    """What the bootstrap reads, in order: both sources, then both compiled."""
+    return sources() + compiled()
+
+
 def bootstrap_args() -> list[str]:
-    """Arguments after ``python -u``: the bootstrap reads exactly these many bytes of each source.
+    """Arguments after ``python -u``: the bootstrap reads exactly these many bytes of each part.
     ``-S``: the agent is stdlib-only, and skipping `site` (its .pth files, its path scan) is a
     third of a bare interpreter's start-up, paid once per node."""
-    wire_src, agent_src = sources()
-    return ["-S", "-c", agent.BOOTSTRAP, str(len(wire_src)), str(len(agent_src))]
+    return ["-S", "-c", agent.BOOTSTRAP, bytecode_key(), *(str(len(part)) for part in shipped())]
 
 
 def hello(spec: wire.Frame) -> bytes:
-    """The first bytes a node agent reads: the sources, then the spec frame that picks its mode."""
+    """The first bytes a node agent reads: the sources and their bytecode, then the spec frame
+    that picks its mode."""
     assert isinstance(spec, wire.SPECS), spec
-    return b"".join(sources()) + spec.encode()
+    return b"".join(shipped()) + spec.encode()
 
 
 class LineSplitter:

@@ -25,8 +25,6 @@ means the controller is gone, and the agent stops whatever it started.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
-from typing import Dict, List, Optional
 
 MAX_HEADER = 64 << 20  # a header line longer than this is garbage, not a frame (specs list files)
 
@@ -35,15 +33,21 @@ class ProtocolError(Exception):
     """The other end sent something that is not a frame of this protocol."""
 
 
-TO_AGENT: Dict[bytes, type] = {}  # frames the controller sends, by kind
-TO_CONTROLLER: Dict[bytes, type] = {}  # frames the agent sends, by kind
+TO_AGENT = {}  # frames the controller sends, by kind: {bytes: type}
+TO_CONTROLLER = {}  # frames the agent sends, by kind
 
 
 def _frame(*directions):
+    """A frame class from its annotated fields: keyword or positional, defaults from the class
+    body, immutable, equal by value. Not ``dataclasses``: every node agent builds these classes
+    at start-up, and dataclasses (with its imports) is a third of the agent's start on a node,
+    paid once per node per launch."""
     def register(cls):
-        cls = dataclass(frozen=True)(cls)
+        names = tuple(getattr(cls, "__annotations__", {}))  # Frame itself has none to inherit
+        cls.NAMES = names
+        cls.REQUIRED = tuple(n for n in names if n not in cls.__dict__)
         cls.KIND = cls.__name__.encode()
-        cls.FIELDS = tuple(f.name for f in fields(cls) if not (cls.BODY == "data" and f.name == "data"))
+        cls.FIELDS = tuple(n for n in names if not (cls.BODY == "data" and n == "data"))
         for registry in directions:
             registry[cls.KIND] = cls
         return cls
@@ -52,9 +56,45 @@ def _frame(*directions):
 
 class Frame:
     KIND = b""
+    NAMES = ()  # every field, in order
+    REQUIRED = ()  # the fields without a default
     FIELDS = ()  # header fields, in order
     BODY = None  # "data": the ``size`` bytes after the header are the field ``data``; "stream": the
     # ``size`` bytes after the header are left in the stream for the reader (a file, streamed to disk)
+
+    def __init__(self, *args, **kwargs):
+        name = type(self).__name__
+        if len(args) > len(self.NAMES):
+            raise TypeError("%s takes %d fields, not %d" % (name, len(self.NAMES), len(args)))
+        for field, value in zip(self.NAMES, args):
+            if field in kwargs:
+                raise TypeError("%s got field %r twice" % (name, field))
+            kwargs[field] = value
+        unknown = [k for k in kwargs if k not in self.NAMES]
+        missing = [k for k in self.REQUIRED if k not in kwargs]
+        if unknown or missing:
+            raise TypeError("%s: %s" % (name, "; ".join(
+                ["unknown field(s) %s" % ", ".join(unknown)] * bool(unknown)
+                + ["missing field(s) %s" % ", ".join(missing)] * bool(missing))))
+        self.__dict__.update(kwargs)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a %s frame cannot be changed" % type(self).__name__)
+
+    __delattr__ = __setattr__
+
+    def _values(self):
+        return tuple(getattr(self, n) for n in self.NAMES)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other._values() == self._values()
+
+    def __hash__(self):
+        return hash((type(self), self._values()))
+
+    def __repr__(self):
+        shown = (n for n in self.NAMES if not (self.BODY == "data" and n == "data"))
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % (n, getattr(self, n)) for n in shown))
 
     def encode(self) -> bytes:
         values = {name: getattr(self, name) for name in self.FIELDS}
@@ -79,16 +119,15 @@ class RunSpec(Frame):
     node: int
     cluster: str
     run: str  # this launch's tag: the agent's own cleanup matches it, so it never touches another launch
-    workdir: Optional[str]
+    workdir: str | None
     script: str
-    env: Dict[str, str]
+    env: dict[str, str]
     pick_port: bool  # the master node: hold a free port and report it
-    check_port: Optional[int]  # the master node: hold this port (and fail if taken)
+    check_port: int | None  # the master node: hold this port (and fail if taken)
     orphan_timeout: float
     stop_grace: float
     heartbeat: float
     stack_dumps: bool
-    launch_source: Optional[str] = None  # `launcher: none`: ddp-up's own launcher, written out by the agent
     needs_torch: bool = True  # torchrun and legacy; `launcher: none` runs any program, and skips the probe
 
 
@@ -96,14 +135,14 @@ class RunSpec(Frame):
 class DetectSpec(Frame):
     """Report what planning needs to know (the GPU count the job would see)."""
 
-    env: Dict[str, str]
+    env: dict[str, str]
 
 
 @_frame(TO_AGENT)
 class SweepSpec(Frame):
     """Find the processes carrying these tags and stop them (ddp-kill, and lost nodes)."""
 
-    match: Dict[str, str]
+    match: dict[str, str]
     grace: float
     dry_run: bool
 
@@ -113,7 +152,7 @@ class SyncSpec(Frame):
     """Say which of ``entries`` ([path, size, mtime_ns, mode, link]) differ under ``dest``; take them."""
 
     dest: str
-    entries: List[list]
+    entries: list[list]
     idle_timeout: float
 
 
@@ -138,7 +177,7 @@ class Probe(Frame):
 
 @_frame(TO_AGENT)
 class Go(Frame):
-    argv: List[str]
+    argv: list[str]
 
 
 @_frame(TO_AGENT)
@@ -162,13 +201,13 @@ class Ready(Frame):
 
     hostname: str
     python: str
-    torch: Optional[str]  # None: not probed (`launcher: none`)
-    cuda: Optional[str]
-    nccl: Optional[str]
+    torch: str | None  # None: not probed (`launcher: none`)
+    cuda: str | None
+    nccl: str | None
     gpus: int
     time: float  # the node's wall clock (skew check)
     disk_free: int
-    port: Optional[int] = None  # the master node's free port, when it picked one
+    port: int | None = None  # the master node's free port, when it picked one
 
 
 @_frame(TO_CONTROLLER)
@@ -182,7 +221,7 @@ class Failed(Frame):
 @_frame(TO_CONTROLLER)
 class Probed(Frame):
     ok: bool
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @_frame(TO_CONTROLLER)
@@ -199,8 +238,8 @@ class Output(Frame):
 
     BODY = "data"
     stream: str  # "out" | "err"
-    rank: Optional[int]
-    data: bytes = field(repr=False)
+    rank: int | None
+    data: bytes
 
     def split(self) -> tuple:
         """(the text of each whole line, the text of an unfinished last piece or ""). Bytes that
@@ -208,12 +247,12 @@ class Output(Frame):
         parts = self.data.decode("utf-8", "surrogateescape").split("\n")
         return parts, parts.pop()
 
-    def pieces(self) -> List[tuple]:
+    def pieces(self) -> list[tuple]:
         """[(text, more)]: each piece's text, and whether it goes on in the next Output."""
         lines, tail = self.split()
         return [(text, False) for text in lines] + ([(tail, True)] if tail else [])
 
-    def lines(self) -> List[str]:
+    def lines(self) -> list[str]:
         """The text of each piece (tests and tools; the session keeps ``pieces``)."""
         return [text for text, _ in self.pieces()]
 
@@ -222,7 +261,7 @@ class Output(Frame):
 class Dumped(Frame):
     """These ranks were signalled to print their stacks (which follow as their stderr Output)."""
 
-    ranks: List[int]
+    ranks: list[int]
 
 
 @_frame(TO_CONTROLLER)
@@ -234,10 +273,10 @@ class Stopping(Frame):
 class Exited(Frame):
     """The job on this node is over and every process of it is gone."""
 
-    code: Optional[int]  # the launcher's exit code; None if it never started or could not be reaped
-    signal: Optional[str]  # the signal that ended the launcher, if one did
+    code: int | None  # the launcher's exit code; None if it never started or could not be reaped
+    signal: str | None  # the signal that ended the launcher, if one did
     stopped: bool  # ended because it was asked to (Stop, Kill, controller gone, a signal to the agent)
-    reason: Optional[str]
+    reason: str | None
 
 
 # --- one-shot modes -------------------------------------------------------------------------------
@@ -251,13 +290,13 @@ class Detected(Frame):
 class Listed(Frame):
     """The tagged processes found (before anything is stopped): [{"pid", "tags", "cmd"}]."""
 
-    found: List[dict]
+    found: list[dict]
 
 
 @_frame(TO_CONTROLLER)
 class Swept(Frame):
-    killed: List[int]  # needed SIGKILL after the grace period
-    left: List[int]  # still alive at the end (should be empty)
+    killed: list[int]  # needed SIGKILL after the grace period
+    left: list[int]  # still alive at the end (should be empty)
 
 
 @_frame(TO_CONTROLLER)
@@ -265,7 +304,7 @@ class Needs(Frame):
     """The indices of the sync entries that differ on this node, and the marker it keeps there."""
 
     dest: str
-    need: List[int]
+    need: list[int]
     marker: str
 
 
@@ -273,12 +312,12 @@ class Needs(Frame):
 class AskShared(Frame):
     """Which of these other nodes' markers does this workdir hold too (a shared filesystem)?"""
 
-    markers: List[str]
+    markers: list[str]
 
 
 @_frame(TO_CONTROLLER)
 class Shared(Frame):
-    sees: List[str]
+    sees: list[str]
 
 
 @_frame(TO_AGENT)
@@ -305,7 +344,7 @@ class Copied(Frame):
 
 # --- decoding -----------------------------------------------------------------------------------
 
-def parse_header(line: bytes, registry: Dict[bytes, type]):
+def parse_header(line: bytes, registry: dict[bytes, type]):
     """One header line (without its newline) -> (frame class, fields); ProtocolError if it is not
     a frame that may travel this way."""
     kind, _, payload = line.partition(b" ")
@@ -349,7 +388,7 @@ def body_size(cls, values: dict) -> int:
 class Decoder:
     """A byte stream -> frames, fed in chunks of any size (controller side)."""
 
-    def __init__(self, registry: Dict[bytes, type] = TO_CONTROLLER):
+    def __init__(self, registry: dict[bytes, type] = TO_CONTROLLER):
         self.registry = registry
         self.buf = bytearray()
         self.pending = None  # (cls, values, size): a header waiting for its body
@@ -389,7 +428,7 @@ class Decoder:
         return not self.buf and self.pending is None
 
 
-def read_frame(stream, registry: Dict[bytes, type] = TO_AGENT):
+def read_frame(stream, registry: dict[bytes, type] = TO_AGENT):
     """The next frame from a blocking binary stream (agent side); None at EOF. A ``File`` frame's
     bytes are left in the stream for the caller."""
     line = stream.readline()

@@ -88,7 +88,6 @@ def test_launcher_none_runs_ddp_ups_own_launcher_with_the_ranks_it_planned():
     cfg = parse_cluster(CLUSTER + "launcher: none\n", "/etc/c.yaml")
     p = make_plan(cfg, "train.py", ["--lr", "0.1"], "20261122-000000-abcdef", "/")
     assert p.launcher_argv(p.nodes[1], 29400) == [
-        "/opt/py/bin/python3", "-u", "-S", "ddp-up-launch.py", "--nproc-per-node=3", "--node-rank=1", "--first-rank=1",
+        "ddp-up-launch", "--nproc-per-node=3", "--node-rank=1", "--first-rank=1",
         "--world-size=4", "--master-addr=10.0.0.1", "--master-port=29400", "train.py", "--lr", "0.1"]
-    assert "def main(argv)" in p.agent_spec(p.nodes[1]).launch_source  # the agent writes it out
-    assert plan().agent_spec(plan().nodes[0]).launch_source is None
+    assert not p.agent_spec(p.nodes[1]).needs_torch and plan().agent_spec(plan().nodes[0]).needs_torch

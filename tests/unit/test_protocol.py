@@ -1,12 +1,13 @@
 """The wire protocol: one vocabulary for both ends, and what is not a frame is an error."""
 
 import ast
+import marshal
 import subprocess
 import sys
 
 import pytest
 
-from orchestrator import agent, protocol, spawner, wire
+from orchestrator import agent, protocol, wire
 
 EXAMPLES = [
     wire.RunSpec(job="j", node=1, cluster="c", run="r1", workdir=None, script="t.py", env={"A": "1"}, pick_port=True,
@@ -73,17 +74,42 @@ def test_an_endless_header_is_an_error_not_a_memory_leak(monkeypatch):
         wire.Decoder().feed(b"x" * 2000)
 
 
-def test_hello_is_the_sources_then_the_spec():
+def test_hello_is_the_sources_and_their_bytecode_then_the_spec():
     data = protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True))
-    n_wire, n_agent = map(int, protocol.bootstrap_args()[-2:])
-    assert data[:n_wire] == open(wire.__file__, "rb").read()
-    assert data[n_wire:n_wire + n_agent] == open(agent.__file__, "rb").read()
-    assert data[n_wire + n_agent:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true}\n'
+    sizes = [int(n) for n in protocol.bootstrap_args()[-4:]]
+    parts, at = [], 0
+    for size in sizes:
+        parts.append(data[at:at + size])
+        at += size
+    assert parts[0] == open(wire.__file__, "rb").read() and parts[1] == open(agent.__file__, "rb").read()
+    wire_code, agent_code = map(marshal.loads, parts[2:])
+    assert wire_code.co_filename == "ddp_up_wire" and agent_code.co_filename == "ddp_up_agent"
+    assert data[at:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true}\n'
+
+
+def _run_agent(args, data):
+    return subprocess.run([sys.executable, "-u", *args], input=data, capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("key", ["same", "other", "no bytecode"])
+def test_an_agent_runs_the_shipped_bytecode_or_compiles_the_sources(key):
+    """Bytecode is used only by the Python it was made by (same cache tag and magic number);
+    any other compiles the sources. Each way, the agent runs and answers its spec."""
+    args, parts = protocol.bootstrap_args(), list(protocol.shipped())
+    if key == "other":
+        args[3] = "cpython-38" + "55" * 4  # another Python's key: its bytecode would not load here
+        parts[2:] = [b"not bytecode", b"not bytecode"]  # proves it is never read as code
+    elif key == "no bytecode":
+        parts[2:] = [b"", b""]
+    args[-4:] = [str(len(p)) for p in parts]
+    spec = wire.SweepSpec(match={"DDP_UP_JOB": "no-such-job-anywhere"}, grace=0.0, dry_run=True)
+    proc = _run_agent(args, b"".join(parts) + spec.encode())
+    assert proc.returncode == 0, proc.stderr
+    assert wire.Decoder().feed(proc.stdout)[0] == wire.Listed(found=[])
 
 
 def test_an_agent_given_garbage_instead_of_a_spec_says_so_and_exits():
-    proc = subprocess.run([sys.executable, "-u", *protocol.bootstrap_args()],
-                          input=b"".join(protocol.sources()) + b"Hello there\n", capture_output=True, timeout=30)
+    proc = _run_agent(protocol.bootstrap_args(), b"".join(protocol.shipped()) + b"Hello there\n")
     assert proc.returncode == 3
     assert wire.Decoder().feed(proc.stdout) == [wire.Failed(
         "protocol error from the controller: unexpected frame 'Hello there'",
@@ -101,13 +127,31 @@ def _top_level_imports(module) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module", [agent, spawner, wire])
+@pytest.mark.parametrize("module", [agent, wire])
 def test_what_nodes_run_is_stdlib_only(module):
     """Nodes have nothing but Python: the shipped sources import neither the package nor deps."""
     assert _top_level_imports(module) <= sys.stdlib_module_names
 
 
-@pytest.mark.parametrize("module", [agent, spawner, wire])
+@pytest.mark.parametrize("module", [agent, wire])
 def test_what_nodes_run_parses_as_python_3_8(module):
     """The agent says it needs Python 3.8+ on the nodes: no newer syntax may slip in."""
     ast.parse(open(module.__file__, encoding="utf-8").read(), feature_version=(3, 8))
+
+
+def test_frames_are_immutable_values_with_checked_fields():
+    ready = wire.Ready(hostname="n", python="3.11", torch=None, cuda=None, nccl=None, gpus=0, time=1.0,
+                       disk_free=2)
+    assert ready.port is None  # a default
+    assert ready == wire.Ready("n", "3.11", None, None, None, 0, 1.0, 2) and hash(ready) == hash(
+        wire.Ready("n", "3.11", None, None, None, 0, 1.0, 2))
+    assert ready != wire.Ready("n", "3.11", None, None, None, 0, 1.0, 2, port=5)
+    with pytest.raises(AttributeError):
+        ready.gpus = 8
+    with pytest.raises(TypeError, match="missing field.*disk_free"):
+        wire.Ready(hostname="n", python="3.11", torch=None, cuda=None, nccl=None, gpus=0, time=1.0)
+    with pytest.raises(TypeError, match="unknown field.*colour"):
+        wire.Failed("what", colour="red")
+    with pytest.raises(TypeError, match="twice"):
+        wire.Failed("what", what="again")
+    assert repr(wire.Output("out", 0, b"secret bytes")) == "Output(stream='out', rank=0)"  # never the data
