@@ -2,7 +2,7 @@
 
 It needs nothing but the node's Python (stdlib only, 3.8+). In ``run`` mode it preflights the
 node, waits for the controller's go, starts the launcher in its own session with the job's tag
-in its environment, relays output as frames, and stops the whole job on that node when the
+in its environment (for ``launcher: none`` it starts the workers itself: see Workers), relays output as frames, and stops the whole job on that node when the
 controller asks, when the controller's connection closes, or when the controller's heartbeat
 stops (the dead-man switch that covers network partitions and sleeping laptops). In ``sweep``
 mode it finds tagged processes and stops them (the same code path ddp-kill uses). In ``detect``
@@ -10,7 +10,8 @@ mode it reports what planning needs to know of the node (its GPU count, for ``gp
 ``sync`` mode it receives the changed files of the workdir copy (see sync.py).
 
 The wire protocol (every frame, both directions, every mode) is defined once, in wire.py, which
-the controller ships to the node ahead of this file; a bootstrap registers it as ``ddp_up_wire``.
+the controller ships to the node ahead of this file, each as source and as bytecode; a bootstrap
+(BOOTSTRAP) registers it as ``ddp_up_wire``.
 
 Worker output: torchrun redirects every worker's stdout/stderr to files (``--redirects=3``) and a
 tailer thread relays them in chunks. Workers write to a local file exactly as if nobody watched,

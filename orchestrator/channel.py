@@ -134,7 +134,8 @@ class AgentChannel:
     def _write_loop(self) -> None:
         try:
             with self._write_lock:
-                self.proc.write(protocol.hello(self.spec))
+                for part in protocol.hello(self.spec):
+                    self.proc.write(part)
         except (OSError, EOFError):
             return
         finally:

@@ -52,11 +52,12 @@ def bootstrap_args() -> list[str]:
     return ["-S", "-c", agent.BOOTSTRAP, bytecode_key(), *(str(len(part)) for part in shipped())]
 
 
-def hello(spec: wire.Frame) -> bytes:
-    """The first bytes a node agent reads: the sources and their bytecode, then the spec frame
+def hello(spec: wire.Frame) -> tuple[bytes, ...]:
+    """The first bytes a node agent reads, in parts to write one after the other: the sources and
+    their bytecode (shared by every node's connection, never copied per node), then the spec frame
     that picks its mode."""
     assert isinstance(spec, wire.SPECS), spec
-    return b"".join(shipped()) + spec.encode()
+    return shipped() + (spec.encode(),)
 
 
 class LineSplitter:

@@ -75,7 +75,7 @@ def test_an_endless_header_is_an_error_not_a_memory_leak(monkeypatch):
 
 
 def test_hello_is_the_sources_and_their_bytecode_then_the_spec():
-    data = protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True))
+    data = b"".join(protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True)))
     sizes = [int(n) for n in protocol.bootstrap_args()[-4:]]
     parts, at = [], 0
     for size in sizes:

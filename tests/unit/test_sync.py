@@ -135,7 +135,7 @@ def test_a_node_agent_whose_controller_goes_silent_drops_its_partial_file_and_ex
     proc = subprocess.Popen([sys.executable, "-u", *protocol.bootstrap_args()], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     try:
-        proc.stdin.write(protocol.hello(spec))
+        proc.stdin.write(b"".join(protocol.hello(spec)))
         proc.stdin.flush()
         assert wire.Decoder().feed(proc.stdout.readline()) == [wire.Needs(str(tmp_path / "dest"), [0], ANY)]
         proc.stdin.write(wire.File(index=0, size=10, mtime_ns=0).encode() + b"abc")  # 3 of 10 bytes, then silence with the pipe still open
