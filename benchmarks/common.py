@@ -56,6 +56,16 @@ def timed(argv: list[str], timeout: float, **popen) -> Sample:
                   proc.returncode, out.decode(errors="replace"))
 
 
+def compile_like_pip() -> None:
+    """Bytecode for the package, as `pip install` writes it. An editable install leaves that to
+    the first import, which never happens where PYTHONDONTWRITEBYTECODE is set (as on these
+    machines): every ddp-up run would compile its modules again, 0.15 s of CPU that an installed
+    ddp-up does not pay (measured: importing the CLI, 0.31 s without bytecode, 0.15 s with)."""
+    import compileall
+
+    compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "orchestrator"), quiet=1)
+
+
 def cluster_args(doc: str, nodes: str, more=None) -> argparse.Namespace:
     """--nodes (a list of cluster sizes, as ``args.sizes``) and --repeat, plus what ``more(parser)``
     adds; exits 2 where this machine cannot host the namespace cluster."""
@@ -67,6 +77,7 @@ def cluster_args(doc: str, nodes: str, more=None) -> argparse.Namespace:
     args = p.parse_args()
     if reason := available():
         sys.exit(f"cannot run: {reason}")
+    compile_like_pip()
     args.sizes = [int(n) for n in args.nodes.split(",")]
     return args
 

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import compile_like_pip
 from benchmarks.teardown import SCRIPT
 from tests.harness.runner import REPO, UP, _env
 from tests.harness.sshcluster import SSHCluster, available
@@ -68,6 +69,7 @@ def main() -> int:
                    help="run ddp-up on the last CPU and the nodes on the others, as if the controller were "
                         "another machine (needs 2+ CPUs)")
     args = p.parse_args()
+    compile_like_pip()
     if reason := available():
         print(f"cannot run: {reason}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from tests.harness import procs
 from tests.harness.runner import Launch, ddp_kill
 from tests.harness.sshcluster import SSHCluster, available
 
-from benchmarks.common import SCRIPT  # noqa: E402  (re-exported for benchmarks.logs)
+from benchmarks.common import SCRIPT, compile_like_pip  # noqa: E402  (SCRIPT re-exported for benchmarks.logs)
 LONG_RUN = ["run", "--steps", "100000", "--step-time", "0.2"]
 ORPHAN_TIMEOUT = 5
 
@@ -95,6 +95,7 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
+    compile_like_pip()
     if reason := available():
         print(f"cannot run: {reason}", file=sys.stderr)
         return 2
