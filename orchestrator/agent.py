@@ -871,21 +871,31 @@ class Workers:
         self.procs = {}  # Popen -> local rank
         self.exits = queue.SimpleQueue()  # (Popen, exit status), from a waiting thread per worker
         self.stopping = None  # the signal that asked them to stop (a failure is not reported then)
+        self.not_started = False  # a worker could not be started: the others were stopped
         self.code = None
         self.done = threading.Event()
 
     def start(self, log_dir):
         for local_rank in range(int(self.opts["nproc-per-node"])):
-            out, err = worker_log_files(log_dir, local_rank)
             try:
-                proc = subprocess.Popen(self.argv, env=worker_env(self.opts, local_rank, self.env),
-                                        stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
-            finally:
-                out.close()
-                err.close()
+                proc = self.start_one(log_dir, local_rank)
+            except OSError as e:  # e.g. a full disk for its log files: the job fails as a launcher would
+                self.report("%s: cannot start local rank %d: %s\n" % (OWN_LAUNCHER, local_rank, e))
+                self.not_started = True
+                self.signal_all(signal.SIGTERM)
+                break
             self.procs[proc] = local_rank
             threading.Thread(target=lambda p=proc: self.exits.put((p, p.wait())), daemon=True).start()
         threading.Thread(target=self.watch, name="workers", daemon=True).start()
+
+    def start_one(self, log_dir, local_rank):
+        out, err = worker_log_files(log_dir, local_rank)
+        try:
+            return subprocess.Popen(self.argv, env=worker_env(self.opts, local_rank, self.env),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+        finally:
+            out.close()
+            err.close()
 
     def watch(self):
         first_failure, kill_at, left = None, None, len(self.procs)
@@ -904,6 +914,8 @@ class Workers:
                 kill_at = time.monotonic() + FAIL_GRACE
         if first_failure is not None:
             self.code = first_failure if first_failure > 0 else 128 - first_failure
+        elif self.not_started:
+            self.code = 1
         else:
             self.code = 128 + self.stopping if self.stopping else 0
         self.done.set()

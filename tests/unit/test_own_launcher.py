@@ -105,6 +105,17 @@ def test_workers_the_agent_kills_at_the_end_are_not_a_failure_to_report(launch, 
     assert run.wait() == 128 + signal.SIGKILL and run.reports == []
 
 
+def test_a_worker_that_cannot_be_started_fails_the_node_with_the_reason(tmp_path):
+    (tmp_path / "logs").write_text("a file where the log directory goes")
+    match = {agent.TAG_JOB: "own-launcher-test", agent.TAG_NODE: "1", agent.TAG_RUN: os.urandom(6).hex()}
+    reports: list[str] = []
+    argv = [f"--{n}=1" for n in agent.LAUNCH_OPTIONS] + ["worker.py"]
+    workers = agent.Workers(agent.parse_launch(argv), {**os.environ, **match}, match, reports.append)
+    workers.start(str(tmp_path / "logs"))
+    assert workers.wait(30) == 1
+    assert len(reports) == 1 and reports[0].startswith("ddp-up-launch: cannot start local rank 0: ")
+
+
 @pytest.mark.parametrize("argv, problem", [
     (["--nproc-per-node=1", "train.py"], "missing node-rank"),
     (["--nproc-per-node=1", "--bogus=1", "train.py"], "unknown option --bogus"),
