@@ -87,6 +87,8 @@ def read_tags(pid):
             raw = f.read()
     except OSError:
         return None
+    if b"DDP_UP_JOB=" not in raw:  # most processes: no tags, and no per-variable work (a /proc scan
+        return None  # reads every process's environment, on every agent's start and end)
     tags = {}
     for item in raw.split(b"\0"):
         if item.startswith(b"DDP_UP_"):
