@@ -21,6 +21,7 @@ import re
 import shutil
 import socket
 import stat
+import struct
 import subprocess
 import tempfile
 import threading
@@ -33,7 +34,7 @@ from .transport import ConnectFailed, LocalProcess, RemoteProcess, Transport, re
 
 G_TIMEOUT = 10.0  # `ssh -G` only reads config files
 PERSIST = 60  # seconds an idle master stays up: if ddp-up dies without closing it, it ends by itself
-EXIT_TIMEOUT = 5.0  # for `ssh -O exit`
+EXIT_TIMEOUT = 5.0  # for a master's answer to the request to exit
 RUN_DIR = re.compile(r"ddp-up-ssh-(\d+)-\w+")  # ours: the pid that made it, then mkdtemp's random part
 
 
@@ -47,7 +48,6 @@ class SSHRun:
 
     def __init__(self) -> None:
         self.dir: str | None = None
-        self.used: dict[str, NodeConfig] = {}
         self.configs: dict[tuple, str] = {}
         self.lock = threading.Lock()
 
@@ -60,8 +60,6 @@ class SSHRun:
 
     def options(self, node: NodeConfig) -> list[str]:
         where = self._where()
-        with self.lock:
-            self.used.setdefault(node.host, node)
         # %C: a hash of the connection's endpoints, short enough for a socket path
         return ["-o", "ControlMaster=auto", "-o", f"ControlPath={where}/%C", "-o", f"ControlPersist={PERSIST}"]
 
@@ -93,24 +91,75 @@ class SSHRun:
             return self.configs[key]
 
     def close(self) -> None:
-        if self.dir is None:
+        """End every master of this run, then remove its directory. Every socket in the directory
+        is one of ours (it is private), so no node needs naming: each master is asked to exit
+        over its socket, as `ssh -O exit` asks it, without a process per node."""
+        with self.lock:
+            where, self.dir, self.configs = self.dir, None, {}
+        if where is None:
             return
-        with self.lock:
-            nodes = list(self.used.values())
-        # `-O exit` names the master by %C, which hashes what the config resolves: the same options
-        exits = [[*ssh_args(node, control=True), "-O", "exit", "--", node.host] for node in nodes]
-        with self.lock:
-            where, self.dir, self.used, self.configs = self.dir, None, {}, {}
         from .parallel import on_each
 
-        def stop(argv: list[str]) -> None:
-            try:
-                subprocess.run(argv, capture_output=True, timeout=EXIT_TIMEOUT, stdin=subprocess.DEVNULL)
-            except (OSError, subprocess.SubprocessError):
-                pass  # no master (never connected), or a dead one: it persists at most PERSIST seconds
-
-        on_each(exits, stop, inbox=None, name="ssh-exit")
+        on_each(_sockets(where), lambda path: end_master(path, EXIT_TIMEOUT), inbox=None, name="ssh-exit")
         shutil.rmtree(where, ignore_errors=True)
+
+
+# ssh's connection-sharing protocol (OpenSSH's PROTOCOL.mux): what `ssh -O exit` sends
+MUX_HELLO, MUX_VERSION, MUX_TERMINATE, MUX_OK = 0x00000001, 4, 0x10000005, 0x80000001
+MUX_MAX_PACKET = 1 << 16
+
+
+def _mux_packet(*words: int) -> bytes:
+    body = struct.pack(f">{len(words)}I", *words)
+    return struct.pack(">I", len(body)) + body
+
+
+def _mux_read(sock: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            more = sock.recv(n - len(data))
+            if not more:
+                raise EOFError("the master closed the connection")
+            data += more
+        return data
+    size = struct.unpack(">I", exactly(4))[0]
+    if size > MUX_MAX_PACKET:
+        raise ValueError(f"mux packet of {size} bytes")
+    return exactly(size)
+
+
+def end_master(path: str, timeout: float) -> bool:
+    """Ask the ControlMaster listening at ``path`` to exit; True once it said it will. A master
+    that does not answer (gone, or hung) ends by itself PERSIST seconds after its last session."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(_mux_packet(MUX_HELLO, MUX_VERSION) + _mux_packet(MUX_TERMINATE, 1))
+            hello = _mux_read(sock)
+            if hello[:4] != struct.pack(">I", MUX_HELLO):
+                return False
+            return _mux_read(sock)[:8] == struct.pack(">II", MUX_OK, 1)
+    except (OSError, EOFError, ValueError, struct.error):
+        return False
+
+
+def _sockets(directory: str) -> list[str]:
+    """The sockets in a run directory: its masters' control sockets."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                found.append(path)
+        except OSError:
+            continue
+    return found
 
 
 def _config_word(value: str) -> str | None:
@@ -151,15 +200,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _master_listens(directory: str) -> bool:
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return False
-    for name in names:
-        path = os.path.join(directory, name)
+    for path in _sockets(directory):
         try:
-            if not stat.S_ISSOCK(os.lstat(path).st_mode):
-                continue
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 probe.settimeout(1.0)
                 probe.connect(path)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
+import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -130,3 +133,50 @@ def test_fabric_reads_the_known_hosts_files_the_ssh_config_names():
     assert HostKeyTrust.of(node().ssh, {}).files == (
         os.path.expanduser("~/.ssh/known_hosts"), os.path.expanduser("~/.ssh/known_hosts2"),
         "/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+
+
+def _mux_server(path: str, answer) -> threading.Thread:
+    """A unix socket that reads what a client sends and answers with ``answer(received)``."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def serve() -> None:
+        with server:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(5)
+                received = b""
+                while len(received) < 24:  # hello (4+8) and terminate (4+8)
+                    more = conn.recv(64)
+                    if not more:
+                        break
+                    received += more
+                conn.sendall(answer(received))
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_master_is_asked_to_exit_as_ssh_O_exit_asks_it(tmp_path):
+    seen = []
+
+    def master(received: bytes) -> bytes:
+        seen.append(received)
+        return openssh._mux_packet(openssh.MUX_HELLO, 4) + openssh._mux_packet(openssh.MUX_OK, 1)
+    thread = _mux_server(str(tmp_path / "m"), master)
+    assert openssh.end_master(str(tmp_path / "m"), timeout=5)
+    thread.join(5)
+    assert seen == [struct.pack(">IIIIII", 8, 1, 4, 8, 0x10000005, 1)]  # hello v4, then MUX_C_TERMINATE
+
+
+@pytest.mark.parametrize("answer", [
+    lambda _: b"",  # closes without a word
+    lambda _: openssh._mux_packet(openssh.MUX_HELLO, 4) + openssh._mux_packet(0x80000002, 1) + b"\0\0\0\0",  # denied
+    lambda _: b"\xff\xff\xff\xff",  # a length no master sends
+])
+def test_anything_but_a_masters_yes_is_not_taken_for_one(tmp_path, answer):
+    thread = _mux_server(str(tmp_path / "m"), answer)
+    assert not openssh.end_master(str(tmp_path / "m"), timeout=5)
+    thread.join(5)
+    assert not openssh.end_master(str(tmp_path / "gone"), timeout=1)  # no socket at all
