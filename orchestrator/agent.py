@@ -2,12 +2,13 @@
 
 It needs nothing but the node's Python (stdlib only, 3.8+). In ``run`` mode it preflights the
 node, waits for the controller's go, starts the launcher in its own session with the job's tag
-in its environment (for ``launcher: none`` it starts the workers itself: see Workers), relays output as frames, and stops the whole job on that node when the
-controller asks, when the controller's connection closes, or when the controller's heartbeat
-stops (the dead-man switch that covers network partitions and sleeping laptops). In ``sweep``
-mode it finds tagged processes and stops them (the same code path ddp-kill uses). In ``detect``
-mode it reports what planning needs to know of the node (its GPU count, for ``gpus: auto``). In
-``sync`` mode it receives the changed files of the workdir copy (see sync.py).
+in its environment (for ``launcher: none`` it starts the workers itself: see Workers), relays
+output as frames, and stops the whole job on that node when the controller asks, when the
+controller's connection closes, or when the controller's heartbeat stops (the dead-man switch
+that covers network partitions and sleeping laptops). In ``sweep`` mode it finds tagged
+processes and stops them (the same code path ddp-kill uses). In ``detect`` mode it reports what
+planning needs to know of the node (its GPU count, for ``gpus: auto``). In ``sync`` mode it
+receives the changed files of the workdir copy (see sync.py).
 
 The wire protocol (every frame, both directions, every mode) is defined once, in wire.py, which
 the controller ships to the node ahead of this file, each as source and as bytecode; a bootstrap
@@ -672,7 +673,7 @@ class Runner:
             self.pumps.append(t)
 
     def write_hook(self, name, text):
-        """A file of ours the job runs (dump hook, launcher), in this node's state directory."""
+        """A file of ours the job runs (the dump hook), in this node's state directory."""
         hooks = os.path.join(self.dir, "hooks")
         try:
             os.mkdir(hooks, 0o700)
@@ -804,7 +805,8 @@ FAIL_GRACE = 5.0  # after one worker failed: SIGTERM to the others, this long, t
 
 def parse_launch(argv):
     """``--name=value`` options (all of LAUNCH_OPTIONS), then SCRIPT and its arguments, untouched.
-    The controller built them: a bad one is a version mismatch, reported like any start failure."""
+    The controller built them from the plan, in the same ddp-up that shipped this agent: a
+    ValueError here is a bug, not a user's mistake."""
     opts, i = {}, 0
     while i < len(argv) and argv[i].startswith("--") and "=" in argv[i]:
         name, _, value = argv[i][2:].partition("=")

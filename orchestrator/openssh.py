@@ -100,7 +100,7 @@ class SSHRun:
             return
         from .parallel import on_each
 
-        on_each(_sockets(where), lambda path: end_master(path, EXIT_TIMEOUT), inbox=None, name="ssh-exit")
+        on_each(control_sockets(where), lambda path: end_master(path, EXIT_TIMEOUT), inbox=None, name="ssh-exit")
         shutil.rmtree(where, ignore_errors=True)
 
 
@@ -145,7 +145,7 @@ def end_master(path: str, timeout: float) -> bool:
         return False
 
 
-def _sockets(directory: str) -> list[str]:
+def control_sockets(directory: str) -> list[str]:
     """The sockets in a run directory: its masters' control sockets."""
     try:
         names = os.listdir(directory)
@@ -184,7 +184,7 @@ def remove_stale_run_dirs(parent: str) -> None:
                 continue
         except OSError:
             continue
-        if _pid_alive(int(found.group(1))) or _master_listens(entry.path):
+        if _pid_alive(int(found.group(1))) or master_listens(entry.path):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
 
@@ -199,8 +199,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _master_listens(directory: str) -> bool:
-    for path in _sockets(directory):
+def master_listens(directory: str) -> bool:
+    for path in control_sockets(directory):
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 probe.settimeout(1.0)
@@ -389,7 +389,8 @@ def _described(node: NodeConfig, text: str, ask, again: bool = True) -> NodeProb
     certificate = re.search(r"Certificate invalid: (.+)", text)
     if certificate is not None and "Host key verification failed" in text:
         seen = ask(node, True)
-        of = f" of jump host {_jump_host(seen)}" if _jump_host(seen) else ""
+        jump = _jump_host(seen)
+        of = f" of jump host {jump}" if jump else ""
         return NodeProblem(label, f"the host certificate{of} is not valid for it ({certificate.group(1).strip()}): "
                            "refusing to connect",
                            f"have the site's SSH CA sign that host key for the name ssh uses ({seen.hostname}), or "

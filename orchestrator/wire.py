@@ -70,12 +70,15 @@ class Frame:
             if field in kwargs:
                 raise TypeError("%s got field %r twice" % (name, field))
             kwargs[field] = value
+        wrong = []
         unknown = [k for k in kwargs if k not in self.NAMES]
+        if unknown:
+            wrong.append("unknown field(s) " + ", ".join(unknown))
         missing = [k for k in self.REQUIRED if k not in kwargs]
-        if unknown or missing:
-            raise TypeError("%s: %s" % (name, "; ".join(
-                ["unknown field(s) %s" % ", ".join(unknown)] * bool(unknown)
-                + ["missing field(s) %s" % ", ".join(missing)] * bool(missing))))
+        if missing:
+            wrong.append("missing field(s) " + ", ".join(missing))
+        if wrong:
+            raise TypeError("%s: %s" % (name, "; ".join(wrong)))
         self.__dict__.update(kwargs)
 
     def __setattr__(self, name, value):
@@ -92,12 +95,11 @@ class Frame:
     def __hash__(self):
         return hash((type(self), self._values()))
 
-    def __repr__(self):
-        shown = (n for n in self.NAMES if not (self.BODY == "data" and n == "data"))
-        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % (n, getattr(self, n)) for n in shown))
+    def __repr__(self):  # the header fields: never a body's bytes
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % item for item in self.fields().items()))
 
     def encode(self) -> bytes:
-        values = {name: getattr(self, name) for name in self.FIELDS}
+        values = self.fields()
         if self.BODY == "data":
             values["size"] = len(self.data)
             return self.KIND + b" " + json.dumps(values).encode() + b"\n" + self.data

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
+from orchestrator import openssh
 from orchestrator.agent import find_tagged, is_alive
 
 
@@ -72,27 +75,16 @@ def parent_pid(pid: int) -> int:
 def end_orphaned_ssh_runs(timeout: float = 10.0) -> list[str]:
     """What a SIGKILLed ddp-up could not close: the ssh masters of its run (they would end by
     themselves after ControlPersist) and its run directory (the next ddp-up removes it then).
-    Tests leave nothing behind, so they end both now. Returns the directories it removed."""
-    import re
-    import shutil
-    import signal
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
+    Tests leave nothing behind, so they end both now, the way ddp-up's own close does. Returns
+    the directories it removed."""
     removed = []
     for run in Path(tempfile.gettempdir()).glob("ddp-up-ssh-*"):
-        found = re.fullmatch(r"ddp-up-ssh-(\d+)-\w+", run.name)
+        found = openssh.RUN_DIR.fullmatch(run.name)
         if not found or alive(int(found.group(1))):
             continue
-        listing = subprocess.run(["pgrep", "-f", f"ControlPath={run}/|ssh: {run}/"], capture_output=True, text=True)
-        masters = [int(pid) for pid in listing.stdout.split()]
-        for pid in masters:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        wait_for(lambda: not any(alive(pid) for pid in masters), timeout)
+        for path in openssh.control_sockets(str(run)):
+            openssh.end_master(path, timeout)
+        wait_for(lambda: not openssh.master_listens(str(run)), timeout)
         shutil.rmtree(run, ignore_errors=True)
         removed.append(str(run))
     return removed
