@@ -35,17 +35,12 @@ import sys
 from rich.console import Console
 from orchestrator.config import load_cluster
 from orchestrator.plan import make_plan
-from orchestrator.sync import scan, sync_all, targets
-from orchestrator.views.transfer import transfer_progress
-from functools import partial
+from orchestrator.cli import copy_workdirs, ssh_connections
 config = load_cluster(sys.argv[1])
 plan = make_plan(config, "job.py", [], "bench", "/")
-from orchestrator.cli import ssh_connections
 with ssh_connections():  # as ddp-up does: the run's ssh masters end with it
-    tree = scan(config.sync)
-    print(sync_all(tree, targets(plan, tree, config.path), partial(transfer_progress, Console())).render())
+    copy_workdirs(plan, config.sync, "/nonexistent/runs", config.path, Console())
 """
-
 
 def make_tree(src: Path, files: int, big_mb: int) -> None:
     rng = random.Random(7)

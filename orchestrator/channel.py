@@ -45,14 +45,14 @@ class ChannelEnd:
 
 
 class AgentChannel:
-    def __init__(self, node: NodeConfig, transport: Transport, spec: wire.Frame,
+    def __init__(self, node: NodeConfig, transport: Transport, spec: wire.Frame | None,
                  on_frames: Callable[[list[wire.Frame]], None], on_end: Callable[[ChannelEnd], None],
                  on_stderr: Callable[[str], None] | None = None, tags: Mapping[str, str] | None = None,
                  setup: tuple[str, ...] = (), workdir: str | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.node = node
         self.transport = transport
-        self.spec = spec
+        self.spec = spec  # None: the caller's first ``send`` is the spec (see protocol.hello)
         self.on_frames = on_frames  # each read's frames, in order, in one call
         self.on_end = on_end
         self.on_stderr = on_stderr

@@ -179,12 +179,11 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         job_id = args.job_id or new_job_id()
         plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout)
         sync = sync_choice(args.sync, config.sync)
-        tree = interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None
         if args.dry_run:
-            print_dry_run(plan, console, tree)
+            print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None)
             return EXIT_OK
-        if tree is not None:
-            copy_workdirs(plan, tree, config.path, console)
+        if sync:
+            copy_workdirs(plan, sync, args.runs_dir, config.path, console)
         ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
         dashboard = console.is_terminal if args.dashboard is None else args.dashboard
         if dashboard and not console.is_terminal:
@@ -237,9 +236,11 @@ def sync_choice(flag: bool | None, configured: SyncConfig | None) -> SyncConfig 
     return (configured or SyncConfig(src=os.getcwd())) if flag else None
 
 
-def copy_workdirs(plan: LaunchPlan, tree: Tree, config_path: str, console: Console) -> None:
-    """The changed files of ``tree`` to every node's workdir, before anything starts."""
-    summary = sync_all(tree, targets(plan, tree, config_path), partial(transfer_progress, console))
+def copy_workdirs(plan: LaunchPlan, sync: SyncConfig, runs_dir: str, config_path: str, console: Console) -> None:
+    """The changed files of ``sync``'s tree (ddp-up's runs directory left out) to every node's
+    workdir, before anything starts."""
+    summary = sync_all(lambda: scan(sync, skip=[runs_dir]), targets(plan, sync.src, config_path),
+                       partial(transfer_progress, console))
     console.print(f"ddp-up {summary.render()}", markup=False)
 
 

@@ -30,9 +30,10 @@ class Reply:
 class AgentCall:
     """A one-shot agent to talk with: ``send``/``write`` to it, ``wait_for`` a frame, every wait
     bounded. The hello goes out on the channel's writer thread, so a node that takes the
-    connection but never reads cannot block the caller."""
+    connection but never reads cannot block the caller. Without ``spec``, the first ``send``
+    must be it (sync connects while it scans its tree)."""
 
-    def __init__(self, node: NodeConfig, spec: wire.Frame, transport: Transport | None = None, setup: bool = False):
+    def __init__(self, node: NodeConfig, spec: wire.Frame | None, transport: Transport | None = None, setup: bool = False):
         self.node = node
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         # With setup, the node's `setup:` runs first, in its workdir: for questions about the job's environment.

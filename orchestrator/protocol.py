@@ -52,12 +52,13 @@ def bootstrap_args() -> list[str]:
     return ["-S", "-c", agent.BOOTSTRAP, bytecode_key(), *(str(len(part)) for part in shipped())]
 
 
-def hello(spec: wire.Frame) -> tuple[bytes, ...]:
+def hello(spec: wire.Frame | None) -> tuple[bytes, ...]:
     """The first bytes a node agent reads, in parts to write one after the other: the sources and
     their bytecode (shared by every node's connection, never copied per node), then the spec frame
-    that picks its mode."""
-    assert isinstance(spec, wire.SPECS), spec
-    return shipped() + (spec.encode(),)
+    that picks its mode. Without ``spec``, the caller's first frame must be it (sync sends the
+    tree once scanned; the agent starts meanwhile)."""
+    assert spec is None or isinstance(spec, wire.SPECS), spec
+    return shipped() + ((spec.encode(),) if spec is not None else ())
 
 
 class LineSplitter:

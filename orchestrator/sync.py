@@ -163,8 +163,8 @@ class NodeSync:
 
     node: NodePlan
     dest: str
-    tree: Tree
     idle_timeout: float  # the node gives up on a controller silent this long (see targets)
+    tree: Tree | None = None  # known once scanned (the node connects meanwhile)
     need: list[int] = field(default_factory=list)
     marker: str = ""  # the file this node's agent keeps in its workdir while it works
     sees: frozenset[str] = frozenset()  # the other nodes' markers found in this node's workdir
@@ -174,9 +174,7 @@ class NodeSync:
     problem: NodeProblem | None = None
 
     def __post_init__(self) -> None:
-        spec = wire.SyncSpec(dest=self.dest, entries=[e.wire() for e in self.tree.entries],
-                             idle_timeout=self.idle_timeout)
-        self.call = AgentCall(self.node.config, spec)
+        self.call = AgentCall(self.node.config, None)  # the spec (the tree's entries) follows the scan
         self.moved = 0.0  # last time bytes went out (the stall watchdog reads it)
         self.sent = threading.Event()  # ends the watchdog
 
@@ -192,10 +190,17 @@ class NodeSync:
         if self.problem is None:
             self.problem = NodeProblem(self.label, what, fix)
 
-    def offer(self) -> None:
+    def offer(self, scanned: Scanned) -> None:
+        """Connect and start the agent while the tree is scanned here, then send the tree's
+        entries: the node's answer is which of them differ there. A failed scan sends nothing."""
         self.problem = self.call.open()
         if self.problem is not None:
             return
+        self.tree = scanned.wait()
+        if self.tree is None:
+            return
+        self.call.send(wire.SyncSpec(dest=self.dest, entries=[e.wire() for e in self.tree.entries],
+                                     idle_timeout=self.idle_timeout))
         limit = self.node.config.ssh.connect_timeout + ANSWER_MARGIN
         needs = self._answer(limit, wire.Needs)
         if needs is not None:
@@ -243,13 +248,7 @@ class NodeSync:
         with f:
             st = os.fstat(f.fileno())
             out.put(wire.File(index=index, size=st.st_size, mtime_ns=st.st_mtime_ns).encode())
-            left = st.st_size
-            while left:
-                data = f.read(min(left, CHUNK))
-                if not data:
-                    raise LocalChanged(f"{path} shrank while it was being copied")
-                out.put(data, len(data))
-                left -= len(data)
+            out.put_file(f, st.st_size, path)
 
     def _answer(self, limit: float, want: type) -> wire.Frame | None:
         """The agent's ``want`` report, or None with the failure recorded as the node's problem."""
@@ -277,13 +276,15 @@ class LocalChanged(Exception):
 
 class _Outbox:
     """Gathers headers and small files into writes of about CHUNK bytes: a source tree is mostly
-    small files, and two SSH writes per file cost more than the bytes."""
+    small files, and two SSH writes per file cost more than the bytes. A large file goes out
+    from one reused buffer, never copied again on the way."""
 
     def __init__(self, sync: NodeSync, advance: Callable[[int], None]):
         self.sync = sync
         self.advance = advance
         self.buf = bytearray()
         self.payload = 0  # file bytes in buf (what the progress bar counts)
+        self.chunk = memoryview(bytearray(CHUNK))
 
     def put(self, data: bytes, payload: int = 0) -> None:
         self.buf += data
@@ -291,12 +292,32 @@ class _Outbox:
         if len(self.buf) >= CHUNK:
             self.flush()
 
+    def put_file(self, f, size: int, path: str) -> None:
+        """``size`` bytes of the open file ``f``; LocalChanged if it has fewer."""
+        if len(self.buf) + size <= CHUNK:
+            data = f.read(size)
+            if len(data) < size:
+                raise LocalChanged(f"{path} shrank while it was being copied")
+            self.put(data, size)
+            return
+        self.flush()
+        left = size
+        while left:
+            n = f.readinto(self.chunk[:min(left, CHUNK)])
+            if not n:
+                raise LocalChanged(f"{path} shrank while it was being copied")
+            self._write(self.chunk[:n], n)
+            left -= n
+
     def flush(self) -> None:
         if self.buf:
-            self.sync.call.write(bytes(self.buf))
-            self.sync.moved = time.monotonic()
-            self.advance(self.payload)
+            self._write(self.buf, self.payload)
             self.buf, self.payload = bytearray(), 0
+
+    def _write(self, data, payload: int) -> None:
+        self.sync.call.write(data)
+        self.sync.moved = time.monotonic()
+        self.advance(payload)
 
 
 # --- every node ---------------------------------------------------------------------------------
@@ -326,7 +347,7 @@ class SyncSummary:
                 + f" ({self.seconds:.1f} s)")
 
 
-def targets(plan: LaunchPlan, tree: Tree, config_path: str) -> list[NodeSync]:
+def targets(plan: LaunchPlan, src: str, config_path: str) -> list[NodeSync]:
     """A NodeSync per node that needs the copy: each needs a workdir; a local node whose workdir
     is the source (the demo's default) needs nothing, and local nodes sharing one get one copy."""
     # A node may legitimately hear nothing while the slowest other node answers, and then during a
@@ -340,19 +361,41 @@ def targets(plan: LaunchPlan, tree: Tree, config_path: str) -> list[NodeSync]:
                               "set `workdir:` (top level or on the node), e.g. ~/project")
         if node.config.transport == "local":
             dest = os.path.realpath(os.path.expanduser(node.workdir))
-            if dest == os.path.realpath(tree.root) or dest in local_dests:
+            if dest == os.path.realpath(src) or dest in local_dests:
                 continue
             local_dests.add(dest)
-        found.append(NodeSync(node, node.workdir, tree, idle))
+        found.append(NodeSync(node, node.workdir, idle))
     return found
 
 
-def sync_all(tree: Tree, syncs: list[NodeSync], progress) -> SyncSummary:
-    """Ask every node what differs, then send it, all nodes at once. SetupError naming each node
-    that failed (nothing has been started anywhere)."""
+class Scanned:
+    """The local tree, scanned while the nodes connect: each node's call waits here for it."""
+
+    def __init__(self, scan_tree: Callable[[], Tree]):
+        self._scan_tree = scan_tree
+        self._done = threading.Event()
+        self.tree: Tree | None = None  # None after a failed scan (its error is raised by sync_all)
+
+    def run(self) -> None:
+        try:
+            self.tree = self._scan_tree()
+        finally:
+            self._done.set()
+
+    def wait(self) -> Tree | None:
+        self._done.wait()
+        return self.tree
+
+
+def sync_all(scan_tree: Callable[[], Tree], syncs: list[NodeSync], progress) -> SyncSummary:
+    """Scan the tree while every node connects and starts its agent (the connection is most of a
+    small copy's time), ask every node what differs, then send it, all nodes at once. The scan's
+    own error (UsageError) or SetupError naming each node that failed; nothing has been started
+    anywhere."""
     started = time.monotonic()
+    scanned = Scanned(scan_tree)
     try:
-        _each(syncs, NodeSync.offer)
+        _each([None, *syncs], lambda s: scanned.run() if s is None else s.offer(scanned))
         _raise_problems(syncs)
         if len(syncs) > 1:
             _each(syncs, lambda s: s.ask_sharing([o.marker for o in syncs if o is not s]))
@@ -364,7 +407,7 @@ def sync_all(tree: Tree, syncs: list[NodeSync], progress) -> SyncSummary:
     finally:
         for s in syncs:
             s.abort()
-    return SyncSummary(tree, syncs, time.monotonic() - started)
+    return SyncSummary(scanned.tree, syncs, time.monotonic() - started)
 
 
 def share_workdirs(syncs: list[NodeSync]) -> None:
@@ -385,11 +428,12 @@ def _raise_problems(syncs: list[NodeSync]) -> None:
         raise SetupError(problems)
 
 
-def _each(syncs: list[NodeSync], step: Callable[[NodeSync], None]) -> None:
-    """``step`` on every node at once; on a signal every call is closed first, so no thread is
+def _each(syncs: list, step: Callable) -> None:
+    """``step`` on every item at once; on a signal every call is closed first, so no thread is
     left blocked on a transfer (the nodes see EOF and drop their partial files)."""
     def abort() -> None:
         for s in syncs:
-            s.abort()
+            if s is not None:
+                s.abort()
 
     on_each(syncs, step, abort=abort, name="sync")

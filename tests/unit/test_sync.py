@@ -81,11 +81,11 @@ def test_every_node_needs_a_workdir_and_a_local_one_that_is_the_source_needs_not
     plan = make_plan(parse_cluster("nodes: [{host: a, gpus: 1, workdir: /w}, {host: b, gpus: 1}]\n", "c.yaml"),
                      "t.py", [], "j", "/")
     with pytest.raises(ConfigError, match=r"c.yaml:1: nodes\[1\]: sync copies into each node's `workdir:`"):
-        targets(plan, tree, "c.yaml")
+        targets(plan, tree.root, "c.yaml")
     # local nodes run in the current directory: syncing it onto itself, or twice, is skipped
-    assert targets(local_plan(tmp_path, "", ""), tree, "c.yaml") == []
-    assert sync_all(tree, [], no_bar).render() == f"sync {tree.root}: every node's workdir is this directory; nothing to copy"
-    assert len(targets(local_plan(tmp_path, str(tmp_path / "d"), str(tmp_path / "d")), tree, "c.yaml")) == 1
+    assert targets(local_plan(tmp_path, "", ""), tree.root, "c.yaml") == []
+    assert sync_all(lambda: tree, [], no_bar).render() == f"sync {tree.root}: every node's workdir is this directory; nothing to copy"
+    assert len(targets(local_plan(tmp_path, str(tmp_path / "d"), str(tmp_path / "d")), tree.root, "c.yaml")) == 1
 
 
 def no_bar(total, nodes):
@@ -98,20 +98,44 @@ def test_a_large_file_arrives_whole_with_its_time_and_mode_and_twice_means_once(
     (src / "big.bin").write_bytes(os.urandom(3 * 1024 * 1024 + 17))  # several chunks
     dest = tmp_path / "dest"
     tree = scan(SyncConfig(src=str(src)))
-    summary = sync_all(tree, targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    summary = sync_all(lambda: tree, targets(local_plan(tmp_path, str(dest)), tree.root, "c.yaml"), no_bar)
     assert summary.nodes[0].files == 2 and summary.nodes[0].bytes == tree.size
     assert (dest / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
     assert os.stat(dest / "big.bin").st_mtime_ns == os.stat(src / "big.bin").st_mtime_ns
     assert not [p for p in os.listdir(dest) if "ddp-up" in p]  # no temp file left
-    again = sync_all(tree, targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    again = sync_all(lambda: tree, targets(local_plan(tmp_path, str(dest)), tree.root, "c.yaml"), no_bar)
     assert again.nodes[0].need == [] and "nothing to copy" in again.render()
 
 
 def test_a_path_leaving_the_destination_is_refused_by_the_node(tmp_path):
     tree = Tree(str(tmp_path), (Entry("../escape.txt", 1, 0, 0o644),))
     with pytest.raises(SetupError, match=r"n0: cannot sync into .*refusing path '\.\./escape\.txt'"):
-        sync_all(tree, targets(local_plan(tmp_path, str(tmp_path / "dest")), tree, "c.yaml"), no_bar)
+        sync_all(lambda: tree, targets(local_plan(tmp_path, str(tmp_path / "dest")), tree.root, "c.yaml"), no_bar)
     assert not (tmp_path / "escape.txt").exists()
+
+
+def test_the_nodes_connect_while_the_tree_is_scanned_and_a_failed_scan_stops_them(tmp_path):
+    """The agent starts during the scan (a connection is most of a small copy's time); a scan
+    that fails is the error raised, and the agent that was waiting for the tree ends."""
+    import time
+
+    from orchestrator.errors import UsageError
+
+    def scan_that_fails() -> Tree:
+        deadline = time.monotonic() + 30
+        while not agents_running():  # the node's agent is up before the tree is known
+            assert time.monotonic() < deadline, "no agent started during the scan"
+            time.sleep(0.01)
+        raise UsageError("sync: cannot read /src/secret: Permission denied")
+
+    syncs = targets(local_plan(tmp_path, str(tmp_path / "dest")), str(tmp_path / "src"), "c.yaml")
+    with pytest.raises(UsageError, match="cannot read /src/secret"):
+        sync_all(scan_that_fails, syncs, no_bar)
+    deadline = time.monotonic() + 10
+    while agents_running():
+        assert time.monotonic() < deadline, agents_running()
+        time.sleep(0.05)
+    assert not (tmp_path / "dest").exists()  # the agent never got a spec, so it wrote nothing
 
 
 def test_the_progress_bar_is_for_large_copies_on_a_terminal():
@@ -156,12 +180,12 @@ def test_links_replace_what_is_in_their_way_except_a_directory(tmp_path):
     write(dest, {"was-file": "old"})
     os.symlink("elsewhere", dest / "was-link")
     tree = scan(SyncConfig(src=str(src)))
-    sync_all(tree, targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+    sync_all(lambda: tree, targets(local_plan(tmp_path, str(dest)), tree.root, "c.yaml"), no_bar)
     assert os.readlink(dest / "was-file") == "a.txt" and os.readlink(dest / "was-link") == "a.txt"
     os.unlink(dest / "was-file")
     (dest / "was-file").mkdir()
     with pytest.raises(SetupError, match=r"cannot write .*was-file.*\n.*fix: a file in the copy has the name of a dir"):
-        sync_all(tree, targets(local_plan(tmp_path, str(dest)), tree, "c.yaml"), no_bar)
+        sync_all(lambda: tree, targets(local_plan(tmp_path, str(dest)), tree.root, "c.yaml"), no_bar)
     assert [p for p in os.listdir(dest) if "ddp-up" in p] == []
 
 
@@ -213,7 +237,7 @@ def test_a_shared_workdir_is_copied_once_through_the_first_node_that_has_it():
 
     plan = make_plan(parse_cluster("workdir: ~/p\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1}, {host: c, gpus: 1}, "
                                    "{host: d, gpus: 1}]\n", "c.yaml"), "t.py", [], "j", "/")
-    a, b, c, d = syncs = targets(plan, Tree("/src", (Entry("x", 1, 0, 0o644),)), "c.yaml")
+    a, b, c, d = syncs = targets(plan, "/src", "c.yaml")
     for s, marker in zip(syncs, "ABCD"):
         s.marker, s.need = marker, [0]
     a.sees, c.sees = frozenset("C"), frozenset("D")  # a, c and d share one directory (seen either way)
