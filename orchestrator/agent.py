@@ -60,6 +60,7 @@ BOOTSTRAP = ("'ddp_up_agent';import sys,types,marshal;a=sys.argv;r=sys.stdin.buf
              "'MAGIC_NUMBER',b'').hex());c=lambda i,n:marshal.loads(s[i+2]) if a[1]==k and s[i+2] else "
              "compile(s[i],n,'exec');w=types.ModuleType('ddp_up_wire');sys.modules['ddp_up_wire']=w;"
              "exec(c(0,'ddp_up_wire'),w.__dict__);exec(c(1,'ddp_up_agent'))")
+AGENT_MARK = "'ddp_up_agent';"  # how an agent's command line starts (see BOOTSTRAP)
 # `launcher: none`: the first word of the Go argv that asks this agent to start the workers itself
 # (``OWN_LAUNCHER --name=value... SCRIPT ARGS``), with no launcher process between them.
 OWN_LAUNCHER = "ddp-up-launch"
@@ -302,16 +303,28 @@ class Writer:
         self.last_activity = time.monotonic()  # last line queued or written
         threading.Thread(target=self._loop, name="writer", daemon=True).start()
 
+    journal = None  # detach: a Journal that keeps every frame after Go (heartbeats aside)
+
     def send(self, frame, block=True):
-        self.put(frame.encode(), block)
+        data = frame.encode()
+        if self.journal is None or isinstance(frame, wire.Heartbeat):
+            self.put(data, block)
+            return
+        with self.journal.lock:  # one order for the file and the stream
+            self.journal.append(data)
+            self.put(data, block)
 
     def put(self, data, block=True):
         self.idle.clear()
         self.last_activity = time.monotonic()
-        try:
-            self.items.put(data, block=block)
-        except queue.Full:
-            pass  # only heartbeats are sent without blocking; a dropped one is harmless
+        while not self.broken:  # gone (or given up on, see Runner.tick): nothing more is queued
+            try:
+                self.items.put(data, block=block, timeout=1.0 if block else None)
+                return
+            except queue.Full:
+                if not block:
+                    return  # only heartbeats are sent without blocking; a dropped one is harmless
+        self.idle.set()
 
     def drain(self, stall_timeout):
         """Wait until everything queued is written, as long as writing makes progress."""
@@ -497,6 +510,9 @@ class Runner:
         self.torch = None  # {"torch", "cuda", "nccl"} once probed
         self.dir = None  # this node's private state directory, once claimed
         self.log_dir = None
+        self.supervisor = None  # detach, the master node: the Supervisor the other nodes join
+        self.link = None  # detach, the other nodes: their PeerLink to it
+        self.record = None  # detach: this node's record (see write_record)
 
     def run(self):
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -511,7 +527,8 @@ class Runner:
             hostname=socket.gethostname(), python=sys.version.split()[0], torch=self.torch.get("torch"),
             cuda=self.torch.get("cuda"), nccl=self.torch.get("nccl"), gpus=count_gpus(self.job_env()),
             time=time.time(), disk_free=shutil.disk_usage(".").free,
-            port=None if self.listener is None else self.listener.getsockname()[1]))
+            port=None if self.listener is None else self.listener.getsockname()[1],
+            supervisor_port=None if self.supervisor is None else self.supervisor.port))
         threading.Thread(target=self.read_controller, name="stdin", daemon=True).start()
         kind, arg = self.wait_for_go()
         if kind != "go":
@@ -520,6 +537,8 @@ class Runner:
             self.out.drain(5)
             return 0
         self.start(arg)
+        if self.spec.detach:
+            self.detach(arg)
         return self.supervise()
 
     def preflight(self):
@@ -551,6 +570,8 @@ class Runner:
             except OSError:
                 return wire.Failed("master port %d is already in use on the master node" % port,
                                    "set `master: {port: auto}` or pick another port")
+        if self.spec.detach and (port or self.spec.pick_port):
+            self.supervisor = Supervisor(self, listen_on(0))
         return None
 
     def job_env(self):
@@ -596,7 +617,7 @@ class Runner:
             self.last_heard = time.monotonic()
             kind = self.COMMANDS.get(type(frame))
             if kind == "go":
-                self.events.put((kind, frame.argv))
+                self.events.put((kind, frame))
             elif kind == "probe":
                 self.events.put((kind, frame))
             elif kind is not None:
@@ -604,15 +625,21 @@ class Runner:
             elif not isinstance(frame, wire.Heartbeat):
                 self.events.put(("stop", "protocol error from the controller: %s in run mode" % type(frame).__name__))
                 return
-        self.events.put(("stop", "controller connection closed"))
+        self.events.put(("controller gone", "controller connection closed"))
 
     def tick(self):
-        """Heartbeat both ways; returns a stop event once the controller has gone quiet."""
+        """Heartbeat both ways; returns a stop event once the controller has gone quiet (a
+        detached job's liveness is the supervisor's business, see PeerLink)."""
         self.out.send(wire.Heartbeat(), block=False)
         silent = time.monotonic() - self.last_heard
         if silent > self.spec.orphan_timeout:
-            return ("stop", "no heartbeat from the controller for %.0f s" % silent)
+            if not self.detached():
+                return ("stop", "no heartbeat from the controller for %.0f s" % silent)
+            self.out.broken = True  # a partitioned controller: its stream would block, the journal has it all
         return None
+
+    def detached(self):
+        return self.spec.detach and (self.link is not None or self.supervisor is not None)
 
     def next_event(self):
         try:
@@ -625,8 +652,13 @@ class Runner:
             event = self.next_event()
             if event and event[0] == "probe":
                 threading.Thread(target=self.probe, args=(event[1],), daemon=True).start()
+            elif event and event[0] == "controller gone":
+                self.close_listener()
+                return "stop", event[1]
             elif event and event[0] in ("go", "stop", "kill"):
                 self.close_listener()
+                if event[0] == "go" and self.spec.detach and not (self.supervisor or event[1].supervisor):
+                    return "stop", "protocol error from the controller: a detached Go without its supervisor"
                 return event
 
     def close_listener(self):
@@ -640,7 +672,10 @@ class Runner:
             # the probe being answered ends too: no socket of ours is left on the port for torchrun
             self.answering.join(PROBE_CLOSE_WAIT)
 
-    def start(self, argv):
+    def start(self, go):
+        argv = go.argv
+        if self.spec.detach:  # before the first frame of the job: the journal has them all
+            self.out.journal = Journal(os.path.join(self.dir, JOURNAL))
         env = self.job_env()
         env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
                     TAG_RUN: self.spec.run})
@@ -683,12 +718,34 @@ class Runner:
         write_private(path, text)
         return path
 
+    def detach(self, go):
+        """From now on the job needs no controller: its record says it runs, its agents watch
+        each other (the master node's Supervisor), and a closed controller connection or a
+        SIGHUP (a terminal closing) no longer stops it."""
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.record = {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label,
+                       "script": self.spec.script, "ranks": self.spec.ranks, "pid": os.getpid(),
+                       "started": time.time(), "ended": None, "state": "running", "code": None, "reason": None}
+        write_record(self.dir, self.record)
+        if self.supervisor is not None:
+            self.supervisor.start()
+            self.supervisor.report(self.spec.node, "running")
+        else:
+            addr, port = go.supervisor
+            self.link = PeerLink(self, addr, int(port))
+            self.link.start()
+
     def supervise(self):
         while True:
             event = self.next_event()
             if event is None:
                 continue
             kind, arg = event
+            if kind == "controller gone":
+                if self.detached():
+                    self.out.broken = True
+                    continue  # the point of detaching
+                kind = "stop"
             if kind == "dump":
                 self.dump_stacks()
                 continue
@@ -779,9 +836,23 @@ class Runner:
         if self.tailer is not None:
             self.tailer.finish(stall)
         self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason))
+        if self.record is not None:
+            self.finish_detached(code, stopped, reason)
         self.out.drain(stall)
-        self.cleanup_state(keep_logs=self.out.broken)
+        self.cleanup_state(keep_logs=self.out.broken or self.record is not None)
         return 0
+
+    def finish_detached(self, code, stopped, reason):
+        """Record how the job ended here, tell the supervisor; the master node's agent then waits
+        for every node's end (or loss) and records the job's outcome."""
+        state = "stopped" if stopped else ("done" if code == 0 else "failed")
+        self.record.update(ended=time.time(), state=state, code=code, reason=reason)
+        write_record(self.dir, self.record)
+        if self.supervisor is not None:
+            self.supervisor.report(self.spec.node, state, code, reason)
+            self.supervisor.finished.wait()
+        elif self.link is not None:
+            self.link.report(state, code, reason)
 
     def cleanup_state(self, keep_logs):
         """Remove this node's state; keep torchrun's log copy if the controller may have missed lines."""
@@ -795,6 +866,355 @@ class Runner:
             os.rmdir(os.path.dirname(self.dir))  # the job's directory, once its last node is done here
         except OSError:
             pass
+
+
+# --- detached jobs: the node's journal and record, and the supervisor on the master node ------
+#
+#   <state root>/<job>/node<N>/journal        every frame after Go, as the controller was sent it
+#   <state root>/<job>/node<N>/record.json    what ddp-ls shows: script, ranks, state, times, code
+#   <state root>/<job>/node<M>/outcome.json   the master node's: every node's end, the root cause
+
+JOURNAL = "journal"
+RECORD = "record.json"
+OUTCOME = "outcome.json"
+ENDED = ("done", "failed", "stopped", "lost")
+RETENTION = 7 * 86400.0  # a finished detached job's record and journal are kept this long
+JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job
+
+
+class Journal:
+    """Appends encoded frames to the journal file (created here, 0600, never through a link)."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        self.lock = threading.Lock()
+        self.failed = False
+
+    def append(self, data):
+        if self.failed:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError:
+            self.failed = True  # a full disk: the job goes on; its journal is cut here
+
+
+def write_record(where, record, name=RECORD):
+    """``record`` as JSON, replacing the last one in one rename (readers never see half)."""
+    tmp = os.path.join(where, ".%s.%d" % (name, os.getpid()))
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+    try:
+        write_private(tmp, json.dumps(record))
+        os.replace(tmp, os.path.join(where, name))
+    except OSError:
+        remove_quietly(tmp)
+
+
+def read_record(where, name=RECORD):
+    try:
+        fd = os.open(os.path.join(where, name), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            record = json.loads(f.read().decode("utf-8"))
+        return record if isinstance(record, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def live_state(record):
+    """The record's state, or "lost" for a job whose agent is gone without recording its end (a
+    SIGKILL, a reboot): a pid that now belongs to another process does not carry the job's tag."""
+    state = record.get("state")
+    if state == "running":
+        tags = read_tags(record.get("pid") or 0) or {}
+        if tags.get(TAG_JOB) != record.get("job"):
+            return "lost"
+    return state
+
+
+def proof(token, nonce):
+    import hashlib
+    import hmac
+    return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def proof_ok(token, nonce, given):
+    import hmac
+    return isinstance(given, str) and hmac.compare_digest(proof(token, nonce), given)
+
+
+class Supervisor:
+    """The master node's agent, in a detached job: every other node's agent joins it (TCP, each
+    connection proving it knows the job's token) and reports its state. The first node to fail,
+    stop or fall silent for orphan_timeout halts every node, as the controller does for a job it
+    watches; once every node has ended, the outcome is recorded here."""
+
+    def __init__(self, runner, listener):
+        self.runner = runner
+        self.spec = runner.spec
+        self.listener = listener
+        self.port = listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.states = {}  # node -> {"state", "code", "reason", "at"}
+        self.links = {}  # node -> (socket, its send lock)
+        self.heard = {}  # node -> when it was last heard (monotonic)
+        self.halted = None  # the reason every node was told to stop
+        self.finished = threading.Event()
+
+    def start(self):
+        now = time.monotonic()
+        self.heard = {node: now for node in range(self.spec.nodes)}  # joining is due from Go on
+        threading.Thread(target=self.accept, name="supervisor", daemon=True).start()
+        threading.Thread(target=self.watch, name="supervisor-watch", daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        """One node's connection: the challenge, then its reports until it closes."""
+        node = None
+        try:
+            conn.settimeout(JOIN_TIMEOUT)
+            nonce = os.urandom(16).hex()
+            conn.sendall(wire.Challenge(nonce=nonce).encode())
+            stream = conn.makefile("rb")
+            join = wire.read_frame(stream, wire.PEER)
+            if not (isinstance(join, wire.Join) and 0 < join.node < self.spec.nodes
+                    and proof_ok(self.spec.token, nonce, join.proof)):
+                return  # not one of this job's agents: nothing is said to it
+            node = join.node
+            conn.settimeout(self.spec.orphan_timeout)
+            with self.lock:
+                self.links[node] = (conn, threading.Lock())
+                self.heard[node] = time.monotonic()
+                halted = self.halted
+            if halted:
+                self.send(node, wire.Halt(reason=halted))
+            while True:
+                frame = wire.read_frame(stream, wire.PEER)
+                if frame is None:
+                    return
+                self.heard[node] = time.monotonic()
+                if isinstance(frame, wire.NodeState) and frame.node == node:
+                    self.report(node, frame.state, frame.code, frame.reason)
+        except (OSError, ValueError, wire.ProtocolError):
+            pass  # a silent node is found lost by watch()
+        finally:
+            with self.lock:
+                if node is not None and self.links.get(node, (None,))[0] is conn:
+                    del self.links[node]
+            conn.close()
+
+    def send(self, node, frame):
+        link = self.links.get(node)
+        if link is None:
+            return
+        conn, lock = link
+        try:
+            with lock:
+                conn.sendall(frame.encode())
+        except OSError:
+            pass
+
+    def report(self, node, state, code=None, reason=None):
+        with self.lock:
+            if self.states.get(node, {}).get("state") in ENDED:
+                return  # a node ends once
+            self.states[node] = {"state": state, "code": code, "reason": reason, "at": time.time()}
+            halt = state in ("failed", "stopped", "lost") and self.halted is None
+            if halt:
+                self.halted = "node %d %s" % (node, describe_end(state, code, reason))
+            ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == self.spec.nodes
+        if halt:
+            for other in list(self.links):
+                if self.states.get(other, {}).get("state") not in ENDED:
+                    self.send(other, wire.Halt(reason=self.halted))
+            self.runner.events.put(("stop", self.halted))
+        if ended:
+            self.record_outcome()
+            self.finished.set()
+
+    def watch(self):
+        while not self.finished.wait(self.spec.heartbeat):
+            for node in list(self.links):
+                self.send(node, wire.Heartbeat())
+            now = time.monotonic()
+            for node in range(1, self.spec.nodes):
+                silent = now - self.heard[node]
+                if self.states.get(node, {}).get("state") not in ENDED and silent > self.spec.orphan_timeout:
+                    self.report(node, "lost", None, "no word from its agent for %.0f s" % silent)
+
+    def record_outcome(self):
+        failures = [dict(st, node=n) for n, st in self.states.items() if st["state"] != "done"]
+        first = min(failures, key=lambda f: f["at"]) if failures else None
+        write_record(self.runner.dir, {"job": self.spec.job, "ended": time.time(), "root_cause": first,
+                                       "halted": self.halted, "nodes": {str(n): st for n, st in self.states.items()}},
+                     OUTCOME)
+
+
+def describe_end(state, code, reason):
+    if state == "failed":
+        return "failed (exit code %s)" % code
+    return "%s (%s)" % (state, reason) if reason else state
+
+
+class PeerLink:
+    """Every other node's agent, in a detached job: its line to the master node's Supervisor. A
+    Halt stops the job here; a supervisor unheard for orphan_timeout (the master node or the
+    network between them gone) stops it too, as a silent controller would. It reconnects while
+    it waits: a short break in the network is not a failure."""
+
+    def __init__(self, runner, addr, port):
+        self.runner = runner
+        self.spec = runner.spec
+        self.addr, self.port = addr, port
+        self.lock = threading.Lock()
+        self.sock = None
+        self.heard = time.monotonic()
+        self.state = wire.NodeState(node=self.spec.node, state="running")
+        self.done = threading.Event()
+
+    def start(self):
+        threading.Thread(target=self.run, name="peer-link", daemon=True).start()
+        threading.Thread(target=self.beat, name="peer-beat", daemon=True).start()
+
+    def run(self):
+        while not self.done.is_set():
+            try:
+                self.session()
+            except (OSError, ValueError, wire.ProtocolError):
+                pass
+            if self.done.wait(1.0):
+                return
+
+    def session(self):
+        conn = socket.create_connection((self.addr, self.port), timeout=JOIN_TIMEOUT)
+        try:
+            conn.settimeout(self.spec.orphan_timeout)
+            stream = conn.makefile("rb")
+            challenge = wire.read_frame(stream, wire.PEER)
+            if not isinstance(challenge, wire.Challenge):
+                return
+            with self.lock:
+                conn.sendall(wire.Join(node=self.spec.node, proof=proof(self.spec.token, challenge.nonce)).encode()
+                             + self.state.encode())
+                self.sock = conn
+            while True:
+                frame = wire.read_frame(stream, wire.PEER)
+                if frame is None:
+                    return
+                self.heard = time.monotonic()
+                if isinstance(frame, wire.Halt):
+                    self.runner.events.put(("stop", frame.reason))
+        finally:
+            with self.lock:
+                self.sock = None
+            conn.close()
+
+    def send(self, frame):
+        with self.lock:
+            if self.sock is None:
+                return False
+            try:
+                self.sock.sendall(frame.encode())
+                return True
+            except OSError:
+                return False
+
+    def beat(self):
+        while not self.done.wait(self.spec.heartbeat):
+            self.send(wire.Heartbeat())
+            silent = time.monotonic() - self.heard
+            if silent > self.spec.orphan_timeout:
+                self.runner.events.put(("stop", "no word from the master node's supervisor for %.0f s" % silent))
+                return
+
+    def report(self, state, code, reason):
+        """This node's end, to the supervisor (waiting a little for a connection, if it is between
+        two); the link then closes."""
+        with self.lock:
+            self.state = wire.NodeState(node=self.spec.node, state=state, code=code, reason=reason)
+        deadline = time.monotonic() + 2 * self.spec.heartbeat
+        while not self.send(self.state) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.done.set()
+
+
+def follow(spec, writer):
+    """Follow mode: the job's journal on this node, frame by frame, from its start."""
+    where = job_node_dir(spec.job, spec.node)
+    try:
+        fd = os.open(os.path.join(where or "", JOURNAL), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        writer.send(wire.Failed("no detached job %s on this node" % spec.job,
+                                "ddp-ls CLUSTER.yaml lists the jobs on the cluster's nodes"))
+        writer.drain(5)
+        return 3
+    decoder = wire.Decoder(wire.TO_CONTROLLER)
+    beat = time.monotonic()
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        while not writer.broken:
+            running = live_state(read_record(where) or {}) == "running"
+            data = f.read(1 << 20)
+            if data:
+                for frame in decoder.feed(data):
+                    writer.send(frame)
+                continue
+            if not (spec.follow and running):
+                break
+            if time.monotonic() - beat > spec.heartbeat:
+                writer.send(wire.Heartbeat(), block=False)
+                beat = time.monotonic()
+            time.sleep(0.1)
+    writer.send(wire.JournalEnd(running=running))
+    writer.drain(30)
+    return 0
+
+
+def job_node_dir(job, node):
+    """The node directory of ``job`` here, or None (not a job id, or the state root not private)."""
+    root = state_root()
+    if not JOB_ID.fullmatch(job) or private_dir(root, create=False):
+        return None
+    return os.path.join(root, job, "node%d" % node)
+
+
+def recorded_jobs():
+    """(node directory, record) of every detached job here, with the master's outcome added."""
+    root = state_root()
+    if private_dir(root, create=False):
+        return []
+    found = []
+    for job in sorted(os.listdir(root)):
+        job_dir = os.path.join(root, job)
+        if not JOB_ID.fullmatch(job) or private_dir(job_dir, create=False):
+            continue
+        for entry in sorted(os.listdir(job_dir)):
+            record = read_record(os.path.join(job_dir, entry)) if entry.startswith("node") else None
+            if record is not None:
+                record["state"] = live_state(record)
+                record["outcome"] = read_record(os.path.join(job_dir, entry), OUTCOME)
+                found.append((os.path.join(job_dir, entry), record))
+    return found
+
+
+def list_jobs(writer):
+    writer.send(wire.Jobs(jobs=[record for _, record in recorded_jobs()]))
+    writer.drain(5)
+    return 0
+
+
+def expired(record, now):
+    return record.get("state") != "running" and now - (record.get("ended") or record.get("started") or 0) > RETENTION
 
 
 # --- `launcher: none`: the agent starts the workers itself -----------------------------------------
@@ -1064,17 +1484,27 @@ def sweep(spec, writer):
     if spec.dry_run:
         result = {"found": found, "killed": [], "left": []}
     else:
-        result = kill_tagged(match, grace=spec.grace)
-        remove_stale_state(match)
+        result = stop_agents_first(match, spec.grace)
+        remove_stale_state(match, purge=spec.purge)
     writer.send(wire.Swept(killed=result["killed"], left=result["left"]))
     writer.drain(5)
     return 0
 
 
-def remove_stale_state(match):
+def stop_agents_first(match, grace):
+    """kill_tagged, but a detached job's agents first get SIGTERM and ``grace`` to stop their own
+    job and record its end (their workers are still there when they look)."""
+    agents = [p["pid"] for p in find_tagged(match) if AGENT_MARK in p["cmd"]]
+    stopped = [pid for pid in agents if signal_tagged(pid, signal.SIGTERM, match)]
+    wait_gone(stopped, grace + KILL_WAIT)
+    return kill_tagged(match, grace=grace)
+
+
+def remove_stale_state(match, purge=False):
     """Remove the node directories (hooks, and any torchrun log copy kept for a vanished
     controller) of jobs that no longer have processes here; only in a private state root, only
-    directories named as ddp-up names them, never through a link."""
+    directories named as ddp-up names them, never through a link. A detached job's record and
+    journal stay for RETENTION after its end, unless ``purge``."""
     root = state_root()
     if private_dir(root, create=False):
         return
@@ -1086,7 +1516,10 @@ def remove_stale_state(match):
             continue
         for entry in os.listdir(job_dir):
             node = entry[4:]
-            if entry.startswith("node") and node.isdigit() and not find_tagged({TAG_JOB: name, TAG_NODE: node}):
+            if not (entry.startswith("node") and node.isdigit()) or find_tagged({TAG_JOB: name, TAG_NODE: node}):
+                continue
+            record = read_record(os.path.join(job_dir, entry))
+            if record is None or purge or expired(record, time.time()):  # a detached job's, kept a while
                 shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
         try:
             os.rmdir(job_dir)  # only if empty
@@ -1358,6 +1791,10 @@ def main():
         code = detect(spec, writer)
     elif isinstance(spec, wire.SyncSpec):
         code = receive(spec, writer, sys.stdin.buffer)
+    elif isinstance(spec, wire.FollowSpec):
+        code = follow(spec, writer)
+    elif isinstance(spec, wire.ListSpec):
+        code = list_jobs(writer)
     else:
         code = Runner(spec, writer).run()
     sys.stdout.flush()

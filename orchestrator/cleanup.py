@@ -41,22 +41,23 @@ def match_for(job: str | None = None, node: int | None = None, cluster: str | No
 
 
 def sweep_limit(node: NodeConfig, grace: float) -> float:
-    return grace + node.ssh.connect_timeout + SWEEP_MARGIN
+    return 2 * grace + node.ssh.connect_timeout + SWEEP_MARGIN  # detached agents get a grace of their own first
 
 
 def sweep_node(node: NodeConfig, match: dict, grace: float, dry_run: bool = False,
-               transport: Transport | None = None) -> SweepReport:
+               transport: Transport | None = None, purge: bool = False) -> SweepReport:
     """Run the agent in sweep mode on one node and collect its report (bounded by sweep_limit)."""
-    spec = wire.SweepSpec(match=match, grace=grace, dry_run=dry_run)
+    spec = wire.SweepSpec(match=match, grace=grace, dry_run=dry_run, purge=purge)
     reply = call_agent(node, spec, sweep_limit(node, grace), until=wire.Swept, transport=transport)
     listed, swept = reply.frames.get(wire.Listed), reply.frames.get(wire.Swept)
     return SweepReport(node, found=listed.found if listed else [], killed=swept.killed if swept else [],
                        left=swept.left if swept else [], error=reply.error)
 
 
-def sweep_nodes(nodes: list[NodeConfig], match_of, grace: float, dry_run: bool = False) -> list[SweepReport]:
+def sweep_nodes(nodes: list[NodeConfig], match_of, grace: float, dry_run: bool = False,
+                purge: bool = False) -> list[SweepReport]:
     """Sweep many nodes in parallel; ``match_of(node)`` gives each node's tag filter."""
-    return on_each(nodes, lambda n: sweep_node(n, match_of(n), grace, dry_run), name="sweep")
+    return on_each(nodes, lambda n: sweep_node(n, match_of(n), grace, dry_run, purge=purge), name="sweep")
 
 
 class LostNodeSweeper:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 from contextlib import contextmanager
@@ -63,6 +64,9 @@ def up_parser() -> argparse.ArgumentParser:
                            "workdir (changed files only; .gitignore honored; nothing on the nodes is deleted)")
     sync.add_argument("--no-sync", dest="sync", action="store_false", help="skip the cluster file's `sync:`")
     p.add_argument("--job-id", help="use this job id instead of a generated one")
+    p.add_argument("--detach", action="store_true",
+                   help="start the job, then exit once every node runs: the job goes on without ddp-up (its "
+                        "nodes stop each other on a failure); watch it with ddp-attach, ddp-logs, ddp-ls")
     view = p.add_mutually_exclusive_group()
     view.add_argument("--no-dashboard", dest="dashboard", action="store_false", default=None,
                       help="plain prefixed lines even on a terminal")
@@ -177,7 +181,8 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         inbox.check()
         config = _resolve_nodes(config, console)
         job_id = args.job_id or new_job_id()
-        plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout)
+        plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
+                         detach=args.detach)
         sync = sync_choice(args.sync, config.sync)
         if args.dry_run:
             print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None)
@@ -191,7 +196,7 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         view = (DashboardView if dashboard else ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse)
         inbox.check()
         return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
-                       inbox=inbox)
+                       inbox=inbox, cluster_arg=" ".join(shlex.quote(a) for a in ours_for_attach(args)))
     except DdpUpError as e:
         return _report("ddp-up", e, secrets)
     except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop
@@ -244,10 +249,22 @@ def copy_workdirs(plan: LaunchPlan, sync: SyncConfig, runs_dir: str, config_path
     console.print(f"ddp-up {summary.render()}", markup=False)
 
 
+def ours_for_attach(args: argparse.Namespace) -> list[str]:
+    """How the other commands name this run's nodes: the cluster file, or the node option."""
+    if args.hostfile:
+        return ["--hostfile", args.hostfile] + ([args.cluster] if args.cluster else [])
+    if args.hosts:
+        return ["-H", args.hosts] + ([args.cluster] if args.cluster else [])
+    if args.slurm:
+        return ["--slurm"] + ([args.cluster] if args.cluster else [])
+    return [args.cluster]
+
+
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
-            inbox: signals.SignalInbox = signals.INBOX) -> int:
+            inbox: signals.SignalInbox = signals.INBOX, cluster_arg: str = "CLUSTER.yaml") -> int:
     """Run to completion. Signals are the job loop's events: the first stops every node
-    gracefully, the second kills now; either way the exit status is 128+N."""
+    gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
+    ends once every node runs (exit 0), the job going on under its own agents."""
     job = Job(plan, Fanout(console_view, logs), preflight=preflight, inbox=inbox)
     with console_view, logs:
         try:
@@ -257,6 +274,15 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL))
             raise
         job.close()
+        if job.detached:
+            console_view.end_lines()
+            for text in (f"job {plan.job_id} runs detached on {len(plan.nodes)} node(s); it no longer needs this "
+                         "terminal",
+                         f"watch it: ddp-attach {cluster_arg} {plan.job_id}    (Ctrl-C there leaves it running)",
+                         f"its lines: ddp-logs {cluster_arg} {plan.job_id} [--follow]; every job: ddp-ls {cluster_arg}",
+                         f"stop it:   ddp-kill {cluster_arg} --job {plan.job_id}"):
+                console_view.notice(text)
+            return EXIT_OK
         logs.finished(result)
         console_view.finished(result)
     console_view.notice(f"logs: {logs.dir}")
@@ -371,6 +397,9 @@ def kill_parser() -> argparse.ArgumentParser:
     scope.add_argument("--job", metavar="ID", help="only this job")
     scope.add_argument("--all", action="store_true", help="every ddp-up job of this user on these nodes")
     p.add_argument("--dry-run", action="store_true", help="list what would be stopped; stop nothing")
+    p.add_argument("--purge", action="store_true",
+                   help="also remove the records and logs that finished detached jobs keep on the nodes "
+                        "(else kept 7 days)")
     return p
 
 
@@ -395,7 +424,8 @@ def main_kill(argv: list[str] | None = None) -> int:
 
     with signals.recording(), ssh_connections():
         try:
-            reports = sweep_nodes(list(config.nodes), match_of, grace=config.stop_grace, dry_run=args.dry_run)
+            reports = sweep_nodes(list(config.nodes), match_of, grace=config.stop_grace, dry_run=args.dry_run,
+                                  purge=args.purge)
         except Interrupted as e:
             return _interrupted("ddp-kill", e, "before every node answered; run ddp-kill again to confirm")
     console.print(kill_table(reports, args.dry_run))

@@ -25,3 +25,22 @@ def kill() -> None:
 
 def check() -> None:
     _run("main_check")
+
+
+def attach() -> None:
+    _run_detached("main_attach")
+
+
+def logs() -> None:
+    _run_detached("main_logs")
+
+
+def ls() -> None:
+    _run_detached("main_ls")
+
+
+def _run_detached(name: str) -> None:
+    INBOX.install()
+    from . import detached
+
+    sys.exit(getattr(detached, name)())

@@ -104,6 +104,10 @@ class Job:
         self.kill_deadline: float | None = None
         self.started = clock()
         self._next_heartbeat = 0.0
+        self.supervisor_port: int | None = None  # detach: the master node's supervisor
+        self.detached = False  # detach: every node runs, and this loop let go of the job
+        self.following = False  # attached to a detached job (see follow)
+        self.journal_ended: set[int] = set()  # following: nodes whose journal was read to its end
 
     # --- entry points ---
 
@@ -120,6 +124,19 @@ class Job:
             if not self.stop_requested:
                 self._go()
             self._drain()
+        return self.result()
+
+    def follow(self) -> JobResult:
+        """Attach to a detached job: every node's journal from its start, then live, through the
+        same events, states and views as a run this loop started. The job's own agents decide
+        everything (agent.Supervisor), so nothing is ever sent to them; a signal detaches. Ends
+        when every node's journal has ended (or its node is unreachable)."""
+        self.following = True
+        with self.inbox.waking(lambda: self.events.put(WAKE)):
+            self.opener(self.sessions)
+            while self.interrupted is None and not all(
+                    s.terminal or s.plan.index in self.journal_ended for s in self.status):
+                self._turn(None)
         return self.result()
 
     def check(self) -> list[NodeProblem]:
@@ -196,9 +213,13 @@ class Job:
     def _go(self) -> None:
         if self.master_port is None:
             raise SetupError([NodeProblem(self.plan.master.label, "the master did not report a free port")])
+        if self.plan.detach and self.supervisor_port is None:
+            raise SetupError([NodeProblem(self.plan.master.label, "the master did not report its supervisor's port",
+                                          "use the same ddp-up version everywhere")])
+        supervisor = [self.plan.master_addr, self.supervisor_port] if self.plan.detach else None
         self.hang.started(self.clock())
         for session, status in zip(self.sessions, self.status):
-            session.send(wire.Go(argv=self.plan.launcher_argv(status.plan, self.master_port)))
+            session.send(wire.Go(argv=self.plan.launcher_argv(status.plan, self.master_port), supervisor=supervisor))
             status.started_at = self.clock()
             self._set(status.plan.index, "starting")
 
@@ -206,6 +227,9 @@ class Job:
 
     def _drain(self) -> None:
         while not all(s.terminal for s in self.status):
+            if self.plan.detach and not self.stop_requested and all(s.state == "running" for s in self.status):
+                self.detached = True  # the job's own agents watch it from here (agent.Supervisor)
+                return
             self._turn(self._soonest_deadline())
 
     def _turn(self, deadline: float | None) -> None:
@@ -235,6 +259,10 @@ class Job:
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
+        if self.following:
+            self.interrupted = signum
+            self.view.notice(f"{name}: detached; job {self.plan.job_id} goes on running")
+            return
         if self.interrupted is None:
             self.interrupted = signum
             self.view.notice(f"{name}: stopping all nodes (Ctrl-C again to kill now)")
@@ -249,6 +277,8 @@ class Job:
         if now < self._next_heartbeat:
             return
         self._next_heartbeat = now + self.plan.heartbeat
+        if self.following:
+            return  # a journal reader does not listen
         for session, status in zip(self.sessions, self.status):
             if not status.terminal and session.started:
                 session.send(wire.Heartbeat())
@@ -258,7 +288,7 @@ class Job:
     def _handle(self, event: object) -> None:
         if isinstance(event, Lines):
             self._lines(event)
-        elif self.status[event.node].terminal:
+        elif self.status[event.node].terminal or event.node in self.journal_ended:
             return  # e.g. a cancelled connect finishing late: its outcome is already decided
         elif isinstance(event, Message):
             self._message(event.node, event.frame)
@@ -286,6 +316,10 @@ class Job:
             self._set(node, "stopping", reason=frame.reason)
         elif isinstance(frame, wire.Exited):
             self._exited(node, frame)
+        elif isinstance(frame, wire.JournalEnd) and self.following:
+            self.journal_ended.add(node)
+            if not frame.running and not status.terminal:
+                self._set(node, "lost", reason="its journal ends before the job's end there (its agent was killed?)")
         else:
             self._lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
                              f"while {status.state}")
@@ -296,6 +330,8 @@ class Job:
         status.clock_skew = frame.time - self.wall()
         if frame.port is not None and self.master_port is None:
             self.master_port = frame.port
+        if frame.supervisor_port is not None and node == self.plan.master.index:
+            self.supervisor_port = frame.supervisor_port
         self._set(node, "ready")
 
     def _lines(self, event: Lines) -> None:
@@ -315,7 +351,8 @@ class Job:
             self._set(node, "stopped", reason=status.reason or frame.reason)
         elif frame.stopped:
             self._set(node, "stopped", reason=frame.reason)
-            self._fail(node, None, frame.code, f"stopped on the node: {frame.reason}")
+            if not self.following:  # a detached job's nodes stop when another fails: that one is the cause
+                self._fail(node, None, frame.code, f"stopped on the node: {frame.reason}")
         elif frame.code == 0:
             self._set(node, "done")
             self.hang.node_done(self.clock())
@@ -346,7 +383,9 @@ class Job:
         now = self.clock()
         for session, status in zip(self.sessions, self.status):
             silent = now - session.last_heard
-            if not status.terminal and session.started and silent > self.plan.orphan_timeout:
+            if status.terminal or status.plan.index in self.journal_ended:
+                continue
+            if session.started and silent > self.plan.orphan_timeout:
                 self._lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
         self._act_on_hang(self.hang.check(now, self.status, self.stop_requested))
         if self.stop_deadline is not None and now >= self.stop_deadline and self.kill_deadline is None:
@@ -374,6 +413,8 @@ class Job:
     def _lost(self, node: int, what: str) -> None:
         self._set(node, "lost", reason=what)
         self.sessions[node].close()
+        if self.following:
+            return  # only this view of the node is lost; the job there goes on under its supervisor
         self.sweeper.start(self.plan.nodes[node].config)
         if not self.stop_requested or self.interrupted is None:
             self._fail(node, None, None, what)
@@ -381,6 +422,9 @@ class Job:
     def _fail(self, node: int, rank: int | None, code: int | None, what: str, at: float | None = None) -> None:
         label = self.plan.nodes[node].label
         self.failures.append(Failure(node, label, rank, code, what, at if at is not None else self.wall()))
+        if self.following:
+            self.stop_requested = True  # by the job's own supervisor, on the nodes
+            return
         if not self.stop_requested:
             self.view.notice(f"{label} failed: {what}; stopping all nodes")
             self._request_stop(f"{label} failed")

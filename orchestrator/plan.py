@@ -63,6 +63,8 @@ class LaunchPlan:
     launcher: str = "torchrun"
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
     run_token: str = ""  # tags this launch's processes apart from any other with the same job id
+    detach: bool = False  # the job outlives ddp-up: its agents supervise it (agent.Supervisor)
+    peer_token: str | None = None  # detach: the secret the job's agents prove to each other
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -111,13 +113,15 @@ class LaunchPlan:
     def agent_spec(self, node: NodePlan) -> wire.RunSpec:
         """What the node agent needs before go: where to run, what to check, how to stop."""
         is_master = node.index == self.master.index
+        detached = dict(detach=True, token=self.peer_token, nodes=len(self.nodes), label=node.label,
+                        ranks=[node.first_rank, node.nproc]) if self.detach else {}
         return wire.RunSpec(
             job=self.job_id, node=node.index, cluster=self.cluster_id, run=self.run_token, workdir=node.workdir,
             script=self.script,
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
-            needs_torch=self.launcher != "none")
+            needs_torch=self.launcher != "none", **detached)
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""
@@ -131,7 +135,7 @@ class LaunchPlan:
 
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
               job_id: str, local_cwd: str, hang_timeout: float | None = None,
-              run_token: str | None = None) -> LaunchPlan:
+              run_token: str | None = None, detach: bool = False) -> LaunchPlan:
     """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings."""
     nodes = []
     first = 0
@@ -155,6 +159,8 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         launcher=config.launcher,
         secrets=config.secret_values,
         run_token=run_token if run_token is not None else secrets.token_hex(6),
+        detach=detach,
+        peer_token=secrets.token_hex(32) if detach else None,
     )
 
 

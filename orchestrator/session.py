@@ -19,13 +19,18 @@ from .transport import ConnectFailed, Transport
 
 class NodeSession:
     def __init__(self, plan: LaunchPlan, node: NodePlan, transport: Transport,
-                 post: Callable[[object], None], clock: Callable[[], float] = time.monotonic):
+                 post: Callable[[object], None], clock: Callable[[], float] = time.monotonic,
+                 follow: wire.FollowSpec | None = None):
         self.plan = plan
         self.node = node
         self.post = post
-        self.channel = AgentChannel(node.config, transport, plan.agent_spec(node), self._frames, self._end,
-                                    on_stderr=self._stderr, tags=node.tags(plan), setup=node.config.setup,
-                                    workdir=node.workdir, clock=clock)
+        if follow is None:  # a launch: the agent runs the job, tagged as its process and in its setup
+            self.channel = AgentChannel(node.config, transport, plan.agent_spec(node), self._frames, self._end,
+                                        on_stderr=self._stderr, tags=node.tags(plan), setup=node.config.setup,
+                                        workdir=node.workdir, clock=clock)
+        else:  # an attach: the agent reads a detached job's journal, and is none of the job's processes
+            self.channel = AgentChannel(node.config, transport, follow, self._frames, self._end,
+                                        on_stderr=self._stderr, clock=clock)
 
     @property
     def last_heard(self) -> float:

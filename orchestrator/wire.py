@@ -20,6 +20,16 @@ means the controller is gone, and the agent stops whatever it started.
   sweep   SweepSpec                                 Listed, Swept
   sync    SyncSpec; AskShared, File (+ bytes)...,   Needs or Failed; Shared; Copied or Failed
           EndOfFiles
+  follow  FollowSpec                                a detached job's journal: Started, Output,
+                                                    Stopping, Exited (as run sent them); Heartbeat;
+                                                    JournalEnd or Failed
+  list    ListSpec                                  Jobs
+
+A detached job (RunSpec.detach) also writes every frame after Go to a journal on its node, and
+its agents talk to each other, not to the controller, once it is gone: each node's agent joins
+the supervisor in the master node's agent (TCP on the master address, Go.supervisor) with PEER
+frames: Challenge -> Join (an HMAC of the challenge under the job's token), then NodeState and
+Heartbeat from the node, Halt and Heartbeat from the supervisor.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ class ProtocolError(Exception):
 
 TO_AGENT = {}  # frames the controller sends, by kind: {bytes: type}
 TO_CONTROLLER = {}  # frames the agent sends, by kind
+PEER = {}  # frames between a detached job's agents (both ways)
 
 
 def _frame(*directions):
@@ -131,6 +142,11 @@ class RunSpec(Frame):
     heartbeat: float
     stack_dumps: bool
     needs_torch: bool = True  # torchrun and legacy; `launcher: none` runs any program, and skips the probe
+    detach: bool = False  # the job outlives the controller: journal, record, and the supervisor (see above)
+    token: str | None = None  # detach: the secret the job's agents prove to each other
+    nodes: int = 1  # detach: how many nodes the supervisor waits for
+    label: str = ""  # detach: the node as the cluster file names it (the record's)
+    ranks: list[int] | None = None  # detach: [first global rank, rank count] (the record's)
 
 
 @_frame(TO_AGENT)
@@ -147,6 +163,7 @@ class SweepSpec(Frame):
     match: dict[str, str]
     grace: float
     dry_run: bool
+    purge: bool = False  # also remove finished detached jobs' records and journals (else kept a while)
 
 
 @_frame(TO_AGENT)
@@ -158,7 +175,23 @@ class SyncSpec(Frame):
     idle_timeout: float
 
 
-SPECS = (RunSpec, DetectSpec, SweepSpec, SyncSpec)
+@_frame(TO_AGENT)
+class FollowSpec(Frame):
+    """Send a detached job's journal on this node from its start; with ``follow``, go on until the
+    job there has ended (else stop at its current end)."""
+
+    job: str
+    node: int
+    follow: bool
+    heartbeat: float = 5.0
+
+
+@_frame(TO_AGENT)
+class ListSpec(Frame):
+    """Report the detached jobs recorded on this node (running and finished)."""
+
+
+SPECS = (RunSpec, DetectSpec, SweepSpec, SyncSpec, FollowSpec, ListSpec)
 
 
 # --- run mode -----------------------------------------------------------------------------------
@@ -180,6 +213,7 @@ class Probe(Frame):
 @_frame(TO_AGENT)
 class Go(Frame):
     argv: list[str]
+    supervisor: list | None = None  # detach: [address, port] of the master node's supervisor
 
 
 @_frame(TO_AGENT)
@@ -210,6 +244,7 @@ class Ready(Frame):
     time: float  # the node's wall clock (skew check)
     disk_free: int
     port: int | None = None  # the master node's free port, when it picked one
+    supervisor_port: int | None = None  # detach, the master node: where its supervisor listens
 
 
 @_frame(TO_CONTROLLER)
@@ -342,6 +377,51 @@ class Copied(Frame):
     files: int
     bytes: int
     links: int
+
+
+@_frame(TO_CONTROLLER)
+class JournalEnd(Frame):
+    """Follow mode: the journal was sent to its end (``running``: the job there goes on)."""
+
+    running: bool
+
+
+@_frame(TO_CONTROLLER)
+class Jobs(Frame):
+    """List mode: one record per detached job on this node (see agent.write_record)."""
+
+    jobs: list[dict]
+
+
+# --- between a detached job's agents --------------------------------------------------------------
+
+@_frame(PEER)
+class Challenge(Frame):
+    nonce: str
+
+
+@_frame(PEER)
+class Join(Frame):
+    node: int
+    proof: str  # hex HMAC-SHA256 of the nonce under the job's token
+
+
+@_frame(PEER)
+class NodeState(Frame):
+    node: int
+    state: str  # "running" | "done" | "failed" | "stopped"
+    code: int | None = None
+    reason: str | None = None
+
+
+@_frame(PEER)
+class Halt(Frame):
+    """Stop the job on this node: another node failed, or the supervisor lost one."""
+
+    reason: str
+
+
+PEER[Heartbeat.KIND] = Heartbeat
 
 
 # --- decoding -----------------------------------------------------------------------------------

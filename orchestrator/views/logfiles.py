@@ -33,8 +33,10 @@ def _iso(wall: float | None) -> str | None:
 
 
 class RunLogs:
-    def __init__(self, plan: LaunchPlan, root: str, wall=time.time, warn: Callable[[str], None] | None = None):
+    def __init__(self, plan: LaunchPlan, root: str, wall=time.time, warn: Callable[[str], None] | None = None,
+                 fresh: bool = False):
         self.plan = plan
+        self.mode = "w" if fresh else "a"  # fresh: the lines are all coming again (an attach replays them)
         self.dir = os.path.join(root, plan.job_id)
         self.wall = wall
         self.warn = warn or (lambda text: None)
@@ -73,7 +75,7 @@ class RunLogs:
 
     def _open(self, name: str) -> IO[str]:
         # surrogateescape: bytes that were not UTF-8 are written back exactly as the rank printed them
-        return open(os.path.join(self.dir, name), "a", encoding="utf-8", errors="surrogateescape")
+        return open(os.path.join(self.dir, name), self.mode, encoding="utf-8", errors="surrogateescape")
 
     def _node_file(self, node: NodePlan) -> IO[str]:
         f = self.node_files.get(node.index)

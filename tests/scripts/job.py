@@ -7,6 +7,7 @@
   job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
   job.py env NAME...      every rank prints ENV NAME=value for each (no torch)
   job.py blob N           every rank prints "start" and one unterminated N-byte binary line (no torch)
+  job.py tick N S [R C]   every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2 (no torch)
 """
 
 import datetime
@@ -117,6 +118,16 @@ def main():
     if mode == "env":  # job.py env NAME...: print each variable as this process sees it
         for name in rest:
             print(f"ENV {name}={os.environ.get(name, '<unset>')}", flush=True)
+        finish(0)
+    if mode == "tick":  # job.py tick N SECONDS [FAIL_RANK CODE]: N numbered lines a rank, no torch
+        rank, n, pause = int(os.environ["RANK"]), int(rest[0]), float(rest[1])
+        fail_rank, code = (int(rest[2]), int(rest[3])) if len(rest) > 3 else (-1, 0)
+        for i in range(n):
+            print(f"tick {i} rank={rank}", flush=True)
+            if rank == fail_rank and i == 2:
+                print(f"rank {rank} failing with {code}", file=sys.stderr, flush=True)
+                finish(code)
+            time.sleep(pause)
         finish(0)
     if mode == "argv":
         dist, rank = init()

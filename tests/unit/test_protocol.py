@@ -23,7 +23,11 @@ EXAMPLES = [
     wire.Stopping(reason="asked"), wire.Exited(code=-9, signal="SIGKILL", stopped=False, reason=None),
     wire.Detected(gpus=8), wire.Listed(found=[{"pid": 1, "tags": {}, "cmd": "x"}]), wire.Swept(killed=[], left=[2]),
     wire.Needs(dest="/p", need=[0, 2], marker="m"), wire.Shared(sees=[]), wire.Copied(files=1, bytes=2, links=3),
+    wire.FollowSpec(job="j", node=1, follow=True), wire.ListSpec(), wire.JournalEnd(running=False),
+    wire.Jobs(jobs=[{"job": "j", "node": 0, "state": "done"}]),
 ]
+PEER_EXAMPLES = [wire.Challenge(nonce="ab"), wire.Join(node=2, proof="cd"), wire.Heartbeat(),
+                 wire.NodeState(node=2, state="failed", code=7), wire.Halt(reason="node 2 failed (exit code 7)")]
 
 
 def test_every_frame_kind_has_an_example_and_one_meaning():
@@ -31,6 +35,17 @@ def test_every_frame_kind_has_an_example_and_one_meaning():
     assert kinds == set(wire.TO_AGENT.values()) | set(wire.TO_CONTROLLER.values())
     # A kind name means one thing: only the heartbeat travels both ways.
     assert set(wire.TO_AGENT) & set(wire.TO_CONTROLLER) == {b"Heartbeat"}
+
+
+def test_a_detached_jobs_agents_speak_frames_of_their_own():
+    import io
+
+    assert set(wire.PEER.values()) == {type(f) for f in PEER_EXAMPLES}
+    assert set(wire.PEER) & (set(wire.TO_AGENT) | set(wire.TO_CONTROLLER)) == {b"Heartbeat"}
+    stream = io.BytesIO(b"".join(f.encode() for f in PEER_EXAMPLES))
+    assert [wire.read_frame(stream, wire.PEER) for _ in PEER_EXAMPLES] == PEER_EXAMPLES
+    with pytest.raises(wire.ProtocolError, match="unexpected frame"):  # a controller's frame is not a peer's
+        wire.read_frame(io.BytesIO(wire.Stop().encode()), wire.PEER)
 
 
 def test_every_frame_survives_the_wire_byte_by_byte():
@@ -84,7 +99,7 @@ def test_hello_is_the_sources_and_their_bytecode_then_the_spec():
     assert parts[0] == open(wire.__file__, "rb").read() and parts[1] == open(agent.__file__, "rb").read()
     wire_code, agent_code = map(marshal.loads, parts[2:])
     assert wire_code.co_filename == "ddp_up_wire" and agent_code.co_filename == "ddp_up_agent"
-    assert data[at:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true}\n'
+    assert data[at:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true, "purge": false}\n'
 
 
 def _run_agent(args, data):

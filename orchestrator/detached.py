@@ -1,0 +1,254 @@
+"""Detached jobs, from the controller's side: ddp-attach, ddp-logs and ddp-ls.
+
+A job started with ``ddp-up --detach`` keeps a journal on each node (agent.Journal): every frame
+its agent would have sent to ddp-up, in order. Attaching replays each node's journal through the
+same job loop and views as a live run (``Job.follow``): from the job's first line, then live,
+until the job has ended everywhere. Nothing is ever sent to the job: its own agents supervise it
+(agent.Supervisor), so an attach (or its Ctrl-C) cannot change its course. The run logs under
+``runs/<job>/`` are written again from the journals, so they hold every line exactly once
+whatever attaches and detaches happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from rich.table import Table
+
+from . import signals, wire
+from .cli import EXIT_OK, EXIT_USAGE, _interrupted, _load_or_report, _report, add_node_sources, ssh_connections
+from .errors import DdpUpError, Interrupted, UsageError
+from .job import Job
+from .oneshot import call_agent
+from .parallel import on_each
+from .plan import LaunchPlan, check_job_id, make_plan
+from .session import NodeSession
+from .transport import transport_for
+from .views.console import ConsoleView, terminal_console
+from .views.dashboard import DashboardView
+from .views.fanout import Fanout
+from .views.filters import parse_ranks
+from .views.logfiles import RunLogs
+
+LIST_LIMIT = 30.0  # seconds beyond the connect timeout for a node to list its jobs
+
+
+def follow_plan(config, job_id: str) -> LaunchPlan:
+    """The plan a journal is read against: the cluster's nodes and ranks (as launched from this
+    cluster file), no hang watch of its own (the job's agents have theirs)."""
+    return dataclasses.replace(make_plan(config, "(detached)", [], job_id, os.getcwd()), hang_timeout=None)
+
+
+def journal_sessions(follow: bool):
+    def make(plan: LaunchPlan, post, clock) -> list[NodeSession]:
+        return [NodeSession(plan, n, transport_for(n.config), post, clock,
+                            follow=wire.FollowSpec(job=plan.job_id, node=n.index, follow=follow,
+                                                   heartbeat=plan.heartbeat))
+                for n in plan.nodes]
+    return make
+
+
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="the cluster file the job was started with")
+    p.add_argument("job", metavar="JOB", nargs="?", help="the job id (ddp-ls lists them)")
+    add_node_sources(p)
+    return p
+
+
+def _job_id(args: argparse.Namespace, prog: str) -> str:
+    """The job id argument (after the cluster file, which a node option makes optional)."""
+    if args.job is None and args.cluster is not None and not args.cluster.endswith((".yaml", ".yml")):
+        args.cluster, args.job = None, args.cluster  # `-H a:1 JOB`: no cluster file
+    if args.job is None:
+        raise UsageError(f"missing JOB: {prog} CLUSTER.yaml JOB (ddp-ls CLUSTER.yaml lists the jobs)")
+    check_job_id(args.job, "JOB")
+    return args.job
+
+
+# --- ddp-attach -----------------------------------------------------------------------------
+
+def attach_parser() -> argparse.ArgumentParser:
+    p = _parser("ddp-attach", "Watch a detached job as a live run shows it, from its first line, then live. "
+                              "Ctrl-C detaches and leaves the job running. Exit status: the job's (0 ok, 1 failed "
+                              "or stopped) once it has ended, 2 usage, 3 no such job, 130 detached by Ctrl-C.")
+    view = p.add_mutually_exclusive_group()
+    view.add_argument("--no-dashboard", dest="dashboard", action="store_false", default=None,
+                      help="plain prefixed lines even on a terminal")
+    view.add_argument("--dashboard", dest="dashboard", action="store_true",
+                      help="the live dashboard even when stdout is not a terminal")
+    p.add_argument("--ranks", metavar="LIST", help="show only these ranks, e.g. 0,3-5 (log files keep every rank)")
+    p.add_argument("--collapse", action="store_true", help="print a line that every rank printed once, with a count")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where the job's logs are written (DIR/<job>/)")
+    return p
+
+
+def main_attach(argv: list[str] | None = None) -> int:
+    args = attach_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return _follow("ddp-attach", args, follow=True, show_end=True)
+
+
+# --- ddp-logs -------------------------------------------------------------------------------
+
+def logs_parser() -> argparse.ArgumentParser:
+    p = _parser("ddp-logs", "Print a detached job's lines from the logs its nodes keep: every line of every rank "
+                            "once, in order per rank. Exit status: 0, 2 usage, 3 no such job on some node.")
+    p.add_argument("--ranks", metavar="LIST", help="only these ranks' lines, e.g. 0,3-5")
+    p.add_argument("-f", "--follow", action="store_true", help="go on printing new lines until the job ends")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where the job's logs are written (DIR/<job>/)")
+    return p
+
+
+def main_logs(argv: list[str] | None = None) -> int:
+    args = logs_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args.dashboard, args.collapse = False, False
+    return _follow("ddp-logs", args, follow=args.follow, show_end=False)
+
+
+def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -> int:
+    console = terminal_console()
+    try:
+        job_id = _job_id(args, prog)
+    except DdpUpError as e:
+        return _report(prog, e)
+    config = _load_or_report(args, prog, forward=False)
+    if config is None:
+        return EXIT_USAGE
+    with signals.recording() as inbox, ssh_connections():
+        try:
+            plan = follow_plan(config, job_id)
+            ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
+        except DdpUpError as e:
+            return _report(prog, e, config.secret_values)
+        dashboard = (console.is_terminal if args.dashboard is None else args.dashboard) and show_end
+        if dashboard and not console.is_terminal:
+            console = terminal_console(force_terminal=True)
+        view = (DashboardView if dashboard else ConsoleView if show_end else LinesView)(
+            plan, console, ranks=ranks, collapse=args.collapse)
+        logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True)
+        job = Job(plan, Fanout(view, logs), sessions=journal_sessions(follow), inbox=inbox)
+        with view, logs:
+            try:
+                result = job.follow()
+            finally:
+                job.close()
+        problems = [s.problem for s in job.status if s.problem is not None]
+        if job.interrupted:
+            return 128 + job.interrupted
+        ended = all(s.terminal and s.state != "error" for s in job.status)
+        if ended:
+            logs.finished(result)
+        if show_end and ended:
+            view.finished(result)
+        for p in problems:
+            view.notice(p.render())
+        if problems:
+            return 3
+        return result.exit_code if show_end else EXIT_OK
+
+
+class LinesView(ConsoleView):
+    """ddp-logs: the lines alone, no job banner."""
+
+    def intro(self, plan: LaunchPlan) -> None:
+        pass
+
+
+# --- ddp-ls ---------------------------------------------------------------------------------
+
+def ls_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddp-ls", description="The detached jobs on the cluster's nodes, running and "
+                                                         "finished (kept 7 days, or until ddp-kill --purge).")
+    p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="the cluster file")
+    add_node_sources(p)
+    p.add_argument("--json", action="store_true", help="one JSON object per job, for scripts")
+    return p
+
+
+@dataclasses.dataclass
+class JobRow:
+    job: str
+    script: str
+    state: str  # running | done | failed | stopped | lost
+    ranks: int
+    started: float | None
+    ended: float | None
+    exit_status: int | None
+    root_cause: str | None
+    nodes: dict  # node index -> its state
+
+    def duration(self, now: float) -> float | None:
+        return None if self.started is None else (self.ended or now) - self.started
+
+
+def merge_records(records: list[dict]) -> list[JobRow]:
+    """Every node's records of every job -> one row per job (pure; the state of the whole job is
+    its worst node's: running while any node runs, then failed, lost, stopped, done)."""
+    by_job: dict[str, dict] = {}
+    for record in records:  # nodes that share a state directory (local ones) report each other's too
+        by_job.setdefault(str(record.get("job")), {})[record.get("node")] = record
+    rows = []
+    for job, by_node in sorted(by_job.items()):
+        recs = list(by_node.values())
+        labels = {r.get("node"): r.get("label") or f"node {r.get('node')}" for r in recs}
+        states = {r.get("node"): r.get("state") for r in recs}
+        state = next((s for s in ("running", "failed", "lost", "stopped") if s in states.values()), "done")
+        outcome = next((r["outcome"] for r in recs if r.get("outcome")), None)
+        root = (outcome or {}).get("root_cause")
+        ended = None if state == "running" else max((r.get("ended") or 0 for r in recs), default=None) or None
+        rows.append(JobRow(job, str(recs[0].get("script") or "?"), state,
+                           sum((r.get("ranks") or [0, 0])[1] for r in recs),
+                           min((r["started"] for r in recs if r.get("started")), default=None), ended,
+                           None if state == "running" else (0 if state == "done" else 1),
+                           None if root is None else f"{labels.get(root.get('node'), '?')} (node {root.get('node')}) "
+                           f"{root.get('state')}"
+                           + (f" (exit code {root['code']})" if root.get("code") is not None else "")
+                           + (f": {root['reason']}" if root.get("reason") else ""),
+                           {str(k): v for k, v in sorted(states.items(), key=lambda kv: str(kv[0]))}))
+    return rows
+
+
+def main_ls(argv: list[str] | None = None) -> int:
+    args = ls_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    console = terminal_console()
+    config = _load_or_report(args, "ddp-ls", forward=False)
+    if config is None:
+        return EXIT_USAGE
+    nodes = list(config.nodes)
+    with signals.recording(), ssh_connections():
+        try:
+            replies = on_each(nodes, lambda n: call_agent(n, wire.ListSpec(), n.ssh.connect_timeout + LIST_LIMIT,
+                                                          until=wire.Jobs), name="ls")
+        except Interrupted as e:
+            return _interrupted("ddp-ls", e, "before every node answered")
+    records = [rec for r in replies if r.problem is None for rec in r.frames[wire.Jobs].jobs]
+    rows = merge_records(records)
+    now = time.time()
+    if args.json:
+        for row in rows:
+            print(json.dumps(dict(dataclasses.asdict(row), duration=row.duration(now))))
+    else:
+        console.print(ls_table(rows, now))
+    for r in replies:
+        if r.problem is not None:
+            console.print(f"ddp-ls: {r.problem.render()} (its jobs are not listed)", markup=False, highlight=False)
+    return 3 if any(r.problem for r in replies) else EXIT_OK
+
+
+def ls_table(rows: list[JobRow], now: float) -> Table:
+    table = Table(title="ddp-ls" + ("" if rows else ": no detached jobs on these nodes"), title_justify="left")
+    for column in ("job", "script", "state", "ranks", "started", "duration", "exit"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("root cause")
+    for row in rows:
+        duration = row.duration(now)
+        table.add_row(row.job, row.script, row.state, str(row.ranks),
+                      "-" if row.started is None else time.strftime("%m-%d %H:%M", time.localtime(row.started)),
+                      "-" if duration is None else f"{duration:.0f} s",
+                      "-" if row.exit_status is None else str(row.exit_status), row.root_cause or "")
+    return table

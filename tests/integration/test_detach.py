@@ -1,0 +1,150 @@
+"""Issue 15: a detached job outlives ddp-up; ddp-attach, ddp-logs, ddp-ls and ddp-kill --job.
+
+On the sshd cluster, with `launcher: none` and the torch-free `tick` workload (a detached job's
+supervision is the agents' own, whatever the launcher), except one torchrun job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+
+import pytest
+import yaml
+
+from tests.harness.runner import RUNS_ROOT, Launch, ddp_kill, ddp_up, run_dir
+from tests.integration.conftest import SCRIPT
+
+ATTACH = "from orchestrator.entry import attach; attach()"
+LOGS = "from orchestrator.entry import logs; logs()"
+LS = "from orchestrator.entry import ls; ls()"
+ORPHAN = 3.0  # the cluster files' orphan_timeout: the controller is gone for many times this
+
+
+@pytest.fixture
+def detached(cluster_file):
+    """A cluster file for detached jobs, and their records purged from the nodes at the end."""
+    made = []
+
+    def make(layout, **top):
+        top.setdefault("launcher", "none")
+        path = cluster_file(layout, orphan_timeout=ORPHAN, stop_grace=3, **top)
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        code, out = ddp_kill(str(path), "--all", "--purge")
+        assert code == 0, out
+
+
+def run(code: str, *args: str, timeout: float = 60) -> tuple[int, str]:
+    launch = Launch(list(args), code=code)
+    return launch.wait(timeout), launch.output
+
+
+def jobs(path) -> dict[str, dict]:
+    code, out = run(LS, str(path), "--json")
+    assert code == 0, out
+    return {row["job"]: row for row in map(json.loads, out.splitlines()) if row}
+
+
+def wait_state(path, job: str, states: tuple[str, ...], timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        row = jobs(path).get(job)
+        if row and row["state"] in states:
+            return row
+        assert time.monotonic() < deadline, f"job {job} not {states} within {timeout} s: {row}"
+        time.sleep(0.5)
+
+
+def detach(path, *script: str) -> str:
+    code, out, _ = ddp_up("--detach", str(path), SCRIPT, *script)
+    assert code == 0, out
+    m = re.search(r"job (\S+) runs detached on \d+ node\(s\)", out)
+    assert m, out
+    assert f"ddp-attach {path} {m.group(1)}" in out, out
+    return m.group(1)
+
+
+def ticks(output: str) -> list[tuple[int, int]]:
+    return [(int(r), int(i)) for i, r in re.findall(r"r\d+ \| tick (\d+) rank=(\d+)$", output, re.M)]
+
+
+def test_a_detached_job_runs_to_its_end_without_ddp_up_and_every_line_is_shown_once(detached):
+    path = detached([(0, 1), (1, 2)])
+    job = detach(path, "tick", "16", "1.0")  # 16 s: five times orphan_timeout after ddp-up exits
+    assert jobs(path)[job]["state"] == "running"
+    row = wait_state(path, job, ("done", "failed", "stopped", "lost"), 90)
+    assert row["state"] == "done" and row["exit_status"] == 0 and row["ranks"] == 3, row
+    code, out = run(ATTACH, str(path), job, "--runs-dir", RUNS_ROOT)  # a finished job: its whole story
+    assert code == 0, out
+    seen = ticks(out)
+    assert sorted(seen) == [(r, i) for r in range(3) for i in range(16)], out  # every line exactly once
+    for r in range(3):
+        assert [i for rank, i in seen if rank == r] == list(range(16))  # in order per rank
+    assert re.search(r"│ 1\s+│ \S+\s+│ 1-2\s+│ done\s+│ 0", out), out
+    logged = (run_dir(job) / "rank2.log").read_text().splitlines()
+    assert logged == [f"tick {i} rank=2" for i in range(16)]  # the run logs, completed from the nodes
+    code, out = run(LOGS, str(path), job, "--ranks", "1", "--runs-dir", RUNS_ROOT)
+    assert code == 0, out
+    assert ticks(out) == [(1, i) for i in range(16)], out
+
+
+def test_a_failing_rank_stops_every_node_and_is_named(detached):
+    path = detached([(0, 1), (1, 1), (2, 1)])
+    job = detach(path, "tick", "600", "0.2", "1", "7")
+    row = wait_state(path, job, ("failed",), 60)
+    assert row["nodes"] == {"0": "stopped", "1": "failed", "2": "stopped"}, row
+    assert "(node 1) failed (exit code 7)" in row["root_cause"], row
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
+    assert code == 1, out
+    assert re.search(r"root cause: \S+ \(node 1, rank 1\): rank 1 exited with code 7", out), out
+    assert "rank 1 failing with 7" in out
+
+
+def test_ctrl_c_detaches_the_attach_and_ddp_kill_stops_the_job(detached):
+    path = detached([(0, 1), (1, 1)])
+    job = detach(path, "tick", "3000", "0.1")
+    attach = Launch([str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT], code=ATTACH)
+    attach.wait_line(r"r1 \| tick \d+ rank=1", 30)
+    attach.signal(signal.SIGINT)
+    assert attach.wait(30) == 130, attach.output
+    assert "detached; job" in attach.output
+    assert jobs(path)[job]["state"] == "running"  # the attach's end is not the job's
+    code, out = ddp_kill(str(path), "--job", job)
+    assert code == 0, out
+    row = wait_state(path, job, ("stopped",), 30)
+    assert row["exit_status"] == 1, row
+
+
+def test_a_torchrun_job_detaches_and_ends_with_its_status(detached):
+    path = detached([(0, 1), (1, 1)], launcher="torchrun")
+    job = detach(path, "run", "--steps", "3")
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=120)
+    assert code == 0, out
+    assert len(re.findall(r"\| READY rank=\d world=2", out)) == 2, out
+
+
+def test_attach_names_an_unreachable_node_and_shows_the_others(cluster, detached):
+    path = detached([(0, 1), (1, 1)])
+    job = detach(path, "tick", "5", "0.1")
+    wait_state(path, job, ("done",), 60)
+    doc = yaml.safe_load(path.read_text())
+    doc["nodes"][1]["port"] = 1  # nothing listens there: this node cannot be reached
+    broken = path.with_name("broken.yaml")
+    broken.write_text(yaml.safe_dump(doc))
+    code, out = run(ATTACH, str(broken), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
+    assert code == 3, out
+    assert ticks(out) == [(0, i) for i in range(5)], out
+    assert re.search(rf"{re.escape(cluster.nodes[1].addr)}.*(refused|cannot reach)", out), out
+
+
+def test_ddp_logs_of_an_unknown_job_says_so(detached):
+    path = detached([(0, 1)])
+    code, out = run(LOGS, str(path), "no-such-job", "--runs-dir", RUNS_ROOT)
+    assert code == 3, out
+    assert "no detached job no-such-job on this node" in out

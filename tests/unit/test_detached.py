@@ -1,0 +1,148 @@
+"""Issue 15, the parts that need no cluster: the supervisor and its links over loopback, the
+attach loop over fakes, and ddp-ls's merge of the nodes' records."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import threading
+from types import SimpleNamespace
+
+from orchestrator import agent, wire
+from orchestrator.detached import merge_records
+from tests.unit.fakejob import Harness
+
+T0 = 1000.0  # the fake clock's start
+
+TOKEN = "a" * 64
+
+
+class FakeRunner:
+    """What the supervisor and a link use of an agent's Runner: its spec, events and directory."""
+
+    def __init__(self, node: int, nodes: int, where: str, orphan_timeout: float = 30.0):
+        self.spec = SimpleNamespace(job="J1", node=node, nodes=nodes, token=TOKEN, orphan_timeout=orphan_timeout,
+                                    heartbeat=0.2)
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.dir = where
+
+    def next_stop(self, timeout: float = 10.0) -> str:
+        kind, reason = self.events.get(timeout=timeout)
+        assert kind == "stop"
+        return reason
+
+
+def supervisor(tmp_path, nodes: int, **kw) -> tuple[FakeRunner, agent.Supervisor]:
+    runner = FakeRunner(0, nodes, str(tmp_path), **kw)
+    sup = agent.Supervisor(runner, agent.listen_on(0))
+    sup.start()
+    sup.report(0, "running")
+    return runner, sup
+
+
+def link(tmp_path, node: int, nodes: int, port: int) -> tuple[FakeRunner, agent.PeerLink]:
+    runner = FakeRunner(node, nodes, str(tmp_path))
+    peer = agent.PeerLink(runner, "127.0.0.1", port)
+    peer.start()
+    return runner, peer
+
+
+def wait(predicate, timeout: float = 10.0) -> None:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        done.wait(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_failing_node_halts_the_others_and_the_outcome_names_it(tmp_path):
+    runner0, sup = supervisor(tmp_path, 3)
+    runner1, one = link(tmp_path, 1, 3, sup.port)
+    runner2, two = link(tmp_path, 2, 3, sup.port)
+    wait(lambda: set(sup.links) == {1, 2} and sup.states.get(2, {}).get("state") == "running")
+    one.report("failed", 7, None)
+    assert runner0.next_stop() == "node 1 failed (exit code 7)"  # the master node's own job stops
+    assert runner2.next_stop() == "node 1 failed (exit code 7)"  # and every other node's
+    two.report("stopped", -15, "node 1 failed (exit code 7)")
+    sup.report(0, "stopped", -15, "node 1 failed (exit code 7)")
+    assert sup.finished.wait(10)
+    outcome = json.loads((tmp_path / agent.OUTCOME).read_text())
+    assert outcome["root_cause"]["node"] == 1 and outcome["root_cause"]["code"] == 7
+    assert {n: s["state"] for n, s in outcome["nodes"].items()} == {"0": "stopped", "1": "failed", "2": "stopped"}
+    assert runner1.events.empty()  # the failed node is not told to stop: it has ended
+    sup.listener.close()
+
+
+def test_a_connection_without_the_token_is_never_heard(tmp_path):
+    runner0, sup = supervisor(tmp_path, 2)
+    with socket.create_connection(("127.0.0.1", sup.port), timeout=5) as s:
+        stream = s.makefile("rb")
+        challenge = wire.read_frame(stream, wire.PEER)
+        assert isinstance(challenge, wire.Challenge)
+        s.sendall(wire.Join(node=1, proof=agent.proof("b" * 64, challenge.nonce)).encode()
+                  + wire.NodeState(node=1, state="failed", code=1).encode())
+        assert stream.read() == b""  # closed on us, nothing said
+    assert runner0.events.empty() and 1 not in sup.states
+    sup.finished.set()  # ends its watch thread
+    sup.listener.close()
+
+
+def test_a_node_silent_for_orphan_timeout_is_lost_and_halts_the_job(tmp_path):
+    runner0, sup = supervisor(tmp_path, 2, orphan_timeout=0.5)  # node 1 never joins
+    assert runner0.next_stop() == "node 1 lost (no word from its agent for 1 s)"
+    sup.report(0, "stopped", -15, "halted")
+    assert sup.finished.wait(10)
+    sup.listener.close()
+
+
+def test_attaching_replays_every_node_and_decides_nothing(tmp_path):
+    """The journal says node 1 failed and the supervisor stopped node 0; node 2's journal ends
+    without its end (its agent was killed). Nothing is sent to any node; nothing is swept."""
+    h = Harness(3)
+
+    def replay(node, *frames):
+        def open_() -> None:
+            node.started = True
+            for frame in frames:
+                node.say(frame)
+        node.open = open_
+
+    stopped = wire.Exited(code=-15, signal="SIGTERM", stopped=True, reason="node 1 failed (exit code 1)")
+    replay(h.nodes[0], wire.Started(), wire.Stopping(reason="node 1 failed"), stopped, wire.JournalEnd(running=False))
+    replay(h.nodes[1], wire.Started(), wire.Exited(code=1, signal=None, stopped=False, reason=None),
+           wire.JournalEnd(running=False))
+    replay(h.nodes[2], wire.Started(), wire.JournalEnd(running=False))
+    result = h.job.follow()
+    assert h.states() == ["stopped", "failed", "lost"]
+    assert result.exit_code == 1 and result.root_cause.node == 1 and len(result.failures) == 1
+    assert [n.kinds() for n in h.nodes] == [[], [], []] and not h.sweeper.swept
+
+
+def test_ctrl_c_while_attached_detaches_and_sends_nothing():
+    h = Harness(2)
+    for node in h.nodes:
+        node.open = (lambda n: lambda: (setattr(n, "started", True), n.say(wire.Started())))(node)
+    h.signal_at(T0 + 5)
+    result = h.job.follow()
+    assert result.interrupted == 2 and result.exit_code == 130
+    assert h.states() == ["running", "running"] and [n.kinds() for n in h.nodes] == [[], []]
+    assert any("detached; job J1 goes on running" in n for n in h.view.notices)
+
+
+def test_ls_merges_the_nodes_records_into_one_row_a_job():
+    def rec(job, node, state, **kw):
+        return dict(job=job, node=node, label=f"h{node}", script="train.py", ranks=[node * 2, 2], started=100.0 + node,
+                    ended=None if state == "running" else 200.0 + node, state=state, code=kw.get("code"),
+                    outcome=kw.get("outcome"))
+
+    root = {"node": 1, "state": "failed", "code": 7, "reason": None, "at": 150.0}
+    records = [rec("a", 0, "stopped", outcome={"root_cause": root}), rec("a", 1, "failed", code=7),
+               rec("a", 1, "failed", code=7),  # the same node seen twice (nodes sharing a directory)
+               rec("b", 0, "done"), rec("b", 1, "running"), rec("c", 0, "done")]
+    rows = {r.job: r for r in merge_records(records)}
+    a, b, c = rows["a"], rows["b"], rows["c"]
+    assert (a.state, a.ranks, a.exit_status, a.root_cause) == ("failed", 4, 1, "h1 (node 1) failed (exit code 7)")
+    assert (b.state, b.exit_status, b.ended, b.duration(400.0)) == ("running", None, None, 300.0)
+    assert (c.state, c.exit_status, c.ranks) == ("done", 0, 2)
