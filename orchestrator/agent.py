@@ -304,9 +304,12 @@ class Writer:
         threading.Thread(target=self._loop, name="writer", daemon=True).start()
 
     journal = None  # detach: a Journal that keeps every frame after Go (heartbeats aside)
+    last_output = time.monotonic()  # when a rank's line last went out (a detached job's hang watch)
 
     def send(self, frame, block=True):
         data = frame.encode()
+        if type(frame) is wire.Output and frame.rank is not None:
+            self.last_output = time.monotonic()
         if self.journal is None or isinstance(frame, wire.Heartbeat):
             self.put(data, block)
             return
@@ -723,6 +726,7 @@ class Runner:
         each other (the master node's Supervisor), and a closed controller connection or a
         SIGHUP (a terminal closing) no longer stops it."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.out.last_output = time.monotonic()  # the hang watch counts from the start, as ddp-up's does
         self.record = {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label,
                        "script": self.spec.script, "ranks": self.spec.ranks, "pid": os.getpid(),
                        "started": time.time(), "ended": None, "state": "running", "code": None, "reason": None}
@@ -880,6 +884,7 @@ OUTCOME = "outcome.json"
 ENDED = ("done", "failed", "stopped", "lost")
 RETENTION = 7 * 86400.0  # a finished detached job's record and journal are kept this long
 JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job
+HANG_DUMP_WAIT = 8.0  # after a detached job's ranks were asked for their stacks, before it is stopped
 
 
 class Journal:
@@ -964,6 +969,8 @@ class Supervisor:
         self.heard = {}  # node -> when it was last heard (monotonic)
         self.halted = None  # the reason every node was told to stop
         self.finished = threading.Event()
+        self.quiet = {}  # node -> (its ranks' quiet seconds, when it said so)
+        self.hung = None  # (why, when the stacks were asked for), once the job looks hung
 
     def start(self):
         now = time.monotonic()
@@ -1006,6 +1013,8 @@ class Supervisor:
                 self.heard[node] = time.monotonic()
                 if isinstance(frame, wire.NodeState) and frame.node == node:
                     self.report(node, frame.state, frame.code, frame.reason)
+                elif isinstance(frame, wire.Progress) and frame.node == node:
+                    self.quiet[node] = (frame.quiet, self.heard[node])
         except (OSError, ValueError, wire.ProtocolError):
             pass  # a silent node is found lost by watch()
         finally:
@@ -1030,18 +1039,54 @@ class Supervisor:
             if self.states.get(node, {}).get("state") in ENDED:
                 return  # a node ends once
             self.states[node] = {"state": state, "code": code, "reason": reason, "at": time.time()}
-            halt = state in ("failed", "stopped", "lost") and self.halted is None
-            if halt:
-                self.halted = "node %d %s" % (node, describe_end(state, code, reason))
             ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == self.spec.nodes
-        if halt:
-            for other in list(self.links):
-                if self.states.get(other, {}).get("state") not in ENDED:
-                    self.send(other, wire.Halt(reason=self.halted))
-            self.runner.events.put(("stop", self.halted))
+        if state in ("failed", "stopped", "lost"):
+            self.halt("node %d %s" % (node, describe_end(state, code, reason)))
         if ended:
             self.record_outcome()
             self.finished.set()
+
+    def halt(self, reason):
+        """Every node still running stops, the master node's too; only the first reason counts."""
+        with self.lock:
+            if self.halted is not None:
+                return
+            self.halted = reason
+        for other in list(self.links):
+            if self.states.get(other, {}).get("state") not in ENDED:
+                self.send(other, wire.Halt(reason=reason))
+        self.runner.events.put(("stop", reason))
+
+    def running(self):
+        return [n for n in range(self.spec.nodes) if self.states.get(n, {}).get("state") == "running"]
+
+    def watch_hang(self, now):
+        """No line from any rank for hang_timeout: every rank prints its stack (into the journal,
+        where an attach names the odd one out), then, DUMP_WAIT later, every node stops."""
+        timeout = self.spec.hang_timeout
+        if not timeout or self.halted is not None:
+            return
+        if self.hung is not None:
+            if now - self.hung[1] > HANG_DUMP_WAIT:
+                self.halt("job hung (%s)" % self.hung[0])
+            return
+        running = self.running()
+        if not running:
+            return
+        quiet = min(self.quiet_of(n, now) for n in running)
+        if quiet > timeout:
+            self.hung = ("no output from any rank for %.0f s" % quiet, now)
+            for node in running:
+                if node == self.spec.node:
+                    self.runner.events.put(("dump", None))
+                else:
+                    self.send(node, wire.DumpStacks())
+
+    def quiet_of(self, node, now):
+        if node == self.spec.node:
+            return now - self.runner.out.last_output
+        quiet, said = self.quiet.get(node, (0.0, self.heard[node]))
+        return quiet + (now - said)
 
     def watch(self):
         while not self.finished.wait(self.spec.heartbeat):
@@ -1052,10 +1097,13 @@ class Supervisor:
                 silent = now - self.heard[node]
                 if self.states.get(node, {}).get("state") not in ENDED and silent > self.spec.orphan_timeout:
                     self.report(node, "lost", None, "no word from its agent for %.0f s" % silent)
+            self.watch_hang(now)
 
     def record_outcome(self):
         failures = [dict(st, node=n) for n, st in self.states.items() if st["state"] != "done"]
         first = min(failures, key=lambda f: f["at"]) if failures else None
+        if self.hung is not None and self.halted and self.halted.startswith("job hung"):
+            first = {"node": None, "state": "hung", "code": None, "reason": self.halted, "at": time.time()}
         write_record(self.runner.dir, {"job": self.spec.job, "ended": time.time(), "root_cause": first,
                                        "halted": self.halted, "nodes": {str(n): st for n, st in self.states.items()}},
                      OUTCOME)
@@ -1115,6 +1163,8 @@ class PeerLink:
                 self.heard = time.monotonic()
                 if isinstance(frame, wire.Halt):
                     self.runner.events.put(("stop", frame.reason))
+                elif isinstance(frame, wire.DumpStacks):
+                    self.runner.events.put(("dump", None))
         finally:
             with self.lock:
                 self.sock = None
@@ -1132,7 +1182,7 @@ class PeerLink:
 
     def beat(self):
         while not self.done.wait(self.spec.heartbeat):
-            self.send(wire.Heartbeat())
+            self.send(wire.Progress(node=self.spec.node, quiet=time.monotonic() - self.runner.out.last_output))
             silent = time.monotonic() - self.heard
             if silent > self.spec.orphan_timeout:
                 self.runner.events.put(("stop", "no word from the master node's supervisor for %.0f s" % silent))

@@ -201,16 +201,27 @@ def merge_records(records: list[dict]) -> list[JobRow]:
         outcome = next((r["outcome"] for r in recs if r.get("outcome")), None)
         root = (outcome or {}).get("root_cause")
         ended = None if state == "running" else max((r.get("ended") or 0 for r in recs), default=None) or None
+        if root and root.get("state") == "hung" and state == "stopped":
+            state = "failed"  # its supervisor stopped it: a hang is the job's failure
         rows.append(JobRow(job, str(recs[0].get("script") or "?"), state,
                            sum((r.get("ranks") or [0, 0])[1] for r in recs),
                            min((r["started"] for r in recs if r.get("started")), default=None), ended,
                            None if state == "running" else (0 if state == "done" else 1),
-                           None if root is None else f"{labels.get(root.get('node'), '?')} (node {root.get('node')}) "
-                           f"{root.get('state')}"
-                           + (f" (exit code {root['code']})" if root.get("code") is not None else "")
-                           + (f": {root['reason']}" if root.get("reason") else ""),
+                           describe_root(root, labels),
                            {str(k): v for k, v in sorted(states.items(), key=lambda kv: str(kv[0]))}))
     return rows
+
+
+def describe_root(root: dict | None, labels: dict) -> str | None:
+    """The supervisor's root cause in words: the node that failed first, or the hang."""
+    if root is None:
+        return None
+    if root.get("node") is None:
+        return root.get("reason") or "job hung"
+    text = f"{labels.get(root['node'], '?')} (node {root['node']}) {root.get('state')}"
+    if root.get("code") is not None:
+        text += f" (exit code {root['code']})"
+    return text + (f": {root['reason']}" if root.get("reason") else "")
 
 
 def main_ls(argv: list[str] | None = None) -> int:

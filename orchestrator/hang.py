@@ -88,8 +88,14 @@ class HangWatch:
         self.deadline = now + DUMP_WAIT
         return AskStacks(why, tuple(sorted(self.pending)))
 
-    def _name_stuck(self, statuses: Sequence[NodeStatus]) -> Hung | None:
-        running = [r for s in statuses if s.state == "running" for r in s.plan.ranks]
+    def name_stopped(self, statuses: Sequence[NodeStatus], why: str) -> Hung | None:
+        """A detached job that its own supervisor stopped as hung (``why``), replayed with the
+        stacks its ranks printed: the ranks to name, among all of them."""
+        self.why = why
+        return self._name_stuck(statuses, [r for s in statuses for r in s.plan.ranks])
+
+    def _name_stuck(self, statuses: Sequence[NodeStatus], among: list[int] | None = None) -> Hung | None:
+        running = among if among is not None else [r for s in statuses if s.state == "running" for r in s.plan.ranks]
         if not running:
             return None
         odd = [r for r in self.stacks.odd_ones_out() if r in running]
@@ -103,5 +109,6 @@ class HangWatch:
             stuck = sorted(running, key=lambda r: self.rank_last.get(r, 0.0))
             detail = "quietest ranks first: " + ", ".join(map(str, stuck[:8])) + (" ..." if len(stuck) > 8 else "")
         node = next(s.plan.index for s in statuses if stuck[0] in s.plan.ranks)
-        return Hung(node, stuck[0], f"job hung ({self.why}); {detail}; "
+        why = self.why if self.why.startswith("job hung") else f"job hung ({self.why})"
+        return Hung(node, stuck[0], f"{why}; {detail}; "
                                     f"stacks in the log above and in runs/{self.job_id}/")

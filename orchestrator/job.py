@@ -132,12 +132,23 @@ class Job:
         everything (agent.Supervisor), so nothing is ever sent to them; a signal detaches. Ends
         when every node's journal has ended (or its node is unreachable)."""
         self.following = True
+        self.hang.why = "replayed"  # keep the stacks ranks print: a hung job's journal has them
         with self.inbox.waking(lambda: self.events.put(WAKE)):
             self.opener(self.sessions)
             while self.interrupted is None and not all(
                     s.terminal or s.plan.index in self.journal_ended for s in self.status):
                 self._turn(None)
+        self._name_hung()
         return self.result()
+
+    def _name_hung(self) -> None:
+        """A detached job its supervisor stopped as hung: the ranks to name, from the stacks that
+        every node's journal holds (known only once all of them were read)."""
+        why = next((s.reason for s in self.status if (s.reason or "").startswith("job hung")), None)
+        if why is not None and not self.failures and self.interrupted is None:
+            hung = self.hang.name_stopped(self.status, why)
+            if hung is not None:
+                self._fail(hung.node, hung.rank, None, hung.what)
 
     def check(self) -> list[NodeProblem]:
         """Connect, preflight and probe every node, start nothing (ddp-check)."""

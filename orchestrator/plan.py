@@ -114,7 +114,7 @@ class LaunchPlan:
         """What the node agent needs before go: where to run, what to check, how to stop."""
         is_master = node.index == self.master.index
         detached = dict(detach=True, token=self.peer_token, nodes=len(self.nodes), label=node.label,
-                        ranks=[node.first_rank, node.nproc]) if self.detach else {}
+                        ranks=[node.first_rank, node.nproc], hang_timeout=self.hang_timeout) if self.detach else {}
         return wire.RunSpec(
             job=self.job_id, node=node.index, cluster=self.cluster_id, run=self.run_token, workdir=node.workdir,
             script=self.script,

@@ -29,7 +29,7 @@ A detached job (RunSpec.detach) also writes every frame after Go to a journal on
 its agents talk to each other, not to the controller, once it is gone: each node's agent joins
 the supervisor in the master node's agent (TCP on the master address, Go.supervisor) with PEER
 frames: Challenge -> Join (an HMAC of the challenge under the job's token), then NodeState and
-Heartbeat from the node, Halt and Heartbeat from the supervisor.
+Progress from the node, DumpStacks, Halt and Heartbeat from the supervisor.
 """
 
 from __future__ import annotations
@@ -147,6 +147,7 @@ class RunSpec(Frame):
     nodes: int = 1  # detach: how many nodes the supervisor waits for
     label: str = ""  # detach: the node as the cluster file names it (the record's)
     ranks: list[int] | None = None  # detach: [first global rank, rank count] (the record's)
+    hang_timeout: float | None = None  # detach: the supervisor's hang watch (see agent.Supervisor)
 
 
 @_frame(TO_AGENT)
@@ -412,6 +413,19 @@ class NodeState(Frame):
     state: str  # "running" | "done" | "failed" | "stopped"
     code: int | None = None
     reason: str | None = None
+
+
+@_frame(PEER)
+class Progress(Frame):
+    """A node's heartbeat to the supervisor: seconds since any of its ranks printed a line."""
+
+    node: int
+    quiet: float
+
+
+@_frame(PEER)
+class DumpStacks(Frame):
+    """The job looks hung: have every rank here print its Python stack (as Dump does)."""
 
 
 @_frame(PEER)

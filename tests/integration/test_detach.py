@@ -148,3 +148,19 @@ def test_ddp_logs_of_an_unknown_job_says_so(detached):
     code, out = run(LOGS, str(path), "no-such-job", "--runs-dir", RUNS_ROOT)
     assert code == 3, out
     assert "no detached job no-such-job on this node" in out
+
+
+def test_a_detached_hang_is_detected_dumped_stopped_and_named(cluster, detached):
+    """The supervisor sees no line from any rank for hang_timeout, has every rank print its stack,
+    stops the job; an attach names the odd rank out from the stacks in the journals."""
+    path = detached([(0, 1), (1, 2)], launcher="torchrun", hang_timeout=15,
+                    env={"OMP_NUM_THREADS": 1, "PATH": "/usr/bin:/bin"})  # no py-spy: the dump hook
+    job = detach(path, "hang")
+    row = wait_state(path, job, ("failed", "stopped", "done"), 120)
+    assert row["state"] == "failed" and row["root_cause"].startswith("job hung (no output from any rank"), row
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
+    assert code == 1, out
+    b = re.escape(cluster.nodes[1].addr)
+    assert re.search(rf"^{b}\s+r2\s+! .*line \d+ in block_forever$", out, re.M), out
+    assert re.search(rf"root cause: {b} \(node 1, rank 2\): job hung \(no output from any rank for \d+ s\); "
+                     r"rank 2 in all_reduce \(from block_forever\)", out), out

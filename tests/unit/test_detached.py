@@ -7,6 +7,7 @@ import json
 import queue
 import socket
 import threading
+import time
 from types import SimpleNamespace
 
 from orchestrator import agent, wire
@@ -21,9 +22,11 @@ TOKEN = "a" * 64
 class FakeRunner:
     """What the supervisor and a link use of an agent's Runner: its spec, events and directory."""
 
-    def __init__(self, node: int, nodes: int, where: str, orphan_timeout: float = 30.0):
+    def __init__(self, node: int, nodes: int, where: str, orphan_timeout: float = 30.0,
+                 hang_timeout: float | None = None):
         self.spec = SimpleNamespace(job="J1", node=node, nodes=nodes, token=TOKEN, orphan_timeout=orphan_timeout,
-                                    heartbeat=0.2)
+                                    heartbeat=0.2, hang_timeout=hang_timeout)
+        self.out = SimpleNamespace(last_output=time.monotonic())  # the Writer: when a rank last printed
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.dir = where
 
@@ -93,6 +96,35 @@ def test_a_node_silent_for_orphan_timeout_is_lost_and_halts_the_job(tmp_path):
     runner0, sup = supervisor(tmp_path, 2, orphan_timeout=0.5)  # node 1 never joins
     assert runner0.next_stop() == "node 1 lost (no word from its agent for 1 s)"
     sup.report(0, "stopped", -15, "halted")
+    assert sup.finished.wait(10)
+    sup.listener.close()
+
+
+def test_no_line_from_any_rank_asks_for_stacks_then_halts_as_hung(tmp_path, monkeypatch):
+    monkeypatch.setattr(agent, "HANG_DUMP_WAIT", 0.3)
+    runner0, sup = supervisor(tmp_path, 2, hang_timeout=1.0)
+    runner1, one = link(tmp_path, 1, 2, sup.port)
+    assert runner1.events.get(timeout=10) == ("dump", None)  # every running node dumps its ranks' stacks
+    assert runner0.events.get(timeout=10) == ("dump", None)
+    assert runner0.next_stop().startswith("job hung (no output from any rank for ")
+    assert runner1.next_stop().startswith("job hung (")
+    one.report("stopped", -15, "job hung")
+    sup.report(0, "stopped", -15, "job hung")
+    assert sup.finished.wait(10)
+    root = json.loads((tmp_path / agent.OUTCOME).read_text())["root_cause"]
+    assert root["state"] == "hung" and root["node"] is None and root["reason"].startswith("job hung (")
+    sup.listener.close()
+
+
+def test_output_keeps_a_detached_job_from_looking_hung(tmp_path):
+    runner0, sup = supervisor(tmp_path, 2, hang_timeout=1.0)
+    runner1, one = link(tmp_path, 1, 2, sup.port)
+    for _ in range(15):  # node 1's ranks print; node 0's do not (a rank that only computes)
+        runner1.out.last_output = time.monotonic()
+        time.sleep(0.2)
+    assert runner0.events.empty() and runner1.events.empty()
+    one.report("done", 0, None)
+    sup.report(0, "done", 0, None)
     assert sup.finished.wait(10)
     sup.listener.close()
 
