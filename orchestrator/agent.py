@@ -729,8 +729,10 @@ class Runner:
         self.out.last_output = time.monotonic()  # the hang watch counts from the start, as ddp-up's does
         self.record = {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label,
                        "script": self.spec.script, "ranks": self.spec.ranks, "pid": os.getpid(),
-                       "started": time.time(), "ended": None, "state": "running", "code": None, "reason": None}
+                       "started": time.time(), "ended": None, "state": "running", "code": None, "reason": None,
+                       "retention": self.spec.retention}
         write_record(self.dir, self.record)
+        remove_stale_state({}, records_only=True)  # finished detached jobs past their retention, here
         if self.supervisor is not None:
             self.supervisor.start()
             self.supervisor.report(self.spec.node, "running")
@@ -1212,12 +1214,15 @@ def follow(spec, writer):
     decoder = wire.Decoder(wire.TO_CONTROLLER)
     beat = time.monotonic()
     with os.fdopen(fd, "rb", buffering=0) as f:
+        skip = backlog_to_skip(f, spec.tail) if spec.tail is not None else {}
         while not writer.broken:
             running = live_state(read_record(where) or {}) == "running"
             data = f.read(1 << 20)
             if data:
                 for frame in decoder.feed(data):
-                    writer.send(frame)
+                    frame = skip_lines(frame, skip) if skip else frame
+                    if frame is not None:
+                        writer.send(frame)
                 continue
             if not (spec.follow and running):
                 break
@@ -1228,6 +1233,46 @@ def follow(spec, writer):
     writer.send(wire.JournalEnd(running=running))
     writer.drain(30)
     return 0
+
+
+def backlog_to_skip(f, tail):
+    """{(stream, rank): lines} to leave out so that ``tail`` lines of each remain of what the
+    journal holds now (read from ``f``, which is then rewound)."""
+    counts = {}
+    decoder = wire.Decoder(wire.TO_CONTROLLER)
+    while True:
+        data = f.read(1 << 20)
+        if not data:
+            break
+        for frame in decoder.feed(data):
+            if type(frame) is wire.Output:
+                key = (frame.stream, frame.rank)
+                counts[key] = counts.get(key, 0) + frame.data.count(b"\n")
+    f.seek(0)
+    return {key: count - tail for key, count in counts.items() if count > tail}
+
+
+def skip_lines(frame, skip):
+    """``frame`` without the lines still to be skipped of its stream (None if nothing is left)."""
+    if type(frame) is not wire.Output:
+        return frame
+    key = (frame.stream, frame.rank)
+    left = skip.get(key, 0)
+    if not left:
+        return frame
+    data, at = frame.data, 0
+    while left and at < len(data):
+        end = data.find(b"\n", at)
+        if end < 0:
+            at = len(data)  # the start of a line that ends in a later frame: skipped with it
+            break
+        at, left = end + 1, left - 1
+    if left:
+        skip[key] = left
+    else:
+        del skip[key]
+    rest = data[at:]
+    return wire.Output(frame.stream, frame.rank, rest) if rest else None
 
 
 def job_node_dir(job, node):
@@ -1258,13 +1303,18 @@ def recorded_jobs():
 
 
 def list_jobs(writer):
+    remove_stale_state({}, records_only=True)  # what is past its retention is not listed, and goes
     writer.send(wire.Jobs(jobs=[record for _, record in recorded_jobs()]))
     writer.drain(5)
     return 0
 
 
 def expired(record, now):
-    return record.get("state") != "running" and now - (record.get("ended") or record.get("started") or 0) > RETENTION
+    """A finished job's record past its retention (the job's own, set when it started)."""
+    retention = record.get("retention", RETENTION)
+    if not isinstance(retention, (int, float)):
+        retention = RETENTION
+    return live_state(record) != "running" and now - (record.get("ended") or record.get("started") or 0) > retention
 
 
 # --- `launcher: none`: the agent starts the workers itself -----------------------------------------
@@ -1550,11 +1600,12 @@ def stop_agents_first(match, grace):
     return kill_tagged(match, grace=grace)
 
 
-def remove_stale_state(match, purge=False):
+def remove_stale_state(match, purge=False, records_only=False):
     """Remove the node directories (hooks, and any torchrun log copy kept for a vanished
     controller) of jobs that no longer have processes here; only in a private state root, only
     directories named as ddp-up names them, never through a link. A detached job's record and
-    journal stay for RETENTION after its end, unless ``purge``."""
+    journal stay for its retention after its end, unless ``purge``; ``records_only``: only
+    those (a launch's leftovers are a sweep's business)."""
     root = state_root()
     if private_dir(root, create=False):
         return
@@ -1569,6 +1620,8 @@ def remove_stale_state(match, purge=False):
             if not (entry.startswith("node") and node.isdigit()) or find_tagged({TAG_JOB: name, TAG_NODE: node}):
                 continue
             record = read_record(os.path.join(job_dir, entry))
+            if record is None and records_only:
+                continue
             if record is None or purge or expired(record, time.time()):  # a detached job's, kept a while
                 shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
         try:

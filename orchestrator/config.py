@@ -29,7 +29,7 @@ SSH_CLIENTS = ("fabric", "openssh")
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", "launcher", "env_file",
-            "forward_env", "secrets", "sync", *SHARED_KEYS)
+            "forward_env", "secrets", "sync", "retention", *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 # Names whose values are masked even if `secrets:` does not list them.
 DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
@@ -108,6 +108,7 @@ class ClusterConfig:
     launcher: str = "torchrun"
     secrets: tuple[str, ...] = DEFAULT_SECRETS  # name globs whose values are never shown
     sync: SyncConfig | None = None
+    retention: float = 7 * 86400.0  # seconds a finished detached job's record and logs stay on its nodes
 
     def is_secret(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name.upper(), p.upper()) for p in self.secrets)
@@ -316,6 +317,7 @@ class _Validator:
             launcher=self.choice(top.get("launcher", "torchrun"), ("launcher",), LAUNCHERS),
             secrets=(*self.names(top.get("secrets", []), ("secrets",)), *DEFAULT_SECRETS),
             sync=self.sync(top.get("sync")),
+            retention=self.duration(top.get("retention", "7d"), ("retention",)),
         )
 
     def node(self, i: int, raw: Any, top: dict, ssh_top: dict) -> NodeConfig:
@@ -534,6 +536,18 @@ class _Validator:
         if not ok or value < 0 or (value == 0 and not allow_zero):
             raise self.error(at, f"must be a number of seconds {'>= 0' if allow_zero else '> 0'}, got {value!r}")
         return float(value)
+
+    def duration(self, value: Any, at: tuple) -> float:
+        """Seconds, as a number or with a unit: 90, "30m", "12h", "7d"."""
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        if isinstance(value, str) and value[-1:] in units:
+            try:
+                value = float(value[:-1]) * units[value[-1]]
+            except ValueError:
+                pass
+        if isinstance(value, str):
+            raise self.error(at, f"must be a duration such as 7d, 12h, 30m or a number of seconds, got {value!r}")
+        return self.positive(value, at, allow_zero=True)
 
     def file_path(self, value: Any, at: tuple) -> str:
         text = os.path.expanduser(self.string(value, at))

@@ -44,13 +44,19 @@ def follow_plan(config, job_id: str) -> LaunchPlan:
     return dataclasses.replace(make_plan(config, "(detached)", [], job_id, os.getcwd()), hang_timeout=None)
 
 
-def journal_sessions(follow: bool):
+def journal_sessions(follow: bool, tail: int | None = None):
     def make(plan: LaunchPlan, post, clock) -> list[NodeSession]:
         return [NodeSession(plan, n, transport_for(n.config), post, clock,
                             follow=wire.FollowSpec(job=plan.job_id, node=n.index, follow=follow,
-                                                   heartbeat=plan.heartbeat))
+                                                   heartbeat=plan.heartbeat, tail=tail))
                 for n in plan.nodes]
     return make
+
+
+def add_tail(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tail", type=int, metavar="N",
+                   help="start from the last N lines of each rank, not the first (the run logs are then left as "
+                        "they are)")
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -85,6 +91,7 @@ def attach_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", metavar="LIST", help="show only these ranks, e.g. 0,3-5 (log files keep every rank)")
     p.add_argument("--collapse", action="store_true", help="print a line that every rank printed once, with a count")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where the job's logs are written (DIR/<job>/)")
+    add_tail(p)
     return p
 
 
@@ -101,6 +108,7 @@ def logs_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", metavar="LIST", help="only these ranks' lines, e.g. 0,3-5")
     p.add_argument("-f", "--follow", action="store_true", help="go on printing new lines until the job ends")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where the job's logs are written (DIR/<job>/)")
+    add_tail(p)
     return p
 
 
@@ -123,6 +131,8 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
         try:
             plan = follow_plan(config, job_id)
             ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
+            if args.tail is not None and args.tail < 0:
+                raise UsageError(f"--tail {args.tail}: a number of lines, 0 or more")
         except DdpUpError as e:
             return _report(prog, e, config.secret_values)
         dashboard = (console.is_terminal if args.dashboard is None else args.dashboard) and show_end
@@ -130,8 +140,9 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
             console = terminal_console(force_terminal=True)
         view = (DashboardView if dashboard else ConsoleView if show_end else LinesView)(
             plan, console, ranks=ranks, collapse=args.collapse)
-        logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True)
-        job = Job(plan, Fanout(view, logs), sessions=journal_sessions(follow), inbox=inbox)
+        # The journals from their start rewrite the run logs whole; a tail would cut them.
+        logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True) if args.tail is None else NoLogs()
+        job = Job(plan, Fanout(view, logs), sessions=journal_sessions(follow, args.tail), inbox=inbox)
         with view, logs:
             try:
                 result = job.follow()
@@ -150,6 +161,19 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
         if problems:
             return 3
         return result.exit_code if show_end else EXIT_OK
+
+
+class NoLogs:
+    """In place of RunLogs when an attach starts from a tail."""
+
+    def __enter__(self) -> NoLogs:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def finished(self, result) -> None:
+        pass
 
 
 class LinesView(ConsoleView):

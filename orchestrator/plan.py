@@ -65,6 +65,7 @@ class LaunchPlan:
     run_token: str = ""  # tags this launch's processes apart from any other with the same job id
     detach: bool = False  # the job outlives ddp-up: its agents supervise it (agent.Supervisor)
     peer_token: str | None = None  # detach: the secret the job's agents prove to each other
+    retention: float = 7 * 86400.0  # detach: how long its record and logs stay on the nodes after its end
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -114,7 +115,8 @@ class LaunchPlan:
         """What the node agent needs before go: where to run, what to check, how to stop."""
         is_master = node.index == self.master.index
         detached = dict(detach=True, token=self.peer_token, nodes=len(self.nodes), label=node.label,
-                        ranks=[node.first_rank, node.nproc], hang_timeout=self.hang_timeout) if self.detach else {}
+                        ranks=[node.first_rank, node.nproc], hang_timeout=self.hang_timeout,
+                        retention=self.retention) if self.detach else {}
         return wire.RunSpec(
             job=self.job_id, node=node.index, cluster=self.cluster_id, run=self.run_token, workdir=node.workdir,
             script=self.script,
@@ -161,6 +163,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         run_token=run_token if run_token is not None else secrets.token_hex(6),
         detach=detach,
         peer_token=secrets.token_hex(32) if detach else None,
+        retention=config.retention,
     )
 
 

@@ -148,6 +148,7 @@ class RunSpec(Frame):
     label: str = ""  # detach: the node as the cluster file names it (the record's)
     ranks: list[int] | None = None  # detach: [first global rank, rank count] (the record's)
     hang_timeout: float | None = None  # detach: the supervisor's hang watch (see agent.Supervisor)
+    retention: float = 604800.0  # detach: seconds its record and journal stay after its end
 
 
 @_frame(TO_AGENT)
@@ -185,6 +186,7 @@ class FollowSpec(Frame):
     node: int
     follow: bool
     heartbeat: float = 5.0
+    tail: int | None = None  # only the last this many lines of each rank's (and stream's) backlog
 
 
 @_frame(TO_AGENT)

@@ -14,6 +14,7 @@ import time
 import pytest
 import yaml
 
+from tests.harness import procs
 from tests.harness.runner import RUNS_ROOT, Launch, ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
 
@@ -45,10 +46,10 @@ def run(code: str, *args: str, timeout: float = 60) -> tuple[int, str]:
     return launch.wait(timeout), launch.output
 
 
-def jobs(path) -> dict[str, dict]:
+def jobs(path, reachable: bool = True) -> dict[str, dict]:
     code, out = run(LS, str(path), "--json")
-    assert code == 0, out
-    return {row["job"]: row for row in map(json.loads, out.splitlines()) if row}
+    assert code == (0 if reachable else 3), out
+    return {row["job"]: row for row in map(json.loads, (line for line in out.splitlines() if line.startswith("{")))}
 
 
 def wait_state(path, job: str, states: tuple[str, ...], timeout: float) -> dict:
@@ -92,6 +93,10 @@ def test_a_detached_job_runs_to_its_end_without_ddp_up_and_every_line_is_shown_o
     code, out = run(LOGS, str(path), job, "--ranks", "1", "--runs-dir", RUNS_ROOT)
     assert code == 0, out
     assert ticks(out) == [(1, i) for i in range(16)], out
+    code, out = run(LOGS, str(path), job, "--tail", "3", "--runs-dir", RUNS_ROOT)
+    assert code == 0, out
+    assert sorted(ticks(out)) == [(r, i) for r in range(3) for i in (13, 14, 15)], out
+    assert (run_dir(job) / "rank2.log").read_text().splitlines() == logged  # a tail leaves the run logs whole
 
 
 def test_a_failing_rank_stops_every_node_and_is_named(detached):
@@ -104,6 +109,26 @@ def test_a_failing_rank_stops_every_node_and_is_named(detached):
     assert code == 1, out
     assert re.search(r"root cause: \S+ \(node 1, rank 1\): rank 1 exited with code 7", out), out
     assert "rank 1 failing with 7" in out
+
+
+def test_a_node_cut_off_is_lost_the_others_stop_and_it_stops_its_part_itself(cluster, detached):
+    path = detached([(0, 1), (1, 1), (2, 1)])
+    job = detach(path, "tick", "3000", "0.2")
+    cluster.partition(cluster.nodes[2])
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # node 2 cannot answer ddp-ls: the master node's outcome says what happened
+            row = jobs(path, reachable=False).get(job, {})
+            if row.get("state") not in (None, "running"):
+                break
+            assert time.monotonic() < deadline, row
+            time.sleep(0.5)
+        # (node 2's own record shows too: these namespace nodes share one /tmp)
+        assert row["nodes"]["0"] == row["nodes"]["1"] == "stopped" and "(node 2) lost" in row["root_cause"], row
+    finally:
+        cluster.heal(cluster.nodes[2])
+    assert not procs.wait_no_job_processes(job, timeout=30)  # its agent heard no supervisor: it stopped
+    assert jobs(path)[job]["nodes"]["2"] == "stopped"
 
 
 def test_ctrl_c_detaches_the_attach_and_ddp_kill_stops_the_job(detached):

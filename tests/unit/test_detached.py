@@ -178,3 +178,36 @@ def test_ls_merges_the_nodes_records_into_one_row_a_job():
     assert (a.state, a.ranks, a.exit_status, a.root_cause) == ("failed", 4, 1, "h1 (node 1) failed (exit code 7)")
     assert (b.state, b.exit_status, b.ended, b.duration(400.0)) == ("running", None, None, 300.0)
     assert (c.state, c.exit_status, c.ranks) == ("done", 0, 2)
+
+
+def test_a_tail_keeps_the_last_lines_of_each_rank_and_stream(tmp_path):
+    import io
+
+    frames = [wire.Started(), wire.Output("out", 0, b"a1\na2\na"), wire.Output("out", 0, b"3 cont\na4\n"),
+              wire.Output("err", 0, b"e1\ne2\n"), wire.Output("out", 1, b"b1\n"), wire.Output("out", 0, b"a5\n"),
+              wire.Exited(code=0, signal=None, stopped=False, reason=None)]
+    journal = io.BytesIO(b"".join(f.encode() for f in frames))
+    skip = agent.backlog_to_skip(journal, 2)
+    assert skip == {("out", 0): 3} and journal.tell() == 0  # rank 0's out had 5 lines; the rest fit
+    kept = [f for f in (agent.skip_lines(f, skip) for f in frames) if f is not None]
+    assert [(f.stream, f.rank, f.data) for f in kept if isinstance(f, wire.Output)] == [
+        ("out", 0, b"a4\n"), ("err", 0, b"e1\ne2\n"), ("out", 1, b"b1\n"), ("out", 0, b"a5\n")]
+    assert isinstance(kept[0], wire.Started) and isinstance(kept[-1], wire.Exited) and skip == {}
+
+
+def test_retention_is_a_duration_and_a_record_expires_by_its_own():
+    import pytest
+
+    from orchestrator.config import parse_cluster
+    from orchestrator.errors import ConfigError
+
+    nodes = "nodes: [{host: a, gpus: 1}]\n"
+    assert parse_cluster(nodes, "c.yaml").retention == 7 * 86400
+    assert parse_cluster("retention: 12h\n" + nodes, "c.yaml").retention == 12 * 3600
+    assert parse_cluster("retention: 90\n" + nodes, "c.yaml").retention == 90
+    with pytest.raises(ConfigError, match=r"c.yaml:1: retention: must be a duration such as 7d"):
+        parse_cluster("retention: soon\n" + nodes, "c.yaml")
+    now = 10_000.0
+    assert agent.expired({"state": "done", "ended": now - 61, "retention": 60}, now)
+    assert not agent.expired({"state": "failed", "ended": now - 59, "retention": 60}, now)
+    assert not agent.expired({"state": "done", "ended": now - 86400}, now)  # 7 days unless the job said
