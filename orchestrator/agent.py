@@ -1617,12 +1617,14 @@ def remove_stale_state(match, purge=False, records_only=False):
             continue
         for entry in os.listdir(job_dir):
             node = entry[4:]
-            if not (entry.startswith("node") and node.isdigit()) or find_tagged({TAG_JOB: name, TAG_NODE: node}):
+            if not (entry.startswith("node") and node.isdigit()):
                 continue
-            record = read_record(os.path.join(job_dir, entry))
+            record = read_record(os.path.join(job_dir, entry))  # first: a /proc scan is the costly part
             if record is None and records_only:
                 continue
-            if record is None or purge or expired(record, time.time()):  # a detached job's, kept a while
+            if record is not None and not (purge or expired(record, time.time())):
+                continue  # a detached job's, kept for its retention
+            if not find_tagged({TAG_JOB: name, TAG_NODE: node}):
                 shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
         try:
             os.rmdir(job_dir)  # only if empty

@@ -3,6 +3,7 @@ during start-up is an event like any other: no traceback, one message, exit 128+
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .signals import INBOX
@@ -12,7 +13,20 @@ def _run(name: str) -> None:
     INBOX.install()
     from . import cli
 
-    sys.exit(getattr(cli, name)())
+    _exit(getattr(cli, name)())
+
+
+def _exit(code: int) -> None:
+    """Exit with ``code`` once stdout and stderr are flushed, without the interpreter's teardown.
+    Every command's cleanup is its own and explicit (connections, log files, ssh masters); what is
+    left at this point are daemon threads blocked on pipes whose other end has gone, and tearing
+    the interpreter down around them took 0.4-0.5 s at 16 nodes (a detached launch's return)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken terminal: nothing more can be shown
+    os._exit(code)
 
 
 def up() -> None:
@@ -43,4 +57,4 @@ def _run_detached(name: str) -> None:
     INBOX.install()
     from . import detached
 
-    sys.exit(getattr(detached, name)())
+    _exit(getattr(detached, name)())

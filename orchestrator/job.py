@@ -161,7 +161,12 @@ class Job:
 
     def close(self) -> None:
         """Always called (finally): drop connections, then wait for the sweeps of lost nodes.
-        Not interruptible: cleanup runs to its end (every step of it is bounded)."""
+        Not interruptible: cleanup runs to its end (every step of it is bounded). A detached
+        job's agents go on: only this end of their streams closes, without waiting for theirs."""
+        if self.detached:
+            for session in self.sessions:
+                session.close()
+            return
         for session in self.sessions:
             session.cancel()
         on_each(self.sessions, lambda s: s.disconnect(), inbox=None, name="disconnect")

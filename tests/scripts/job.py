@@ -8,6 +8,7 @@
   job.py env NAME...      every rank prints ENV NAME=value for each (no torch)
   job.py blob N           every rank prints "start" and one unterminated N-byte binary line (no torch)
   job.py tick N S [R C]   every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2 (no torch)
+  job.py backlog L S DIR  every rank prints L lines, touches DIR/done.RANK, then "live t=..." every 0.5 s for S s
 """
 
 import datetime
@@ -128,6 +129,17 @@ def main():
                 print(f"rank {rank} failing with {code}", file=sys.stderr, flush=True)
                 finish(code)
             time.sleep(pause)
+        finish(0)
+    if mode == "backlog":  # job.py backlog LINES LIVE_SECONDS DIR: LINES lines, DIR/done.RANK, then a live line/0.5 s
+        rank, lines, live, where = int(os.environ["RANK"]), int(rest[0]), float(rest[1]), rest[2]
+        for i in range(lines):
+            print(f"backlog {i} rank={rank} " + "x" * 60)
+        sys.stdout.flush()
+        open(os.path.join(where, f"done.{rank}"), "w").close()
+        end = time.time() + live
+        while time.time() < end:
+            print(f"live t={time.time():.3f} rank={rank}", flush=True)
+            time.sleep(0.5)
         finish(0)
     if mode == "argv":
         dist, rank = init()
