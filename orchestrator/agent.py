@@ -973,6 +973,7 @@ class Supervisor:
         self.finished = threading.Event()
         self.quiet = {}  # node -> (its ranks' quiet seconds, when it said so)
         self.hung = None  # (why, when the stacks were asked for), once the job looks hung
+        self.first_done = None  # when the first node's job ended well (the others should follow)
 
     def start(self):
         now = time.monotonic()
@@ -997,7 +998,7 @@ class Supervisor:
             conn.sendall(wire.Challenge(nonce=nonce).encode())
             stream = conn.makefile("rb")
             join = wire.read_frame(stream, wire.PEER)
-            if not (isinstance(join, wire.Join) and 0 < join.node < self.spec.nodes
+            if not (isinstance(join, wire.Join) and 0 <= join.node < self.spec.nodes and join.node != self.spec.node
                     and proof_ok(self.spec.token, nonce, join.proof)):
                 return  # not one of this job's agents: nothing is said to it
             node = join.node
@@ -1041,6 +1042,8 @@ class Supervisor:
             if self.states.get(node, {}).get("state") in ENDED:
                 return  # a node ends once
             self.states[node] = {"state": state, "code": code, "reason": reason, "at": time.time()}
+            if state == "done" and self.first_done is None:
+                self.first_done = time.monotonic()
             ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == self.spec.nodes
         if state in ("failed", "stopped", "lost"):
             self.halt("node %d %s" % (node, describe_end(state, code, reason)))
@@ -1059,12 +1062,17 @@ class Supervisor:
                 self.send(other, wire.Halt(reason=reason))
         self.runner.events.put(("stop", reason))
 
+    def peers(self):
+        """The other nodes (the master node, where this runs, need not be node 0)."""
+        return [n for n in range(self.spec.nodes) if n != self.spec.node]
+
     def running(self):
         return [n for n in range(self.spec.nodes) if self.states.get(n, {}).get("state") == "running"]
 
     def watch_hang(self, now):
-        """No line from any rank for hang_timeout: every rank prints its stack (into the journal,
-        where an attach names the odd one out), then, DUMP_WAIT later, every node stops."""
+        """No line from any rank for hang_timeout, or a node done that long while others run (as
+        ddp-up's HangWatch): every rank prints its stack (into the journal, where an attach
+        names the odd one out), then, HANG_DUMP_WAIT later, every node stops."""
         timeout = self.spec.hang_timeout
         if not timeout or self.halted is not None:
             return
@@ -1078,6 +1086,9 @@ class Supervisor:
         quiet = min(self.quiet_of(n, now) for n in running)
         if quiet > timeout:
             self.hung = ("no output from any rank for %.0f s" % quiet, now)
+        elif self.first_done is not None and now - self.first_done > timeout:
+            self.hung = ("a node finished %.0f s ago, %d still running" % (now - self.first_done, len(running)), now)
+        if self.hung is not None:
             for node in running:
                 if node == self.spec.node:
                     self.runner.events.put(("dump", None))
@@ -1095,7 +1106,7 @@ class Supervisor:
             for node in list(self.links):
                 self.send(node, wire.Heartbeat())
             now = time.monotonic()
-            for node in range(1, self.spec.nodes):
+            for node in self.peers():
                 silent = now - self.heard[node]
                 if self.states.get(node, {}).get("state") not in ENDED and silent > self.spec.orphan_timeout:
                     self.report(node, "lost", None, "no word from its agent for %.0f s" % silent)

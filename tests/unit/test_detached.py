@@ -36,11 +36,11 @@ class FakeRunner:
         return reason
 
 
-def supervisor(tmp_path, nodes: int, **kw) -> tuple[FakeRunner, agent.Supervisor]:
-    runner = FakeRunner(0, nodes, str(tmp_path), **kw)
+def supervisor(tmp_path, nodes: int, master: int = 0, **kw) -> tuple[FakeRunner, agent.Supervisor]:
+    runner = FakeRunner(master, nodes, str(tmp_path), **kw)
     sup = agent.Supervisor(runner, agent.listen_on(0))
     sup.start()
-    sup.report(0, "running")
+    sup.report(master, "running")
     return runner, sup
 
 
@@ -125,6 +125,24 @@ def test_output_keeps_a_detached_job_from_looking_hung(tmp_path):
     assert runner0.events.empty() and runner1.events.empty()
     one.report("done", 0, None)
     sup.report(0, "done", 0, None)
+    assert sup.finished.wait(10)
+    sup.listener.close()
+
+
+def test_the_master_need_not_be_node_0_and_a_node_done_long_before_the_others_is_a_hang(tmp_path, monkeypatch):
+    monkeypatch.setattr(agent, "HANG_DUMP_WAIT", 0.3)
+    runner1, sup = supervisor(tmp_path, 2, master=1, hang_timeout=1.0)  # `master: {addr: <node 1>}`
+    runner0, zero = link(tmp_path, 0, 2, sup.port)
+    wait(lambda: sup.states.get(0, {}).get("state") == "running")
+    zero.report("done", 0, None)
+    for _ in range(100):  # the master's ranks go on printing; node 0 finished
+        runner1.out.last_output = time.monotonic()
+        if not runner1.events.empty():
+            break
+        time.sleep(0.05)
+    assert runner1.events.get(timeout=10) == ("dump", None)
+    assert runner1.next_stop().startswith("job hung (a node finished ")
+    sup.report(1, "stopped", -15, "job hung")
     assert sup.finished.wait(10)
     sup.listener.close()
 
