@@ -106,7 +106,7 @@ def node_source(args: argparse.Namespace) -> NodeSource | None:
         return NodeSource(f"-H {args.hosts}", "", parse_host_list(args.hosts))
     if args.slurm:
         nodes, port = slurm_nodes(os.environ)
-        return NodeSource("--slurm", "", nodes, master_port=port)
+        return NodeSource("--slurm", "", nodes, master_port=port, transport="srun")
     return None
 
 
@@ -179,6 +179,10 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         if args.hang_timeout is not None and not 0 < args.hang_timeout < float("inf"):
             raise UsageError("--hang-timeout must be a number of seconds > 0")
         inbox.check()
+        if args.detach and any(n.transport == "srun" for n in config.nodes):
+            raise UsageError("--detach: a job reached through srun ends with its steps, so it cannot outlive "
+                             "ddp-up yet; run it attached (inside sbatch it needs no terminal), or set "
+                             "`transport: ssh`")
         config = _resolve_nodes(config, console)
         job_id = args.job_id or new_job_id()
         plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
@@ -299,7 +303,7 @@ def print_dry_run(plan: LaunchPlan, console: Console, tree: Tree | None = None) 
                       markup=False)
     for node in plan.nodes:
         cfg = node.config
-        via = "local" if cfg.transport == "local" else \
+        via = "local" if cfg.transport == "local" else f"srun -w {cfg.host}" if cfg.transport == "srun" else \
             f"ssh {cfg.ssh.user + '@' if cfg.ssh.user else ''}{cfg.host}" + (f" -p {cfg.ssh.port}" if cfg.ssh.port else "")
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}"
         console.print(f"# node {node.index} {node.label} ({via}), ranks {ranks}", markup=False)

@@ -34,6 +34,7 @@ SYNC_KEYS = ("src", "exclude", "gitignore")
 # Names whose values are masked even if `secrets:` does not list them.
 DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
 LAUNCHERS = ("torchrun", "legacy", "none")
+TRANSPORTS = ("ssh", "srun", "local")
 MASTER_KEYS = ("addr", "port")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always with fullmatch: `$` would accept "NAME\n"
 MAX_YAML_NODES = 100_000  # a cluster file has hundreds; more is an alias bomb or not a cluster file
@@ -147,6 +148,7 @@ class NodeSource:
     path: str  # a file to resolve relative paths against and name in errors ("" if none)
     nodes: list[dict]
     master_port: int | None = None  # a port the source implies (Slurm), unless the file sets one
+    transport: str | None = None  # how the source's nodes are reached (Slurm: srun), unless the file says
 
 
 def load_cluster(path: str | None, source: NodeSource | None = None, forward: bool = True) -> ClusterConfig:
@@ -197,6 +199,8 @@ def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSour
         raise ConfigError(path, lines.get(("nodes",)), "nodes",
                           f"the nodes come from {source.name}: remove `nodes:` here or drop {source.name.split()[0]}")
     data = {**data, "nodes": source.nodes}
+    if source.transport is not None and "transport" not in data:
+        data["transport"] = source.transport
     if source.master_port is not None and "port" not in (data.get("master") or {}):
         master = data.get("master") if isinstance(data.get("master"), dict) else {}
         data["master"] = {**master, "port": source.master_port}
@@ -335,8 +339,8 @@ class _Validator:
             return default, (key,)
 
         transport, t_at = pick("transport", "ssh")
-        if transport not in ("ssh", "local"):
-            raise self.error(t_at, f"must be `ssh` or `local`, got {transport!r}")
+        if transport not in TRANSPORTS:
+            raise self.error(t_at, f"must be `ssh`, `srun` (inside a Slurm allocation) or `local`, got {transport!r}")
         gpus, g_at = pick("gpus", None)
         if gpus is None:
             raise self.error(at, "missing `gpus:` (number of processes to start on this node, >= 1, or `auto`)")

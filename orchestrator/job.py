@@ -14,6 +14,7 @@ Signals are events: the loop reads the inbox at every turn. The first asks every
 from __future__ import annotations
 
 import queue
+import re
 import signal
 import threading
 import time
@@ -37,6 +38,19 @@ SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and repo
 PROBE_MARGIN = 10.0  # beyond the probe's own timeout for every node to answer it
 LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 TICK = 0.25  # the loop's longest sleep: views redraw and deadlines are checked at least this often
+
+
+# slurmstepd's word when Slurm ends a step (scancel, the allocation's end, its time limit)
+SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) (\S+) ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+
+
+def slurm_cancel(text: str) -> str | None:
+    """What a node's line says Slurm did to its step, if it says so."""
+    m = SLURM_CANCEL.search(text)
+    if m is None:
+        return None
+    why = f" due to {m.group(4).lower()}" if m.group(4) else " (scancel, or the allocation ended)"
+    return f"Slurm cancelled {m.group(1).lower()} {m.group(2)}{why}"
 
 
 class View(Protocol):
@@ -355,6 +369,8 @@ class Job:
         for line in event.lines:
             if line.rank is None and line.stream != "node":
                 status.report.feed(line.text)
+            elif line.stream == "node" and status.slurm_cancel is None:
+                status.slurm_cancel = slurm_cancel(line.text)
         self.hang.lines(event.lines, self.clock())
         status.lines += len(event.lines)
         status.last_line = event.lines[-1].text[:LAST_LINE]
@@ -366,9 +382,9 @@ class Job:
         if self.stop_requested and (frame.stopped or frame.code != 0):
             self._set(node, "stopped", reason=status.reason or frame.reason)
         elif frame.stopped:
-            self._set(node, "stopped", reason=frame.reason)
+            self._set(node, "stopped", reason=status.slurm_cancel or frame.reason)
             if not self.following:  # a detached job's nodes stop when another fails: that one is the cause
-                self._fail(node, None, frame.code, f"stopped on the node: {frame.reason}")
+                self._fail(node, None, frame.code, status.slurm_cancel or f"stopped on the node: {frame.reason}")
         elif frame.code == 0:
             self._set(node, "done")
             self.hang.node_done(self.clock())
@@ -427,6 +443,7 @@ class Job:
     # --- failure and stop ---
 
     def _lost(self, node: int, what: str) -> None:
+        what = self.status[node].slurm_cancel or what  # Slurm ended the step: not a lost network
         self._set(node, "lost", reason=what)
         self.sessions[node].close()
         if self.following:

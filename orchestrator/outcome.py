@@ -49,6 +49,7 @@ class NodeStatus:
     signal: str | None = None
     reason: str | None = None
     problem: NodeProblem | None = None  # why it is in state error
+    slurm_cancel: str | None = None  # Slurm said it cancelled this node's step (srun transport)
     started_at: float | None = None
     ended_at: float | None = None
     lines: int = 0

@@ -83,6 +83,10 @@ class Transport(ABC):
 def transport_for(node: NodeConfig) -> Transport:
     if node.transport == "local":
         return LocalTransport(node)
+    if node.transport == "srun":
+        from .srun import SrunTransport
+
+        return SrunTransport(node)
     if node.ssh.client == "openssh":
         from .openssh import OpenSSHTransport
 

@@ -87,7 +87,7 @@ BROKEN = [
     ("nodes: [{host: a, gpus: 1}]\nhang_timeout: -5\n", "c.yaml:2: hang_timeout: must be a number of seconds > 0, got -5"),
     ("nodes: [{host: a, gpus: 1}]\nlauncher: mpirun\n",
      "c.yaml:2: launcher: must be one of `torchrun`, `legacy`, `none`, got 'mpirun'"),
-    ("nodes: [{host: a, gpus: 1, transport: rsh}]\n", "c.yaml:1: nodes[0].transport: must be `ssh` or `local`, got 'rsh'"),
+    ("nodes: [{host: a, gpus: 1, transport: rsh}]\n", "c.yaml:1: nodes[0].transport: must be `ssh`, `srun` (inside a Slurm allocation) or `local`, got 'rsh'"),
     ("nodes:\n  - host: a\n    gpus: 1\n    gpus: 2\n", "c.yaml:4: nodes[0].gpus: duplicate key (first set on line 3)"),
     ("nodes: 3\n", "c.yaml:1: nodes: must be a non-empty list of nodes"),
     ("- a\n- b\n", "c.yaml:1: must be a mapping, got a list"),
@@ -197,3 +197,15 @@ def test_the_shipped_configs_are_valid(name):
 
     path = Path(__file__).resolve().parents[2] / "configs" / name
     assert load_cluster(str(path)).nodes
+
+
+def test_slurm_nodes_are_reached_through_srun_unless_the_file_says_otherwise():
+    from orchestrator.config import NodeSource, load_cluster
+
+    source = NodeSource("--slurm", "", [{"host": "n1", "gpus": 1}, {"host": "n2", "gpus": 1}], transport="srun")
+    assert {n.transport for n in load_cluster(None, source).nodes} == {"srun"}
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write("transport: ssh\n")
+        f.flush()
+        assert {n.transport for n in load_cluster(f.name, source).nodes} == {"ssh"}

@@ -1,0 +1,156 @@
+"""Issue 16: inside a Slurm allocation, the nodes are reached through srun, not SSH.
+
+A real slurmctld and three slurmds (tests/harness/slurmcluster.py); the nodes run no sshd at all.
+Skipped, with the reason, where Slurm is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.harness import procs
+from tests.harness.runner import CHECK, KILL, REPO, RUNS_ROOT, UP, _env
+from tests.harness.slurmcluster import SlurmCluster, available
+from tests.integration.conftest import SCRIPT
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    reason = available()
+    if reason:
+        pytest.skip(f"slurm: {reason}")
+    cluster = SlurmCluster(3, tmp_path_factory.mktemp("slurm") / "cluster")
+    try:
+        try:
+            cluster.up()
+        except (AssertionError, OSError, subprocess.SubprocessError) as e:  # Slurm cannot run on this machine
+            detail = getattr(e, "stderr", None) or str(e)
+            pytest.skip(f"slurm: the test cluster did not start: {detail}"[:600])
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def slurm_file(tmp_path):
+    def make(**top) -> str:
+        import yaml
+
+        doc = {"python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1},
+               "orphan_timeout": 10, "stop_grace": 3, **top}
+        path = tmp_path / "cluster.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return str(path)
+    return make
+
+
+class InAllocation:
+    """`salloc -N3 ddp-up --slurm ...` in a session of its own (a terminal's foreground job)."""
+
+    def __init__(self, cluster: SlurmCluster, *args: str, nodes: int = 3, code: str = UP):
+        env = {**_env(), "SLURM_CONF": cluster.env["SLURM_CONF"]}
+        ours = ["--no-dashboard", "--runs-dir", RUNS_ROOT] if code == UP else []
+        self.proc = subprocess.Popen(["salloc", f"-N{nodes}", "--ntasks-per-node=1", "--quiet", sys.executable, "-c",
+                                      code, "--slurm", *ours, *args],
+                                     cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self.changed:
+            return "\n".join(self.lines)
+
+    def wait_line(self, pattern: str, timeout: float) -> None:
+        rx = re.compile(pattern)
+        with self.changed:
+            if not self.changed.wait_for(lambda: any(rx.search(x) for x in self.lines) or self.proc.poll() is not None,
+                                         timeout) or not any(rx.search(x) for x in self.lines):
+                raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{self.output}")
+
+    def command_pid(self) -> int:
+        """ddp-up's pid: salloc's child (salloc puts it in a process group of its own, and gives
+        it the terminal, so a Ctrl-C there reaches ddp-up, not salloc)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        assert children, self.output
+        return int(children[0])
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"did not exit within {timeout} s:\n{self.output}") from None
+
+
+def test_three_nodes_without_sshd_run_a_torchrun_job_over_srun(slurm, slurm_file):
+    run = InAllocation(slurm, slurm_file(), SCRIPT, "run", "--steps", "2")
+    assert run.wait(120) == 0, run.output
+    out = run.output
+    assert "master dsl1:" in out, out  # the first node's name, resolved by the nodes only
+    for rank, node in ((0, "dsl1"), (1, "dsl2"), (2, "dsl3")):
+        assert re.search(rf"^{node}\s+r{rank}\s+\| READY rank={rank} world=3 host={node}", out, re.M), out
+    assert not procs.wait_no_job_processes(None, 15)
+
+
+def test_a_failing_rank_is_named_with_its_node_and_every_node_stops(slurm, slurm_file):
+    run = InAllocation(slurm, slurm_file(), SCRIPT, "run", "--steps", "100", "--step-time", "0.2",
+                       "--fail-rank", "2", "--exit-code", "7")
+    assert run.wait(120) == 1, run.output
+    assert re.search(r"root cause: dsl3 \(node 2, rank 2\): rank 2 exited with code 7", run.output), run.output
+    assert not procs.wait_no_job_processes(None, 15)
+
+
+def test_ctrl_c_in_the_allocation_stops_every_node(slurm, slurm_file):
+    run = InAllocation(slurm, slurm_file(launcher="none"), SCRIPT, "tick", "3000", "0.1")
+    run.wait_line(r"^dsl3\s+r2\s+\| tick \d+ rank=2", 60)
+    os.killpg(run.command_pid(), signal.SIGINT)  # a Ctrl-C at the terminal salloc gave ddp-up
+    assert run.wait(60) == 130, run.output
+    assert "SIGINT: stopping all nodes" in run.output, run.output
+    assert not procs.wait_no_job_processes(None, 15)
+
+
+def test_scancel_of_the_allocation_is_named_as_slurm_s_doing(slurm, slurm_file):
+    run = InAllocation(slurm, slurm_file(launcher="none"), SCRIPT, "tick", "3000", "0.1")
+    run.wait_line(r"^dsl3\s+r2\s+\| tick \d+ rank=2", 60)
+    jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm.env, capture_output=True, text=True, timeout=30)
+    assert jobs.stdout.split(), jobs
+    subprocess.run(["scancel", *jobs.stdout.split()], env=slurm.env, check=True, timeout=30)
+    code = run.wait(60)
+    assert code != 0, run.output
+    assert "Slurm cancelled" in run.output, run.output
+    assert "connection to the node agent lost" not in run.output, run.output
+    assert not procs.wait_no_job_processes(None, 15)
+
+
+def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_file):
+    path = slurm_file(launcher="none")
+    check = InAllocation(slurm, path, code=CHECK)
+    assert check.wait(60) == 0, check.output
+    for node in ("dsl1", "dsl2", "dsl3"):
+        assert re.search(rf"│ \d+\s+│ {node}\s+│ ✓", check.output), check.output
+    kill = InAllocation(slurm, path, "--all", code=KILL)
+    assert kill.wait(60) == 0, kill.output
+    assert re.search(r"│ 2\s+│ dsl3\s+│", kill.output), kill.output
+
+
+def test_detach_through_srun_is_refused_before_anything_starts(slurm, slurm_file):
+    run = InAllocation(slurm, "--detach", slurm_file(launcher="none"), SCRIPT, "tick", "1", "0")
+    assert run.wait(60) == 2, run.output
+    assert "--detach: a job reached through srun ends with its steps" in run.output, run.output

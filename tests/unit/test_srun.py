@@ -1,0 +1,19 @@
+"""Issue 16, the parts that need no Slurm: the step each node's agent runs in, and Slurm's word
+for a step it ended."""
+
+from orchestrator.job import slurm_cancel
+from orchestrator.srun import srun_argv
+
+
+def test_each_agent_is_one_task_on_its_node_sharing_the_allocation():
+    argv = srun_argv("gpu-7", "exec env A=1 python3 -u -c x")
+    assert argv[1:] == ["--overlap", "--nodes=1", "--ntasks=1", "--nodelist=gpu-7", "--unbuffered", "--quiet",
+                        "--chdir=/", "--job-name=ddp-up", "bash", "-c", "exec env A=1 python3 -u -c x"]
+
+
+def test_slurm_s_cancel_lines_name_what_it_did():
+    assert slurm_cancel("slurmstepd-n2: error: *** STEP 41.3 ON n2 CANCELLED AT 2026-11-23T06:27:42 ***") == \
+        "Slurm cancelled step 41.3 (scancel, or the allocation ended)"
+    assert slurm_cancel("slurmstepd: error: *** JOB 41 ON n1 CANCELLED AT 2026-11-23T06:27:42 DUE TO TIME LIMIT ***") \
+        == "Slurm cancelled job 41 due to time limit"
+    assert slurm_cancel("a rank printing *** STEP 1.0 ON x CANCELLED AT soon") is None
