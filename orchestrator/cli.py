@@ -31,6 +31,7 @@ from .job import Job
 from .openssh import CONTROL
 from .parallel import interruptible
 from .plan import LaunchPlan, check_job_id, make_plan, mask_secrets, new_job_id
+from .sbatch import split_sbatch, submit
 from .preflight import torch_versions
 from .sync import Tree, human_bytes, scan, sync_all, targets
 from .transport import ssh_facts
@@ -48,7 +49,9 @@ def up_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ddp-up",
         usage="ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]\n"
-              "       ddp-up [options] (--hostfile FILE | -H HOST:N,... | --slurm) [CLUSTER.yaml] SCRIPT [ARGS...]",
+              "       ddp-up [options] (--hostfile FILE | -H HOST:N,... | --slurm) [CLUSTER.yaml] SCRIPT [ARGS...]\n"
+              "       ddp-up --sbatch [SBATCH OPTIONS] [--] CLUSTER.yaml SCRIPT [ARGS...]   (a batch job running "
+              "--slurm)",
         description="Launch a multi-node torchrun job over SSH; every remote process it starts is stopped on exit.",
         epilog="Everything after SCRIPT is passed to the script verbatim. Exit status: 0 ok, 1 job failed, "
                "2 bad config or usage, 3 a node could not be set up (nothing started), 70 internal error, "
@@ -163,10 +166,16 @@ def ssh_connections():
 
 
 def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
+    try:
+        sbatch_options, argv = split_sbatch(argv)
+    except UsageError as e:
+        return _report("ddp-up", e)
     ours, script_args = split_argv(argv)
     args = up_parser().parse_args(ours)
     console = terminal_console()
     secrets: frozenset[str] = frozenset()  # known once the cluster file is read; masked in every message
+    if sbatch_options is not None:
+        return _submit(args, argv, sbatch_options, console)
     try:
         if args.job_id is not None:
             check_job_id(args.job_id, "--job-id")  # before anything is read or reached
@@ -180,9 +189,9 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
             raise UsageError("--hang-timeout must be a number of seconds > 0")
         inbox.check()
         if args.detach and any(n.transport == "srun" for n in config.nodes):
-            raise UsageError("--detach: a job reached through srun ends with its steps, so it cannot outlive "
-                             "ddp-up yet; run it attached (inside sbatch it needs no terminal), or set "
-                             "`transport: ssh`")
+            raise UsageError("--detach: a job reached through srun ends with its allocation, which ends with "
+                             "this command; to run without a terminal, submit it: ddp-up --sbatch [SBATCH OPTIONS] "
+                             "CLUSTER.yaml SCRIPT ... (or set `transport: ssh`)")
         config = _resolve_nodes(config, console)
         job_id = args.job_id or new_job_id()
         plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
@@ -211,6 +220,30 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         err.print("[bold red]ddp-up: internal error[/] (a bug; please report it). Connections were closed, "
                   "so every node stops its job by itself; `ddp-kill CLUSTER.yaml` confirms.")
         return EXIT_INTERNAL
+
+
+def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str], console: Console) -> int:
+    """--sbatch: a batch job that runs this very command with --slurm in its allocation."""
+    try:
+        if args.detach or args.dry_run or args.hostfile or args.hosts:
+            raise UsageError("--sbatch runs the job with --slurm in its own allocation: leave out --detach, "
+                             "--dry-run, --hostfile and -H")
+        if args.script is None:
+            raise UsageError("missing SCRIPT: ddp-up --sbatch [SBATCH OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]")
+        if args.cluster and not os.path.isfile(args.cluster):
+            raise UsageError(f"{args.cluster}: no such cluster file")
+        job_id = args.job_id or new_job_id()
+        rest = [a for a in argv if a != "--slurm"]
+        if args.job_id is None:
+            rest = ["--job-id", job_id, *rest]
+        slurm_job, script = submit(sbatch_options, rest, job_id, args.runs_dir)
+    except DdpUpError as e:
+        return _report("ddp-up", e)
+    console.print(f"ddp-up: submitted Slurm job {slurm_job} ({script}); it runs ddp-up job {job_id} with --slurm. "
+                  f"Run logs: {os.path.join(args.runs_dir, job_id)}/; ddp-up's own output: sbatch's output file "
+                  f"(slurm-{slurm_job}.out unless --output says otherwise). Stop it: scancel {slurm_job}",
+                  markup=False, highlight=False)
+    return EXIT_OK
 
 
 def _interrupted(prog: str, e: Interrupted, what: str) -> int:

@@ -6,12 +6,14 @@ Skipped, with the reason, where Slurm is not installed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -153,4 +155,27 @@ def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_f
 def test_detach_through_srun_is_refused_before_anything_starts(slurm, slurm_file):
     run = InAllocation(slurm, "--detach", slurm_file(launcher="none"), SCRIPT, "tick", "1", "0")
     assert run.wait(60) == 2, run.output
-    assert "--detach: a job reached through srun ends with its steps" in run.output, run.output
+    assert "--detach: a job reached through srun ends with its allocation" in run.output, run.output
+
+
+def test_sbatch_submits_a_batch_job_that_runs_the_job_with_slurm(slurm, tmp_path):
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(f"python: {sys.executable}\nworkdir: {tmp_path}\nlauncher: none\n")
+    env = {**_env(), "SLURM_CONF": slurm.env["SLURM_CONF"]}
+    runs = tmp_path / "runs"
+    done = subprocess.run([sys.executable, "-c", UP, "--runs-dir", str(runs), "--sbatch", "-N3", "--ntasks-per-node=1",
+                           str(settings), SCRIPT, "tick", "3", "0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    m = re.search(r"submitted Slurm job (\d+) .* runs ddp-up job (\S+) with --slurm", done.stdout)
+    assert m, done.stdout
+    slurm_job, job = m.groups()
+    deadline = time.monotonic() + 90
+    while subprocess.run(["squeue", "-h", "-j", slurm_job], env=slurm.env, capture_output=True, text=True,
+                         timeout=30).stdout.strip():
+        assert time.monotonic() < deadline, (tmp_path / f"slurm-{slurm_job}.out").read_text()
+        time.sleep(0.2)
+    out = (tmp_path / f"slurm-{slurm_job}.out").read_text()
+    assert re.search(r"^dsl3\s+r2\s+\| tick 2 rank=2$", out, re.M), out
+    summary = json.loads((runs / job / "summary.json").read_text())
+    assert summary["exit_code"] == 0, summary

@@ -17,3 +17,19 @@ def test_slurm_s_cancel_lines_name_what_it_did():
     assert slurm_cancel("slurmstepd: error: *** JOB 41 ON n1 CANCELLED AT 2026-11-23T06:27:42 DUE TO TIME LIMIT ***") \
         == "Slurm cancelled job 41 due to time limit"
     assert slurm_cancel("a rank printing *** STEP 1.0 ON x CANCELLED AT soon") is None
+
+
+def test_sbatch_options_run_to_the_cluster_file_or_a_double_dash():
+    import pytest
+
+    from orchestrator.errors import UsageError
+    from orchestrator.sbatch import batch_script, split_sbatch
+
+    assert split_sbatch(["c.yaml", "t.py"]) == (None, ["c.yaml", "t.py"])
+    assert split_sbatch(["--sbatch", "-N", "4", "--time=1:00:00", "c.yaml", "t.py", "--x"]) == (
+        ["-N", "4", "--time=1:00:00"], ["c.yaml", "t.py", "--x"])
+    assert split_sbatch(["--ranks", "0", "--sbatch", "-p", "gpu", "--", "t.py"]) == (["-p", "gpu"], ["--ranks", "0", "t.py"])
+    with pytest.raises(UsageError, match="end sbatch's options with -- or the cluster file"):
+        split_sbatch(["--sbatch", "-N4", "t.py"])
+    script = batch_script(["--job-id", "J", "c.yaml", "t.py", "a b; rm -rf /"])
+    assert script.startswith("#!/bin/bash\n") and "--slurm --no-dashboard --job-id J c.yaml t.py 'a b; rm -rf /'" in script
