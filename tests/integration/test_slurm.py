@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -141,15 +142,27 @@ def test_scancel_of_the_allocation_is_named_as_slurm_s_doing(slurm, slurm_file):
     assert not procs.wait_no_job_processes(None, 15)
 
 
-def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_file):
+def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_file, tmp_path):
     path = slurm_file(launcher="none")
     check = InAllocation(slurm, path, code=CHECK)
     assert check.wait(60) == 0, check.output
     for node in ("dsl1", "dsl2", "dsl3"):
         assert re.search(rf"│ \d+\s+│ {node}\s+│ ✓", check.output), check.output
-    kill = InAllocation(slurm, path, "--all", code=KILL)
-    assert kill.wait(60) == 0, kill.output
-    assert re.search(r"│ 2\s+│ dsl3\s+│", kill.output), kill.output
+    # In one allocation: a job runs, and ddp-kill --slurm, from the same allocation, stops it.
+    up = shlex.join([sys.executable, "-c", UP, "--slurm", "--no-dashboard", "--runs-dir", RUNS_ROOT, path, SCRIPT,
+                     "tick", "3000", "0.1"])
+    kill = shlex.join([sys.executable, "-c", KILL, "--slurm", path, "--all"])
+    out = tmp_path / "up.out"
+    script = (f"{up} >{out} 2>&1 & job=$!\n"
+              f"for i in $(seq 600); do grep -q 'tick 3 rank=2' {out} && break; sleep 0.1; done\n"
+              f"{kill}; echo \"kill=$?\"\nwait $job; echo \"up=$?\"\n")
+    env = {**_env(), "SLURM_CONF": slurm.env["SLURM_CONF"]}
+    done = subprocess.run(["salloc", "-N3", "--ntasks-per-node=1", "--quiet", "bash", "-c", script], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    report = done.stdout + out.read_text()
+    assert "kill=0" in done.stdout and re.search(r"│ 2\s+│ dsl3\s+│ \S+\s+│ [1-9]", done.stdout), report
+    assert "up=1" in done.stdout and "stopped on the node" in report, report
+    assert not procs.wait_no_job_processes(None, 15)
 
 
 def test_detach_through_srun_is_refused_before_anything_starts(slurm, slurm_file):
