@@ -160,7 +160,9 @@ def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_f
     done = subprocess.run(["salloc", "-N3", "--ntasks-per-node=1", "--quiet", "bash", "-c", script], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     report = done.stdout + out.read_text()
-    assert "kill=0" in done.stdout and re.search(r"│ 2\s+│ dsl3\s+│ \S+\s+│ [1-9]", done.stdout), report
+    # (these namespace nodes share one process table: whichever node's sweep runs first stops them all)
+    found = [int(n) for n in re.findall(r"│ \d\s+│ dsl\d\s+│ \S+\s+│ (\d+)", done.stdout)]
+    assert "kill=0" in done.stdout and len(found) == 3 and sum(found) >= 6, report  # 3 agents, 3 workers
     assert "up=1" in done.stdout and "stopped on the node" in report, report
     assert not procs.wait_no_job_processes(None, 15)
 
