@@ -70,6 +70,20 @@ def up_parser() -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true",
                    help="start the job, then exit once every node runs: the job goes on without ddp-up (its "
                         "nodes stop each other on a failure); watch it with ddp-attach, ddp-logs, ddp-ls")
+    add_view_options(p)
+    p.add_argument("--hang-timeout", type=float, metavar="SECONDS",
+                   help="declare the job hung after this long without output from any rank (or with some "
+                        "nodes finished and others still running): dump every rank's stack, then stop")
+    p.add_argument("--no-preflight", dest="preflight", action="store_false",
+                   help="skip the cross-node checks (same torch everywhere, every node reaches the master)")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR",
+                   help="where each job's logs and summary.json go (DIR/<job-id>/; default: runs)")
+    p.add_argument("--version", action="version", version=f"ddp-up {__version__}")
+    return p
+
+
+def add_view_options(p: argparse.ArgumentParser) -> None:
+    """How a job is shown (ddp-up and ddp-attach): dashboard or lines, which ranks, collapsed."""
     view = p.add_mutually_exclusive_group()
     view.add_argument("--no-dashboard", dest="dashboard", action="store_false", default=None,
                       help="plain prefixed lines even on a terminal")
@@ -77,16 +91,7 @@ def up_parser() -> argparse.ArgumentParser:
                       help="the live dashboard even when stdout is not a terminal")
     p.add_argument("--ranks", metavar="LIST", help="show only these ranks on the console, e.g. 0,3-5 "
                                                    "(log files keep every rank)")
-    p.add_argument("--hang-timeout", type=float, metavar="SECONDS",
-                   help="declare the job hung after this long without output from any rank (or with some "
-                        "nodes finished and others still running): dump every rank's stack, then stop")
-    p.add_argument("--no-preflight", dest="preflight", action="store_false",
-                   help="skip the cross-node checks (same torch everywhere, every node reaches the master)")
     p.add_argument("--collapse", action="store_true", help="print a line that every rank printed once, with a count")
-    p.add_argument("--runs-dir", default="runs", metavar="DIR",
-                   help="where each job's logs and summary.json go (DIR/<job-id>/; default: runs)")
-    p.add_argument("--version", action="version", version=f"ddp-up {__version__}")
-    return p
 
 
 NODE_SOURCE_FLAGS = ("--hostfile", "-H", "--slurm")

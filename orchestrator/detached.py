@@ -21,7 +21,8 @@ import time
 from rich.table import Table
 
 from . import signals, wire
-from .cli import EXIT_OK, EXIT_USAGE, _interrupted, _load_or_report, _report, add_node_sources, ssh_connections
+from .cli import (EXIT_OK, EXIT_USAGE, _interrupted, _load_or_report, _report, add_node_sources, add_view_options,
+                  ssh_connections)
 from .errors import DdpUpError, Interrupted, UsageError
 from .job import Job
 from .oneshot import call_agent
@@ -83,13 +84,7 @@ def attach_parser() -> argparse.ArgumentParser:
     p = _parser("ddp-attach", "Watch a detached job as a live run shows it, from its first line, then live. "
                               "Ctrl-C detaches and leaves the job running. Exit status: the job's (0 ok, 1 failed "
                               "or stopped) once it has ended, 2 usage, 3 no such job, 130 detached by Ctrl-C.")
-    view = p.add_mutually_exclusive_group()
-    view.add_argument("--no-dashboard", dest="dashboard", action="store_false", default=None,
-                      help="plain prefixed lines even on a terminal")
-    view.add_argument("--dashboard", dest="dashboard", action="store_true",
-                      help="the live dashboard even when stdout is not a terminal")
-    p.add_argument("--ranks", metavar="LIST", help="show only these ranks, e.g. 0,3-5 (log files keep every rank)")
-    p.add_argument("--collapse", action="store_true", help="print a line that every rank printed once, with a count")
+    add_view_options(p)
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where the job's logs are written (DIR/<job>/)")
     add_tail(p)
     return p

@@ -18,6 +18,7 @@ import re
 import signal
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Protocol
 
 from . import preflight, wire
@@ -37,6 +38,7 @@ KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept ov
 SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
 PROBE_MARGIN = 10.0  # beyond the probe's own timeout for every node to answer it
 LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
+SETTLE = 2.0  # after the last node's end, for the channels to report theirs (their last stderr lines)
 TICK = 0.25  # the loop's longest sleep: views redraw and deadlines are checked at least this often
 
 
@@ -122,6 +124,7 @@ class Job:
         self.detached = False  # detach: every node runs, and this loop let go of the job
         self.following = False  # attached to a detached job (see follow)
         self.journal_ended: set[int] = set()  # following: nodes whose journal was read to its end
+        self.channel_ended: set[int] = set()  # nodes whose channel reported its end (Closed)
 
     # --- entry points ---
 
@@ -138,6 +141,8 @@ class Job:
             if not self.stop_requested:
                 self._go()
             self._drain()
+            if not self.detached:
+                self._settle()
         return self.result()
 
     def follow(self) -> JobResult:
@@ -262,6 +267,15 @@ class Job:
                 return
             self._turn(self._soonest_deadline())
 
+    def _settle(self) -> None:
+        """Every node has ended: let each channel report its own end (within SETTLE), so what its
+        stderr said last is read before the result, such as Slurm's word on a step it cancelled."""
+        deadline = self.clock() + SETTLE
+        waiting = [i for i, (s, st) in enumerate(zip(self.sessions, self.status))
+                   if s.started and st.state in ("done", "failed", "stopped")]  # a lost node's, we closed
+        while self.clock() < deadline and any(i not in self.channel_ended for i in waiting):
+            self._turn(deadline)
+
     def _turn(self, deadline: float | None) -> None:
         """One turn of the loop: at most one event, then signals, heartbeats, deadlines, views."""
         now = self.clock()
@@ -316,6 +330,8 @@ class Job:
     # --- events ---
 
     def _handle(self, event: object) -> None:
+        if isinstance(event, Closed):
+            self.channel_ended.add(event.node)
         if isinstance(event, Lines):
             self._lines(event)
         elif self.status[event.node].terminal or event.node in self.journal_ended:
@@ -371,10 +387,21 @@ class Job:
                 status.report.feed(line.text)
             elif line.stream == "node" and status.slurm_cancel is None:
                 status.slurm_cancel = slurm_cancel(line.text)
+                if status.slurm_cancel is not None:
+                    self._blame_slurm(event.node)
         self.hang.lines(event.lines, self.clock())
         status.lines += len(event.lines)
         status.last_line = event.lines[-1].text[:LAST_LINE]
         self.view.lines(status.plan, event.lines)
+
+    def _blame_slurm(self, node: int) -> None:
+        """Slurm's word comes on the step's stderr, which can arrive after the node's end (the agent
+        stopped on Slurm's SIGTERM, or its srun ended): that end was Slurm's doing."""
+        status = self.status[node]
+        self.failures = [replace(f, what=status.slurm_cancel) if f.node == node and f.rank is None else f
+                         for f in self.failures]
+        if status.state in ("stopped", "lost"):
+            status.reason = status.slurm_cancel
 
     def _exited(self, node: int, frame: wire.Exited) -> None:
         status = self.status[node]

@@ -34,11 +34,13 @@ def _env() -> dict:
 class Launch:
     """A running ddp-up; output is collected by a thread so waits can be on lines, not sleeps."""
 
-    def __init__(self, args: list[str], code: str = UP):
+    def __init__(self, args: list[str], code: str = UP, prefix: tuple[str, ...] = (), env: dict | None = None):
+        """``prefix``: a command that runs the CLI (``salloc -N3``), which then starts in a session
+        of its own, as a terminal's foreground job; ``env``: more environment variables."""
         if code == UP:
             args = ["--runs-dir", RUNS_ROOT, *args]
-        self.proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=_env(),
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-c", code, *args], cwd=REPO, env={**_env(), **(env or {})},
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=bool(prefix),
                                      stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace")
         self.lines: list[str] = []
         self._changed = threading.Condition()

@@ -13,14 +13,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.harness import procs
-from tests.harness.runner import CHECK, KILL, REPO, RUNS_ROOT, UP, _env
+from tests.harness.runner import CHECK, KILL, REPO, RUNS_ROOT, UP, Launch, _env
 from tests.harness.slurmcluster import SlurmCluster, available
 from tests.integration.conftest import SCRIPT
 
@@ -55,55 +54,23 @@ def slurm_file(tmp_path):
     return make
 
 
-class InAllocation:
-    """`salloc -N3 ddp-up --slurm ...` in a session of its own (a terminal's foreground job)."""
+def in_allocation(cluster: SlurmCluster, *args: str, code: str = UP) -> Launch:
+    """`salloc -N3 ddp-up --slurm ...` (or ddp-check, ddp-kill), in a session of its own."""
+    ours = ["--no-dashboard"] if code == UP else []
+    return Launch(["--slurm", *ours, *args], code=code, env={"SLURM_CONF": cluster.env["SLURM_CONF"]},
+                  prefix=("salloc", "-N3", "--ntasks-per-node=1", "--quiet"))
 
-    def __init__(self, cluster: SlurmCluster, *args: str, nodes: int = 3, code: str = UP):
-        env = {**_env(), "SLURM_CONF": cluster.env["SLURM_CONF"]}
-        ours = ["--no-dashboard", "--runs-dir", RUNS_ROOT] if code == UP else []
-        self.proc = subprocess.Popen(["salloc", f"-N{nodes}", "--ntasks-per-node=1", "--quiet", sys.executable, "-c",
-                                      code, "--slurm", *ours, *args],
-                                     cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        self.changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            with self.changed:
-                self.lines.append(line.rstrip("\n"))
-                self.changed.notify_all()
-
-    @property
-    def output(self) -> str:
-        with self.changed:
-            return "\n".join(self.lines)
-
-    def wait_line(self, pattern: str, timeout: float) -> None:
-        rx = re.compile(pattern)
-        with self.changed:
-            if not self.changed.wait_for(lambda: any(rx.search(x) for x in self.lines) or self.proc.poll() is not None,
-                                         timeout) or not any(rx.search(x) for x in self.lines):
-                raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{self.output}")
-
-    def command_pid(self) -> int:
-        """ddp-up's pid: salloc's child (salloc puts it in a process group of its own, and gives
-        it the terminal, so a Ctrl-C there reaches ddp-up, not salloc)."""
-        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        assert children, self.output
-        return int(children[0])
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"did not exit within {timeout} s:\n{self.output}") from None
+def command_pid(run: Launch) -> int:
+    """ddp-up's pid: salloc's child (salloc puts it in a process group of its own, and gives it the
+    terminal, so a Ctrl-C there reaches ddp-up, not salloc)."""
+    children = Path(f"/proc/{run.proc.pid}/task/{run.proc.pid}/children").read_text().split()
+    assert children, run.output
+    return int(children[0])
 
 
 def test_three_nodes_without_sshd_run_a_torchrun_job_over_srun(slurm, slurm_file):
-    run = InAllocation(slurm, slurm_file(), SCRIPT, "run", "--steps", "2")
+    run = in_allocation(slurm, slurm_file(), SCRIPT, "run", "--steps", "2")
     assert run.wait(120) == 0, run.output
     out = run.output
     assert "master dsl1:" in out, out  # the first node's name, resolved by the nodes only
@@ -113,7 +80,7 @@ def test_three_nodes_without_sshd_run_a_torchrun_job_over_srun(slurm, slurm_file
 
 
 def test_a_failing_rank_is_named_with_its_node_and_every_node_stops(slurm, slurm_file):
-    run = InAllocation(slurm, slurm_file(), SCRIPT, "run", "--steps", "100", "--step-time", "0.2",
+    run = in_allocation(slurm, slurm_file(), SCRIPT, "run", "--steps", "100", "--step-time", "0.2",
                        "--fail-rank", "2", "--exit-code", "7")
     assert run.wait(120) == 1, run.output
     assert re.search(r"root cause: dsl3 \(node 2, rank 2\): rank 2 exited with code 7", run.output), run.output
@@ -121,16 +88,16 @@ def test_a_failing_rank_is_named_with_its_node_and_every_node_stops(slurm, slurm
 
 
 def test_ctrl_c_in_the_allocation_stops_every_node(slurm, slurm_file):
-    run = InAllocation(slurm, slurm_file(launcher="none"), SCRIPT, "tick", "3000", "0.1")
+    run = in_allocation(slurm, slurm_file(launcher="none"), SCRIPT, "tick", "3000", "0.1")
     run.wait_line(r"^dsl3\s+r2\s+\| tick \d+ rank=2", 60)
-    os.killpg(run.command_pid(), signal.SIGINT)  # a Ctrl-C at the terminal salloc gave ddp-up
+    os.killpg(command_pid(run), signal.SIGINT)  # a Ctrl-C at the terminal salloc gave ddp-up
     assert run.wait(60) == 130, run.output
     assert "SIGINT: stopping all nodes" in run.output, run.output
     assert not procs.wait_no_job_processes(None, 15)
 
 
 def test_scancel_of_the_allocation_is_named_as_slurm_s_doing(slurm, slurm_file):
-    run = InAllocation(slurm, slurm_file(launcher="none"), SCRIPT, "tick", "3000", "0.1")
+    run = in_allocation(slurm, slurm_file(launcher="none"), SCRIPT, "tick", "3000", "0.1")
     run.wait_line(r"^dsl3\s+r2\s+\| tick \d+ rank=2", 60)
     jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm.env, capture_output=True, text=True, timeout=30)
     assert jobs.stdout.split(), jobs
@@ -144,7 +111,7 @@ def test_scancel_of_the_allocation_is_named_as_slurm_s_doing(slurm, slurm_file):
 
 def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_file, tmp_path):
     path = slurm_file(launcher="none")
-    check = InAllocation(slurm, path, code=CHECK)
+    check = in_allocation(slurm, path, code=CHECK)
     assert check.wait(60) == 0, check.output
     for node in ("dsl1", "dsl2", "dsl3"):
         assert re.search(rf"│ \d+\s+│ {node}\s+│ ✓", check.output), check.output
@@ -168,7 +135,7 @@ def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_f
 
 
 def test_detach_through_srun_is_refused_before_anything_starts(slurm, slurm_file):
-    run = InAllocation(slurm, "--detach", slurm_file(launcher="none"), SCRIPT, "tick", "1", "0")
+    run = in_allocation(slurm, "--detach", slurm_file(launcher="none"), SCRIPT, "tick", "1", "0")
     assert run.wait(60) == 2, run.output
     assert "--detach: a job reached through srun ends with its allocation" in run.output, run.output
 

@@ -99,6 +99,8 @@ class FakeNode:
 
     def say(self, frame: wire.Frame) -> None:
         self.post(Message(self.index, frame))
+        if isinstance(frame, wire.Exited):  # then the agent exits, and its channel ends
+            self.post(Closed(self.index, ChannelEnd(exit_status=0, stderr_tail=())))
 
     def open(self) -> None:
         if not self.connects:
@@ -117,7 +119,7 @@ class FakeNode:
         elif isinstance(frame, wire.Go):
             self.say(wire.Started())
             if self.exit_code is not None:
-                self.queue.at(self.clock() + self.run_for, Message(self.index, wire.Exited(
+                self.queue.at(self.clock() + self.run_for, lambda: self.say(wire.Exited(
                     code=self.exit_code, signal=None, stopped=False, reason=None)))
         elif isinstance(frame, wire.Stop):
             self.say(wire.Stopping(reason="controller asked"))

@@ -33,3 +33,18 @@ def test_sbatch_options_run_to_the_cluster_file_or_a_double_dash():
         split_sbatch(["--sbatch", "-N4", "t.py"])
     script = batch_script(["--job-id", "J", "c.yaml", "t.py", "a b; rm -rf /"])
     assert script.startswith("#!/bin/bash\n") and "--slurm --no-dashboard --job-id J c.yaml t.py 'a b; rm -rf /'" in script
+
+
+def test_slurm_s_word_after_a_node_s_end_still_makes_it_the_root_cause():
+    """slurmstepd's line comes on the step's stderr, which may arrive after the agent's Exited."""
+    from orchestrator import wire
+    from orchestrator.events import Message
+    from tests.unit.fakejob import Harness
+
+    h = Harness(2)
+    cancel = "slurmstepd-h1: error: *** STEP 7.1 ON h1 CANCELLED AT 2026-11-23T06:27:42 ***"
+    h.queue.at(1003.0, Message(1, wire.Exited(code=-15, signal="SIGTERM", stopped=True, reason="agent got SIGTERM")))
+    h.queue.at(1003.1, h.lines(1, cancel, stream="node"))
+    result = h.job.run()
+    assert result.root_cause.node == 1
+    assert result.root_cause.what == "Slurm cancelled step 7.1 (scancel, or the allocation ended)"
