@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from . import wire
@@ -64,7 +64,7 @@ class LaunchPlan:
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
     run_token: str = ""  # tags this launch's processes apart from any other with the same job id
     detach: bool = False  # the job outlives ddp-up: its agents supervise it (agent.Supervisor)
-    peer_token: str | None = None  # detach: the secret the job's agents prove to each other
+    peer_token: str | None = field(default=None, repr=False)  # detach: the secret the job's agents prove to each other
     retention: float = 7 * 86400.0  # detach: how long its record and logs stay on the nodes after its end
 
     def mask(self, text: str) -> str:
