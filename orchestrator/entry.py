@@ -3,17 +3,18 @@ during start-up is an event like any other: no traceback, one message, exit 128+
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 from .signals import INBOX
 
 
-def _run(name: str) -> None:
+def _run(name: str, module: str = "cli") -> None:
     INBOX.install()
-    from . import cli
+    commands = importlib.import_module(f".{module}", __package__)  # after the inbox: see above
 
-    _exit(getattr(cli, name)())
+    _exit(getattr(commands, name)())
 
 
 def _exit(code: int) -> None:
@@ -42,19 +43,13 @@ def check() -> None:
 
 
 def attach() -> None:
-    _run_detached("main_attach")
+    _run("main_attach", "detached")
 
 
 def logs() -> None:
-    _run_detached("main_logs")
+    _run("main_logs", "detached")
 
 
 def ls() -> None:
-    _run_detached("main_ls")
+    _run("main_ls", "detached")
 
-
-def _run_detached(name: str) -> None:
-    INBOX.install()
-    from . import detached
-
-    _exit(getattr(detached, name)())

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 
-from .errors import SetupError, UsageError, NodeProblem
+from .errors import NodeProblem, SetupError, UsageError
 
 MARK = "--sbatch"
 SUBMIT_TIMEOUT = 60.0
