@@ -31,8 +31,8 @@ from .job import Job
 from .openssh import CONTROL
 from .parallel import interruptible
 from .plan import LaunchPlan, check_job_id, make_plan, mask_secrets, new_job_id
-from .sbatch import split_sbatch, submit
 from .preflight import torch_versions
+from .sbatch import split_sbatch, submit
 from .sync import Tree, human_bytes, scan, sync_all, targets
 from .transport import ssh_facts
 from .views.console import ConsoleView, safe_text, terminal_console
@@ -92,6 +92,16 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", metavar="LIST", help="show only these ranks on the console, e.g. 0,3-5 "
                                                    "(log files keep every rank)")
     p.add_argument("--collapse", action="store_true", help="print a line that every rank printed once, with a count")
+
+
+def make_view(plan: LaunchPlan, console: Console, args: argparse.Namespace, plain=None) -> ConsoleView:
+    """The view the view options ask for: the dashboard on a terminal (or when forced), else
+    ``plain`` lines (ConsoleView unless given)."""
+    ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
+    dashboard = console.is_terminal if args.dashboard is None else args.dashboard
+    if dashboard and not console.is_terminal:
+        console = terminal_console(force_terminal=True)
+    return (DashboardView if dashboard else plain or ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse)
 
 
 NODE_SOURCE_FLAGS = ("--hostfile", "-H", "--slurm")
@@ -207,14 +217,10 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
             return EXIT_OK
         if sync:
             copy_workdirs(plan, sync, args.runs_dir, config.path, console)
-        ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
-        dashboard = console.is_terminal if args.dashboard is None else args.dashboard
-        if dashboard and not console.is_terminal:
-            console = terminal_console(force_terminal=True)
-        view = (DashboardView if dashboard else ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse)
+        view = make_view(plan, console, args)
         inbox.check()
         return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
-                       inbox=inbox, cluster_arg=" ".join(shlex.quote(a) for a in ours_for_attach(args)))
+                       inbox=inbox, cluster_arg=shlex.join(ours_for_attach(args)))
     except DdpUpError as e:
         return _report("ddp-up", e, secrets)
     except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop

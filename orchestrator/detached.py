@@ -22,7 +22,7 @@ from rich.table import Table
 
 from . import signals, wire
 from .cli import (EXIT_OK, EXIT_USAGE, _interrupted, _load_or_report, _report, add_node_sources, add_view_options,
-                  ssh_connections)
+                  make_view, ssh_connections)
 from .errors import DdpUpError, Interrupted, UsageError
 from .job import Job
 from .oneshot import call_agent
@@ -31,9 +31,7 @@ from .plan import LaunchPlan, check_job_id, make_plan
 from .session import NodeSession
 from .transport import transport_for
 from .views.console import ConsoleView, terminal_console
-from .views.dashboard import DashboardView
 from .views.fanout import Fanout
-from .views.filters import parse_ranks
 from .views.logfiles import RunLogs
 
 LIST_LIMIT = 30.0  # seconds beyond the connect timeout for a node to list its jobs
@@ -109,7 +107,7 @@ def logs_parser() -> argparse.ArgumentParser:
 
 def main_logs(argv: list[str] | None = None) -> int:
     args = logs_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    args.dashboard, args.collapse = False, False
+    args.dashboard, args.collapse = False, False  # the lines alone
     return _follow("ddp-logs", args, follow=args.follow, show_end=False)
 
 
@@ -125,16 +123,11 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
     with signals.recording() as inbox, ssh_connections():
         try:
             plan = follow_plan(config, job_id)
-            ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
             if args.tail is not None and args.tail < 0:
                 raise UsageError(f"--tail {args.tail}: a number of lines, 0 or more")
+            view = make_view(plan, console, args, plain=ConsoleView if show_end else LinesView)
         except DdpUpError as e:
             return _report(prog, e, config.secret_values)
-        dashboard = (console.is_terminal if args.dashboard is None else args.dashboard) and show_end
-        if dashboard and not console.is_terminal:
-            console = terminal_console(force_terminal=True)
-        view = (DashboardView if dashboard else ConsoleView if show_end else LinesView)(
-            plan, console, ranks=ranks, collapse=args.collapse)
         # The journals from their start rewrite the run logs whole; a tail would cut them.
         logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True) if args.tail is None else NoLogs()
         job = Job(plan, Fanout(view, logs), sessions=journal_sessions(follow, args.tail), inbox=inbox)
