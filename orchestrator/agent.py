@@ -1835,6 +1835,7 @@ def receive(spec, writer, stream):
     done = {"files": 0, "bytes": 0, "links": 0, "at": dest}  # "at": the path being written
     guard = IdleGuard(stream, spec.idle_timeout)
     guard.leftovers.append(marker)
+    failure = None
     try:
         take_files(guard, dest, entries, done, writer)
         for i in need:
@@ -1844,10 +1845,12 @@ def receive(spec, writer, stream):
                 place_link(done["at"], link)
                 done["links"] += 1
     except (OSError, SyncFailed, ValueError, IndexError, wire.ProtocolError) as e:
-        return sync_failed(writer, "cannot write %s: %s" % (done["at"], getattr(e, "strerror", None) or e),
-                           getattr(e, "errno", None))
+        failure = e
     finally:
-        remove_quietly(marker)
+        remove_quietly(marker)  # before the answer: whoever reads it finds the workdir as it stays
+    if failure is not None:
+        return sync_failed(writer, "cannot write %s: %s" % (done["at"], getattr(failure, "strerror", None) or failure),
+                           getattr(failure, "errno", None))
     writer.send(wire.Copied(files=done["files"], bytes=done["bytes"], links=done["links"]))
     writer.drain(5)
     return 0
