@@ -11,8 +11,9 @@ planning needs to know of the node (its GPU count, for ``gpus: auto``). In ``syn
 receives the changed files of the workdir copy (see sync.py).
 
 The wire protocol (every frame, both directions, every mode) is defined once, in wire.py, which
-the controller ships to the node ahead of this file, each as source and as bytecode; a bootstrap
-(BOOTSTRAP) registers it as ``ddp_up_wire``.
+the controller ships to the node ahead of this file with nodefacts.py (what the node's network
+and GPUs look like), each as source and as bytecode; a bootstrap (BOOTSTRAP) registers them as
+``ddp_up_wire`` and ``ddp_up_nodefacts``.
 
 Worker output: torchrun redirects every worker's stdout/stderr to files (``--redirects=3``) and a
 tailer thread relays them in chunks. Workers write to a local file exactly as if nobody watched,
@@ -37,8 +38,9 @@ import threading
 import time
 
 try:
-    from . import wire  # imported by the controller, as part of the package
-except ImportError:  # running on a node: the bootstrap registered the shipped wire.py under this name
+    from . import nodefacts, wire  # imported by the controller, as part of the package
+except ImportError:  # running on a node: the bootstrap registered the shipped modules under these names
+    import ddp_up_nodefacts as nodefacts
     import ddp_up_wire as wire
 
 TAG_JOB = "DDP_UP_JOB"
@@ -49,17 +51,17 @@ TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER, TAG_RUN)
 # A job id names directories here and on the controller: a plain name, never a path.
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # Turns what the controller sends first on stdin into the running agent. argv[1] is the
-# controller's bytecode key (cache tag and magic number); argv[2:6] are the sizes of wire.py,
-# this file, and both compiled by the controller (marshal). When the node's Python has the same
-# key it runs the compiled code (compiling both is a quarter of the agent's start-up, paid per
-# node), else it compiles the sources. wire.py becomes the module ddp_up_wire, this file the main
-# program. The leading string names the agent early in its command line (ps, /proc/PID/cmdline
-# cut at 200 characters).
-BOOTSTRAP = ("'ddp_up_agent';import sys,types,marshal;a=sys.argv;r=sys.stdin.buffer.read;s=[r(int(n)) for n in a[2:6]];"
+# controller's bytecode key (cache tag and magic number); argv[2:8] are the sizes of wire.py,
+# nodefacts.py, this file, then the three compiled by the controller (marshal). When the node's
+# Python has the same key it runs the compiled code (compiling is a quarter of the agent's
+# start-up, paid per node), else it compiles the sources. wire.py and nodefacts.py become the
+# modules ddp_up_wire and ddp_up_nodefacts, this file the main program. The leading string names
+# the agent early in its command line (ps, /proc/PID/cmdline cut at 200 characters).
+BOOTSTRAP = ("'ddp_up_agent';import sys,types,marshal;a=sys.argv;r=sys.stdin.buffer.read;s=[r(int(n)) for n in a[2:8]];"
              "k='%s%s'%(sys.implementation.cache_tag,getattr(sys.modules.get('_frozen_importlib_external'),"
-             "'MAGIC_NUMBER',b'').hex());c=lambda i,n:marshal.loads(s[i+2]) if a[1]==k and s[i+2] else "
-             "compile(s[i],n,'exec');w=types.ModuleType('ddp_up_wire');sys.modules['ddp_up_wire']=w;"
-             "exec(c(0,'ddp_up_wire'),w.__dict__);exec(c(1,'ddp_up_agent'))")
+             "'MAGIC_NUMBER',b'').hex());c=lambda i,n:marshal.loads(s[i+3]) if a[1]==k and s[i+3] else "
+             "compile(s[i],n,'exec');m=sys.modules;[m.__setitem__(n,types.ModuleType(n)) or exec(c(i,n),m[n].__dict__) "
+             "for i,n in enumerate(('ddp_up_wire','ddp_up_nodefacts'))];exec(c(2,'ddp_up_agent'))")
 AGENT_MARK = "'ddp_up_agent';"  # how an agent's command line starts (see BOOTSTRAP)
 # `launcher: none`: the first word of the Go argv that asks this agent to start the workers itself
 # (``OWN_LAUNCHER --name=value... SCRIPT ARGS``), with no launcher process between them.
@@ -70,6 +72,7 @@ KILL_WAIT = 3.0  # after SIGKILL, how long to wait for the kernel to reap before
 # application's own, e.g. for requeueing) and then loads any other sitecustomize on the path.
 DUMP_SIGNAL = signal.SIGRTMIN + 7
 PYSPY_TIMEOUT = 20.0  # seconds for one py-spy dump
+GPU_SAMPLE = 5.0  # seconds between GPU samples for the dashboard (nvidia-smi costs ~50 ms of CPU)
 DUMP_HOOK = """import faulthandler, importlib.machinery, importlib.util, os, sys
 faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up: stack dump when a job looks hung
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -516,6 +519,7 @@ class Runner:
         self.supervisor = None  # detach, the master node: the Supervisor the other nodes join
         self.link = None  # detach, the other nodes: their PeerLink to it
         self.record = None  # detach: this node's record (see write_record)
+        self.ended = threading.Event()  # the job is over here: samplers stop
 
     def run(self):
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -531,7 +535,8 @@ class Runner:
             cuda=self.torch.get("cuda"), nccl=self.torch.get("nccl"), gpus=count_gpus(self.job_env()),
             time=time.time(), disk_free=shutil.disk_usage(".").free,
             port=None if self.listener is None else self.listener.getsockname()[1],
-            supervisor_port=None if self.supervisor is None else self.supervisor.port))
+            supervisor_port=None if self.supervisor is None else self.supervisor.port,
+            busy_gpus=nodefacts.query_busy_gpus(self.job_env().get("CUDA_VISIBLE_DEVICES"), self.spec.nproc) or None))
         threading.Thread(target=self.read_controller, name="stdin", daemon=True).start()
         kind, arg = self.wait_for_go()
         if kind != "go":
@@ -596,12 +601,14 @@ class Runner:
         return None
 
     def probe(self, target):
-        """Can this node open a TCP connection to the master's address and port?"""
+        """Can this node open a TCP connection to the master's address and port? With the
+        interfaces that route there (see nodefacts.network_facts)."""
+        facts = nodefacts.network_facts(target.addr, self.job_env())
         try:
             socket.create_connection((target.addr, target.port), timeout=target.timeout).close()
-            self.out.send(wire.Probed(ok=True))
+            self.out.send(wire.Probed(ok=True, **facts))
         except OSError as e:
-            self.out.send(wire.Probed(ok=False, error=e.strerror or str(e) or type(e).__name__))
+            self.out.send(wire.Probed(ok=False, error=e.strerror or str(e) or type(e).__name__, **facts))
 
     COMMANDS = {wire.Go: "go", wire.Stop: "stop", wire.Kill: "kill", wire.Probe: "probe", wire.Dump: "dump"}
 
@@ -680,6 +687,7 @@ class Runner:
         if self.spec.detach:  # before the first frame of the job: the journal has them all
             self.out.journal = Journal(os.path.join(self.dir, JOURNAL))
         env = self.job_env()
+        env.update(go.env or {})
         env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
                     TAG_RUN: self.spec.run})
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
@@ -695,6 +703,8 @@ class Runner:
             self.start_launcher(argv, env)
         self.tailer = Tailer(self.log_dir, self.out)
         self.tailer.start()
+        if nodefacts.has_nvidia_gpus():
+            threading.Thread(target=self.sample_gpus, name="gpus", daemon=True).start()
         threading.Thread(target=lambda: self.events.put(("exited", self.proc.wait())), daemon=True).start()
 
     def start_launcher(self, argv, env):
@@ -824,7 +834,29 @@ class Runner:
         elif self.proc and self.proc.poll() is None:
             signal_tagged(self.proc.pid, sig, self.match)
 
+    def sample_gpus(self):
+        """GPU use for the dashboard, every GPU_SAMPLE seconds while the job runs: nvidia-smi on
+        its own thread, and a sample dropped rather than queued behind the job's lines."""
+        while not self.ended.wait(GPU_SAMPLE):
+            usage = nodefacts.query_usage()
+            if usage and not self.ended.is_set():
+                self.out.send(wire.GpuUsage(gpus=usage), block=False)
+
+    def gpu_left(self):
+        """This launch's processes that still hold GPU memory once the job is over (a process
+        stuck in the driver survives SIGKILL): None where there are none, or no GPUs."""
+        if not nodefacts.has_nvidia_gpus():
+            return None
+        left = []
+        for app in nodefacts.parse_apps(nodefacts.nvidia_smi(nodefacts.APPS_QUERY)):
+            tags = read_tags(app["pid"]) or {}
+            if all(tags.get(k) == v for k, v in self.match.items()):
+                user, cmd = nodefacts.process_owner(app["pid"])
+                left.append(dict(gpu=app["uuid"], pid=app["pid"], user=user, cmd=cmd or app["name"], mib=app["mib"]))
+        return left or None
+
     def finish(self, code, stopped, reason):
+        self.ended.set()
         if isinstance(self.proc, Workers):
             self.proc.ending()  # the SIGKILL below is ours: not a worker's failure to report
         kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)
@@ -841,7 +873,8 @@ class Runner:
             join_while_moving(t, self.out, stall)  # stuck: a held pipe, or a dead connection
         if self.tailer is not None:
             self.tailer.finish(stall)
-        self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason))
+        self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason,
+                                  gpu_left=self.gpu_left()))
         if self.record is not None:
             self.finish_detached(code, stopped, reason)
         self.out.drain(stall)

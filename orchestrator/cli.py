@@ -30,6 +30,7 @@ from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from .job import Job
 from .openssh import CONTROL
 from .parallel import interruptible
+from .nodefacts import IFNAME_VARS
 from .plan import LaunchPlan, check_job_id, make_plan, mask_secrets, new_job_id
 from .preflight import torch_versions
 from .sbatch import split_sbatch, submit
@@ -75,7 +76,10 @@ def up_parser() -> argparse.ArgumentParser:
                    help="declare the job hung after this long without output from any rank (or with some "
                         "nodes finished and others still running): dump every rank's stack, then stop")
     p.add_argument("--no-preflight", dest="preflight", action="store_false",
-                   help="skip the cross-node checks (same torch everywhere, every node reaches the master)")
+                   help="skip the cross-node checks (same torch everywhere, every node reaches the master, "
+                        "other processes on the GPUs) and the choice of network interface they make")
+    p.add_argument("--allow-busy-gpus", action="store_true",
+                   help="start even where other processes hold memory on the job's GPUs (listed as a notice)")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
                    help="where each job's logs and summary.json go (DIR/<job-id>/; default: runs)")
     p.add_argument("--version", action="version", version=f"ddp-up {__version__}")
@@ -210,7 +214,7 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         config = _resolve_nodes(config, console)
         job_id = args.job_id or new_job_id()
         plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
-                         detach=args.detach)
+                         detach=args.detach, allow_busy_gpus=args.allow_busy_gpus)
         sync = sync_choice(args.sync, config.sync)
         if args.dry_run:
             print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None)
@@ -345,6 +349,11 @@ def print_dry_run(plan: LaunchPlan, console: Console, tree: Tree | None = None) 
         console.print(f"# sync {tree.root} -> each node's workdir: {len(tree.entries):,} files, "
                       f"{human_bytes(tree.size)} (after .gitignore and exclude); only changed files are copied",
                       markup=False)
+    unset = [var for var in IFNAME_VARS if any(var not in n.env for n in plan.nodes)]
+    if unset:
+        console.print(f"# at launch, on each node: {' and '.join(unset)}=<the interface its route to "
+                      f"{plan.master_addr} takes>, unless the node's environment sets it (checked first: "
+                      "one that cannot reach the master is refused)", markup=False)
     for node in plan.nodes:
         cfg = node.config
         via = "local" if cfg.transport == "local" else f"srun -w {cfg.host}" if cfg.transport == "srun" else \
@@ -419,7 +428,7 @@ def check_table(statuses, problems, master_port) -> Table:
     for p in problems:
         by_node.setdefault(p.node, []).append(p)
     table = Table(title=f"ddp-check (master port {master_port or '-'})", title_justify="left")
-    for column in ("node", "host", "ok", "torch", "python", "gpus", "clock skew", "disk free"):
+    for column in ("node", "host", "ok", "torch", "python", "gpus", "interface", "clock skew", "disk free"):
         table.add_column(column, no_wrap=True)
     for s in statuses:
         mine = by_node.get(s.plan.label, [])
@@ -427,6 +436,7 @@ def check_table(statuses, problems, master_port) -> Table:
         table.add_row(
             str(s.plan.index), s.plan.label, Text("✗", style="bold red") if mine else Text("✓", style="green"),
             torch_versions(info), info.get("python") or "-", str(info.get("gpus", "-")),
+            (s.reach.iface or "-") if s.reach else "-",
             "-" if s.clock_skew is None else f"{s.clock_skew:+.2f} s",
             "-" if "disk_free" not in info else f"{info['disk_free'] / 2**30:.1f} GiB")
     return table

@@ -238,10 +238,12 @@ class Job:
         deadline = self.clock() + preflight.PROBE_TIMEOUT + PROBE_MARGIN
         while any(s.reach is None for s in self.status) and self.clock() < deadline and not self.stop_requested:
             self._turn(deadline)
-        for text in preflight.skew_notices(self.status):
+        problems = preflight.cross_node_problems(self.status, self.plan.master.index,
+                                                 f"{self.plan.master_addr}:{self.master_port}", self.plan.allow_busy_gpus)
+        notices = preflight.skew_notices(self.status) + preflight.busy_gpus(self.status, self.plan.allow_busy_gpus)[1]
+        for text in notices + ([] if problems else preflight.interface_notices(self.status)):
             self.view.notice(text)
-        return preflight.cross_node_problems(self.status, self.plan.master.index,
-                                             f"{self.plan.master_addr}:{self.master_port}")
+        return problems
 
     # --- phase 2: go ---
 
@@ -254,7 +256,8 @@ class Job:
         supervisor = [self.plan.master_addr, self.supervisor_port] if self.plan.detach else None
         self.hang.started(self.clock())
         for session, status in zip(self.sessions, self.status):
-            session.send(wire.Go(argv=self.plan.launcher_argv(status.plan, self.master_port), supervisor=supervisor))
+            session.send(wire.Go(argv=self.plan.launcher_argv(status.plan, self.master_port), supervisor=supervisor,
+                                 env=preflight.interface_env(status) or None))
             status.started_at = self.clock()
             self._set(status.plan.index, "starting")
 
@@ -356,6 +359,8 @@ class Job:
             status.reach = frame
         elif isinstance(frame, wire.Started):
             self._set(node, "running")
+        elif isinstance(frame, wire.GpuUsage):
+            status.gpus = frame.gpus
         elif isinstance(frame, wire.Dumped):
             self.hang.dumped(node, self.clock())
         elif isinstance(frame, wire.Stopping):
@@ -406,6 +411,9 @@ class Job:
     def _exited(self, node: int, frame: wire.Exited) -> None:
         status = self.status[node]
         status.exit_code, status.signal = frame.code, frame.signal
+        if frame.gpu_left:
+            self.view.notice(f"{status.plan.label}: {len(frame.gpu_left)} process(es) of this job still hold GPU "
+                             f"memory after its end: {preflight.busy_gpu_text(frame.gpu_left)}")
         if self.stop_requested and (frame.stopped or frame.code != 0):
             self._set(node, "stopped", reason=status.reason or frame.reason)
         elif frame.stopped:

@@ -57,6 +57,7 @@ class NodeStatus:
     info: dict = field(default_factory=dict)  # the agent's Ready fields (versions, clock, disk, gpus)
     clock_skew: float | None = None  # node clock minus controller clock, seconds
     reach: wire.Probed | None = None
+    gpus: list | None = None  # the last GpuUsage sample: [[index, util %, used MiB, total MiB]]
     report: FailureReportParser = field(default_factory=FailureReportParser)
 
     @property
@@ -70,7 +71,7 @@ class NodeStatus:
         uptime = None if self.started_at is None else (self.ended_at or now) - self.started_at
         code = self.signal or ("" if self.exit_code is None else str(self.exit_code))
         return NodeRow(self.plan.index, self.plan.label, self.plan.ranks, self.state, uptime, self.lines,
-                       self.last_line, code, self.reason)
+                       self.last_line, code, self.reason, gpu_summary(self.gpus))
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,15 @@ class JobResult:
         return EXIT_OK
 
 
+def gpu_summary(sample: list | None) -> str:
+    if not sample:
+        return ""
+    utils = [g[1] for g in sample if g[1] is not None]
+    used, total = (sum(g[i] or 0 for g in sample) / 1024 for i in (2, 3))
+    util = f"{sum(utils) / len(utils):.0f}%" if utils else "-"
+    return f"{util} {used:.0f}/{total:.0f}G"
+
+
 @dataclass(frozen=True)
 class NodeRow:
     """One node as the dashboard shows it."""
@@ -134,6 +144,7 @@ class NodeRow:
     last_line: str
     exit: str
     reason: str | None
+    gpus: str = ""  # "87% 61/80G": mean utilization, memory used of total, over the node's GPUs
 
 
 @dataclass(frozen=True)

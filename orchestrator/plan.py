@@ -66,6 +66,7 @@ class LaunchPlan:
     detach: bool = False  # the job outlives ddp-up: its agents supervise it (agent.Supervisor)
     peer_token: str | None = field(default=None, repr=False)  # detach: the secret the job's agents prove to each other
     retention: float = 7 * 86400.0  # detach: how long its record and logs stay on the nodes after its end
+    allow_busy_gpus: bool = False  # start even where other processes hold memory on the job's GPUs
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -123,7 +124,7 @@ class LaunchPlan:
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
-            needs_torch=self.launcher != "none", **detached)
+            needs_torch=self.launcher != "none", nproc=node.nproc, **detached)
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""
@@ -137,7 +138,7 @@ class LaunchPlan:
 
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
               job_id: str, local_cwd: str, hang_timeout: float | None = None,
-              run_token: str | None = None, detach: bool = False) -> LaunchPlan:
+              run_token: str | None = None, detach: bool = False, allow_busy_gpus: bool = False) -> LaunchPlan:
     """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings."""
     nodes = []
     first = 0
@@ -164,6 +165,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         detach=detach,
         peer_token=secrets.token_hex(32) if detach else None,
         retention=config.retention,
+        allow_busy_gpus=allow_busy_gpus,
     )
 
 

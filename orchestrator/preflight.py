@@ -1,13 +1,15 @@
 """Checks across nodes before go, from what every agent reported. Pure: problems as values.
 
-Each agent preflights its own node (workdir, script, torch, the master's port); these compare
-the nodes with each other: the same torch build as the master, no more processes than GPUs, a
-real TCP path from every node to the master, and the clocks.
+Each agent preflights its own node (workdir, script, torch, the master's port, other processes
+on its GPUs); these compare the nodes with each other: the same torch build as the master, no
+more processes than GPUs, a real TCP path from every node to the master, the interface that path
+takes (which gloo and NCCL are then told to use), and the clocks.
 """
 
 from __future__ import annotations
 
 from .errors import NodeProblem
+from .nodefacts import IFNAME_VARS
 from .outcome import NodeStatus
 
 TORCH_FIELDS = ("torch", "cuda", "nccl")
@@ -69,12 +71,84 @@ def unreachable_master(statuses: list[NodeStatus], target: str) -> list[NodeProb
     return problems
 
 
+def interface_env(status: NodeStatus) -> dict[str, str]:
+    """GLOO_/NCCL_SOCKET_IFNAME for this node's job: the interface of its route to the master,
+    for each the user did not set (in `env:` or the node's own environment)."""
+    reach = status.reach
+    if reach is None or not reach.ok or not reach.iface:
+        return {}
+    return {var: reach.iface for var in IFNAME_VARS if var not in (reach.explicit or {})}
+
+
+def interface_notices(statuses: list[NodeStatus]) -> list[str]:
+    """Said once: which interface each node was told to use; and every node whose hostname
+    resolves to an address off that interface (what gloo would have picked by itself)."""
+    chosen = {s.plan.label: interface_env(s) for s in statuses}
+    chosen = {label: env for label, env in chosen.items() if env}
+    notices = []
+    if chosen:
+        names = sorted({iface for env in chosen.values() for iface in env.values()})
+        where = f"{names[0]} on {'every node' if len(chosen) == len(statuses) else _nodes(list(chosen))}" \
+            if len(names) == 1 else ", ".join(f"{label} {'/'.join(sorted(set(env.values())))}"
+                                              for label, env in chosen.items())
+        variables = sorted({var for env in chosen.values() for var in env})
+        notices.append(f"{' and '.join(variables)} set to the interface that reaches the master: {where}")
+    off = [f"{s.plan.label} ({s.reach.hostname} is {s.reach.resolves}, on {s.reach.resolves_iface or 'no interface'})"
+           for s in statuses if s.reach is not None and s.reach.iface and s.reach.resolves
+           and s.reach.resolves_iface != s.reach.iface]
+    if off:
+        notices.append(f"hostname off the route to the master on {_nodes(off)}: gloo left to itself would use "
+                       "that address, which the other nodes may not reach")
+    return notices
+
+
+def _nodes(labels: list[str], shown: int = 3) -> str:
+    return ", ".join(labels[:shown]) + (f" and {len(labels) - shown} more" if len(labels) > shown else "")
+
+
+def interface_problems(statuses: list[NodeStatus]) -> list[NodeProblem]:
+    """An interface set by the user that cannot carry the job to the master."""
+    problems = []
+    for s in statuses:
+        for var, value, why in (s.reach.bad or []) if s.reach else []:
+            works = f"`{var}: {s.reach.iface}` (the interface that reaches the master)" if s.reach.iface else \
+                "an interface with a route to the master"
+            problems.append(NodeProblem(s.plan.label, f"{var}={value}: {why}",
+                                        f"unset {var} (ddp-up then names the right one) or set {works}"))
+    return problems
+
+
+def busy_gpu_text(procs: list[dict]) -> str:
+    return "; ".join(f"GPU {p['gpu']}: pid {p['pid']} ({p['user']}, {p['cmd'][:60] or '?'}) holds "
+                     f"{'?' if p.get('mib') is None else format(p['mib'], ',')} MiB" for p in procs)
+
+
+def busy_gpus(statuses: list[NodeStatus], allowed: bool) -> tuple[list[NodeProblem], list[str]]:
+    """Other processes holding memory on the GPUs the job will use: problems, or with
+    --allow-busy-gpus notices."""
+    problems, notices = [], []
+    for s in statuses:
+        procs = s.info.get("busy_gpus") or []
+        if not procs:
+            continue
+        what = f"{len(procs)} other process(es) hold memory on the job's GPUs: {busy_gpu_text(procs)}"
+        if allowed:
+            notices.append(f"{s.plan.label}: {what} (--allow-busy-gpus)")
+        else:
+            problems.append(NodeProblem(s.plan.label, what,
+                                        "stop them (a leftover run: ddp-kill CLUSTER.yaml), choose other GPUs with "
+                                        "CUDA_VISIBLE_DEVICES in `env:`, or pass --allow-busy-gpus to share them"))
+    return problems, notices
+
+
 def skew_notices(statuses: list[NodeStatus]) -> list[str]:
     return [f"{s.plan.label}: clock differs from this machine's by {s.clock_skew:+.1f} s"
             for s in statuses if s.clock_skew is not None and abs(s.clock_skew) > SKEW_WARNING]
 
 
-def cross_node_problems(statuses: list[NodeStatus], master_index: int, target: str) -> list[NodeProblem]:
+def cross_node_problems(statuses: list[NodeStatus], master_index: int, target: str,
+                        allow_busy_gpus: bool = False) -> list[NodeProblem]:
     """Everything above that stops a launch, in a stable order."""
     return (torch_mismatches(statuses, master_index) + gpu_shortfalls(statuses)
-            + unreachable_master(statuses, target))
+            + busy_gpus(statuses, allow_busy_gpus)[0] + unreachable_master(statuses, target)
+            + interface_problems(statuses))

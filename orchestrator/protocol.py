@@ -10,7 +10,7 @@ import marshal
 import sys
 from functools import lru_cache
 
-from . import agent, wire
+from . import agent, nodefacts, wire
 
 
 def _read(module) -> bytes:
@@ -18,10 +18,14 @@ def _read(module) -> bytes:
         return f.read()
 
 
+SHIPPED = (wire, nodefacts, agent)  # the order agent.BOOTSTRAP reads them in
+NAMES = ("ddp_up_wire", "ddp_up_nodefacts", "ddp_up_agent")
+
+
 @lru_cache(maxsize=1)
-def sources() -> tuple[bytes, bytes]:
-    """wire.py then agent.py, as shipped to every node."""
-    return _read(wire), _read(agent)
+def sources() -> tuple[bytes, ...]:
+    """wire.py, nodefacts.py, agent.py, as shipped to every node."""
+    return tuple(_read(module) for module in SHIPPED)
 
 
 def bytecode_key() -> str:
@@ -31,17 +35,16 @@ def bytecode_key() -> str:
 
 
 @lru_cache(maxsize=1)
-def compiled() -> tuple[bytes, bytes]:
-    """wire.py and agent.py compiled here, as the node would compile them (same names, no
+def compiled() -> tuple[bytes, ...]:
+    """The shipped modules compiled here, as the node would compile them (same names, no
     inherited __future__ flags); empty where this Python has no bytecode cache tag."""
     if sys.implementation.cache_tag is None:
-        return b"", b""
-    return tuple(marshal.dumps(compile(src, name, "exec", dont_inherit=True))
-                 for src, name in zip(sources(), ("ddp_up_wire", "ddp_up_agent")))
+        return (b"",) * len(SHIPPED)
+    return tuple(marshal.dumps(compile(src, name, "exec", dont_inherit=True)) for src, name in zip(sources(), NAMES))
 
 
 def shipped() -> tuple[bytes, ...]:
-    """What the bootstrap reads, in order: both sources, then both compiled."""
+    """What the bootstrap reads, in order: the sources, then the same compiled."""
     return sources() + compiled()
 
 

@@ -149,6 +149,7 @@ class RunSpec(Frame):
     ranks: list[int] | None = None  # detach: [first global rank, rank count] (the record's)
     hang_timeout: float | None = None  # detach: the supervisor's hang watch (see agent.Supervisor)
     retention: float = 604800.0  # detach: seconds its record and journal stay after its end
+    nproc: int | None = None  # processes on this node: the GPUs checked for others' processes
 
 
 @_frame(TO_AGENT)
@@ -217,6 +218,7 @@ class Probe(Frame):
 class Go(Frame):
     argv: list[str]
     supervisor: list | None = None  # detach: [address, port] of the master node's supervisor
+    env: dict | None = None  # set by ddp-up at go (the interface that reaches the master), over the spec's
 
 
 @_frame(TO_AGENT)
@@ -248,6 +250,7 @@ class Ready(Frame):
     disk_free: int
     port: int | None = None  # the master node's free port, when it picked one
     supervisor_port: int | None = None  # detach, the master node: where its supervisor listens
+    busy_gpus: list | None = None  # others' processes on the job's GPUs: [{"gpu", "pid", "user", "cmd", "mib"}]
 
 
 @_frame(TO_CONTROLLER)
@@ -260,8 +263,20 @@ class Failed(Frame):
 
 @_frame(TO_CONTROLLER)
 class Probed(Frame):
+    """The probe's answer, and the node's interfaces as seen from the master's address (see
+    nodefacts.network_facts): the interface and source address of the route the kernel takes to
+    it, GLOO_/NCCL_SOCKET_IFNAME as the job's environment sets them, [var, value, why] for each of
+    those that cannot reach the master, and what the node's hostname resolves to (and where)."""
+
     ok: bool
     error: str | None = None
+    iface: str | None = None
+    source: str | None = None
+    explicit: dict | None = None
+    bad: list | None = None
+    hostname: str | None = None
+    resolves: str | None = None
+    resolves_iface: str | None = None
 
 
 @_frame(TO_CONTROLLER)
@@ -317,6 +332,14 @@ class Exited(Frame):
     signal: str | None  # the signal that ended the launcher, if one did
     stopped: bool  # ended because it was asked to (Stop, Kill, controller gone, a signal to the agent)
     reason: str | None
+    gpu_left: list | None = None  # this job's processes still holding GPU memory after its end (busy_gpus' form)
+
+
+@_frame(TO_CONTROLLER)
+class GpuUsage(Frame):
+    """A sample of the node's GPUs for the dashboard: [[index, util %, used MiB, total MiB]]."""
+
+    gpus: list
 
 
 # --- one-shot modes -------------------------------------------------------------------------------

@@ -30,9 +30,10 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
                            f"world {snap.world_size}  elapsed {_duration(snap.elapsed)}  ",
                            (snap.phase, PHASE_STYLE.get(snap.phase, "")))
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
+    gpus = any(row.gpus for row in snap.nodes)  # the column only where the agents sample GPUs
     for name, justify in (("node", "right"), ("host", "left"), ("ranks", "left"), ("state", "left"),
                           ("up", "right"), ("lines", "right"), ("lines/s", "right"), ("exit", "right"),
-                          ("last line", "left")):
+                          *((("gpu", "right"),) if gpus else ()), ("last line", "left")):
         table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis",
                          max_width=60 if name == "last line" else None, style="dim" if name == "last line" else None)
     shown, hidden = _pick_rows(snap.nodes, max_rows)
@@ -40,7 +41,8 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
         table.add_row(str(row.index), Text(row.label, style=node_color(row.index)), _ranks(row.ranks),
                       Text(row.state, style=STATE_STYLE.get(row.state, "")),
                       "" if row.uptime is None else _duration(row.uptime), str(row.lines),
-                      f"{rates.get(row.index, 0.0):.0f}", row.exit, Text(safe_text(mask(row.reason or row.last_line))))
+                      f"{rates.get(row.index, 0.0):.0f}", row.exit, *((row.gpus,) if gpus else ()),
+                      Text(safe_text(mask(row.reason or row.last_line))))
     parts: list[RenderableType] = [header, table]
     if hidden:
         counts: dict[str, int] = {}

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,8 +71,8 @@ class SSHCluster:
             if not key.exists():
                 _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
         shutil.copy(f"{self.client_key}.pub", self.keys / "authorized_keys")
-        hosts = ["127.0.0.1 localhost"] + [f"{n.addr} {n.name}" for n in self.nodes]
-        (self.run_dir / "hosts").write_text("\n".join(hosts) + "\n")
+        for node in self.nodes:
+            self.hosts_file(node).write_text(self.hosts_text())
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.net}.254/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
@@ -105,8 +106,39 @@ class SSHCluster:
         ]))
         _run(SSHD, "-t", "-f", str(config))
         _run("ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
-             f"hostname {ns} && mount --bind {self.run_dir / 'hosts'} /etc/hosts && "
+             f"hostname {ns} && mount --bind {self.hosts_file(node)} /etc/hosts && "
              f"exec {SSHD} -f {config} -E {self.run_dir / (ns + '.log')}")
+
+    def hosts_file(self, node: Node) -> Path:
+        """The node's own /etc/hosts (a bind mount of this file: rewritten in place, it changes)."""
+        return self.run_dir / f"hosts.{node.name}"
+
+    def hosts_text(self, own: Node | None = None, own_addr: str | None = None) -> str:
+        lines = ["127.0.0.1 localhost"] + [f"{own_addr if n is own else n.addr} {n.name}" for n in self.nodes]
+        return "\n".join(lines) + "\n"
+
+    @contextmanager
+    def hostnames_off_route(self, nodes: list[Node]):
+        """Each of ``nodes`` gets a second interface, ``mgmt0``, holding the address its own
+        hostname now resolves to (a management NIC, docker0): the other nodes cannot reach it.
+        Undone on exit, whatever happened inside."""
+        try:
+            for node in nodes:
+                _run("ip", "-n", node.name, "link", "add", "mgmt0", "type", "veth", "peer", "name", "mgmt1")
+                _run("ip", "-n", node.name, "addr", "add", f"{self.mgmt_addr(node)}/24", "dev", "mgmt0")
+                for link in ("mgmt0", "mgmt1"):
+                    _run("ip", "-n", node.name, "link", "set", link, "up")
+                with open(self.hosts_file(node), "w") as f:  # in place: the bind mount keeps the inode
+                    f.write(self.hosts_text(node, self.mgmt_addr(node)))
+            yield
+        finally:
+            for node in nodes:
+                with open(self.hosts_file(node), "w") as f:
+                    f.write(self.hosts_text())
+                _run("ip", "-n", node.name, "link", "del", "mgmt0", check=False)
+
+    def mgmt_addr(self, node: Node) -> str:
+        return f"10.214.{self.tag}.{node.index}"
 
     def mac(self, node: Node) -> str:
         """A fixed, locally administered MAC per node, so neighbors can be written down up front."""

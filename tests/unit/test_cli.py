@@ -30,6 +30,8 @@ def test_dry_run_connects_to_nothing(tmp_path, capsys):
     assert "# node 1 192.0.2.2 (ssh 192.0.2.2), ranks 2-2" in out
     assert "--node-rank=1 --master-addr=192.0.2.1 '--master-port=<auto: a free port on the master>'" in out
     assert out.rstrip().endswith("t.py 'a b'")
+    assert "# at launch, on each node: GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME=<the interface its route to " \
+           "192.0.2.1 takes>" in out
 
 
 def test_the_controller_never_imports_torch():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from orchestrator import agent, protocol, wire
+from orchestrator import agent, nodefacts, protocol, wire
 
 EXAMPLES = [
     wire.RunSpec(job="j", node=1, cluster="c", run="r1", workdir=None, script="t.py", env={"A": "1"}, pick_port=True,
@@ -24,7 +24,7 @@ EXAMPLES = [
     wire.Detected(gpus=8), wire.Listed(found=[{"pid": 1, "tags": {}, "cmd": "x"}]), wire.Swept(killed=[], left=[2]),
     wire.Needs(dest="/p", need=[0, 2], marker="m"), wire.Shared(sees=[]), wire.Copied(files=1, bytes=2, links=3),
     wire.FollowSpec(job="j", node=1, follow=True), wire.ListSpec(), wire.JournalEnd(running=False),
-    wire.Jobs(jobs=[{"job": "j", "node": 0, "state": "done"}]),
+    wire.Jobs(jobs=[{"job": "j", "node": 0, "state": "done"}]), wire.GpuUsage(gpus=[[0, 87, 61000, 81559]]),
 ]
 PEER_EXAMPLES = [wire.Challenge(nonce="ab"), wire.Join(node=2, proof="cd"), wire.Heartbeat(),
                  wire.NodeState(node=2, state="failed", code=7), wire.Progress(node=2, quiet=1.5), wire.DumpStacks(),
@@ -92,14 +92,14 @@ def test_an_endless_header_is_an_error_not_a_memory_leak(monkeypatch):
 
 def test_hello_is_the_sources_and_their_bytecode_then_the_spec():
     data = b"".join(protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True)))
-    sizes = [int(n) for n in protocol.bootstrap_args()[-4:]]
+    sizes = [int(n) for n in protocol.bootstrap_args()[-6:]]
     parts, at = [], 0
     for size in sizes:
         parts.append(data[at:at + size])
         at += size
-    assert parts[0] == open(wire.__file__, "rb").read() and parts[1] == open(agent.__file__, "rb").read()
-    wire_code, agent_code = map(marshal.loads, parts[2:])
-    assert wire_code.co_filename == "ddp_up_wire" and agent_code.co_filename == "ddp_up_agent"
+    assert parts[:3] == [open(m.__file__, "rb").read() for m in (wire, nodefacts, agent)]
+    codes = [marshal.loads(p) for p in parts[3:]]
+    assert [c.co_filename for c in codes] == ["ddp_up_wire", "ddp_up_nodefacts", "ddp_up_agent"]
     assert data[at:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true, "purge": false}\n'
 
 
@@ -114,10 +114,10 @@ def test_an_agent_runs_the_shipped_bytecode_or_compiles_the_sources(key):
     args, parts = protocol.bootstrap_args(), list(protocol.shipped())
     if key == "other":
         args[3] = "cpython-38" + "55" * 4  # another Python's key: its bytecode would not load here
-        parts[2:] = [b"not bytecode", b"not bytecode"]  # proves it is never read as code
+        parts[3:] = [b"not bytecode"] * 3  # proves it is never read as code
     elif key == "no bytecode":
-        parts[2:] = [b"", b""]
-    args[-4:] = [str(len(p)) for p in parts]
+        parts[3:] = [b""] * 3
+    args[-6:] = [str(len(p)) for p in parts]
     spec = wire.SweepSpec(match={"DDP_UP_JOB": "no-such-job-anywhere"}, grace=0.0, dry_run=True)
     proc = _run_agent(args, b"".join(parts) + spec.encode())
     assert proc.returncode == 0, proc.stderr
@@ -143,13 +143,13 @@ def _top_level_imports(module) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module", [agent, wire])
+@pytest.mark.parametrize("module", [agent, nodefacts, wire])
 def test_what_nodes_run_is_stdlib_only(module):
     """Nodes have nothing but Python: the shipped sources import neither the package nor deps."""
     assert _top_level_imports(module) <= sys.stdlib_module_names
 
 
-@pytest.mark.parametrize("module", [agent, wire])
+@pytest.mark.parametrize("module", [agent, nodefacts, wire])
 def test_what_nodes_run_parses_as_python_3_8(module):
     """The agent says it needs Python 3.8+ on the nodes: no newer syntax may slip in."""
     ast.parse(open(module.__file__, encoding="utf-8").read(), feature_version=(3, 8))
