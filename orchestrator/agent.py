@@ -691,9 +691,12 @@ class Runner:
         env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
                     TAG_RUN: self.spec.run})
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
+        hooks = dict(self.spec.hooks or {})
         if self.spec.stack_dumps:
-            hooks = os.path.dirname(self.write_hook("sitecustomize.py", DUMP_HOOK))
-            env["PYTHONPATH"] = hooks + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            hooks["sitecustomize.py"] = DUMP_HOOK
+        if hooks:
+            where = os.path.dirname([self.write_hook(name, text) for name, text in hooks.items()][-1])
+            env["PYTHONPATH"] = where + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if argv[0] == OWN_LAUNCHER:
             self.proc = Workers(parse_launch(argv[1:]), env, self.match,
                                 lambda text: self.out.send(wire.Output("err", None, text.encode())))
@@ -727,7 +730,7 @@ class Runner:
             os.mkdir(hooks, 0o700)
         except FileExistsError:
             pass
-        path = os.path.join(hooks, name)
+        path = os.path.join(hooks, os.path.basename(name))  # a name, never a path
         write_private(path, text)
         return path
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__, signals
+from . import __version__, collective, signals
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import NodeSource, SyncConfig, load_cluster, read_text
 from .detect import resolve_auto_gpus
@@ -28,9 +28,9 @@ from .errors import (EXIT_INTERNAL, EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_U
                      Interrupted, SetupError, UsageError)
 from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from .job import Job
+from .nodefacts import IFNAME_VARS
 from .openssh import CONTROL
 from .parallel import interruptible
-from .nodefacts import IFNAME_VARS
 from .plan import LaunchPlan, check_job_id, make_plan, mask_secrets, new_job_id
 from .preflight import torch_versions
 from .sbatch import split_sbatch, submit
@@ -373,6 +373,9 @@ def check_parser() -> argparse.ArgumentParser:
                     "from every node to master addr:port, clock skew, free disk, GPUs.")
     p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="optional with a node option below")
     p.add_argument("script", metavar="SCRIPT", nargs="?", help="also check it exists on every node")
+    p.add_argument("--collective", action="store_true",
+                   help="after the checks, run a short real all_reduce across the nodes (NCCL on GPUs, else gloo) "
+                        "and time every node's link; nodes far slower than the median are named (exit 3)")
     add_node_sources(p)
     return p
 
@@ -409,6 +412,8 @@ def main_check(argv: list[str] | None = None) -> int:
             return _report("ddp-check", e, config.secret_values)
         except Interrupted as e:
             return _interrupted("ddp-check", e, "while checking; nothing was started")
+        if args.collective:
+            return check_collective(config, console, inbox)
         plan = make_plan(config, args.script or "", [], new_job_id(), os.getcwd())
         job = Job(plan, _QuietView(console), inbox=inbox)
         try:
@@ -421,6 +426,58 @@ def main_check(argv: list[str] | None = None) -> int:
     for p in problems:
         console.print(Text("✗ ", style="bold red") + Text(safe_text(mask_secrets(p.render(), config.secret_values))))
     return EXIT_SETUP if problems else EXIT_OK
+
+
+class _ProbeView(_QuietView):
+    """Keeps the probe's report, and the last lines of each node for when there is none."""
+
+    def __init__(self, console: Console):
+        super().__init__(console)
+        self.report: dict | None = None
+        self.last: dict[int, list[str]] = {}
+
+    def lines(self, node, lines) -> None:
+        for line in lines:
+            report = collective.read_report(line.text) if line.rank == 0 else None
+            if report is not None:
+                self.report = report
+            else:
+                self.last[node.index] = (self.last.get(node.index, []) + [line.text])[-8:]
+
+
+def check_collective(config, console: Console, inbox: signals.SignalInbox) -> int:
+    """The preflight of a launch, then the probe job (collective_probe.py), then its tables."""
+    plan = collective.probe_plan(config, new_job_id(), os.getcwd())
+    view = _ProbeView(console)
+    job = Job(plan, view, inbox=inbox)
+    console.print(f"ddp-check: all_reduce and every node's link across {len(plan.nodes)} nodes, one process each",
+                  markup=False, highlight=False)
+    try:
+        result = job.run()
+    except SetupError as e:
+        return _report("ddp-check", e, config.secret_values)
+    finally:
+        job.close()
+    if job.interrupted:
+        return _interrupted("ddp-check", Interrupted(job.interrupted), "while measuring; every node stopped its part")
+    if view.report is None:
+        cause = result.root_cause
+        console.print(Text(f"ddp-check: the collective probe failed: {cause.render() if cause else 'no report'}",
+                           style="bold red"))
+        node = cause.node if cause else 0
+        for text in view.last.get(node, []):
+            console.print(Text(f"  {safe_text(plan.mask(text))}"))
+        return EXIT_JOB_FAILED
+    console.print(collective.render(view.report, [n.label for n in plan.nodes]))
+    slow = collective.slow_nodes(collective.node_links(view.report))
+    for node in slow:
+        console.print(Text("✗ ", style="bold red") + Text(
+            f"{plan.nodes[node].label}: its link is far slower than the other nodes' (under 1/"
+            f"{collective.SLOW_RATIO:g} of the median): the whole job would run at its pace. Check its NIC, "
+            "cable, switch port and link speed (ethtool, ip -s link)"))
+    console.print(f"ddp-check: {result.elapsed:.1f} s in all, {view.report.get('seconds', 0):.1f} s of it measuring "
+                  "(the rest: connect, preflight, start, import torch)", markup=False, highlight=False)
+    return EXIT_SETUP if slow else EXIT_OK
 
 
 def check_table(statuses, problems, master_port) -> Table:

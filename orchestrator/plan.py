@@ -67,6 +67,8 @@ class LaunchPlan:
     peer_token: str | None = field(default=None, repr=False)  # detach: the secret the job's agents prove to each other
     retention: float = 7 * 86400.0  # detach: how long its record and logs stay on the nodes after its end
     allow_busy_gpus: bool = False  # start even where other processes hold memory on the job's GPUs
+    module: str | None = None  # run this module (torchrun -m) instead of the script: one of ``hooks``
+    hooks: Mapping[str, str] = field(default_factory=dict)  # file name -> text each agent writes and puts on PYTHONPATH
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -108,6 +110,8 @@ class LaunchPlan:
         ]
 
     def _entrypoint(self, python: str) -> list[str]:
+        if self.module is not None:  # ddp-up's own program (ddp-check --collective), from the hooks
+            return ["-m", self.module]
         if self.launcher == "legacy":  # torch.distributed.launch passed --local_rank=N before the args
             return ["--no-python", python, "-u", "-c", LEGACY_SHIM, self.script]
         return [self.script]
@@ -124,7 +128,7 @@ class LaunchPlan:
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
-            needs_torch=self.launcher != "none", nproc=node.nproc, **detached)
+            needs_torch=self.launcher != "none", nproc=node.nproc, hooks=dict(self.hooks) or None, **detached)
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""

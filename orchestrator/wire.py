@@ -150,6 +150,7 @@ class RunSpec(Frame):
     hang_timeout: float | None = None  # detach: the supervisor's hang watch (see agent.Supervisor)
     retention: float = 604800.0  # detach: seconds its record and journal stay after its end
     nproc: int | None = None  # processes on this node: the GPUs checked for others' processes
+    hooks: dict | None = None  # file name -> text: written to the node's state dir, put on the job's PYTHONPATH
 
 
 @_frame(TO_AGENT)

@@ -27,7 +27,7 @@ def available() -> str | None:
     """None if this machine can host the cluster, else the reason it cannot."""
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    for tool in (SSHD, shutil.which("ip"), shutil.which("unshare"), shutil.which("ssh-keygen")):
+    for tool in (SSHD, shutil.which("ip"), shutil.which("tc"), shutil.which("unshare"), shutil.which("ssh-keygen")):
         if not tool or not os.path.exists(tool):
             return "needs openssh-server, openssh-client and iproute2 (apt-get install openssh-server iproute2)"
     return None
@@ -136,6 +136,17 @@ class SSHCluster:
                 with open(self.hosts_file(node), "w") as f:
                     f.write(self.hosts_text())
                 _run("ip", "-n", node.name, "link", "del", "mgmt0", check=False)
+
+    @contextmanager
+    def slow_link(self, node: Node, rate: str = "20mbit"):
+        """``node``'s outgoing traffic shaped to ``rate`` (tc tbf: netem is not on these machines);
+        the shaping is removed on exit."""
+        _run("ip", "netns", "exec", node.name, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate,
+             "burst", "32kbit", "latency", "400ms")
+        try:
+            yield
+        finally:
+            _run("ip", "netns", "exec", node.name, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
 
     def mgmt_addr(self, node: Node) -> str:
         return f"10.214.{self.tag}.{node.index}"

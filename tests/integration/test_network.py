@@ -39,3 +39,18 @@ def test_an_interface_setting_with_no_route_to_the_master_is_refused_before_star
     assert "fix: unset GLOO_SOCKET_IFNAME (ddp-up then names the right one) or set `GLOO_SOCKET_IFNAME: eth0`" in out
     assert f"{nodes[0].addr}: NCCL_SOCKET_IFNAME=eth9: selects no interface of this node" in out, out
     assert "READY" not in out and "nothing was started" in out
+
+
+def test_ddp_check_collective_names_the_node_with_the_slow_link_and_only_it(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 1), (2, 1), (3, 1)])
+    slow = cluster.nodes[2]
+    with cluster.slow_link(slow, "20mbit"):
+        code, out = ddp_check("--collective", str(path), timeout=150)
+    assert code == 3, out
+    assert "all_reduce across 4 nodes (gloo)" in out, out
+    named = re.findall(r"✗ (\S+): its link is far slower than the other nodes'", out)
+    assert named == [slow.addr], out
+    assert re.search(rf"│\s+2 │ {re.escape(slow.addr)}\s+│.*slow: 0\.\d\d× the median", out), out
+    assert "skipped: the smaller size says too slow" in out  # 16 MB through 20 Mbit/s: not waited for
+    code, out = ddp_check("--collective", str(path), timeout=150)  # the link restored: nobody is named
+    assert code == 0 and "far slower" not in out, out

@@ -1,0 +1,65 @@
+"""ddp-check --collective's reading of the probe's report: which node is slow, and the tables."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+from orchestrator import collective
+from orchestrator.config import parse_cluster
+
+MB4 = 4 << 20
+
+
+def report(world: int, slow_out: int | None = None, seconds: float = 0.01) -> dict:
+    """Links of both rings as the probe reports them: [src, dst, bytes, seconds, ping]; the
+    links out of ``slow_out`` take 100 times longer (its egress shaped, as with tc tbf)."""
+    links = []
+    for stride in (1, 2) if world > 2 else (1,):
+        for dst in range(world):
+            src = (dst - stride) % world
+            links.append([src, dst, MB4, seconds * (100 if src == slow_out else 1), 0.0003])
+    return {"backend": "gloo", "world": world, "all_reduce": [[65536, 0.004], [1 << 20, 0.2], [16 << 20, None]],
+            "links": links, "hosts": [f"n{i}" for i in range(world)], "seconds": 3.0}
+
+
+def test_the_node_with_a_slow_egress_is_named_and_its_partners_are_not():
+    for world in (3, 4, 16):
+        links = collective.node_links(report(world, slow_out=world - 1))
+        assert collective.slow_nodes(links) == [world - 1], world
+    assert collective.slow_nodes(collective.node_links(report(16))) == []
+
+
+def test_two_nodes_share_one_link_and_neither_is_named():
+    links = collective.node_links(report(2, slow_out=1))
+    assert collective.slow_nodes(links) == [] and links[1].out_bw < links[0].out_bw
+
+
+def test_only_rank_zeros_report_line_is_read():
+    line = collective.REPORT + json.dumps(report(3))
+    assert collective.read_report(line)["world"] == 3
+    assert collective.read_report("DDP_UP_COLLECTIVE {not json") is None
+    assert collective.read_report("DDP_UP_COLLECTIVE [1, 2]") is None
+    assert collective.read_report("step 3 loss 0.1") is None
+
+
+def test_the_tables_show_skipped_sizes_and_the_slow_node():
+    console = Console(width=120, record=True, color_system=None)
+    console.print(collective.render(report(4, slow_out=2), ["a", "b", "gpu-slow", "d"]))
+    text = console.export_text()
+    assert "all_reduce across 4 nodes (gloo)" in text
+    assert "skipped: the smaller size says too slow" in text
+    row = next(line for line in text.splitlines() if "gpu-slow" in line)
+    assert "4.2 MB/s" in row and "slow: 0.01× the median" in row
+    assert "slow" not in next(line for line in text.splitlines() if "│ a " in line)
+
+
+def test_the_probe_runs_one_process_per_node_under_torchrun_from_the_shipped_module():
+    config = parse_cluster("launcher: none\nnodes: [{host: a, gpus: 8}, {host: b, gpus: 4}]\n")
+    plan = collective.probe_plan(config, "J", "/tmp")
+    assert [n.nproc for n in plan.nodes] == [1, 1] and plan.world_size == 2
+    argv = plan.launcher_argv(plan.nodes[1], 29500)
+    assert argv[2:4] == ["-m", "torch.distributed.run"] and argv[-2:] == ["-m", collective.MODULE]
+    spec = plan.agent_spec(plan.nodes[0])
+    assert "import torch.distributed as dist" in spec.hooks[f"{collective.MODULE}.py"] and spec.script == ""
