@@ -88,6 +88,8 @@ class FakeNode:
     queue: FakeQueue | None = None
     on_send: Callable[[wire.Frame], None] | None = None  # a test's hook, called before the reaction
     sent: list[wire.Frame] = field(default_factory=list)
+    probed: dict = field(default_factory=dict)  # more of the Probed answer: the node's interfaces
+    ready: dict = field(default_factory=dict)  # more of the Ready report: others' processes on its GPUs
     silent_since: float | None = None
     started: bool = False
     cancelled: bool = False
@@ -106,7 +108,8 @@ class FakeNode:
         if not self.connects:
             return
         self.started = True
-        self.say(wire.Ready(hostname=f"n{self.index}", time=self.clock(), port=29500 if self.master else None, **READY))
+        self.say(wire.Ready(hostname=f"n{self.index}", time=self.clock(), port=29500 if self.master else None,
+                            **{**READY, **self.ready}))
 
     def send(self, frame: wire.Frame) -> None:
         self.sent.append(frame)
@@ -115,7 +118,7 @@ class FakeNode:
         if self.closed or self.silent_since is not None:
             return
         if isinstance(frame, wire.Probe):
-            self.say(wire.Probed(ok=True))
+            self.say(wire.Probed(ok=True, **self.probed))
         elif isinstance(frame, wire.Go):
             self.say(wire.Started())
             if self.exit_code is not None:

@@ -34,3 +34,13 @@ def test_many_nodes_show_the_ones_needing_attention_first():
     assert "gpu-40" in text and "rank 3 exited with code 1" in text and "gpu-63" in text
     assert "+58 more nodes: 58 running" in text
     assert len(text.splitlines()) == 2 + 6 + 1
+
+
+def test_a_gpu_column_appears_only_where_the_agents_sample_gpus():
+    from dataclasses import replace
+
+    snap = snapshot(2)
+    assert "gpu " not in text_of(render(snap, {}, max_rows=10)).splitlines()[1] + " "
+    snap = replace(snap, nodes=(replace(snap.nodes[0], gpus="87% 61/80G"), snap.nodes[1]))
+    lines = text_of(render(snap, {}, max_rows=10)).splitlines()
+    assert lines[1].split()[8] == "gpu" and "87% 61/80G" in lines[2]

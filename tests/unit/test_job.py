@@ -226,3 +226,58 @@ def test_close_sweeps_and_reports_without_taking_signals():
     assert all(n.closed for n in h.nodes) and h.sweeper.swept == ["h1"]
     assert h.job.result().interrupted is None
 
+
+
+def test_each_node_starts_with_the_interface_of_its_route_unless_its_environment_names_one():
+    h = Harness(2)
+    for n in h.nodes:
+        n.exit_code = 0
+    h.nodes[0].probed = dict(iface="eth0", explicit={})
+    h.nodes[1].probed = dict(iface="ib0", explicit={"NCCL_SOCKET_IFNAME": "ib"})
+    assert h.job.run().exit_code == 0
+    go = [next(f for f in n.sent if isinstance(f, wire.Go)) for n in h.nodes]
+    assert go[0].env == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
+    assert go[1].env == {"GLOO_SOCKET_IFNAME": "ib0"}
+    assert [t for t in h.view.notices if "SOCKET_IFNAME" in t] == [
+        "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to the interface that reaches the master: h0 eth0, h1 ib0"]
+
+
+def test_a_setting_with_no_route_or_a_busy_gpu_stops_the_launch_before_go():
+    h = Harness(2)
+    h.nodes[1].probed = dict(iface="eth0", explicit={"GLOO_SOCKET_IFNAME": "docker0"},
+                             bad=[["GLOO_SOCKET_IFNAME", "docker0", "interface docker0 has no route to the master"]])
+    h.nodes[0].ready = dict(busy_gpus=[{"gpu": 0, "pid": 7, "user": "bob", "cmd": "python old.py", "mib": 900}])
+    with pytest.raises(SetupError) as e:
+        h.job.run()
+    assert [p.node for p in e.value.problems] == ["h0", "h1"]
+    assert "GPU 0: pid 7 (bob, python old.py) holds 900 MiB" in e.value.problems[0].what
+    assert "GLOO_SOCKET_IFNAME=docker0" in e.value.problems[1].what
+    assert all(n.kinds() == ["Probe"] for n in h.nodes)  # no Go anywhere
+
+
+def test_busy_gpus_allowed_start_with_a_notice_and_gpu_use_reaches_the_dashboard():
+    from dataclasses import replace
+
+    h = Harness(1)
+    h.job.plan = replace(h.plan, allow_busy_gpus=True)
+    h.nodes[0].ready = dict(busy_gpus=[{"gpu": 0, "pid": 7, "user": "bob", "cmd": "x", "mib": 900}])
+    h.nodes[0].exit_code = 0
+
+    def report(frame):
+        if isinstance(frame, wire.Go):
+            h.queue.put(Message(0, wire.GpuUsage(gpus=[[0, 75, 40960, 81920]])))
+    h.nodes[0].on_send = report
+    assert h.job.run().exit_code == 0
+    assert any(t.endswith("holds 900 MiB (--allow-busy-gpus)") for t in h.view.notices)
+    assert h.job.snapshot().nodes[0].gpus == "75% 40/80G"
+
+
+def test_gpu_memory_a_jobs_process_still_holds_after_its_end_is_named():
+    h = Harness(1)
+    h.job.events.put(Message(0, wire.Exited(code=0, signal=None, stopped=False, reason=None,
+                                            gpu_left=[{"gpu": "GPU-1", "pid": 9, "user": "me", "cmd": "python t.py",
+                                                       "mib": 512}])))
+    h.job.status[0].state = "running"
+    h.job._turn(None)
+    assert h.view.notices == ["h0: 1 process(es) of this job still hold GPU memory after its end: GPU GPU-1: pid 9 "
+                              "(me, python t.py) holds 512 MiB"]
