@@ -201,8 +201,17 @@ def hostname_address():
         return name, None
 
 
+def resolve(addr):
+    """``addr`` as this node resolves it (master.addr may be a name), or itself if it does not."""
+    try:
+        return socket.getaddrinfo(addr, None, socket.AF_UNSPEC, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError, UnicodeError):
+        return addr
+
+
 def network_facts(master_addr, env):
     """Everything the Probe answer says about this node's interfaces (see wire.Probed)."""
+    master_addr = resolve(master_addr)
     addresses = read_interface_addresses()
     try:
         with open("/proc/net/route") as f:

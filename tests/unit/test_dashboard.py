@@ -40,7 +40,7 @@ def test_a_gpu_column_appears_only_where_the_agents_sample_gpus():
     from dataclasses import replace
 
     snap = snapshot(2)
-    assert "gpu " not in text_of(render(snap, {}, max_rows=10)).splitlines()[1] + " "
+    assert "gpu" not in text_of(render(snap, {}, max_rows=10)).splitlines()[1].split()
     snap = replace(snap, nodes=(replace(snap.nodes[0], gpus="87% 61/80G"), snap.nodes[1]))
     lines = text_of(render(snap, {}, max_rows=10)).splitlines()
     assert lines[1].split()[8] == "gpu" and "87% 61/80G" in lines[2]

@@ -71,9 +71,10 @@ def test_an_explicit_interface_without_a_route_to_the_master_is_a_problem_naming
     assert check({"GLOO_SOCKET_IFNAME": ""}, NAMES, reaching) == ({}, [])  # empty is unset
 
 
-def test_the_real_node_answers_for_its_loopback_master():
-    facts = nodefacts.network_facts("127.0.0.1", {"GLOO_SOCKET_IFNAME": "lo"})
-    assert facts["iface"] == "lo" and facts["source"] == "127.0.0.1"
+@pytest.mark.parametrize("master", ["127.0.0.1", "localhost"])
+def test_the_real_node_answers_for_its_loopback_master(master):
+    facts = nodefacts.network_facts(master, {"GLOO_SOCKET_IFNAME": "lo"})
+    assert facts["iface"] == "lo" and facts["source"] in ("127.0.0.1", "::1")
     assert facts["explicit"] == {"GLOO_SOCKET_IFNAME": "lo"} and facts["bad"] == []
 
 
