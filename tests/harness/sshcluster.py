@@ -27,7 +27,7 @@ def available() -> str | None:
     """None if this machine can host the cluster, else the reason it cannot."""
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    for tool in (SSHD, shutil.which("ip"), shutil.which("tc"), shutil.which("unshare"), shutil.which("ssh-keygen")):
+    for tool in (SSHD, shutil.which("ip"), shutil.which("unshare"), shutil.which("ssh-keygen")):
         if not tool or not os.path.exists(tool):
             return "needs openssh-server, openssh-client and iproute2 (apt-get install openssh-server iproute2)"
     return None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import shutil
+
+import pytest
 
 from tests.harness.runner import ddp_check, ddp_up
 from tests.integration.conftest import SCRIPT
@@ -41,6 +44,7 @@ def test_an_interface_setting_with_no_route_to_the_master_is_refused_before_star
     assert "READY" not in out and "nothing was started" in out
 
 
+@pytest.mark.skipif(shutil.which("tc") is None, reason="needs tc (iproute2) to shape a link")
 def test_ddp_check_collective_names_the_node_with_the_slow_link_and_only_it(cluster, cluster_file):
     path = cluster_file([(0, 1), (1, 1), (2, 1), (3, 1)])
     slow = cluster.nodes[2]
