@@ -47,7 +47,8 @@ TAG_JOB = "DDP_UP_JOB"
 TAG_NODE = "DDP_UP_NODE"
 TAG_CLUSTER = "DDP_UP_CLUSTER"
 TAG_RUN = "DDP_UP_RUN"  # one launch: a job's own cleanup matches it too, so it can never touch another
-TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER, TAG_RUN)
+TAG_ATTEMPT = "DDP_UP_ATTEMPT"  # 0, then 1, 2... as a job restarts (restarts:); a script resumes by it
+TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER, TAG_RUN, TAG_ATTEMPT)
 # A job id names directories here and on the controller: a plain name, never a path.
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # Turns what the controller sends first on stdin into the running agent. argv[1] is the
@@ -263,7 +264,25 @@ def unsafe_state(path, why):
                        "agent a private TMPDIR with `setup: export TMPDIR=$HOME/.cache/ddp-up-tmp`" % path)
 
 
-def claim_node_dir(job, node):
+def node_dir_name(node, attempt=0):
+    """``node<N>``; a restarted job's later attempts get ``node<N>.<attempt>``: the one before may
+    still be ending on this host (a node cut off stops by itself, within orphan_timeout)."""
+    return "node%d" % node if not attempt else "node%d.%d" % (node, attempt)
+
+
+def parse_node_dir(entry):
+    """The tags a node directory's processes carry ({TAG_NODE[, TAG_ATTEMPT]}), or None if the
+    name is not one ddp-up gives."""
+    found = re.fullmatch(r"node([0-9]+)(?:\.([0-9]+))?", entry)
+    if not found:
+        return None
+    tags = {TAG_NODE: found.group(1)}
+    if found.group(2):
+        tags[TAG_ATTEMPT] = found.group(2)
+    return tags
+
+
+def claim_node_dir(job, node, attempt=0):
     """(the node's state directory, None), or (None, Failed): the job's id is in use here, or
     the state root is not private."""
     root = state_root()
@@ -271,7 +290,7 @@ def claim_node_dir(job, node):
         why = private_dir(path)
         if why:
             return None, unsafe_state(path, why)
-    path = os.path.join(root, job, "node%d" % node)
+    path = os.path.join(root, job, node_dir_name(node, attempt))
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -591,10 +610,10 @@ class Runner:
         job, node = self.spec.job, self.spec.node
         if not JOB_ID.fullmatch(job):
             return wire.Failed("job id %r is not a plain name" % job[:80], "use the same ddp-up version everywhere")
-        others = find_tagged({TAG_JOB: job, TAG_NODE: str(node)})
+        others = find_tagged({TAG_JOB: job, TAG_NODE: str(node), TAG_ATTEMPT: str(self.spec.attempt)})
         if others:
             return job_in_use(job, "pid %d carries its tags" % others[0]["pid"])
-        self.dir, problem = claim_node_dir(job, node)
+        self.dir, problem = claim_node_dir(job, node, self.spec.attempt)
         if problem:
             return problem
         self.log_dir = os.path.join(self.dir, "logs")
@@ -689,7 +708,7 @@ class Runner:
         env = self.job_env()
         env.update(go.env or {})
         env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
-                    TAG_RUN: self.spec.run})
+                    TAG_RUN: self.spec.run, TAG_ATTEMPT: str(self.spec.attempt)})
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
         hooks = dict(self.spec.hooks or {})
         if self.spec.stack_dumps:
@@ -1663,15 +1682,15 @@ def remove_stale_state(match, purge=False, records_only=False):
         if not JOB_ID.fullmatch(name) or private_dir(job_dir, create=False):
             continue
         for entry in os.listdir(job_dir):
-            node = entry[4:]
-            if not (entry.startswith("node") and node.isdigit()):
+            tags = parse_node_dir(entry)
+            if tags is None:
                 continue
             record = read_record(os.path.join(job_dir, entry))  # first: a /proc scan is the costly part
             if record is None and records_only:
                 continue
             if record is not None and not (purge or expired(record, time.time())):
                 continue  # a detached job's, kept for its retention
-            if not find_tagged({TAG_JOB: name, TAG_NODE: node}):
+            if not find_tagged({TAG_JOB: name, **tags}):
                 shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
         try:
             os.rmdir(job_dir)  # only if empty

@@ -13,14 +13,18 @@ import os
 import shlex
 import signal
 import sys
+import time
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
+from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from . import __version__, collective, signals
+from .attempts import AttemptRecord, Restarts, blame, blame_setup, delay_before, wait_for_signal
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import NodeSource, SyncConfig, load_cluster, read_text
 from .detect import resolve_auto_gpus
@@ -30,6 +34,7 @@ from .hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from .job import Job
 from .nodefacts import IFNAME_VARS
 from .openssh import CONTROL
+from .outcome import JobResult
 from .parallel import interruptible
 from .plan import LaunchPlan, check_job_id, make_plan, mask_secrets, new_job_id
 from .preflight import torch_versions
@@ -75,6 +80,9 @@ def up_parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-timeout", type=float, metavar="SECONDS",
                    help="declare the job hung after this long without output from any rank (or with some "
                         "nodes finished and others still running): dump every rank's stack, then stop")
+    p.add_argument("--restarts", type=int, metavar="N",
+                   help="after a failure, stop every node and start the whole job again, up to N times "
+                        "(overrides `restarts:`; each process sees DDP_UP_ATTEMPT)")
     p.add_argument("--no-preflight", dest="preflight", action="store_false",
                    help="skip the cross-node checks (same torch everywhere, every node reaches the master, "
                         "other processes on the GPUs) and the choice of network interface they make")
@@ -148,7 +156,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """Our options and our positionals (cluster file and script: one of them may be left out when
     a node option comes first), then the script's arguments untouched."""
     ours, positionals, wanted = [], 0, 2
-    takes_value = {"--job-id", "--ranks", "--runs-dir", "--hang-timeout", "--hostfile", "-H"}
+    takes_value = {"--job-id", "--ranks", "--runs-dir", "--hang-timeout", "--hostfile", "-H", "--restarts"}
     i = 0
     while i < len(argv) and positionals < wanted:
         arg = argv[i]
@@ -207,24 +215,37 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         if args.hang_timeout is not None and not 0 < args.hang_timeout < float("inf"):
             raise UsageError("--hang-timeout must be a number of seconds > 0")
         inbox.check()
+        if args.restarts is not None and args.restarts < 0:
+            raise UsageError("--restarts must be an integer >= 0")
+        if args.detach and ((args.restarts or config.restarts) or config.spares):
+            raise UsageError("--detach: restarts and spares need ddp-up to stay (a detached job's nodes stop it on a "
+                             "failure, and nothing starts it again): run without --detach, or set `restarts: 0` "
+                             "and `spares: 0`")
         if args.detach and any(n.transport == "srun" for n in config.nodes):
             raise UsageError("--detach: a job reached through srun ends with its allocation, which ends with "
                              "this command; to run without a terminal, submit it: ddp-up --sbatch [SBATCH OPTIONS] "
                              "CLUSTER.yaml SCRIPT ... (or set `transport: ssh`)")
         config = _resolve_nodes(config, console)
         job_id = args.job_id or new_job_id()
-        plan = make_plan(config, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
-                         detach=args.detach, allow_busy_gpus=args.allow_busy_gpus)
+        restarts = Restarts.of(config, args.restarts)
+
+        def plan_attempt(cluster, attempt: int = 0) -> LaunchPlan:
+            plan = make_plan(cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
+                             detach=args.detach, allow_busy_gpus=args.allow_busy_gpus)
+            return replace(plan, attempt=attempt, quarantined=tuple(restarts.roster.quarantined))
+        plan = plan_attempt(restarts.first_cluster())
         sync = sync_choice(args.sync, config.sync)
         if args.dry_run:
-            print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None)
+            print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None,
+                          spares=[n.label for n in restarts.roster.spares])
             return EXIT_OK
         if sync:
             copy_workdirs(plan, sync, args.runs_dir, config.path, console)
         view = make_view(plan, console, args)
         inbox.check()
         return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
-                       inbox=inbox, cluster_arg=shlex.join(ours_for_attach(args)))
+                       inbox=inbox, cluster_arg=shlex.join(ours_for_attach(args)),
+                       restarts=(restarts, plan_attempt) if restarts.limit else None)
     except DdpUpError as e:
         return _report("ddp-up", e, secrets)
     except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop
@@ -313,35 +334,81 @@ def ours_for_attach(args: argparse.Namespace) -> list[str]:
 
 
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
-            inbox: signals.SignalInbox = signals.INBOX, cluster_arg: str = "CLUSTER.yaml") -> int:
+            inbox: signals.SignalInbox = signals.INBOX, cluster_arg: str = "CLUSTER.yaml",
+            restarts: tuple[Restarts, Callable[..., LaunchPlan]] | None = None) -> int:
     """Run to completion. Signals are the job loop's events: the first stops every node
     gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
-    ends once every node runs (exit 0), the job going on under its own agents."""
-    job = Job(plan, Fanout(console_view, logs), preflight=preflight, inbox=inbox)
+    ends once every node runs (exit 0), the job going on under its own agents. With
+    ``restarts`` (the policy, and how to plan attempt N on a cluster), a failed attempt is
+    followed by the next one (attempts.py) until one succeeds or none is left."""
+    views = Fanout(console_view, logs)
+    records: list[AttemptRecord] = []
     with console_view, logs:
-        try:
-            result = job.run()
-        except BaseException as e:  # setup failure or a bug: record it and give the terminal back
-            job.close()
-            logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL))
-            raise
-        job.close()
-        if job.detached:
-            console_view.end_lines()
-            for text in (f"job {plan.job_id} runs detached on {len(plan.nodes)} node(s); it no longer needs this "
-                         "terminal",
-                         f"watch it: ddp-attach {cluster_arg} {plan.job_id}    (Ctrl-C there leaves it running)",
-                         f"its lines: ddp-logs {cluster_arg} {plan.job_id} [--follow]; every job: ddp-ls {cluster_arg}",
-                         f"stop it:   ddp-kill {cluster_arg} --job {plan.job_id}"):
-                console_view.notice(text)
-            return EXIT_OK
-        logs.finished(result)
-        console_view.finished(result)
+        while True:
+            job = Job(plan, views, preflight=preflight, inbox=inbox)
+            started = time.time()
+            try:
+                result = job.run()
+                cause = blame(result)
+            except SetupError as e:  # a later attempt's spare not fit to run: the next one may be
+                job.close()
+                if restarts is None or plan.attempt == 0:
+                    logs.finished(job.result(), exit_code=e.exit_code, attempts=records)
+                    raise
+                views.notice(f"attempt {plan.attempt} could not start: {e.problems[0].render()}")
+                result, cause = replace(job.result(), failures=()), blame_setup(e.problems)
+            except BaseException as e:  # a bug: record it and give the terminal back
+                job.close()
+                logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL), attempts=records)
+                raise
+            else:
+                job.close()
+            if job.detached:
+                return detached_notices(plan, console_view, cluster_arg)
+            records.append(attempt_record(plan, result, started, cause))
+            if restarts is None or result.exit_code == 0 or result.interrupted:
+                break
+            policy, plan_attempt = restarts
+            cluster, notice = policy.after(plan.attempt, cause)
+            if notice:
+                views.notice(notice)
+            if cluster is None:
+                break
+            delay = delay_before(plan.attempt + 1, policy.delay)
+            views.notice(f"attempt {plan.attempt} failed ({records[-1].root_cause or 'see above'}); attempt "
+                         f"{plan.attempt + 1} of {policy.limit} restart(s) in {delay:g} s (Ctrl-C stops for good)")
+            signum = wait_for_signal(inbox, delay)
+            if signum is not None:
+                result = replace(result, interrupted=signum)
+                views.notice(f"{signal.Signals(signum).name} while waiting to restart: no new attempt")
+                break
+            plan = plan_attempt(cluster, plan.attempt + 1)
+            views.attempt(plan)
+        logs.finished(result, attempts=records)
+        console_view.finished(result, attempts=records)
     console_view.notice(f"logs: {logs.dir}")
     return result.exit_code
 
 
-def print_dry_run(plan: LaunchPlan, console: Console, tree: Tree | None = None) -> None:
+def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool]) -> AttemptRecord:
+    root = result.root_cause
+    what = root.render() if root else (f"{cause[0]} could not start" if cause[0] else None)
+    return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
+                         result.exit_code if root or not cause[0] else EXIT_SETUP, plan.mask(what) if what else None)
+
+
+def detached_notices(plan: LaunchPlan, console_view: ConsoleView, cluster_arg: str) -> int:
+    console_view.end_lines()
+    for text in (f"job {plan.job_id} runs detached on {len(plan.nodes)} node(s); it no longer needs this "
+                 "terminal",
+                 f"watch it: ddp-attach {cluster_arg} {plan.job_id}    (Ctrl-C there leaves it running)",
+                 f"its lines: ddp-logs {cluster_arg} {plan.job_id} [--follow]; every job: ddp-ls {cluster_arg}",
+                 f"stop it:   ddp-kill {cluster_arg} --job {plan.job_id}"):
+        console_view.notice(text)
+    return EXIT_OK
+
+
+def print_dry_run(plan: LaunchPlan, console: Console, tree: Tree | None = None, spares: list[str] = ()) -> None:
     port = plan.master_port if plan.master_port is not None else "<auto: a free port on the master>"
     console.print(f"# job {plan.job_id}: {len(plan.nodes)} node(s), world size {plan.world_size}, "
                   f"master {plan.master_addr}:{port}", markup=False)
@@ -361,6 +428,8 @@ def print_dry_run(plan: LaunchPlan, console: Console, tree: Tree | None = None) 
         ranks = f"{node.ranks.start}-{node.ranks.stop - 1}"
         console.print(f"# node {node.index} {node.label} ({via}), ranks {ranks}", markup=False)
         console.print(plan.shell_line(node, port), markup=False)
+    if spares:
+        console.print(f"# spares, idle until a node is out: {', '.join(spares)}", markup=False)
 
 
 # --- ddp-check ------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ SSH_CLIENTS = ("fabric", "openssh")
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 NODE_KEYS = ("host", "addr", *SHARED_KEYS, *SSH_KEYS)
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", "launcher", "env_file",
-            "forward_env", "secrets", "sync", "retention", *SHARED_KEYS)
+            "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "spares", "min_nodes",
+            *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 # Names whose values are masked even if `secrets:` does not list them.
 DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
@@ -110,6 +111,15 @@ class ClusterConfig:
     secrets: tuple[str, ...] = DEFAULT_SECRETS  # name globs whose values are never shown
     sync: SyncConfig | None = None
     retention: float = 7 * 86400.0  # seconds a finished detached job's record and logs stay on its nodes
+    restarts: int = 0  # after a failure, start the whole job again up to this many times (see attempts.py)
+    restart_delay: float = 10.0  # seconds before the first restart; each later one waits longer
+    spares: int = 0  # the last this many nodes stay idle, to replace a node that fails
+    min_nodes: int | None = None  # without a free spare, go on with this many nodes or more (None: never fewer)
+
+    @property
+    def active_count(self) -> int:
+        """The nodes a job starts on: all but the spares."""
+        return len(self.nodes) - self.spares
 
     def is_secret(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name.upper(), p.upper()) for p in self.secrets)
@@ -322,7 +332,23 @@ class _Validator:
             secrets=(*self.names(top.get("secrets", []), ("secrets",)), *DEFAULT_SECRETS),
             sync=self.sync(top.get("sync")),
             retention=self.duration(top.get("retention", "7d"), ("retention",)),
+            **self.restart_policy(top, len(nodes)),
         )
+
+    def restart_policy(self, top: dict, count: int) -> dict:
+        """restarts, restart_delay, spares and min_nodes, each checked against the others."""
+        spares = self.integer(top.get("spares", 0), ("spares",), 0)
+        if spares >= count:
+            raise self.error(("spares",), f"must leave at least one node to run on: {count} node(s) listed, "
+                                          f"{spares} spare(s)")
+        active = count - spares
+        min_nodes = top.get("min_nodes")
+        if min_nodes is not None:
+            min_nodes = self.integer(min_nodes, ("min_nodes",), 1, active,
+                                     hint=f"(the job starts on {active} node(s): the listed ones but the spares)")
+        return dict(restarts=self.integer(top.get("restarts", 0), ("restarts",), 0),
+                    restart_delay=self.positive(top.get("restart_delay", 10), ("restart_delay",), allow_zero=True),
+                    spares=spares, min_nodes=min_nodes)
 
     def node(self, i: int, raw: Any, top: dict, ssh_top: dict) -> NodeConfig:
         at = ("nodes", i)

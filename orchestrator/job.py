@@ -205,7 +205,7 @@ class Job:
         now = self.clock()
         return JobSnapshot(self.plan.job_id, f"{self.plan.master_addr}:{self.master_port or 'auto'}",
                            self.plan.world_size, now - self.started, self._phase(),
-                           tuple(s.row(now) for s in self.status), now)
+                           tuple(s.row(now) for s in self.status), now, self.plan.attempt, self.plan.quarantined)
 
     def _phase(self) -> str:
         if all(s.terminal for s in self.status):

@@ -156,3 +156,5 @@ class JobSnapshot:
     phase: str
     nodes: tuple[NodeRow, ...]
     now: float
+    attempt: int = 0
+    quarantined: tuple[str, ...] = ()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from . import wire
-from .agent import JOB_ID, OWN_LAUNCHER, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
+from .agent import JOB_ID, OWN_LAUNCHER, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .config import ClusterConfig, NodeConfig
 from .errors import UsageError
 
@@ -45,7 +45,8 @@ class NodePlan:
 
     def tags(self, plan: LaunchPlan) -> dict[str, str]:
         """Environment that marks every process of this job on this node as ddp-up's."""
-        return {TAG_JOB: plan.job_id, TAG_NODE: str(self.index), TAG_CLUSTER: plan.cluster_id, TAG_RUN: plan.run_token}
+        return {TAG_JOB: plan.job_id, TAG_NODE: str(self.index), TAG_CLUSTER: plan.cluster_id, TAG_RUN: plan.run_token,
+                TAG_ATTEMPT: str(plan.attempt)}
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class LaunchPlan:
     allow_busy_gpus: bool = False  # start even where other processes hold memory on the job's GPUs
     module: str | None = None  # run this module (torchrun -m) instead of the script: one of ``hooks``
     hooks: Mapping[str, str] = field(default_factory=dict)  # file name -> text each agent writes and puts on PYTHONPATH
+    attempt: int = 0  # restarts: 0 for the first run, then 1, 2... (DDP_UP_ATTEMPT in every process)
+    quarantined: tuple[str, ...] = ()  # restarts: nodes taken out of the run, for the dashboard
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -128,7 +131,8 @@ class LaunchPlan:
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
-            needs_torch=self.launcher != "none", nproc=node.nproc, hooks=dict(self.hooks) or None, **detached)
+            needs_torch=self.launcher != "none", nproc=node.nproc, hooks=dict(self.hooks) or None,
+            attempt=self.attempt, **detached)
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""

@@ -151,6 +151,7 @@ class RunSpec(Frame):
     retention: float = 604800.0  # detach: seconds its record and journal stay after its end
     nproc: int | None = None  # processes on this node: the GPUs checked for others' processes
     hooks: dict | None = None  # file name -> text: written to the node's state dir, put on the job's PYTHONPATH
+    attempt: int = 0  # a restarted job's attempt (DDP_UP_ATTEMPT); its state directory is its own
 
 
 @_frame(TO_AGENT)

@@ -283,14 +283,32 @@ class ConsoleView:
         self.notice(f"job {plan.job_id}: {len(plan.nodes)} node(s), world size {plan.world_size}, "
                     f"master {plan.master_addr}:{plan.master_port or 'auto'}")
 
-    def finished(self, result: JobResult) -> None:
+    def attempt(self, plan: LaunchPlan) -> None:
+        """A restart (attempts.py): the next attempt's nodes from here on (a spare may have joined)."""
+        self.plan = plan
+        self.prefix = LinePrefixer(plan)
+        self.collapser = Collapser(plan.world_size) if self.collapser is not None else None
+        self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
+        self._prefixes.clear()
+        self._cut.clear()
+        out = f"; out of the run: {', '.join(plan.quarantined)}" if plan.quarantined else ""
+        self.notice(f"attempt {plan.attempt}: {len(plan.nodes)} node(s) ({', '.join(n.label for n in plan.nodes)}), "
+                    f"world size {plan.world_size}{out}")
+
+    def finished(self, result: JobResult, attempts=()) -> None:
         self.close()
         self.console.print(summary_table(result, self.plan.mask))
+        if len(attempts) > 1:
+            for a in attempts:
+                self.console.print(Text(f"attempt {a.number}: ", style="bold") + Text(safe_text(
+                    self.plan.mask(a.root_cause or "ok")), style="red" if a.root_cause else "green"))
         root = result.root_cause
         if root:
             self.console.print(Text("root cause: ", style="bold red") + Text(safe_text(self.plan.mask(root.render()))))
         verdict = "interrupted" if result.interrupted else ("ok" if result.exit_code == 0 else "FAILED")
-        self.notice(f"job {result.plan.job_id} {verdict} after {result.elapsed:.1f} s (exit status {result.exit_code})")
+        elapsed = attempts[-1].ended - attempts[0].started if len(attempts) > 1 else result.elapsed
+        tries = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""
+        self.notice(f"job {result.plan.job_id} {verdict} after {elapsed:.1f} s{tries} (exit status {result.exit_code})")
 
 
 _TEXT_STYLE = {"out": None, "err": Style(color="red"), "node": Style(dim=True)}

@@ -28,7 +28,9 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
     """The live table. Cells that hold what nodes said are Text, never markup, and cleaned."""
     header = Text.assemble(("ddp-up ", "bold"), f"job {snap.job_id}  master {snap.master}  "
                            f"world {snap.world_size}  elapsed {_duration(snap.elapsed)}  ",
-                           (snap.phase, PHASE_STYLE.get(snap.phase, "")))
+                           (snap.phase, PHASE_STYLE.get(snap.phase, "")),
+                           f"  attempt {snap.attempt}" if snap.attempt else "",
+                           (f"  out: {', '.join(snap.quarantined)}" if snap.quarantined else "", "red"))
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
     gpus = any(row.gpus for row in snap.nodes)  # the column only where the agents sample GPUs
     for name, justify in (("node", "right"), ("host", "left"), ("ranks", "left"), ("state", "left"),

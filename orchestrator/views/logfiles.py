@@ -46,6 +46,7 @@ class RunLogs:
         self.node_files: dict[int, IO[str]] = {}
         self.rank_files: dict[int, IO[str]] = {}
         self.broken: str | None = None  # why line logging stopped (reported once)
+        self.sub = ""  # a restart's files go to attempt<N>/: each attempt's lines apart, none lost
         try:
             os.makedirs(self.dir, exist_ok=True)
         except OSError as e:
@@ -74,8 +75,18 @@ class RunLogs:
                       f"and its output still reaches this terminal")
 
     def _open(self, name: str) -> IO[str]:
+        where = os.path.join(self.dir, self.sub)
+        os.makedirs(where, exist_ok=True)
         # surrogateescape: bytes that were not UTF-8 are written back exactly as the rank printed them
-        return open(os.path.join(self.dir, name), self.mode, encoding="utf-8", errors="surrogateescape")
+        return open(os.path.join(where, name), self.mode, encoding="utf-8", errors="surrogateescape")
+
+    def attempt(self, plan: LaunchPlan) -> None:
+        """A restart: attempt N's node and rank files in attempt<N>/, beside attempt 0's."""
+        self.close()
+        self.plan = plan
+        self.sub = f"attempt{plan.attempt}"
+        self.node_started.clear()
+        self.node_ended.clear()
 
     def _node_file(self, node: NodePlan) -> IO[str]:
         f = self.node_files.get(node.index)
@@ -123,11 +134,13 @@ class RunLogs:
     def tick(self, snapshot) -> None:
         pass
 
-    def finished(self, result, exit_code: int | None = None) -> None:
+    def finished(self, result, exit_code: int | None = None, attempts=()) -> None:
         """Close the line files and write summary.json with ``exit_code`` (the status ddp-up
         returns; the result's own unless ddp-up ends otherwise, e.g. a setup error)."""
         self.close()
         summary = self.summary(result, result.exit_code if exit_code is None else exit_code)
+        if attempts:
+            summary["attempts"] = _masked([a.as_dict(_iso) for a in attempts], self.plan.secrets)
         try:
             os.makedirs(self.dir, exist_ok=True)
             tmp = os.path.join(self.dir, ".summary.json.tmp")

@@ -1,6 +1,8 @@
 """Test workload for integration tests. Modes:
 
-  job.py run [--steps N] [--step-time S] [--fail-rank R --exit-code C] [--ignore-term] [--hang]
+  job.py run [--steps N] [--step-time S] [--fail-rank R --exit-code C [--fail-attempts A,B]] [--ignore-term]
+             [--hang] [--checkpoint FILE]   (R fails only in attempts A,B: DDP_UP_ATTEMPT; rank 0 keeps the
+             last step done in FILE, and a run resumes after it, saying "resumed at step N")
   job.py argv ARGS...     rank 0 prints ARGV <json of ARGS> and exits 0
   job.py hang             last rank blocks in all_reduce (block_forever), others sleep (wait_for_peers)
   job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
@@ -38,7 +40,8 @@ def init():
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
     assert t.item() == world * (world + 1) / 2, t.item()
-    print(f"READY rank={rank} world={world} host={os.uname().nodename} pid={os.getpid()}", flush=True)
+    print(f"READY rank={rank} world={world} host={os.uname().nodename} pid={os.getpid()} "
+          f"attempt={os.environ.get('DDP_UP_ATTEMPT', '-')}", flush=True)
     return dist, rank
 
 
@@ -53,7 +56,7 @@ def wait_for_peers():
 
 
 def run(argv):
-    opts = {"steps": 2, "step-time": 0.0, "fail-rank": -1, "exit-code": 3}
+    opts = {"steps": 2, "step-time": 0.0, "fail-rank": -1, "exit-code": 3, "fail-attempts": "", "checkpoint": ""}
     flags = set()
     it = iter(argv)
     for a in it:
@@ -64,12 +67,21 @@ def run(argv):
     if "--ignore-term" in flags:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     dist, rank = init()
-    if rank == opts["fail-rank"]:
+    attempt = os.environ.get("DDP_UP_ATTEMPT", "0")
+    if rank == opts["fail-rank"] and (not opts["fail-attempts"] or attempt in opts["fail-attempts"].split(",")):
         print(f"rank {rank} failing with {opts['exit-code']}", file=sys.stderr, flush=True)
         finish(opts["exit-code"])
-    for step in range(opts["steps"]):
+    first = 0
+    if opts["checkpoint"] and os.path.exists(opts["checkpoint"]):
+        first = int(open(opts["checkpoint"]).read()) + 1
+        print(f"resumed at step {first} rank={rank}", flush=True)
+    for step in range(first, opts["steps"]):
         print(f"step {step} rank={rank}", flush=True)
         time.sleep(opts["step-time"])
+        if rank == 0 and opts["checkpoint"]:
+            with open(opts["checkpoint"] + ".tmp", "w") as f:
+                f.write(str(step))
+            os.replace(opts["checkpoint"] + ".tmp", opts["checkpoint"])
     while "--hang" in flags:
         time.sleep(1)
     dist.barrier()

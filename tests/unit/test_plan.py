@@ -55,7 +55,7 @@ def test_shell_line_quotes_every_value():
     line = p.shell_line(p.nodes[1], 29400)
     assert line == (
         'cd "$HOME"/proj && env DDP_UP_JOB=20261122-000000-abcdef DDP_UP_NODE=1 '
-        f"DDP_UP_CLUSTER={p.cluster_id} DDP_UP_RUN={p.run_token} NCCL_SOCKET_IFNAME=eth1 "
+        f"DDP_UP_CLUSTER={p.cluster_id} DDP_UP_RUN={p.run_token} DDP_UP_ATTEMPT=0 NCCL_SOCKET_IFNAME=eth1 "
         "/opt/py/bin/python3 -u -m torch.distributed.run "
         "--nnodes=2 --nproc-per-node=3 --node-rank=1 --master-addr=10.0.0.1 --master-port=29400 --redirects=3 train.py "
         "'$(rm -rf ~)' 'a b' 'it'\"'\"'s'")

@@ -1,0 +1,155 @@
+"""Restarts and spare nodes: a failed job comes back by itself (``restarts:``, ``spares:``).
+
+A run is a list of attempts, each an ordinary Job over the active nodes with the same job id, a
+fresh run token and master port, and DDP_UP_ATTEMPT = its number in every process. Between two,
+every node of the failed one has stopped (the Job's own cleanup), and the run waits
+``restart_delay`` times the attempt number: a node that needs a minute to come back gets it.
+
+The Roster (pure) says which listed nodes run, which wait as spares, and which are out. With
+``spares:`` (or ``min_nodes:``), a node is quarantined for the rest of the run when it is an
+attempt's root cause and was lost (its agent unreachable or silent), or is the root cause for the
+second time: the next spare takes its place, the same node rank with the same ranks, so the world
+size stays. Without a spare left, the run goes on with fewer nodes only as far as ``min_nodes``
+allows (the world size shrinks, and it says so); else it ends with the failure. With neither
+setting, every attempt runs on the nodes listed (a lost node may well be back).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from .config import ClusterConfig, NodeConfig
+from .errors import NodeProblem
+from .outcome import JobResult
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt, as summary.json and the final summary show it."""
+
+    number: int
+    started: float  # wall clock
+    ended: float
+    nodes: tuple[str, ...]
+    world_size: int
+    exit_code: int
+    root_cause: str | None
+
+    def as_dict(self, iso) -> dict:
+        return {"attempt": self.number, "started": iso(self.started), "ended": iso(self.ended),
+                "nodes": list(self.nodes), "world_size": self.world_size, "exit_code": self.exit_code,
+                "root_cause": self.root_cause}
+
+
+@dataclass
+class Verdict:
+    go_on: bool
+    notice: str | None = None
+
+
+@dataclass
+class Roster:
+    active: list[NodeConfig]
+    spares: list[NodeConfig]
+    min_nodes: int
+    quarantined: list[str] = field(default_factory=list)
+    blamed: Counter = field(default_factory=Counter)  # times each node was an attempt's root cause
+
+    @classmethod
+    def of(cls, config: ClusterConfig) -> Roster:
+        count = config.active_count
+        return cls(list(config.nodes[:count]), list(config.nodes[count:]),
+                   config.min_nodes if config.min_nodes is not None else count)
+
+    def cluster(self, config: ClusterConfig) -> ClusterConfig:
+        """The attempt's cluster: the active nodes in their positions (node ranks). The master
+        moves to the first of them only if its own node is out."""
+        nodes = tuple(replace(n, rank=i) for i, n in enumerate(self.active))
+        out = {a for n in config.nodes if n.label in self.quarantined for a in (n.addr, n.host)}
+        master = nodes[0].addr if config.master_addr in out else config.master_addr
+        return replace(config, nodes=nodes, master_addr=master, spares=0)
+
+    @property
+    def replaces(self) -> bool:
+        """Whether nodes are ever taken out: with spares to take their place, or min_nodes to go
+        on without. Without either, every attempt runs on the nodes listed."""
+        return bool(self.spares or self.quarantined) or self.min_nodes < len(self.active)
+
+    def settle(self, cause_node: str | None, lost: bool) -> Verdict:
+        """After a failed attempt whose root cause was on ``cause_node`` (a label)."""
+        if cause_node is None or not self.replaces:
+            return Verdict(True)
+        self.blamed[cause_node] += 1
+        if not (lost or self.blamed[cause_node] >= 2):
+            return Verdict(True)
+        self.quarantined.append(cause_node)
+        why = "lost" if lost else "the root cause twice"
+        position = next(i for i, n in enumerate(self.active) if n.label == cause_node)
+        if self.spares:
+            spare = self.spares.pop(0)
+            self.active[position] = spare
+            return Verdict(True, f"{cause_node} is out for the rest of the run ({why}); spare {spare.label} takes "
+                                 f"its place as node {position}")
+        if len(self.active) - 1 >= self.min_nodes:
+            self.active.pop(position)
+            return Verdict(True, f"{cause_node} is out for the rest of the run ({why}); no spare left: going on "
+                                 f"with {len(self.active)} node(s) (min_nodes: {self.min_nodes}), a smaller world")
+        return Verdict(False, f"{cause_node} is out for the rest of the run ({why}), and no spare is left "
+                              f"(set `spares:`, or `min_nodes:` to go on with fewer nodes)")
+
+
+def blame(result: JobResult) -> tuple[str | None, bool]:
+    """(the root cause's node label, whether that node was lost) of a failed attempt."""
+    cause = result.root_cause
+    if cause is None:
+        lost = [n for n in result.nodes if n.state == "lost"]
+        return (lost[0].plan.label, True) if lost else (None, False)
+    return cause.label, any(n.plan.label == cause.label and n.state == "lost" for n in result.nodes)
+
+
+def blame_setup(problems: list[NodeProblem]) -> tuple[str | None, bool]:
+    """A later attempt whose preflight failed (a spare not fit to run): its first named node,
+    treated as lost (it never ran; another try there would fail the same way)."""
+    return (problems[0].node, True) if problems else (None, False)
+
+
+def delay_before(attempt: int, base: float) -> float:
+    """Seconds to wait before ``attempt`` (1, 2, ...): base, 2x base, 3x base..."""
+    return base * attempt
+
+
+def wait_for_signal(inbox, seconds: float) -> int | None:
+    """Sleep ``seconds`` unless a signal arrives; the run's first signal if there was one (any
+    signal ends a run for good, also one that came between two attempts)."""
+    woke = threading.Event()
+    with inbox.waking(woke.set):
+        if not inbox.received:
+            woke.wait(seconds)
+    return inbox.first
+
+
+@dataclass
+class Restarts:
+    """What the run loop needs to start the next attempt: the cluster as listed, who is where,
+    and how to plan an attempt (the same job, script and settings; a fresh run token)."""
+
+    config: ClusterConfig
+    roster: Roster
+    limit: int  # restarts allowed: attempts 0..limit
+    delay: float
+
+    @classmethod
+    def of(cls, config: ClusterConfig, limit: int | None = None) -> Restarts:
+        return cls(config, Roster.of(config), config.restarts if limit is None else limit, config.restart_delay)
+
+    def first_cluster(self) -> ClusterConfig:
+        return self.roster.cluster(self.config)
+
+    def after(self, attempt: int, cause: tuple[str | None, bool]) -> tuple[ClusterConfig | None, str | None]:
+        """The next attempt's cluster (None: no next attempt) and what to say about the nodes."""
+        if attempt >= self.limit:
+            return None, None
+        verdict = self.roster.settle(*cause)
+        return (self.roster.cluster(self.config) if verdict.go_on else None), verdict.notice

@@ -1,0 +1,80 @@
+"""Issue 18: restarts and spare nodes on the sshd cluster, with real torchrun jobs."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+from tests.harness.runner import Launch, ddp_up, run_dir
+from tests.integration.conftest import SCRIPT
+
+
+def summary(out: str) -> dict:
+    job = re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
+    return json.loads((run_dir(job) / "summary.json").read_text())
+
+
+def test_a_rank_failing_in_two_attempts_is_restarted_and_the_third_succeeds(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 1)], restarts=2, restart_delay=0.5)
+    code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "1", "--exit-code", "7",
+                          "--fail-attempts", "0,1", timeout=240)
+    assert code == 0, out
+    attempts = summary(out)["attempts"]
+    assert [a["attempt"] for a in attempts] == [0, 1, 2]
+    assert [a["root_cause"] for a in attempts] == [f"{cluster.nodes[1].addr} (node 1, rank 1): rank 1 exited with "
+                                                   "code 7"] * 2 + [None]
+    assert [a["exit_code"] for a in attempts] == [1, 1, 0] and all(a["world_size"] == 2 for a in attempts)
+    assert len(re.findall(r"READY rank=\d world=2 .* attempt=2$", out, re.M)) == 2, out
+    assert "attempt 1 of 2 restart(s) in 0.5 s" in out and "attempt 2 of 2 restart(s) in 1 s" in out, out
+    assert re.search(r"job \S+ ok after [\d.]+ s in 3 attempts \(exit status 0\)", out), out
+
+
+def test_when_restarts_run_out_the_run_fails_with_no_further_attempt(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 1)], restarts=1, restart_delay=0.2)
+    code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "0", "--exit-code", "5", timeout=240)
+    assert code == 1, out
+    assert [a["attempt"] for a in summary(out)["attempts"]] == [0, 1]
+    assert "attempt=2" not in out and "restart(s) in" in out
+    for n in (0, 1):  # each attempt's root cause, named in the final summary
+        assert f"attempt {n}: {cluster.nodes[0].addr} (node 0, rank 0): rank 0 exited with code 5" in out, out
+
+
+def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(cluster, cluster_file, tmp_path):
+    lost, spare = cluster.nodes[1], cluster.nodes[2]
+    path = cluster_file([(0, 1), (1, 1), (2, 1)], spares=1, restarts=1, restart_delay=0.5, orphan_timeout=3)
+    checkpoint = tmp_path / "ckpt"
+    launch = Launch([str(path), SCRIPT, "run", "--steps", "30", "--step-time", "0.2", "--checkpoint", str(checkpoint)])
+    try:
+        launch.wait_line(r"step 4 rank=1$", 120)
+        cluster.partition(lost)
+        code = launch.wait(240)
+    finally:
+        cluster.heal(lost)
+        launch.proc.kill()
+    out = launch.output
+    assert code == 0, out
+    assert f"{lost.addr} is out for the rest of the run (lost); spare {spare.addr} takes its place as node 1" in out
+    assert re.search(rf"^{re.escape(spare.addr)}\s+r1\s+\| READY rank=1 world=2 host={spare.name} .* attempt=1$",
+                     out, re.M), out
+    resumed = int(re.search(r"resumed at step (\d+) rank=0", out).group(1))
+    assert resumed >= 5 and "step 29 rank=1" in out, out
+    attempts = summary(out)["attempts"]
+    assert [a["nodes"] for a in attempts] == [[n.addr for n in cluster.nodes[:2]], [cluster.nodes[0].addr, spare.addr]]
+    assert attempts[0]["root_cause"].startswith(f"{lost.addr} (node 1)") and attempts[1]["root_cause"] is None
+    # the cut-off node stops its part by itself: the leak check after this test waits for that
+
+
+def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):
+    path = cluster_file([(0, 1), (1, 1)], restarts=3, restart_delay=60)
+    launch = Launch([str(path), SCRIPT, "run", "--fail-rank", "1"])
+    try:
+        launch.wait_line(r"attempt 1 of 3 restart\(s\) in 60 s", 120)
+        launch.signal(signal.SIGINT)
+        code = launch.wait(15)
+    finally:
+        launch.proc.kill()
+    out = launch.output
+    assert code == 130, out
+    assert "SIGINT while waiting to restart: no new attempt" in out and "attempt=1" not in out
+    assert [a["attempt"] for a in summary(out)["attempts"]] == [0]
