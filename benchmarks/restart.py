@@ -1,0 +1,87 @@
+"""Issue 18's speed: from a failure to the next attempt's first line, against a fresh launch.
+
+    python3 -m benchmarks.restart [--nodes 4] [--repeat 5] [--delay 1]
+
+On the namespace SSH cluster, one process per node, a trivial gloo job (job.py run --steps 0):
+- fresh: `ddp-up` started to the first READY line of any rank;
+- restart: `ddp-up` with `restarts: 1`, `restart_delay: --delay`, where rank 1 fails in attempt 0
+  just after READY; from its failure line to the first READY line of attempt 1, less the delay.
+The target: restart - delay <= 1.2 x fresh. The two alternate in each repeat; ratios within one.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import SCRIPT, Watched, cluster_args, spread
+from tests.harness.runner import REPO, UP, _env
+from tests.harness.sshcluster import SSHCluster
+
+
+def first_line_after(watched: Watched, marker: str, start: float) -> float:
+    watched.wait_for(lambda text: marker in text, 180)
+    return time.monotonic() - start
+
+
+def fresh(cluster_yaml: Path, runs: Path) -> float:
+    start = time.monotonic()
+    w = Watched([sys.executable, "-c", UP, "--no-dashboard", "--runs-dir", str(runs), str(cluster_yaml), SCRIPT,
+                 "run", "--steps", "0"], cwd=REPO, env=_env())
+    try:
+        took = first_line_after(w, "READY rank=", start)
+        if w.wait(120) != 0:
+            raise SystemExit(f"fresh launch failed:\n{w.text[-3000:]}")
+        return took
+    finally:
+        w.kill()
+
+
+def restart(cluster_yaml: Path, runs: Path, delay: float) -> float:
+    w = Watched([sys.executable, "-c", UP, "--no-dashboard", "--runs-dir", str(runs), "--restarts", "1",
+                 str(cluster_yaml), SCRIPT, "run", "--steps", "0", "--fail-rank", "1", "--fail-attempts", "0"],
+                cwd=REPO, env=_env())
+    try:
+        w.wait_for(lambda text: "rank 1 failing with" in text, 180)
+        failed = time.monotonic()
+        took = first_line_after(w, "attempt=1", failed) - delay
+        if w.wait(120) != 0:
+            raise SystemExit(f"restarted run failed:\n{w.text[-3000:]}")
+        return took
+    finally:
+        w.kill()
+
+
+def main() -> None:
+    args = cluster_args(__doc__, "4", lambda p: p.add_argument("--delay", type=float, default=1.0))
+    with tempfile.TemporaryDirectory(prefix="ddp-up-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        for n in args.sizes:
+            cluster = SSHCluster(n, tmp / f"cluster{n}")
+            cluster.up()
+            try:
+                path = cluster.cluster_file(tmp / "cluster.yaml", [(node, 1) for node in cluster.nodes],
+                                            python=sys.executable, workdir=str(tmp), restart_delay=args.delay,
+                                            env={"OMP_NUM_THREADS": 1})
+                firsts, restarts, ratios = [], [], []
+                for r in range(args.repeat):
+                    got = {}
+                    for way in (("fresh", "restart") if r % 2 == 0 else ("restart", "fresh")):
+                        got[way] = fresh(path, tmp / "runs") if way == "fresh" else \
+                            restart(path, tmp / "runs", args.delay)
+                    firsts.append(got["fresh"]), restarts.append(got["restart"])
+                    ratios.append(got["restart"] / got["fresh"])
+                    print(f"{n} nodes, repeat {r}: fresh launch to first line {got['fresh']:.2f} s, failure to "
+                          f"attempt 1's first line less the delay {got['restart']:.2f} s", flush=True)
+            finally:
+                cluster.down()
+            print(f"\n{n} nodes, 1 process each, restart_delay {args.delay:g} s; median (min-max) of {args.repeat}\n")
+            print("| fresh launch to first line (s) | failure to next attempt's first line - delay (s) | ratio |")
+            print("|---|---|---|")
+            print(f"| {spread(firsts)} | {spread(restarts)} | {spread(ratios)} |\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
