@@ -343,6 +343,7 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
     followed by the next one (attempts.py) until one succeeds or none is left."""
     views = Fanout(console_view, logs)
     records: list[AttemptRecord] = []
+    sweeping: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
     with console_view, logs:
         while True:
             job = Job(plan, views, preflight=preflight, inbox=inbox)
@@ -362,7 +363,8 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
                 logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL), attempts=records)
                 raise
             else:
-                job.close()
+                job.close(sweeps=restarts is None)
+                sweeping.append(job)
             if job.detached:
                 return detached_notices(plan, console_view, cluster_arg)
             records.append(attempt_record(plan, result, started, cause))
@@ -384,6 +386,8 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
                 break
             plan = plan_attempt(cluster, plan.attempt + 1)
             views.attempt(plan)
+        for job in sweeping:
+            job.report_sweeps()
         logs.finished(result, attempts=records)
         console_view.finished(result, attempts=records)
     console_view.notice(f"logs: {logs.dir}")

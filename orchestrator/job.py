@@ -108,7 +108,8 @@ class Job:
         self.inbox = inbox
         self.sessions = sessions(plan, self.events.put, clock)
         self.opener = opener
-        self.sweeper = sweeper or LostNodeSweeper(plan.job_id, plan.run_token, plan.stop_grace, transport_for)
+        self.sweeper = sweeper or LostNodeSweeper(plan.job_id, plan.run_token, plan.stop_grace,
+                                                  lambda node: transport_for(node, shared=False))
         self.status = [NodeStatus(n) for n in plan.nodes]
         self.hang = HangWatch(plan.hang_timeout, plan.job_id)
         self.failures: list[Failure] = []
@@ -178,8 +179,9 @@ class Job:
                 problems += self._check_nodes()
         return problems
 
-    def close(self) -> None:
-        """Always called (finally): drop connections, then wait for the sweeps of lost nodes.
+    def close(self, sweeps: bool = True) -> None:
+        """Always called (finally): drop connections, then wait for the sweeps of lost nodes
+        (unless ``sweeps`` is False: a restart goes on while they end; report_sweeps later).
         Not interruptible: cleanup runs to its end (every step of it is bounded). A detached
         job's agents go on: only this end of their streams closes, without waiting for theirs."""
         if self.detached:
@@ -189,6 +191,11 @@ class Job:
         for session in self.sessions:
             session.cancel()
         on_each(self.sessions, lambda s: s.disconnect(), inbox=None, name="disconnect")
+        if sweeps:
+            self.report_sweeps()
+
+    def report_sweeps(self) -> None:
+        """Wait for the sweeps of lost nodes (each bounded) and say how each went."""
         for report in self.sweeper.finish():
             if report.error:
                 self.view.notice(f"{report.node.label}: cleanup not confirmed ({report.error}); its agent stops the "

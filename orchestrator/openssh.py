@@ -293,7 +293,13 @@ def ssh_args(node: NodeConfig, control: bool = False) -> list[str]:
 
 class OpenSSHTransport(Transport):
     """Nothing to open ahead: ssh connects when the agent starts, and a failure to connect is its
-    exit status 255 with its reason on stderr (see ``ssh_failure``)."""
+    exit status 255 with its reason on stderr (see ``ssh_failure``). ``shared``: through the run's
+    connection to the node; else a connection of its own (a lost node's sweep: the shared one may
+    be dead without knowing it, and a session asked of it would wait far past ConnectTimeout)."""
+
+    def __init__(self, node: NodeConfig, shared: bool = True):
+        super().__init__(node)
+        self.shared = shared
 
     def connect(self) -> None:
         pass
@@ -301,7 +307,8 @@ class OpenSSHTransport(Transport):
     def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
               setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
         command = f"printf {LOGGED_IN.decode()}; " + remote_command(python, bootstrap_args, tags, setup, workdir)
-        argv = [*ssh_args(self.node, control=True), "--", self.node.host, command]
+        own = [] if self.shared else ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+        argv = [*ssh_args(self.node, control=self.shared), *own, "--", self.node.host, command]
         slot = GATE.enter(self.node.ssh.max_parallel)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

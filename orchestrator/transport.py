@@ -80,7 +80,8 @@ class Transport(ABC):
         """Drop the connection (idempotent)."""
 
 
-def transport_for(node: NodeConfig) -> Transport:
+def transport_for(node: NodeConfig, shared: bool = True) -> Transport:
+    """How to reach ``node``; ``shared``: over the run's SSH connection to it, where there is one."""
     if node.transport == "local":
         return LocalTransport(node)
     if node.transport == "srun":
@@ -90,7 +91,7 @@ def transport_for(node: NodeConfig) -> Transport:
     if node.ssh.client == "openssh":
         from .openssh import OpenSSHTransport
 
-        return OpenSSHTransport(node)
+        return OpenSSHTransport(node, shared)
     return SSHTransport(node)
 
 

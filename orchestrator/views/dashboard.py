@@ -131,6 +131,6 @@ class DashboardView(ConsoleView):
             self.live.stop()
             self.started = False
 
-    def finished(self, result: JobResult) -> None:
+    def finished(self, result: JobResult, attempts=()) -> None:
         self.close()
-        super().finished(result)
+        super().finished(result, attempts)
