@@ -343,55 +343,73 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
     followed by the next one (attempts.py) until one succeeds or none is left."""
     views = Fanout(console_view, logs)
     records: list[AttemptRecord] = []
-    sweeping: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
+    swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
     with console_view, logs:
         while True:
             job = Job(plan, views, preflight=preflight, inbox=inbox)
             started = time.time()
-            try:
-                result = job.run()
-                cause = blame(result)
-            except SetupError as e:  # a later attempt's spare not fit to run: the next one may be
-                job.close()
-                if restarts is None or plan.attempt == 0:
-                    logs.finished(job.result(), exit_code=e.exit_code, attempts=records)
-                    raise
-                views.notice(f"attempt {plan.attempt} could not start: {e.problems[0].render()}")
-                result, cause = replace(job.result(), failures=()), blame_setup(e.problems)
-            except BaseException as e:  # a bug: record it and give the terminal back
-                job.close()
-                logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL), attempts=records)
-                raise
-            else:
-                job.close(sweeps=restarts is None)
-                sweeping.append(job)
+            result, cause = run_attempt(job, plan, views, logs, records, restarting=restarts is not None)
+            swept_later.append(job)
             if job.detached:
                 return detached_notices(plan, console_view, cluster_arg)
             records.append(attempt_record(plan, result, started, cause))
             if restarts is None or result.exit_code == 0 or result.interrupted:
                 break
-            policy, plan_attempt = restarts
-            cluster, notice = policy.after(plan.attempt, cause)
-            if notice:
-                views.notice(notice)
-            if cluster is None:
-                break
-            delay = delay_before(plan.attempt + 1, policy.delay)
-            views.notice(f"attempt {plan.attempt} failed ({records[-1].root_cause or 'see above'}); attempt "
-                         f"{plan.attempt + 1} of {policy.limit} restart(s) in {delay:g} s (Ctrl-C stops for good)")
-            signum = wait_for_signal(inbox, delay)
+            following, signum = next_attempt(plan, cause, restarts, views, inbox, records[-1])
             if signum is not None:
                 result = replace(result, interrupted=signum)
-                views.notice(f"{signal.Signals(signum).name} while waiting to restart: no new attempt")
+            if following is None:
                 break
-            plan = plan_attempt(cluster, plan.attempt + 1)
+            plan = following
             views.attempt(plan)
-        for job in sweeping:
+        for job in swept_later:
             job.report_sweeps()
         logs.finished(result, attempts=records)
         console_view.finished(result, attempts=records)
     console_view.notice(f"logs: {logs.dir}")
     return result.exit_code
+
+
+def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[AttemptRecord],
+                restarting: bool) -> tuple[JobResult, tuple[str | None, bool]]:
+    """One attempt to its end: its result and what to blame. Re-raises what ends the run at once:
+    a bug, or a setup error of the first attempt (a later one's, a spare not fit to run, is that
+    attempt's failure: the next one may do without it)."""
+    try:
+        result = job.run()
+    except SetupError as e:
+        job.close()
+        if not restarting or plan.attempt == 0:
+            logs.finished(job.result(), exit_code=e.exit_code, attempts=records)
+            raise
+        views.notice(f"attempt {plan.attempt} could not start: {e.problems[0].render()}")
+        return replace(job.result(), failures=()), blame_setup(e.problems)
+    except BaseException as e:  # a bug: record it and give the terminal back
+        job.close()
+        logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL), attempts=records)
+        raise
+    job.close(sweeps=not restarting)
+    return result, blame(result)
+
+
+def next_attempt(plan: LaunchPlan, cause: tuple[str | None, bool], restarts: tuple[Restarts, Callable[..., LaunchPlan]],
+                 views, inbox: signals.SignalInbox, last: AttemptRecord) -> tuple[LaunchPlan | None, int | None]:
+    """The plan of the attempt after ``plan`` (None: no more), after its delay; and the signal
+    that ended the wait, if one did (a signal ends the run for good)."""
+    policy, plan_attempt = restarts
+    cluster, notice = policy.after(plan.attempt, cause)
+    if notice:
+        views.notice(notice)
+    if cluster is None:
+        return None, None
+    delay = delay_before(plan.attempt + 1, policy.delay)
+    views.notice(f"attempt {plan.attempt} failed ({last.root_cause or 'see above'}); attempt {plan.attempt + 1} "
+                 f"of {policy.limit} restart(s) in {delay:g} s (Ctrl-C stops for good)")
+    signum = wait_for_signal(inbox, delay)
+    if signum is not None:
+        views.notice(f"{signal.Signals(signum).name} while waiting to restart: no new attempt")
+        return None, signum
+    return plan_attempt(cluster, plan.attempt + 1), None
 
 
 def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool]) -> AttemptRecord:

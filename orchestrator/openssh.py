@@ -264,8 +264,16 @@ class OpenSSHProcess(LocalProcess):
             slot.release()
 
     def close(self) -> None:
+        if self._slot is not None:  # not logged in yet: nothing of ours runs on the node, and
+            self.terminate()  # the writer may be blocked on the stdin of a client still connecting
         super().close()
         self.release()
+
+    def terminate(self) -> None:
+        try:
+            self.proc.terminate()
+        except OSError:
+            pass
 
 
 def ssh_args(node: NodeConfig, control: bool = False) -> list[str]:
