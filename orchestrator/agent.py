@@ -714,7 +714,7 @@ class Runner:
         if self.spec.stack_dumps:
             hooks["sitecustomize.py"] = DUMP_HOOK
         if hooks:
-            where = os.path.dirname([self.write_hook(name, text) for name, text in hooks.items()][-1])
+            where = self.write_hooks(hooks)
             env["PYTHONPATH"] = where + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if argv[0] == OWN_LAUNCHER:
             self.proc = Workers(parse_launch(argv[1:]), env, self.match,
@@ -742,16 +742,17 @@ class Runner:
             t.start()
             self.pumps.append(t)
 
-    def write_hook(self, name, text):
-        """A file of ours the job runs (the dump hook), in this node's state directory."""
+    def write_hooks(self, files):
+        """Files of ours the job runs (the dump hook, ddp-check's probe), {name: text}, in this
+        node's state directory; that directory, for the job's PYTHONPATH."""
         hooks = os.path.join(self.dir, "hooks")
         try:
             os.mkdir(hooks, 0o700)
         except FileExistsError:
             pass
-        path = os.path.join(hooks, os.path.basename(name))  # a name, never a path
-        write_private(path, text)
-        return path
+        for name, text in files.items():
+            write_private(os.path.join(hooks, os.path.basename(name)), text)  # a name, never a path
+        return hooks
 
     def detach(self, go):
         """From now on the job needs no controller: its record says it runs, its agents watch
@@ -869,13 +870,9 @@ class Runner:
         stuck in the driver survives SIGKILL): None where there are none, or no GPUs."""
         if not nodefacts.has_nvidia_gpus():
             return None
-        left = []
-        for app in nodefacts.parse_apps(nodefacts.nvidia_smi(nodefacts.APPS_QUERY)):
-            tags = read_tags(app["pid"]) or {}
-            if all(tags.get(k) == v for k, v in self.match.items()):
-                user, cmd = nodefacts.process_owner(app["pid"])
-                left.append(dict(gpu=app["uuid"], pid=app["pid"], user=user, cmd=cmd or app["name"], mib=app["mib"]))
-        return left or None
+        apps = nodefacts.parse_apps(nodefacts.nvidia_smi(nodefacts.APPS_QUERY))
+        ours = [app for app in apps if all((read_tags(app["pid"]) or {}).get(k) == v for k, v in self.match.items())]
+        return [nodefacts.holder(app, app["uuid"], nodefacts.process_owner) for app in ours] or None
 
     def finish(self, code, stopped, reason):
         self.ended.set()
@@ -1625,9 +1622,7 @@ def count_gpus(env):
     """GPUs the job would see: CUDA_VISIBLE_DEVICES in its environment if set, else the driver's list."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        ids = [d.strip() for d in visible.split(",")]
-        ids = ids[:ids.index("-1")] if "-1" in ids else ids  # CUDA ignores everything from -1 on
-        return len([d for d in ids if d])
+        return len(nodefacts.visible_ids(visible))
     try:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:

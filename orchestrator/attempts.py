@@ -19,10 +19,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from .config import ClusterConfig, NodeConfig
 from .errors import NodeProblem
 from .outcome import JobResult
+from .plan import LaunchPlan
 
 
 @dataclass(frozen=True)
@@ -139,13 +141,20 @@ class Restarts:
     roster: Roster
     limit: int  # restarts allowed: attempts 0..limit
     delay: float
+    planner: Callable[[ClusterConfig], LaunchPlan] | None = None  # the run's make_plan, on an attempt's cluster
 
     @classmethod
-    def of(cls, config: ClusterConfig, limit: int | None = None) -> Restarts:
-        return cls(config, Roster.of(config), config.restarts if limit is None else limit, config.restart_delay)
+    def of(cls, config: ClusterConfig, limit: int | None = None,
+           planner: Callable[[ClusterConfig], LaunchPlan] | None = None) -> Restarts:
+        return cls(config, Roster.of(config), config.restarts if limit is None else limit, config.restart_delay,
+                   planner)
 
     def first_cluster(self) -> ClusterConfig:
         return self.roster.cluster(self.config)
+
+    def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
+        """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""
+        return replace(self.planner(cluster), attempt=attempt, quarantined=tuple(self.roster.quarantined))
 
     def after(self, attempt: int, cause: tuple[str | None, bool]) -> tuple[ClusterConfig | None, str | None]:
         """The next attempt's cluster (None: no next attempt) and what to say about the nodes."""

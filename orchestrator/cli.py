@@ -17,7 +17,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
-from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -227,13 +226,10 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
                              "CLUSTER.yaml SCRIPT ... (or set `transport: ssh`)")
         config = _resolve_nodes(config, console)
         job_id = args.job_id or new_job_id()
-        restarts = Restarts.of(config, args.restarts)
-
-        def plan_attempt(cluster, attempt: int = 0) -> LaunchPlan:
-            plan = make_plan(cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
-                             detach=args.detach, allow_busy_gpus=args.allow_busy_gpus)
-            return replace(plan, attempt=attempt, quarantined=tuple(restarts.roster.quarantined))
-        plan = plan_attempt(restarts.first_cluster())
+        restarts = Restarts.of(config, args.restarts, planner=lambda cluster: make_plan(
+            cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
+            detach=args.detach, allow_busy_gpus=args.allow_busy_gpus))
+        plan = restarts.plan(restarts.first_cluster(), 0)
         sync = sync_choice(args.sync, config.sync)
         if args.dry_run:
             print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None,
@@ -245,7 +241,7 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         inbox.check()
         return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
                        inbox=inbox, cluster_arg=shlex.join(ours_for_attach(args)),
-                       restarts=(restarts, plan_attempt) if restarts.limit else None)
+                       restarts=restarts if restarts.limit else None)
     except DdpUpError as e:
         return _report("ddp-up", e, secrets)
     except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop
@@ -335,12 +331,11 @@ def ours_for_attach(args: argparse.Namespace) -> list[str]:
 
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
             inbox: signals.SignalInbox = signals.INBOX, cluster_arg: str = "CLUSTER.yaml",
-            restarts: tuple[Restarts, Callable[..., LaunchPlan]] | None = None) -> int:
+            restarts: Restarts | None = None) -> int:
     """Run to completion. Signals are the job loop's events: the first stops every node
     gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
     ends once every node runs (exit 0), the job going on under its own agents. With
-    ``restarts`` (the policy, and how to plan attempt N on a cluster), a failed attempt is
-    followed by the next one (attempts.py) until one succeeds or none is left."""
+    ``restarts``, a failed attempt is followed by the next one (attempts.py) until one succeeds or none is left."""
     views = Fanout(console_view, logs)
     records: list[AttemptRecord] = []
     swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
@@ -392,11 +387,10 @@ def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[
     return result, blame(result)
 
 
-def next_attempt(plan: LaunchPlan, cause: tuple[str | None, bool], restarts: tuple[Restarts, Callable[..., LaunchPlan]],
-                 views, inbox: signals.SignalInbox, last: AttemptRecord) -> tuple[LaunchPlan | None, int | None]:
+def next_attempt(plan: LaunchPlan, cause: tuple[str | None, bool], policy: Restarts, views,
+                 inbox: signals.SignalInbox, last: AttemptRecord) -> tuple[LaunchPlan | None, int | None]:
     """The plan of the attempt after ``plan`` (None: no more), after its delay; and the signal
     that ended the wait, if one did (a signal ends the run for good)."""
-    policy, plan_attempt = restarts
     cluster, notice = policy.after(plan.attempt, cause)
     if notice:
         views.notice(notice)
@@ -409,7 +403,7 @@ def next_attempt(plan: LaunchPlan, cause: tuple[str | None, bool], restarts: tup
     if signum is not None:
         views.notice(f"{signal.Signals(signum).name} while waiting to restart: no new attempt")
         return None, signum
-    return plan_attempt(cluster, plan.attempt + 1), None
+    return policy.plan(cluster, plan.attempt + 1), None
 
 
 def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool]) -> AttemptRecord:

@@ -245,9 +245,10 @@ class Job:
         deadline = self.clock() + preflight.PROBE_TIMEOUT + PROBE_MARGIN
         while any(s.reach is None for s in self.status) and self.clock() < deadline and not self.stop_requested:
             self._turn(deadline)
+        busy, busy_notices = preflight.busy_gpus(self.status, self.plan.allow_busy_gpus)
         problems = preflight.cross_node_problems(self.status, self.plan.master.index,
-                                                 f"{self.plan.master_addr}:{self.master_port}", self.plan.allow_busy_gpus)
-        notices = preflight.skew_notices(self.status) + preflight.busy_gpus(self.status, self.plan.allow_busy_gpus)[1]
+                                                 f"{self.plan.master_addr}:{self.master_port}", busy)
+        notices = preflight.skew_notices(self.status) + busy_notices
         for text in notices + ([] if problems else preflight.interface_notices(self.status)):
             self.view.notice(text)
         return problems

@@ -271,15 +271,18 @@ def parse_apps(text):
     return apps
 
 
+def visible_ids(visible):
+    """The devices a CUDA_VISIBLE_DEVICES value names, in its order: CUDA ignores everything
+    from a -1 on, and empty entries."""
+    ids = [d.strip() for d in visible.split(",")]
+    return [d for d in (ids[:ids.index("-1")] if "-1" in ids else ids) if d]
+
+
 def job_gpu_indices(visible, nproc, gpus):
     """The indices (nvidia-smi's) of the GPUs a job of ``nproc`` processes per node uses: the
     first ``nproc`` of CUDA_VISIBLE_DEVICES (indices or UUIDs) when set, else of all GPUs."""
-    if visible is None:
-        ids = [str(g["index"]) for g in gpus]
-    else:
-        ids = [d.strip() for d in visible.split(",")]
-        ids = ids[:ids.index("-1")] if "-1" in ids else ids
-    ids = [d for d in ids if d][:nproc] if nproc else [d for d in ids if d]
+    ids = [str(g["index"]) for g in gpus] if visible is None else visible_ids(visible)
+    ids = ids[:nproc] if nproc else ids
     by_uuid = {g["uuid"]: g["index"] for g in gpus}
     chosen = []
     for d in ids:
@@ -295,13 +298,14 @@ def busy_gpus(gpus, apps, used_indices, owner_of):
     "mib"}]. ``owner_of(pid)`` -> (user, command); processes in another PID namespace may show
     as unknown, and still count."""
     index_of = {g["uuid"]: g["index"] for g in gpus}
-    busy = []
-    for app in apps:
-        gpu = index_of.get(app["uuid"])
-        if gpu in used_indices:
-            user, cmd = owner_of(app["pid"])
-            busy.append(dict(gpu=gpu, pid=app["pid"], user=user, cmd=cmd or app["name"], mib=app["mib"]))
-    return busy
+    return [holder(app, index_of[app["uuid"]], owner_of) for app in apps
+            if index_of.get(app["uuid"]) in used_indices]
+
+
+def holder(app, gpu, owner_of):
+    """One process holding GPU memory, as busy_gpus lists it: {"gpu", "pid", "user", "cmd", "mib"}."""
+    user, cmd = owner_of(app["pid"])
+    return dict(gpu=gpu, pid=app["pid"], user=user, cmd=cmd or app["name"], mib=app["mib"])
 
 
 def process_owner(pid):

@@ -147,8 +147,7 @@ def skew_notices(statuses: list[NodeStatus]) -> list[str]:
 
 
 def cross_node_problems(statuses: list[NodeStatus], master_index: int, target: str,
-                        allow_busy_gpus: bool = False) -> list[NodeProblem]:
-    """Everything above that stops a launch, in a stable order."""
-    return (torch_mismatches(statuses, master_index) + gpu_shortfalls(statuses)
-            + busy_gpus(statuses, allow_busy_gpus)[0] + unreachable_master(statuses, target)
-            + interface_problems(statuses))
+                        busy: list[NodeProblem] = ()) -> list[NodeProblem]:
+    """Everything above that stops a launch, in a stable order (``busy``: busy_gpus' problems)."""
+    return (torch_mismatches(statuses, master_index) + gpu_shortfalls(statuses) + list(busy)
+            + unreachable_master(statuses, target) + interface_problems(statuses))

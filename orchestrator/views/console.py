@@ -163,16 +163,21 @@ class ConsoleView:
 
     def __init__(self, plan: LaunchPlan, console: Console | None = None, ranks: frozenset[int] | None = None,
                  collapse: bool = False, clock=time.monotonic):
-        self.plan = plan
         self.console = console or Console(highlight=False, soft_wrap=True)
-        self.prefix = LinePrefixer(plan)
         self.ranks = ranks
-        self.collapser = Collapser(plan.world_size) if collapse else None
+        self.collapse = collapse
         self.clock = clock
-        self._prefixes: dict[tuple, str] = {}
-        self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
         self._text_ink = {stream: Ink(self.console, style) for stream, style in _TEXT_STYLE.items()}
         self._bold = Ink(self.console, _BOLD)
+        self._for_plan(plan)
+
+    def _for_plan(self, plan: LaunchPlan) -> None:
+        """What depends on the nodes and ranks: set at the start, and again at a restart."""
+        self.plan = plan
+        self.prefix = LinePrefixer(plan)
+        self.collapser = Collapser(plan.world_size) if self.collapse else None
+        self._prefixes: dict[tuple, str] = {}
+        self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
         self._cut: dict[tuple, list] = {}  # (node, rank, stream) of a huge line being shown: [node, characters left out]
 
     # A view owns its lifecycle, as rich's Live does: ``with view:`` prints the intro (and starts
@@ -285,12 +290,7 @@ class ConsoleView:
 
     def attempt(self, plan: LaunchPlan) -> None:
         """A restart (attempts.py): the next attempt's nodes from here on (a spare may have joined)."""
-        self.plan = plan
-        self.prefix = LinePrefixer(plan)
-        self.collapser = Collapser(plan.world_size) if self.collapser is not None else None
-        self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
-        self._prefixes.clear()
-        self._cut.clear()
+        self._for_plan(plan)
         out = f"; out of the run: {', '.join(plan.quarantined)}" if plan.quarantined else ""
         self.notice(f"attempt {plan.attempt}: {len(plan.nodes)} node(s) ({', '.join(n.label for n in plan.nodes)}), "
                     f"world size {plan.world_size}{out}")
