@@ -12,6 +12,10 @@ second time: the next spare takes its place, the same node rank with the same ra
 size stays. Without a spare left, the run goes on with fewer nodes only as far as ``min_nodes``
 allows (the world size shrinks, and it says so); else it ends with the failure. With neither
 setting, every attempt runs on the nodes listed (a lost node may well be back).
+
+A later attempt preflights again only where needed: a node whose preflight passed before and that
+was not lost since is "vetted" (vetted_after), and its agent skips the torch probe; a spare that
+joins, or a node that was lost, gets the whole preflight.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import Callable
 
 from .config import ClusterConfig, NodeConfig
 from .errors import NodeProblem
-from .outcome import JobResult
+from .outcome import JobResult, NodeStatus
 from .plan import LaunchPlan
+from .preflight import TORCH_FIELDS
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,17 @@ def blame_setup(problems: list[NodeProblem]) -> tuple[str | None, bool]:
     return (problems[0].node, True) if problems else (None, False)
 
 
+def vetted_after(earlier: dict[str, dict], statuses: list[NodeStatus]) -> dict[str, dict]:
+    """The nodes vetted for the next attempt: those that reported their torch build in this one
+    (or were vetted before it, see Job._ready) and were not lost or unfit in it."""
+    vetted = {label: facts for label, facts in earlier.items()
+              if not any(s.plan.label == label and s.state in ("lost", "error") for s in statuses)}
+    for s in statuses:
+        if s.info.get("torch") and s.state not in ("lost", "error"):
+            vetted[s.plan.label] = {key: s.info.get(key) for key in TORCH_FIELDS}
+    return vetted
+
+
 def delay_before(attempt: int, base: float) -> float:
     """Seconds to wait before ``attempt`` (1, 2, ...): base, 2x base, 3x base..."""
     return base * attempt
@@ -142,6 +158,7 @@ class Restarts:
     limit: int  # restarts allowed: attempts 0..limit
     delay: float
     planner: Callable[[ClusterConfig], LaunchPlan] | None = None  # the run's make_plan, on an attempt's cluster
+    vetted: dict[str, dict] = field(default_factory=dict)  # see vetted_after
 
     @classmethod
     def of(cls, config: ClusterConfig, limit: int | None = None,
@@ -154,7 +171,13 @@ class Restarts:
 
     def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
         """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""
-        return replace(self.planner(cluster), attempt=attempt, quarantined=tuple(self.roster.quarantined))
+        vetted = {label: facts for label, facts in self.vetted.items() if label not in self.roster.quarantined}
+        return replace(self.planner(cluster), attempt=attempt, quarantined=tuple(self.roster.quarantined),
+                       vetted=vetted)
+
+    def vet(self, statuses: list[NodeStatus]) -> None:
+        """After an attempt: remember which nodes need no torch probe in the next one."""
+        self.vetted = vetted_after(self.vetted, statuses)
 
     def after(self, attempt: int, cause: tuple[str | None, bool]) -> tuple[ClusterConfig | None, str | None]:
         """The next attempt's cluster (None: no next attempt) and what to say about the nodes."""

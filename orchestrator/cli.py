@@ -348,6 +348,8 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             if job.detached:
                 return detached_notices(plan, console_view, cluster_arg)
             records.append(attempt_record(plan, result, started, cause))
+            if restarts is not None:
+                restarts.vet(job.status)
             if restarts is None or result.exit_code == 0 or result.interrupted:
                 break
             following, signum = next_attempt(plan, cause, restarts, views, inbox, records[-1])

@@ -386,6 +386,9 @@ class Job:
     def _ready(self, node: int, frame: wire.Ready) -> None:
         status = self.status[node]
         status.info = frame.fields()
+        known = self.plan.vetted.get(status.plan.label)
+        if known and frame.torch is None:  # vetted in an earlier attempt: its agent did not probe torch again
+            status.info.update(known)
         status.clock_skew = frame.time - self.wall()
         if frame.port is not None and self.master_port is None:
             self.master_port = frame.port

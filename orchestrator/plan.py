@@ -72,6 +72,10 @@ class LaunchPlan:
     hooks: Mapping[str, str] = field(default_factory=dict)  # file name -> text each agent writes and puts on PYTHONPATH
     attempt: int = 0  # restarts: 0 for the first run, then 1, 2... (DDP_UP_ATTEMPT in every process)
     quarantined: tuple[str, ...] = ()  # restarts: nodes taken out of the run, for the dashboard
+    # restarts: nodes whose preflight passed in an earlier attempt and that were not lost since, with
+    # the torch build they reported; their agents skip the torch probe (an import of torch, the slow
+    # part of a preflight), and the cross-node checks use these facts
+    vetted: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -131,7 +135,7 @@ class LaunchPlan:
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
-            needs_torch=self.launcher != "none", nproc=node.nproc, hooks=dict(self.hooks) or None,
+            needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc, hooks=dict(self.hooks) or None,
             attempt=self.attempt, **detached)
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from orchestrator.attempts import Restarts, Roster, delay_before, wait_for_signal
+from orchestrator.attempts import Restarts, Roster, delay_before, vetted_after, wait_for_signal
 from orchestrator.config import parse_cluster
 from orchestrator.signals import SignalInbox
 
@@ -82,3 +82,20 @@ def test_without_spares_or_min_nodes_every_attempt_runs_on_the_nodes_listed():
     for _ in range(3):
         assert roster.settle("h1", lost=True).notice is None
     assert roster.quarantined == [] and [n.label for n in roster.cluster(config).nodes] == ["h0", "h1"]
+
+
+def test_a_later_attempt_preflights_again_only_a_node_that_was_lost_or_is_new():
+    from orchestrator.outcome import NodeStatus
+    from orchestrator.plan import make_plan
+
+    plan = make_plan(cluster(3), "train.py", [], "J1", "/tmp")
+    statuses = [NodeStatus(n, state=state, info=info) for n, (state, info) in zip(plan.nodes, [
+        ("failed", {"torch": "2.13.0", "cuda": "12.1", "nccl": "2.20.5", "gpus": 2}),
+        ("lost", {"torch": "2.13.0"}),
+        ("connecting", {})])]
+    vetted = vetted_after({"h2": {"torch": "2.13.0"}, "h1": {"torch": "2.13.0"}}, statuses)
+    assert vetted == {"h0": {"torch": "2.13.0", "cuda": "12.1", "nccl": "2.20.5"}, "h2": {"torch": "2.13.0"}}
+    policy = Restarts.of(cluster(3, restarts=1), planner=lambda c: make_plan(c, "train.py", [], "J1", "/tmp"))
+    policy.vet(statuses)
+    nxt = policy.plan(policy.first_cluster(), 1)
+    assert [nxt.agent_spec(n).needs_torch for n in nxt.nodes] == [False, True, True]

@@ -281,3 +281,18 @@ def test_gpu_memory_a_jobs_process_still_holds_after_its_end_is_named():
     h.job._turn(None)
     assert h.view.notices == ["h0: 1 process(es) of this job still hold GPU memory after its end: GPU GPU-1: pid 9 "
                               "(me, python t.py) holds 512 MiB"]
+
+
+def test_a_vetted_node_skips_the_torch_probe_and_its_earlier_build_is_still_compared():
+    """Restarts: a node whose preflight passed in an earlier attempt is not asked to import torch
+    again; the build it reported then takes part in the cross-node check."""
+    from dataclasses import replace
+
+    h = Harness(2)
+    h.job.plan = replace(h.plan, vetted={"h1": {"torch": "2.12.0", "cuda": None, "nccl": None}})
+    assert [h.job.plan.agent_spec(n).needs_torch for n in h.job.plan.nodes] == [True, False]
+    h.nodes[1].ready = dict(torch=None)  # what an agent that skipped the probe reports
+    with pytest.raises(SetupError) as e:
+        h.job.run()
+    assert [p.node for p in e.value.problems] == ["h1"]
+    assert "torch 2.12.0 here, torch 2.13.0 on the master" in e.value.problems[0].what
