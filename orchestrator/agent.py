@@ -539,10 +539,19 @@ class Runner:
         self.link = None  # detach, the other nodes: their PeerLink to it
         self.record = None  # detach: this node's record (see write_record)
         self.ended = threading.Event()  # the job is over here: samplers stop
+        self.attempt = spec.attempt  # detach with restarts: the supervisor starts the later ones (Restart)
+        # stopped for good, no restart: a signal to this agent (ddp-kill, a shutdown), the controller's
+        # Stop, or its supervisor gone silent; a Halt (another node's failure) is not
+        self.for_good = False
+        self.next_go = None  # detach with restarts: the Go of the attempt to start next
+
+    def on_signal(self, signum, _frame):
+        self.for_good = True
+        self.events.put(("stop", "agent got " + signal.Signals(signum).name))
 
     def run(self):
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            signal.signal(sig, lambda s, _f: self.events.put(("stop", "agent got " + signal.Signals(s).name)))
+            signal.signal(sig, self.on_signal)
         problem = self.preflight()
         if problem:
             self.cleanup_state(keep_logs=False)
@@ -566,7 +575,11 @@ class Runner:
         self.start(arg)
         if self.spec.detach:
             self.detach(arg)
-        return self.supervise()
+        while True:
+            code = self.supervise()
+            if self.next_go is None:
+                return code
+            self.begin_attempt(self.next_go)
 
     def preflight(self):
         """None, or the Failed frame that says what is wrong here and how to fix it."""
@@ -698,17 +711,18 @@ class Runner:
                 pass
             self.listener.close()
             self.listener = None
-            # the probe being answered ends too: no socket of ours is left on the port for torchrun
-            self.answering.join(PROBE_CLOSE_WAIT)
+            if self.answering is not None:
+                # the probe being answered ends too: no socket of ours is left on the port for torchrun
+                self.answering.join(PROBE_CLOSE_WAIT)
 
     def start(self, go):
         argv = go.argv
         if self.spec.detach:  # before the first frame of the job: the journal has them all
-            self.out.journal = Journal(os.path.join(self.dir, JOURNAL))
+            self.out.journal = Journal(os.path.join(self.dir, journal_name(self.attempt)))
         env = self.job_env()
         env.update(go.env or {})
         env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
-                    TAG_RUN: self.spec.run, TAG_ATTEMPT: str(self.spec.attempt)})
+                    TAG_RUN: self.spec.run, TAG_ATTEMPT: str(self.attempt)})
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
         hooks = dict(self.spec.hooks or {})
         if self.spec.stack_dumps:
@@ -727,7 +741,8 @@ class Runner:
         self.tailer.start()
         if nodefacts.has_nvidia_gpus():
             threading.Thread(target=self.sample_gpus, name="gpus", daemon=True).start()
-        threading.Thread(target=lambda: self.events.put(("exited", self.proc.wait())), daemon=True).start()
+        proc, attempt = self.proc, self.attempt  # an attempt's end is told apart from a later one's
+        threading.Thread(target=lambda: self.events.put(("exited", (attempt, proc.wait()))), daemon=True).start()
 
     def start_launcher(self, argv, env):
         # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
@@ -760,10 +775,11 @@ class Runner:
         SIGHUP (a terminal closing) no longer stops it."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.out.last_output = time.monotonic()  # the hang watch counts from the start, as ddp-up's does
+        self.first_go = go  # a later attempt's launch line is this one's, with its own master port
         self.record = {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label,
                        "script": self.spec.script, "ranks": self.spec.ranks, "pid": os.getpid(),
                        "started": time.time(), "ended": None, "state": "running", "code": None, "reason": None,
-                       "retention": self.spec.retention}
+                       "retention": self.spec.retention, "attempt": self.attempt}
         write_record(self.dir, self.record)
         remove_stale_state({}, records_only=True)  # finished detached jobs past their retention, here
         if self.supervisor is not None:
@@ -788,9 +804,12 @@ class Runner:
             if kind == "dump":
                 self.dump_stacks()
                 continue
-            if kind == "exited":
-                return self.finish(arg, stopped=False, reason=None)
+            if kind == "exited" and arg[0] == self.attempt:
+                return self.finish(arg[1], stopped=False, reason=None)
+            if kind == "halt" and arg[0] == self.attempt:  # the supervisor's, for this attempt
+                return self.stop(arg[1], force=False)
             if kind in ("stop", "kill"):
+                self.for_good = True
                 return self.stop(arg, force=(kind == "kill"))
 
     def dump_stacks(self):
@@ -838,8 +857,8 @@ class Runner:
             deadline = time.monotonic() + self.spec.stop_grace
             while code is None and time.monotonic() < deadline:
                 event = self.wait_event(deadline)
-                if event and event[0] == "exited":
-                    code = event[1]
+                if event and event[0] == "exited" and event[1][0] == self.attempt:
+                    code = event[1][1]
                 elif event and event[0] == "kill":
                     break
         return self.finish(code, stopped=True, reason=reason)
@@ -895,22 +914,84 @@ class Runner:
         self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason,
                                   gpu_left=self.gpu_left()))
         if self.record is not None:
-            self.finish_detached(code, stopped, reason)
+            self.next_go = self.finish_detached(code, stopped, reason)
+            if self.next_go is not None:
+                return 0  # the next attempt: same state directory, a journal and logs of its own
         self.out.drain(stall)
         self.cleanup_state(keep_logs=self.out.broken or self.record is not None)
         return 0
 
     def finish_detached(self, code, stopped, reason):
-        """Record how the job ended here, tell the supervisor; the master node's agent then waits
-        for every node's end (or loss) and records the job's outcome."""
+        """Record how the attempt ended here and tell the supervisor. The master node's agent
+        then waits for every node's end (or loss) and decides: the next attempt (restarts left,
+        every node still heard, no one stopped it for good) after its delay, or the job's end,
+        recorded. Every other node waits for that word while restarts are left. Returns the Go
+        of the next attempt here, or None: the job is over."""
         state = "stopped" if stopped else ("done" if code == 0 else "failed")
-        self.record.update(ended=time.time(), state=state, code=code, reason=reason)
+        more = self.attempt < self.spec.restarts and not self.for_good
+        self.record.update(ended=time.time(), state="restarting" if more else state, code=code, reason=reason)
+        write_record(self.dir, self.record)
+        go = None
+        if self.supervisor is not None:
+            self.supervisor.report(self.spec.node, state, code, reason, self.attempt, self.for_good)
+            self.supervisor.finished.wait()
+            if not self.supervisor.over_event.is_set():
+                go = self.restart_here()
+                if go is None:
+                    self.supervisor.over("stopped for good while it waited to restart")
+        elif self.link is not None:
+            self.link.report(state, code, reason, self.attempt, self.for_good, keep=more)
+            go = self.await_restart() if more else None
+        if go is None and more:
+            self.record.update(state=state)
+            write_record(self.dir, self.record)
+        return go
+
+    def restart_here(self):
+        """The master node, between two attempts: wait the delay (a signal ends the job instead),
+        hold a fresh port for the next master, and tell every node to start (Restart)."""
+        attempt = self.attempt + 1
+        deadline = time.monotonic() + self.spec.restart_delay * attempt
+        while time.monotonic() < deadline:
+            event = self.wait_event(deadline)
+            if event and event[0] in ("stop", "kill"):
+                return None
+        try:
+            self.listener = listen_on(0)  # held until the launcher starts, as for the first attempt
+        except OSError:
+            return None
+        port = self.listener.getsockname()[1]
+        self.supervisor.restart(attempt, port)
+        return wire.Restart(attempt=attempt, port=port)
+
+    def await_restart(self):
+        """Every other node, between two attempts: the supervisor's word (bounded: a supervisor
+        unheard for orphan_timeout is a stop, see PeerLink.beat). The Restart, or None."""
+        while True:
+            kind, arg = self.events.get()
+            if kind == "restart":
+                return arg
+            if kind in ("over", "stop", "kill"):
+                self.link.close()
+                return None
+
+    def begin_attempt(self, restart):
+        """Start attempt ``restart.attempt`` here: the launch line of the first with the new
+        master port, its own journal and torchrun log directory, DDP_UP_ATTEMPT its number."""
+        self.attempt, self.next_go = restart.attempt, None
+        self.out.journal.close()  # the attempt before's is complete (start opens this one's)
+        self.log_dir = os.path.join(self.dir, "logs.%d" % self.attempt)
+        self.pumps, self.tailer, self.ended = [], None, threading.Event()
+        go = self.first_go
+        self.close_listener()
+        self.start(wire.Go(argv=with_port(go.argv, restart.port), supervisor=go.supervisor, env=go.env))
+        self.out.last_output = time.monotonic()
+        self.record.update(state="running", attempt=self.attempt, ended=None, code=None, reason=None)
         write_record(self.dir, self.record)
         if self.supervisor is not None:
-            self.supervisor.report(self.spec.node, state, code, reason)
-            self.supervisor.finished.wait()
-        elif self.link is not None:
-            self.link.report(state, code, reason)
+            self.supervisor.report(self.spec.node, "running", attempt=self.attempt)
+        else:
+            self.link.rejoin(self.attempt)
 
     def cleanup_state(self, keep_logs):
         """Remove this node's state; keep torchrun's log copy if the controller may have missed lines."""
@@ -941,6 +1022,34 @@ JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to
 HANG_DUMP_WAIT = 8.0  # after a detached job's ranks were asked for their stacks, before it is stopped
 
 
+def journal_name(attempt):
+    """A restarted detached job's attempts each have a journal: journal, journal.1, journal.2..."""
+    return JOURNAL if attempt == 0 else "%s.%d" % (JOURNAL, attempt)
+
+
+def with_port(argv, port):
+    """The launch line with another master port: the launcher's ``--master-port=N`` (both take it
+    so), which comes before the script; the script's own arguments are left as they are."""
+    at = next(i for i, a in enumerate(argv) if a.startswith("--master-port="))
+    return argv[:at] + ["--master-port=%d" % port] + argv[at + 1:]
+
+
+def why_not_restart(states, attempt, restarts):
+    """Why a detached job whose every node has ended this attempt is not started again, or None:
+    it succeeded, no restart is left, someone stopped it for good (ddp-kill, a shutdown), or a node
+    is lost (the supervisor cannot reach it to start it, and nothing takes its place)."""
+    if all(st["state"] == "done" for st in states.values()):
+        return "every node done"
+    if attempt >= restarts:
+        return "no restart left" if restarts else "no restarts set"
+    if any(st.get("final") for st in states.values()):
+        return "stopped for good"
+    lost = sorted(n for n, st in states.items() if st["state"] == "lost")
+    if lost:
+        return "node %d lost (a detached job restarts only on nodes its supervisor still hears)" % lost[0]
+    return None
+
+
 class Journal:
     """Appends encoded frames to the journal file (created here, 0600, never through a link)."""
 
@@ -958,6 +1067,11 @@ class Journal:
                 view = view[os.write(self.fd, view):]
         except OSError:
             self.failed = True  # a full disk: the job goes on; its journal is cut here
+
+    def close(self):
+        with self.lock:
+            os.close(self.fd)
+            self.failed = True  # nothing more goes here
 
 
 def write_record(where, record, name=RECORD):
@@ -988,7 +1102,7 @@ def live_state(record):
     """The record's state, or "lost" for a job whose agent is gone without recording its end (a
     SIGKILL, a reboot): a pid that now belongs to another process does not carry the job's tag."""
     state = record.get("state")
-    if state == "running":
+    if state in ("running", "restarting"):
         tags = read_tags(record.get("pid") or 0) or {}
         if tags.get(TAG_JOB) != record.get("job"):
             return "lost"
@@ -1026,6 +1140,10 @@ class Supervisor:
         self.quiet = {}  # node -> (its ranks' quiet seconds, when it said so)
         self.hung = None  # (why, when the stacks were asked for), once the job looks hung
         self.first_done = None  # when the first node's job ended well (the others should follow)
+        self.attempt = runner.attempt
+        self.attempts = []  # the ended attempts before the current one, as outcome.json lists them
+        self.restart_frame = None  # the current attempt's Restart, for a node that missed it
+        self.over_event = threading.Event()  # no attempt follows: the watch ends
 
     def start(self):
         now = time.monotonic()
@@ -1067,7 +1185,9 @@ class Supervisor:
                     return
                 self.heard[node] = time.monotonic()
                 if isinstance(frame, wire.NodeState) and frame.node == node:
-                    self.report(node, frame.state, frame.code, frame.reason)
+                    if frame.attempt < self.attempt and self.restart_frame is not None:
+                        self.send(node, self.restart_frame)  # it reconnected after the word went out
+                    self.report(node, frame.state, frame.code, frame.reason, frame.attempt, frame.final)
                 elif isinstance(frame, wire.Progress) and frame.node == node:
                     self.quiet[node] = (frame.quiet, self.heard[node])
         except (OSError, ValueError, wire.ProtocolError):
@@ -1089,19 +1209,47 @@ class Supervisor:
         except OSError:
             pass
 
-    def report(self, node, state, code=None, reason=None):
+    def report(self, node, state, code=None, reason=None, attempt=None, final=False):
         with self.lock:
+            if attempt is not None and attempt != self.attempt:
+                return  # a word about another attempt (one resent on reconnecting)
             if self.states.get(node, {}).get("state") in ENDED:
                 return  # a node ends once
-            self.states[node] = {"state": state, "code": code, "reason": reason, "at": time.time()}
+            self.states[node] = {"state": state, "code": code, "reason": reason, "at": time.time(), "final": final}
             if state == "done" and self.first_done is None:
                 self.first_done = time.monotonic()
             ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == self.spec.nodes
         if state in ("failed", "stopped", "lost"):
             self.halt("node %d %s" % (node, describe_end(state, code, reason)))
         if ended:
-            self.record_outcome()
-            self.finished.set()
+            blocker = self.why_not_restart()
+            if blocker is not None:
+                self.over(blocker)
+            self.finished.set()  # else the master node's agent restarts the job (Runner.restart_here)
+
+    def why_not_restart(self):
+        return why_not_restart(self.states, self.attempt, self.spec.restarts)
+
+    def restart(self, attempt, port):
+        """Attempt ``attempt`` begins: every node is told (and any that rejoins later, see serve);
+        the watch starts afresh."""
+        with self.lock:
+            self.attempts.append(self.attempt_summary())
+            self.attempt = attempt
+            self.states, self.quiet, self.halted, self.hung, self.first_done = {}, {}, None, None, None
+            now = time.monotonic()
+            self.heard = {node: now for node in range(self.spec.nodes)}
+            self.restart_frame = wire.Restart(attempt=attempt, port=port)
+            self.finished.clear()
+        for node in list(self.links):
+            self.send(node, self.restart_frame)
+
+    def over(self, reason):
+        """No attempt follows: the outcome is recorded and every node told."""
+        self.record_outcome()
+        for node in list(self.links):
+            self.send(node, wire.RunOver(reason=reason))
+        self.over_event.set()
 
     def halt(self, reason):
         """Every node still running stops, the master node's too; only the first reason counts."""
@@ -1112,7 +1260,7 @@ class Supervisor:
         for other in list(self.links):
             if self.states.get(other, {}).get("state") not in ENDED:
                 self.send(other, wire.Halt(reason=reason))
-        self.runner.events.put(("stop", reason))
+        self.runner.events.put(("halt", (self.attempt, reason)))
 
     def peers(self):
         """The other nodes (the master node, where this runs, need not be node 0)."""
@@ -1154,7 +1302,7 @@ class Supervisor:
         return quiet + (now - said)
 
     def watch(self):
-        while not self.finished.wait(self.spec.heartbeat):
+        while not self.over_event.wait(self.spec.heartbeat):
             for node in list(self.links):
                 self.send(node, wire.Heartbeat())
             now = time.monotonic()
@@ -1164,14 +1312,17 @@ class Supervisor:
                     self.report(node, "lost", None, "no word from its agent for %.0f s" % silent)
             self.watch_hang(now)
 
-    def record_outcome(self):
+    def attempt_summary(self):
         failures = [dict(st, node=n) for n, st in self.states.items() if st["state"] != "done"]
         first = min(failures, key=lambda f: f["at"]) if failures else None
         if self.hung is not None and self.halted and self.halted.startswith("job hung"):
             first = {"node": None, "state": "hung", "code": None, "reason": self.halted, "at": time.time()}
-        write_record(self.runner.dir, {"job": self.spec.job, "ended": time.time(), "root_cause": first,
-                                       "halted": self.halted, "nodes": {str(n): st for n, st in self.states.items()}},
-                     OUTCOME)
+        return {"attempt": self.attempt, "ended": time.time(), "root_cause": first, "halted": self.halted,
+                "nodes": {str(n): st for n, st in self.states.items()}}
+
+    def record_outcome(self):
+        last = self.attempt_summary()
+        write_record(self.runner.dir, dict(last, job=self.spec.job, attempts=self.attempts + [last]), OUTCOME)
 
 
 def describe_end(state, code, reason):
@@ -1227,9 +1378,13 @@ class PeerLink:
                     return
                 self.heard = time.monotonic()
                 if isinstance(frame, wire.Halt):
-                    self.runner.events.put(("stop", frame.reason))
+                    self.runner.events.put(("halt", (self.runner.attempt, frame.reason)))
                 elif isinstance(frame, wire.DumpStacks):
                     self.runner.events.put(("dump", None))
+                elif isinstance(frame, wire.Restart) and frame.attempt > self.runner.attempt:
+                    self.runner.events.put(("restart", frame))
+                elif isinstance(frame, wire.RunOver):
+                    self.runner.events.put(("over", frame.reason))
         finally:
             with self.lock:
                 self.sock = None
@@ -1253,33 +1408,56 @@ class PeerLink:
                 self.runner.events.put(("stop", "no word from the master node's supervisor for %.0f s" % silent))
                 return
 
-    def report(self, state, code, reason):
-        """This node's end, to the supervisor (waiting a little for a connection, if it is between
-        two); the link then closes."""
+    def report(self, state, code, reason, attempt=0, final=False, keep=False):
+        """This node's end of ``attempt``, to the supervisor (waiting a little for a connection, if
+        it is between two); the link then closes, unless ``keep``: the supervisor's word on a next
+        attempt is to come."""
+        self.set_state(wire.NodeState(node=self.spec.node, state=state, code=code, reason=reason,
+                                      attempt=attempt, final=final))
+        if not keep:
+            self.close()
+
+    def rejoin(self, attempt):
+        self.set_state(wire.NodeState(node=self.spec.node, state="running", attempt=attempt))
+
+    def set_state(self, state):
         with self.lock:
-            self.state = wire.NodeState(node=self.spec.node, state=state, code=code, reason=reason)
+            self.state = state
         deadline = time.monotonic() + 2 * self.spec.heartbeat
-        while not self.send(self.state) and time.monotonic() < deadline:
+        while not self.send(state) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+    def close(self):
         self.done.set()
 
 
 def follow(spec, writer):
-    """Follow mode: the job's journal on this node, frame by frame, from its start."""
+    """Follow mode: the journal of one attempt of the job on this node, frame by frame, from its
+    start; a later attempt's, once it has begun (a follower waits while the job waits to restart)."""
     where = job_node_dir(spec.job, spec.node)
+    path = os.path.join(where or "", journal_name(spec.attempt))
+    if spec.attempt and spec.follow and where:
+        while not (os.path.exists(path) or writer.broken) and waiting_to_restart(read_record(where), spec.attempt):
+            writer.send(wire.Heartbeat(), block=False)
+            time.sleep(0.2)
     try:
-        fd = os.open(os.path.join(where or "", JOURNAL), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
-        writer.send(wire.Failed("no detached job %s on this node" % spec.job,
-                                "ddp-ls CLUSTER.yaml lists the jobs on the cluster's nodes"))
+        if spec.attempt and read_record(where or "") is not None:
+            writer.send(wire.JournalEnd(running=False, absent=True))  # the job ended before it restarted
+        else:
+            writer.send(wire.Failed("no detached job %s on this node" % spec.job,
+                                    "ddp-ls CLUSTER.yaml lists the jobs on the cluster's nodes"))
         writer.drain(5)
-        return 3
+        return 3 if not spec.attempt else 0
     decoder = wire.Decoder(wire.TO_CONTROLLER)
     beat = time.monotonic()
     with os.fdopen(fd, "rb", buffering=0) as f:
         skip = backlog_to_skip(f, spec.tail) if spec.tail is not None else {}
         while not writer.broken:
-            running = live_state(read_record(where) or {}) == "running"
+            record = read_record(where) or {}
+            state, current = live_state(record), record.get("attempt", 0)
+            running = state == "running" and current == spec.attempt
             data = f.read(1 << 20)
             if data:
                 for frame in decoder.feed(data):
@@ -1293,9 +1471,16 @@ def follow(spec, writer):
                 writer.send(wire.Heartbeat(), block=False)
                 beat = time.monotonic()
             time.sleep(0.1)
-    writer.send(wire.JournalEnd(running=running))
+    later = current > spec.attempt or (spec.follow and state == "restarting")
+    writer.send(wire.JournalEnd(running=running, later=later))
     writer.drain(30)
     return 0
+
+
+def waiting_to_restart(record, attempt):
+    """Whether the job may still begin ``attempt`` here (it waits to restart, or runs the one before)."""
+    record = record or {}
+    return live_state(record) in ("restarting", "running") and record.get("attempt", 0) < attempt
 
 
 def backlog_to_skip(f, tail):

@@ -216,10 +216,10 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         inbox.check()
         if args.restarts is not None and args.restarts < 0:
             raise UsageError("--restarts must be an integer >= 0")
-        if args.detach and ((args.restarts or config.restarts) or config.spares):
-            raise UsageError("--detach: restarts and spares need ddp-up to stay (a detached job's nodes stop it on a "
-                             "failure, and nothing starts it again): run without --detach, or set `restarts: 0` "
-                             "and `spares: 0`")
+        if args.detach and (config.spares or config.min_nodes is not None):
+            raise UsageError("--detach: spares and min_nodes need ddp-up to stay (it starts a spare's agent; a "
+                             "detached job's own agents restart it only on the nodes they run on): run without "
+                             "--detach, or leave out `spares:` and `min_nodes:` (`restarts:` alone works detached)")
         if args.detach and any(n.transport == "srun" for n in config.nodes):
             raise UsageError("--detach: a job reached through srun ends with its allocation, which ends with "
                              "this command; to run without a terminal, submit it: ddp-up --sbatch [SBATCH OPTIONS] "
@@ -230,6 +230,8 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
             cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
             detach=args.detach, allow_busy_gpus=args.allow_busy_gpus))
         plan = restarts.plan(restarts.first_cluster(), 0)
+        if args.detach:  # its restarts are its supervisor's (agent.Supervisor), not this loop's
+            plan = replace(plan, restarts=restarts.limit, restart_delay=restarts.delay)
         sync = sync_choice(args.sync, config.sync)
         if args.dry_run:
             print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None,
@@ -241,7 +243,7 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         inbox.check()
         return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
                        inbox=inbox, cluster_arg=shlex.join(ours_for_attach(args)),
-                       restarts=restarts if restarts.limit else None)
+                       restarts=restarts if restarts.limit and not args.detach else None)
     except DdpUpError as e:
         return _report("ddp-up", e, secrets)
     except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop

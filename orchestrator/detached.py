@@ -21,8 +21,9 @@ import time
 from rich.table import Table
 
 from . import signals, wire
+from .attempts import AttemptRecord, blame
 from .cli import (EXIT_OK, EXIT_USAGE, _interrupted, _load_or_report, _report, add_node_sources, add_view_options,
-                  make_view, ssh_connections)
+                  attempt_record, make_view, ssh_connections)
 from .errors import DdpUpError, Interrupted, UsageError
 from .job import Job
 from .oneshot import call_agent
@@ -47,9 +48,31 @@ def journal_sessions(follow: bool, tail: int | None = None):
     def make(plan: LaunchPlan, post, clock) -> list[NodeSession]:
         return [NodeSession(plan, n, transport_for(n.config), post, clock,
                             follow=wire.FollowSpec(job=plan.job_id, node=n.index, follow=follow,
-                                                   heartbeat=plan.heartbeat, tail=tail))
+                                                   heartbeat=plan.heartbeat, tail=tail, attempt=plan.attempt))
                 for n in plan.nodes]
     return make
+
+
+def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inbox,
+                    sessions=journal_sessions) -> tuple[Job, list[AttemptRecord]]:
+    """Every attempt of a detached job that restarted (``restarts:``), one after the other, as a
+    run that restarts shows them: the Job of the last, and a record of each."""
+    records: list[AttemptRecord] = []
+    last = None
+    while True:
+        job = Job(plan, views, sessions=sessions(follow, tail), inbox=inbox)
+        started = time.time()
+        try:
+            result = job.follow()
+        finally:
+            job.close()
+        if last is not None and job.interrupted is None and len(job.absent) == len(job.status):
+            return last, records  # it was stopped while it waited to restart: the attempt before was its last
+        records.append(attempt_record(plan, result, started, blame(result)))
+        if job.interrupted or not job.later_attempt or any(s.problem for s in job.status):
+            return job, records
+        last, plan = job, dataclasses.replace(plan, attempt=plan.attempt + 1)
+        views.attempt(plan)
 
 
 def add_tail(p: argparse.ArgumentParser) -> None:
@@ -130,20 +153,17 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
             return _report(prog, e, config.secret_values)
         # The journals from their start rewrite the run logs whole; a tail would cut them.
         logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True) if args.tail is None else NoLogs()
-        job = Job(plan, Fanout(view, logs), sessions=journal_sessions(follow, args.tail), inbox=inbox)
         with view, logs:
-            try:
-                result = job.follow()
-            finally:
-                job.close()
+            job, records = follow_attempts(plan, Fanout(view, logs), follow, args.tail, inbox)
+        result = job.result()
         problems = [s.problem for s in job.status if s.problem is not None]
         if job.interrupted:
             return 128 + job.interrupted
         ended = all(s.terminal and s.state != "error" for s in job.status)
         if ended:
-            logs.finished(result)
+            logs.finished(result, attempts=records if len(records) > 1 else ())
         if show_end and ended:
-            view.finished(result)
+            view.finished(result, attempts=records if len(records) > 1 else ())
         for p in problems:
             view.notice(p.render())
         if problems:
@@ -160,7 +180,7 @@ class NoLogs:
     def __exit__(self, *exc) -> None:
         pass
 
-    def finished(self, result) -> None:
+    def finished(self, result, attempts=()) -> None:
         pass
 
 
@@ -186,13 +206,14 @@ def ls_parser() -> argparse.ArgumentParser:
 class JobRow:
     job: str
     script: str
-    state: str  # running | done | failed | stopped | lost
+    state: str  # running | restarting | done | failed | stopped | lost
     ranks: int
     started: float | None
     ended: float | None
     exit_status: int | None
     root_cause: str | None
     nodes: dict  # node index -> its state
+    attempt: int = 0  # a job that restarted (restarts:): its latest attempt
 
     def duration(self, now: float) -> float | None:
         return None if self.started is None else (self.ended or now) - self.started
@@ -209,18 +230,21 @@ def merge_records(records: list[dict]) -> list[JobRow]:
         recs = list(by_node.values())
         labels = {r.get("node"): r.get("label") or f"node {r.get('node')}" for r in recs}
         states = {r.get("node"): r.get("state") for r in recs}
-        state = next((s for s in ("running", "failed", "lost", "stopped") if s in states.values()), "done")
+        state = next((s for s in ("running", "restarting", "failed", "lost", "stopped") if s in states.values()),
+                     "done")
+        live = state in ("running", "restarting")
         outcome = next((r["outcome"] for r in recs if r.get("outcome")), None)
         root = (outcome or {}).get("root_cause")
-        ended = None if state == "running" else max((r.get("ended") or 0 for r in recs), default=None) or None
+        ended = None if live else max((r.get("ended") or 0 for r in recs), default=None) or None
         if root and root.get("state") == "hung" and state == "stopped":
             state = "failed"  # its supervisor stopped it: a hang is the job's failure
         rows.append(JobRow(job, str(recs[0].get("script") or "?"), state,
                            sum((r.get("ranks") or [0, 0])[1] for r in recs),
                            min((r["started"] for r in recs if r.get("started")), default=None), ended,
-                           None if state == "running" else (0 if state == "done" else 1),
+                           None if live else (0 if state == "done" else 1),
                            describe_root(root, labels),
-                           {str(k): v for k, v in sorted(states.items(), key=lambda kv: str(kv[0]))}))
+                           {str(k): v for k, v in sorted(states.items(), key=lambda kv: str(kv[0]))},
+                           max(int(r.get("attempt") or 0) for r in recs)))
     return rows
 
 
@@ -270,7 +294,8 @@ def ls_table(rows: list[JobRow], now: float) -> Table:
     table.add_column("root cause")
     for row in rows:
         duration = row.duration(now)
-        table.add_row(row.job, row.script, row.state, str(row.ranks),
+        table.add_row(row.job, row.script, row.state + (f" (attempt {row.attempt})" if row.attempt else ""),
+                      str(row.ranks),
                       "-" if row.started is None else time.strftime("%m-%d %H:%M", time.localtime(row.started)),
                       "-" if duration is None else f"{duration:.0f} s",
                       "-" if row.exit_status is None else str(row.exit_status), row.root_cause or "")

@@ -125,6 +125,8 @@ class Job:
         self.detached = False  # detach: every node runs, and this loop let go of the job
         self.following = False  # attached to a detached job (see follow)
         self.journal_ended: set[int] = set()  # following: nodes whose journal was read to its end
+        self.later_attempt = False  # following: a node's journal said a later attempt follows
+        self.absent: set[int] = set()  # following: nodes where this attempt never began (the job ended first)
         self.channel_ended: set[int] = set()  # nodes whose channel reported its end (Closed)
 
     # --- entry points ---
@@ -155,11 +157,26 @@ class Job:
         self.hang.why = "replayed"  # keep the stacks ranks print: a hung job's journal has them
         with self.inbox.waking(lambda: self.events.put(WAKE)):
             self.opener(self.sessions)
-            while self.interrupted is None and not all(
-                    s.terminal or s.plan.index in self.journal_ended for s in self.status):
+            while self.interrupted is None and not all(self._followed(s) for s in self.status):
                 self._turn(None)
         self._name_hung()
         return self.result()
+
+    def _followed(self, status: NodeStatus) -> bool:
+        """Following: this node's journal was read to its end (its JournalEnd, which says whether
+        a later attempt follows, comes after the attempt's Exited), or it cannot be read on."""
+        i = status.plan.index
+        return i in self.journal_ended or status.state in ("lost", "error") or (
+            status.terminal and i in self.channel_ended)
+
+    def _journal_end(self, node: int, frame: wire.JournalEnd) -> None:
+        status = self.status[node]
+        self.journal_ended.add(node)
+        self.later_attempt |= frame.later
+        if frame.absent:
+            self.absent.add(node)
+        elif not frame.running and not status.terminal:
+            self._set(node, "lost", reason="its journal ends before the job's end there (its agent was killed?)")
 
     def _name_hung(self) -> None:
         """A detached job its supervisor stopped as hung: the ranks to name, from the stacks that
@@ -345,6 +362,8 @@ class Job:
             self.channel_ended.add(event.node)
         if isinstance(event, Lines):
             self._lines(event)
+        elif self.following and isinstance(event, Message) and isinstance(event.frame, wire.JournalEnd):
+            self._journal_end(event.node, event.frame)
         elif self.status[event.node].terminal or event.node in self.journal_ended:
             return  # e.g. a cancelled connect finishing late: its outcome is already decided
         elif isinstance(event, Message):
@@ -375,10 +394,6 @@ class Job:
             self._set(node, "stopping", reason=frame.reason)
         elif isinstance(frame, wire.Exited):
             self._exited(node, frame)
-        elif isinstance(frame, wire.JournalEnd) and self.following:
-            self.journal_ended.add(node)
-            if not frame.running and not status.terminal:
-                self._set(node, "lost", reason="its journal ends before the job's end there (its agent was killed?)")
         else:
             self._lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
                              f"while {status.state}")

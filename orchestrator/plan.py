@@ -76,6 +76,8 @@ class LaunchPlan:
     # the torch build they reported; their agents skip the torch probe (an import of torch, the slow
     # part of a preflight), and the cross-node checks use these facts
     vetted: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    restarts: int = 0  # detach: the restarts its supervisor may make (a run that stays makes its own)
+    restart_delay: float = 10.0  # detach: see RunSpec.restart_delay
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -128,7 +130,8 @@ class LaunchPlan:
         is_master = node.index == self.master.index
         detached = dict(detach=True, token=self.peer_token, nodes=len(self.nodes), label=node.label,
                         ranks=[node.first_rank, node.nproc], hang_timeout=self.hang_timeout,
-                        retention=self.retention) if self.detach else {}
+                        retention=self.retention, restarts=self.restarts,
+                        restart_delay=self.restart_delay) if self.detach else {}
         return wire.RunSpec(
             job=self.job_id, node=node.index, cluster=self.cluster_id, run=self.run_token, workdir=node.workdir,
             script=self.script,

@@ -152,6 +152,8 @@ class RunSpec(Frame):
     nproc: int | None = None  # processes on this node: the GPUs checked for others' processes
     hooks: dict | None = None  # file name -> text: written to the node's state dir, put on the job's PYTHONPATH
     attempt: int = 0  # a restarted job's attempt (DDP_UP_ATTEMPT); its state directory is its own
+    restarts: int = 0  # detach: attempts after the first that the supervisor may start (see agent.Supervisor)
+    restart_delay: float = 10.0  # detach: seconds before attempt 1; attempt N waits N times that
 
 
 @_frame(TO_AGENT)
@@ -190,6 +192,7 @@ class FollowSpec(Frame):
     follow: bool
     heartbeat: float = 5.0
     tail: int | None = None  # only the last this many lines of each rank's (and stream's) backlog
+    attempt: int = 0  # which attempt's journal (a detached job that restarted has one per attempt)
 
 
 @_frame(TO_AGENT)
@@ -412,6 +415,8 @@ class JournalEnd(Frame):
     """Follow mode: the journal was sent to its end (``running``: the job there goes on)."""
 
     running: bool
+    later: bool = False  # a later attempt follows this one here (or the job waits to start it)
+    absent: bool = False  # this attempt never started here: the job ended while it waited to restart
 
 
 @_frame(TO_CONTROLLER)
@@ -440,6 +445,8 @@ class NodeState(Frame):
     state: str  # "running" | "done" | "failed" | "stopped"
     code: int | None = None
     reason: str | None = None
+    attempt: int = 0  # the attempt this is the state of (a stale one is not taken for the current)
+    final: bool = False  # stopped for good (its agent got a signal: ddp-kill, a shutdown): no restart
 
 
 @_frame(PEER)
@@ -458,6 +465,22 @@ class DumpStacks(Frame):
 @_frame(PEER)
 class Halt(Frame):
     """Stop the job on this node: another node failed, or the supervisor lost one."""
+
+    reason: str
+
+
+@_frame(PEER)
+class Restart(Frame):
+    """Start attempt ``attempt`` here, its master on ``port``: the attempt before ended on every
+    node, and the job has restarts left (detach, ``restarts:``)."""
+
+    attempt: int
+    port: int
+
+
+@_frame(PEER)
+class RunOver(Frame):
+    """No further attempt: record this node's end and exit."""
 
     reason: str
 

@@ -189,3 +189,34 @@ def test_a_detached_hang_is_detected_dumped_stopped_and_named(cluster, detached)
     assert re.search(rf"^{b}\s+r2\s+! .*line \d+ in block_forever$", out, re.M), out
     assert re.search(rf"root cause: {b} \(node 1, rank 2\): job hung \(no output from any rank for \d+ s\); "
                      r"rank 2 in all_reduce \(from block_forever\)", out), out
+
+
+def test_a_detached_job_restarts_by_itself_and_an_attach_shows_every_attempt(detached):
+    """Issue 18 with --detach: rank 1 fails in attempt 0; the job's own agents (no ddp-up) start
+    attempt 1, which runs to its end. An attach afterwards replays both attempts, in order."""
+    path = detached([(0, 1), (1, 1)], restarts=2, restart_delay=0.5)
+    job = detach(path, "tick", "6", "0.3", "1", "7", "0")
+    row = wait_state(path, job, ("done", "failed", "stopped", "lost"), 90)
+    assert row["state"] == "done" and row["exit_status"] == 0 and row["attempt"] == 1, row
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
+    assert code == 0, out
+    first, _, second = out.partition("attempt 1: 2 node(s)")
+    assert second, out
+    assert [i for r, i in ticks(first) if r == 1] == [0, 1, 2] and "rank 1 failing with 7" in first, out
+    assert sorted(ticks(second)) == [(r, i) for r in range(2) for i in range(6)], out  # attempt 1, whole
+    assert re.search(r"job \S+ ok after [\d.]+ s in 2 attempts \(exit status 0\)", out), out
+    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    assert [a["attempt"] for a in attempts] == [0, 1] and "(node 1, rank 1)" in attempts[0]["root_cause"], attempts
+    assert (run_dir(job) / "attempt1" / "rank1.log").read_text().splitlines() == [f"tick {i} rank=1" for i in range(6)]
+    assert not procs.wait_no_job_processes(job, timeout=30)
+
+
+def test_ddp_kill_while_a_detached_job_waits_to_restart_ends_it_for_good(detached):
+    path = detached([(0, 1), (1, 1)], restarts=3, restart_delay=60)
+    job = detach(path, "tick", "600", "0.2", "1", "7")
+    row = wait_state(path, job, ("restarting",), 60)
+    code, out = ddp_kill(str(path), "--job", job)
+    assert code == 0, out
+    row = wait_state(path, job, ("failed", "stopped"), 30)
+    assert row["attempt"] == 0 and row["exit_status"] == 1 and "(node 1) failed (exit code 7)" in row["root_cause"], row
+    assert not procs.wait_no_job_processes(job, timeout=30)

@@ -9,7 +9,8 @@
   job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
   job.py env NAME...      every rank prints ENV NAME=value for each (no torch)
   job.py blob N           every rank prints "start" and one unterminated N-byte binary line (no torch)
-  job.py tick N S [R C]   every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2 (no torch)
+  job.py tick N S [R C [A,B]]  every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2
+                          (only in attempts A,B if given: DDP_UP_ATTEMPT) (no torch)
   job.py backlog L S DIR  every rank prints L lines, touches DIR/done.RANK, then "live t=..." every 0.5 s for S s
 """
 
@@ -132,9 +133,11 @@ def main():
         for name in rest:
             print(f"ENV {name}={os.environ.get(name, '<unset>')}", flush=True)
         finish(0)
-    if mode == "tick":  # job.py tick N SECONDS [FAIL_RANK CODE]: N numbered lines a rank, no torch
+    if mode == "tick":  # job.py tick N SECONDS [FAIL_RANK CODE [ATTEMPTS]]: N numbered lines a rank, no torch
         rank, n, pause = int(os.environ["RANK"]), int(rest[0]), float(rest[1])
         fail_rank, code = (int(rest[2]), int(rest[3])) if len(rest) > 3 else (-1, 0)
+        if len(rest) > 4 and os.environ.get("DDP_UP_ATTEMPT", "0") not in rest[4].split(","):
+            fail_rank = -1
         for i in range(n):
             print(f"tick {i} rank={rank}", flush=True)
             if rank == fail_rank and i == 2:

@@ -23,16 +23,18 @@ class FakeRunner:
     """What the supervisor and a link use of an agent's Runner: its spec, events and directory."""
 
     def __init__(self, node: int, nodes: int, where: str, orphan_timeout: float = 30.0,
-                 hang_timeout: float | None = None):
+                 hang_timeout: float | None = None, restarts: int = 0):
         self.spec = SimpleNamespace(job="J1", node=node, nodes=nodes, token=TOKEN, orphan_timeout=orphan_timeout,
-                                    heartbeat=0.2, hang_timeout=hang_timeout)
+                                    heartbeat=0.2, hang_timeout=hang_timeout, restarts=restarts)
+        self.attempt = 0
         self.out = SimpleNamespace(last_output=time.monotonic())  # the Writer: when a rank last printed
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.dir = where
 
     def next_stop(self, timeout: float = 10.0) -> str:
-        kind, reason = self.events.get(timeout=timeout)
-        assert kind == "stop"
+        """The supervisor's Halt, as the agent's loop gets it: ("halt", (attempt, reason))."""
+        kind, (attempt, reason) = self.events.get(timeout=timeout)
+        assert kind == "halt" and attempt == self.attempt
         return reason
 
 
@@ -74,7 +76,10 @@ def test_a_failing_node_halts_the_others_and_the_outcome_names_it(tmp_path):
     outcome = json.loads((tmp_path / agent.OUTCOME).read_text())
     assert outcome["root_cause"]["node"] == 1 and outcome["root_cause"]["code"] == 7
     assert {n: s["state"] for n, s in outcome["nodes"].items()} == {"0": "stopped", "1": "failed", "2": "stopped"}
-    assert runner1.events.empty()  # the failed node is not told to stop: it has ended
+    wait(lambda: not runner2.events.empty())
+    told = [runner1.events.get_nowait()[0] for _ in range(runner1.events.qsize())]
+    assert "halt" not in told  # the failed node is not told to stop: it has ended (the run being over, it may hear)
+    assert runner2.events.get_nowait() == ("over", "no restarts set")
     sup.listener.close()
 
 
@@ -229,3 +234,56 @@ def test_retention_is_a_duration_and_a_record_expires_by_its_own():
     assert agent.expired({"state": "done", "ended": now - 61, "retention": 60}, now)
     assert not agent.expired({"state": "failed", "ended": now - 59, "retention": 60}, now)
     assert not agent.expired({"state": "done", "ended": now - 86400}, now)  # 7 days unless the job said
+
+
+def test_with_restarts_left_the_supervisor_starts_the_next_attempt_on_every_node(tmp_path):
+    """Attempt 0 fails on node 1: the job is not over (the master node's agent waits its delay and
+    calls restart); every node hears Restart, a stale word about attempt 0 is not taken for
+    attempt 1, and once attempt 1 succeeds the outcome lists both attempts."""
+    runner0, sup = supervisor(tmp_path, 2, restarts=1)
+    runner1, one = link(tmp_path, 1, 2, sup.port)
+    wait(lambda: sup.states.get(1, {}).get("state") == "running")
+    one.report("failed", 7, None, attempt=0, keep=True)
+    assert runner0.next_stop() == "node 1 failed (exit code 7)"
+    sup.report(0, "stopped", -15, "node 1 failed (exit code 7)", attempt=0)
+    assert sup.finished.wait(10) and not sup.over_event.is_set() and sup.why_not_restart() is None
+    sup.restart(1, 29511)
+    assert runner1.events.get(timeout=10) == ("restart", wire.Restart(attempt=1, port=29511))
+    runner1.attempt = 1
+    sup.report(1, "failed", 7, None, attempt=0)  # attempt 0's word again (a link that reconnected)
+    assert sup.states == {}
+    one.rejoin(1)
+    sup.report(0, "running", attempt=1)
+    wait(lambda: sup.states.get(1, {}).get("state") == "running")
+    one.report("done", 0, None, attempt=1, keep=True)
+    sup.report(0, "done", 0, None, attempt=1)
+    assert sup.over_event.wait(10)
+    assert runner1.events.get(timeout=10) == ("over", "every node done")
+    outcome = json.loads((tmp_path / agent.OUTCOME).read_text())
+    assert [a["attempt"] for a in outcome["attempts"]] == [0, 1] and outcome["root_cause"] is None
+    assert outcome["attempts"][0]["root_cause"]["node"] == 1
+    one.close()
+    sup.listener.close()
+
+
+def test_a_detached_job_restarts_only_after_a_failure_every_node_saw_through():
+    def states(*pairs, **extra):
+        return {n: dict({"state": s}, **extra.get(str(n), {})) for n, s in enumerate(pairs)}
+
+    assert agent.why_not_restart(states("failed", "stopped"), 0, 2) is None
+    assert agent.why_not_restart(states("done", "done"), 0, 2) == "every node done"
+    assert agent.why_not_restart(states("failed", "stopped"), 2, 2) == "no restart left"
+    assert agent.why_not_restart(states("failed", "stopped"), 0, 0) == "no restarts set"
+    assert agent.why_not_restart(states("stopped", "failed", **{"0": {"final": True}}), 0, 2) == "stopped for good"
+    assert agent.why_not_restart(states("stopped", "lost"), 0, 2).startswith("node 1 lost")
+
+
+def test_a_later_attempt_runs_the_same_launch_line_on_its_own_master_port():
+    from orchestrator.config import parse_cluster
+    from orchestrator.plan import make_plan
+
+    for launcher in ("torchrun", "none"):
+        plan = make_plan(parse_cluster(f"launcher: {launcher}\nnodes: [{{host: a, gpus: 2}}, {{host: b, gpus: 2}}]\n"),
+                         "train.py", ["--lr", "0.1", "--master-port=1"], "J1", "/tmp")
+        first, later = plan.launcher_argv(plan.nodes[1], 29500), plan.launcher_argv(plan.nodes[1], 41234)
+        assert agent.with_port(first, 41234) == later  # the script's own --master-port=1 is its own

@@ -28,7 +28,8 @@ EXAMPLES = [
 ]
 PEER_EXAMPLES = [wire.Challenge(nonce="ab"), wire.Join(node=2, proof="cd"), wire.Heartbeat(),
                  wire.NodeState(node=2, state="failed", code=7), wire.Progress(node=2, quiet=1.5), wire.DumpStacks(),
-                 wire.Halt(reason="node 2 failed (exit code 7)")]
+                 wire.Halt(reason="node 2 failed (exit code 7)"), wire.Restart(attempt=1, port=29501),
+                 wire.RunOver(reason="every node done")]
 
 
 def test_every_frame_kind_has_an_example_and_one_meaning():
