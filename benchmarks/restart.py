@@ -5,19 +5,26 @@
 On the namespace SSH cluster, one process per node, a trivial gloo job (job.py run --steps 0):
 - fresh: `ddp-up` started to the first READY line of any rank;
 - restart: `ddp-up` with `restarts: 1`, `restart_delay: --delay`, where rank 1 fails in attempt 0
-  just after READY; from its failure line to the first READY line of attempt 1, less the delay.
-The target: restart - delay <= 1.2 x fresh. The two alternate in each repeat; ratios within one.
+  just after READY; from its failure line to the first READY line of attempt 1, less the delay;
+- detached: the same with `--detach` (the job's own agents restart it), timed on the lines of a
+  `ddp-attach` started as soon as `--detach` returns.
+The target: restart - delay <= 1.2 x fresh. The three alternate in each repeat; ratios within one.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.common import SCRIPT, Watched, cluster_args, spread
-from tests.harness.runner import REPO, UP, _env
+from tests.harness.runner import KILL, REPO, UP, _env
+
+ATTACH = "from orchestrator.entry import attach; attach()"
+FAILING = [SCRIPT, "run", "--steps", "0", "--fail-rank", "1", "--fail-attempts", "0"]
 from tests.harness.sshcluster import SSHCluster
 
 
@@ -41,14 +48,29 @@ def fresh(cluster_yaml: Path, runs: Path) -> float:
 
 def restart(cluster_yaml: Path, runs: Path, delay: float) -> float:
     w = Watched([sys.executable, "-c", UP, "--no-dashboard", "--runs-dir", str(runs), "--restarts", "1",
-                 str(cluster_yaml), SCRIPT, "run", "--steps", "0", "--fail-rank", "1", "--fail-attempts", "0"],
-                cwd=REPO, env=_env())
+                 str(cluster_yaml), *FAILING], cwd=REPO, env=_env())
+    return failure_to_restart(w, delay, "restarted run")
+
+
+def detached(cluster_yaml: Path, runs: Path, delay: float) -> float:
+    up = subprocess.run([sys.executable, "-c", UP, "--detach", "--restarts", "1", "--runs-dir", str(runs),
+                         str(cluster_yaml), *FAILING], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, timeout=180)
+    found = re.search(r"job (\S+) runs detached", up.stdout)
+    if up.returncode != 0 or not found:
+        raise SystemExit(f"--detach failed:\n{up.stdout[-3000:]}")
+    w = Watched([sys.executable, "-c", ATTACH, "--no-dashboard", "--runs-dir", str(runs), str(cluster_yaml),
+                 found.group(1)], cwd=REPO, env=_env())
+    return failure_to_restart(w, delay, "detached job")
+
+
+def failure_to_restart(w: Watched, delay: float, what: str) -> float:
     try:
         w.wait_for(lambda text: "rank 1 failing with" in text, 180)
         failed = time.monotonic()
         took = first_line_after(w, "attempt=1", failed) - delay
         if w.wait(120) != 0:
-            raise SystemExit(f"restarted run failed:\n{w.text[-3000:]}")
+            raise SystemExit(f"{what} failed:\n{w.text[-3000:]}")
         return took
     finally:
         w.kill()
@@ -65,22 +87,27 @@ def main() -> None:
                 path = cluster.cluster_file(tmp / "cluster.yaml", [(node, 1) for node in cluster.nodes],
                                             python=sys.executable, workdir=str(tmp), restart_delay=args.delay,
                                             env={"OMP_NUM_THREADS": 1})
-                firsts, restarts, ratios = [], [], []
+                ways = {"fresh": fresh, "restart": lambda p, runs: restart(p, runs, args.delay),
+                        "detached": lambda p, runs: detached(p, runs, args.delay)}
+                got = {way: [] for way in ways}
                 for r in range(args.repeat):
-                    got = {}
-                    for way in (("fresh", "restart") if r % 2 == 0 else ("restart", "fresh")):
-                        got[way] = fresh(path, tmp / "runs") if way == "fresh" else \
-                            restart(path, tmp / "runs", args.delay)
-                    firsts.append(got["fresh"]), restarts.append(got["restart"])
-                    ratios.append(got["restart"] / got["fresh"])
-                    print(f"{n} nodes, repeat {r}: fresh launch to first line {got['fresh']:.2f} s, failure to "
-                          f"attempt 1's first line less the delay {got['restart']:.2f} s", flush=True)
+                    order = list(ways)[r % 3:] + list(ways)[:r % 3]
+                    for way in order:
+                        got[way].append(ways[way](path, tmp / "runs"))
+                    print(f"{n} nodes, repeat {r}: fresh launch to first line {got['fresh'][-1]:.2f} s; failure to "
+                          f"attempt 1's first line less the delay {got['restart'][-1]:.2f} s, detached "
+                          f"{got['detached'][-1]:.2f} s", flush=True)
             finally:
+                subprocess.run([sys.executable, "-c", KILL, str(path), "--all", "--purge"], cwd=REPO, env=_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
                 cluster.down()
+            ratios = {way: [t / f for t, f in zip(got[way], got["fresh"])] for way in ("restart", "detached")}
             print(f"\n{n} nodes, 1 process each, restart_delay {args.delay:g} s; median (min-max) of {args.repeat}\n")
-            print("| fresh launch to first line (s) | failure to next attempt's first line - delay (s) | ratio |")
-            print("|---|---|---|")
-            print(f"| {spread(firsts)} | {spread(restarts)} | {spread(ratios)} |\n", flush=True)
+            print("| fresh launch to first line (s) | failure to next attempt's first line - delay (s) | ratio "
+                  "| the same, detached (s) | ratio |")
+            print("|---|---|---|---|---|")
+            print(f"| {spread(got['fresh'])} | {spread(got['restart'])} | {spread(ratios['restart'])} "
+                  f"| {spread(got['detached'])} | {spread(ratios['detached'])} |\n", flush=True)
 
 
 if __name__ == "__main__":

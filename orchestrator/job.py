@@ -427,9 +427,12 @@ class Job:
 
     def _blame_slurm(self, node: int) -> None:
         """Slurm's word comes on the step's stderr, which can arrive after the node's end (the agent
-        stopped on Slurm's SIGTERM, or its srun ended): that end was Slurm's doing."""
+        stopped on Slurm's SIGTERM, or its srun ended): that end was Slurm's doing. So was a rank's
+        death by a signal there: Slurm signals every process of the step, and a rank may die of
+        it before its agent acts on its own."""
         status = self.status[node]
-        self.failures = [replace(f, what=status.slurm_cancel) if f.node == node and f.rank is None else f
+        self.failures = [replace(f, what=status.slurm_cancel)
+                         if f.node == node and (f.rank is None or (f.exit_code or 0) < 0) else f
                          for f in self.failures]
         if status.state in ("stopped", "lost"):
             status.reason = status.slurm_cancel

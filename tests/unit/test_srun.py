@@ -48,3 +48,21 @@ def test_slurm_s_word_after_a_node_s_end_still_makes_it_the_root_cause():
     result = h.job.run()
     assert result.root_cause.node == 1
     assert result.root_cause.what == "Slurm cancelled step 7.1 (scancel, or the allocation ended)"
+
+
+def test_a_rank_killed_by_slurm_s_signal_before_its_agent_acted_is_slurm_s_doing_too():
+    """scancel signals every process of the step: a rank may die of it first, and its launcher
+    report a failed rank (exit code -15), before the agent stops on its own SIGTERM."""
+    from orchestrator import wire
+    from orchestrator.events import Message
+    from tests.unit.fakejob import Harness
+
+    h = Harness(2)
+    h.queue.at(1003.0, h.lines(1, "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 0)",
+                               "  exitcode  : -15 (pid: 8203) (SIGTERM)"))
+    h.queue.at(1003.0, Message(1, wire.Exited(code=143, signal=None, stopped=False, reason=None)))
+    h.queue.at(1003.1, h.lines(1, "slurmstepd-h1: error: *** STEP 7.1 ON h1 CANCELLED AT 2026-11-23T06:27:42 ***",
+                               stream="node"))
+    result = h.job.run()
+    assert result.root_cause.node == 1 and result.root_cause.rank == 1
+    assert result.root_cause.what == "Slurm cancelled step 7.1 (scancel, or the allocation ended)"
