@@ -1124,7 +1124,9 @@ class Supervisor:
     """The master node's agent, in a detached job: every other node's agent joins it (TCP, each
     connection proving it knows the job's token) and reports its state. The first node to fail,
     stop or fall silent for orphan_timeout halts every node, as the controller does for a job it
-    watches; once every node has ended, the outcome is recorded here."""
+    watches. Once every node has ended the attempt, either the job is over (its outcome is
+    recorded here, every node told RunOver) or, with restarts left and every node still heard,
+    the master node's agent waits the delay and calls restart (every node told Restart)."""
 
     def __init__(self, runner, listener):
         self.runner = runner
@@ -1132,11 +1134,11 @@ class Supervisor:
         self.listener = listener
         self.port = listener.getsockname()[1]
         self.lock = threading.Lock()
-        self.states = {}  # node -> {"state", "code", "reason", "at"}
+        self.states = {}  # node -> {"state", "code", "reason", "at", "final"}, of the current attempt
         self.links = {}  # node -> (socket, its send lock)
         self.heard = {}  # node -> when it was last heard (monotonic)
         self.halted = None  # the reason every node was told to stop
-        self.finished = threading.Event()
+        self.finished = threading.Event()  # every node has ended the current attempt
         self.quiet = {}  # node -> (its ranks' quiet seconds, when it said so)
         self.hung = None  # (why, when the stacks were asked for), once the job looks hung
         self.first_done = None  # when the first node's job ended well (the others should follow)
@@ -1457,7 +1459,7 @@ def follow(spec, writer):
         while not writer.broken:
             record = read_record(where) or {}
             state, current = live_state(record), record.get("attempt", 0)
-            running = state == "running" and current == spec.attempt
+            running = attempt_live(state, current, spec.attempt)
             data = f.read(1 << 20)
             if data:
                 for frame in decoder.feed(data):
@@ -1471,10 +1473,16 @@ def follow(spec, writer):
                 writer.send(wire.Heartbeat(), block=False)
                 beat = time.monotonic()
             time.sleep(0.1)
-    later = current > spec.attempt or (spec.follow and state == "restarting")
+    later = current > spec.attempt or (spec.follow and state == "restarting" and current == spec.attempt)
     writer.send(wire.JournalEnd(running=running, later=later))
     writer.drain(30)
     return 0
+
+
+def attempt_live(state, current, attempt):
+    """Whether ``attempt``'s journal may still grow, from the record: the job runs it, or is just
+    starting it (an agent creates an attempt's journal, then records that it runs it)."""
+    return state in ("running", "restarting") and (current < attempt or (current == attempt and state == "running"))
 
 
 def waiting_to_restart(record, attempt):

@@ -425,6 +425,9 @@ def detached_notices(plan: LaunchPlan, console_view: ConsoleView, cluster_arg: s
                  f"its lines: ddp-logs {cluster_arg} {plan.job_id} [--follow]; every job: ddp-ls {cluster_arg}",
                  f"stop it:   ddp-kill {cluster_arg} --job {plan.job_id}"):
         console_view.notice(text)
+    if plan.restarts:
+        console_view.notice(f"on a failure its own agents start it again, up to {plan.restarts} time(s) "
+                            "(restarts:; ddp-ls shows the attempt)")
     return EXIT_OK
 
 

@@ -29,7 +29,9 @@ A detached job (RunSpec.detach) also writes every frame after Go to a journal on
 its agents talk to each other, not to the controller, once it is gone: each node's agent joins
 the supervisor in the master node's agent (TCP on the master address, Go.supervisor) with PEER
 frames: Challenge -> Join (an HMAC of the challenge under the job's token), then NodeState and
-Progress from the node, DumpStacks, Halt and Heartbeat from the supervisor.
+Progress from the node, DumpStacks, Halt and Heartbeat from the supervisor. With restarts left,
+a node that reported its end waits for the supervisor's word: Restart (the next attempt, its
+master port; a journal of its own on each node, journal.<N>) or RunOver.
 """
 
 from __future__ import annotations

@@ -193,11 +193,12 @@ def test_a_detached_hang_is_detected_dumped_stopped_and_named(cluster, detached)
 
 def test_a_detached_job_restarts_by_itself_and_an_attach_shows_every_attempt(detached):
     """Issue 18 with --detach: rank 1 fails in attempt 0; the job's own agents (no ddp-up) start
-    attempt 1, which runs to its end. An attach afterwards replays both attempts, in order."""
-    path = detached([(0, 1), (1, 1)], restarts=2, restart_delay=0.5)
-    job = detach(path, "tick", "6", "0.3", "1", "7", "0")
-    row = wait_state(path, job, ("done", "failed", "stopped", "lost"), 90)
-    assert row["state"] == "done" and row["exit_status"] == 0 and row["attempt"] == 1, row
+    attempt 1, which runs to its end. An attach from the start follows it live through the
+    restart; ddp-logs afterwards replays both attempts, in order."""
+    path = detached([(0, 1), (1, 1)], restarts=2, restart_delay=1)
+    code, out, _ = ddp_up("--detach", str(path), SCRIPT, "tick", "6", "0.3", "1", "7", "0")
+    assert code == 0 and "on a failure its own agents start it again, up to 2 time(s)" in out, out
+    job = re.search(r"job (\S+) runs detached", out).group(1)
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
     assert code == 0, out
     first, _, second = out.partition("attempt 1: 2 node(s)")
@@ -208,6 +209,11 @@ def test_a_detached_job_restarts_by_itself_and_an_attach_shows_every_attempt(det
     attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
     assert [a["attempt"] for a in attempts] == [0, 1] and "(node 1, rank 1)" in attempts[0]["root_cause"], attempts
     assert (run_dir(job) / "attempt1" / "rank1.log").read_text().splitlines() == [f"tick {i} rank=1" for i in range(6)]
+    row = jobs(path)[job]
+    assert row["state"] == "done" and row["exit_status"] == 0 and row["attempt"] == 1, row
+    code, out = run(LOGS, str(path), job, "--ranks", "1", "--runs-dir", RUNS_ROOT)  # the story, replayed
+    assert code == 0, out
+    assert ticks(out) == [(1, i) for i in (0, 1, 2)] + [(1, i) for i in range(6)], out
     assert not procs.wait_no_job_processes(job, timeout=30)
 
 

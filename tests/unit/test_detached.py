@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 from orchestrator import agent, wire
 from orchestrator.detached import merge_records
+from orchestrator.signals import SignalInbox
 from tests.unit.fakejob import Harness
 
 T0 = 1000.0  # the fake clock's start
@@ -287,3 +288,43 @@ def test_a_later_attempt_runs_the_same_launch_line_on_its_own_master_port():
                          "train.py", ["--lr", "0.1", "--master-port=1"], "J1", "/tmp")
         first, later = plan.launcher_argv(plan.nodes[1], 29500), plan.launcher_argv(plan.nodes[1], 41234)
         assert agent.with_port(first, 41234) == later  # the script's own --master-port=1 is its own
+
+
+def test_an_attach_follows_every_attempt_and_stops_at_one_that_never_began():
+    """follow_attempts over fake journals: attempt 0 failed and said a later one follows; in run
+    A attempt 1 succeeded, in run B the job was stopped while it waited (every node: absent)."""
+    from orchestrator.detached import follow_attempts
+    from orchestrator.views.fanout import Fanout
+    from tests.unit.fakejob import Clock, FakeNode, RecordingView
+
+    failed = [wire.Started(), wire.Exited(code=1, signal=None, stopped=False, reason=None),
+              wire.JournalEnd(running=False, later=True)]
+    journals = {"A": {0: failed, 1: [wire.Started(), wire.Exited(code=0, signal=None, stopped=False, reason=None),
+                                     wire.JournalEnd(running=False)]},
+                "B": {0: failed, 1: [wire.JournalEnd(running=False, absent=True)]}}
+    for run, by_attempt in journals.items():
+        plan = Harness(2).plan
+        view, asked = RecordingView(), []
+
+        def sessions(follow, tail, by_attempt=by_attempt, asked=asked):
+            def make(plan, post, clock):
+                asked.append((plan.attempt, follow, tail))
+                nodes = [FakeNode(i, post, Clock()) for i in range(len(plan.nodes))]
+                for node in nodes:
+                    node.open = (lambda n: lambda: [n.say(f) for f in by_attempt[plan.attempt]])(node)
+                return nodes
+            return make
+
+        job, records = follow_attempts(plan, Fanout(view), True, None, SignalInbox(), sessions=sessions)
+        assert [a for a, _, _ in asked] == [0, 1] and all(f and t is None for _, f, t in asked)
+        if run == "A":
+            assert [r.exit_code for r in records] == [1, 0] and job.plan.attempt == 1 and job.result().exit_code == 0
+        else:
+            assert [r.exit_code for r in records] == [1] and job.plan.attempt == 0 and job.result().exit_code == 1
+
+
+def test_a_followed_attempt_is_live_while_its_agent_is_still_recording_that_it_began():
+    assert agent.attempt_live("running", 1, 1) and agent.attempt_live("restarting", 0, 1)  # journal.1 made, record not yet
+    assert not agent.attempt_live("restarting", 1, 1)  # attempt 1 ended; the job waits to start attempt 2
+    assert not agent.attempt_live("running", 2, 1) and not agent.attempt_live("failed", 1, 1)
+    assert not agent.attempt_live("lost", 0, 1)
