@@ -936,9 +936,9 @@ class Runner:
             self.supervisor.report(self.spec.node, state, code, reason, self.attempt, self.for_good)
             self.supervisor.finished.wait()
             if not self.supervisor.over_event.is_set():
-                go = self.restart_here()
+                go, why = self.restart_here()
                 if go is None:
-                    self.supervisor.over("stopped for good while it waited to restart")
+                    self.supervisor.over(why)
         elif self.link is not None:
             self.link.report(state, code, reason, self.attempt, self.for_good, keep=more)
             go = self.await_restart() if more else None
@@ -949,20 +949,21 @@ class Runner:
 
     def restart_here(self):
         """The master node, between two attempts: wait the delay (a signal ends the job instead),
-        hold a fresh port for the next master, and tell every node to start (Restart)."""
+        hold the next master port (a fresh one, or the one the cluster file sets), and tell every
+        node to start (Restart). (the Restart, None) or (None, why the job ends here)."""
         attempt = self.attempt + 1
         deadline = time.monotonic() + self.spec.restart_delay * attempt
         while time.monotonic() < deadline:
             event = self.wait_event(deadline)
             if event and event[0] in ("stop", "kill"):
-                return None
-        try:
-            self.listener = listen_on(0)  # held until the launcher starts, as for the first attempt
-        except OSError:
-            return None
+                return None, "stopped for good while it waited to restart"
+        try:  # held until the launcher starts, as for the first attempt
+            self.listener = listen_on(self.spec.check_port or 0)
+        except OSError as e:
+            return None, "master port %s not free for attempt %d (%s)" % (self.spec.check_port, attempt, e.strerror)
         port = self.listener.getsockname()[1]
         self.supervisor.restart(attempt, port)
-        return wire.Restart(attempt=attempt, port=port)
+        return wire.Restart(attempt=attempt, port=port), None
 
     def await_restart(self):
         """Every other node, between two attempts: the supervisor's word (bounded: a supervisor

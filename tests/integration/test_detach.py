@@ -195,7 +195,8 @@ def test_a_detached_job_restarts_by_itself_and_an_attach_shows_every_attempt(det
     """Issue 18 with --detach: rank 1 fails in attempt 0; the job's own agents (no ddp-up) start
     attempt 1, which runs to its end. An attach from the start follows it live through the
     restart; ddp-logs afterwards replays both attempts, in order."""
-    path = detached([(0, 1), (1, 1)], restarts=2, restart_delay=1)
+    path = detached([(0, 1), (1, 1)], restarts=2, restart_delay=1, master={"port": 29731},
+                    env={"TICK_SAYS_PORT": 1})  # each attempt on the port the cluster file sets
     code, out, _ = ddp_up("--detach", str(path), SCRIPT, "tick", "6", "0.3", "1", "7", "0")
     assert code == 0 and "on a failure its own agents start it again, up to 2 time(s)" in out, out
     job = re.search(r"job (\S+) runs detached", out).group(1)
@@ -205,10 +206,12 @@ def test_a_detached_job_restarts_by_itself_and_an_attach_shows_every_attempt(det
     assert second, out
     assert [i for r, i in ticks(first) if r == 1] == [0, 1, 2] and "rank 1 failing with 7" in first, out
     assert sorted(ticks(second)) == [(r, i) for r in range(2) for i in range(6)], out  # attempt 1, whole
+    assert sorted(re.findall(r"PORT (\d+) attempt=(\d)$", out, re.M)) == [("29731", "0")] * 2 + [("29731", "1")] * 2
     assert re.search(r"job \S+ ok after [\d.]+ s in 2 attempts \(exit status 0\)", out), out
     attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
     assert [a["attempt"] for a in attempts] == [0, 1] and "(node 1, rank 1)" in attempts[0]["root_cause"], attempts
-    assert (run_dir(job) / "attempt1" / "rank1.log").read_text().splitlines() == [f"tick {i} rank=1" for i in range(6)]
+    assert (run_dir(job) / "attempt1" / "rank1.log").read_text().splitlines() == \
+        ["PORT 29731 attempt=1"] + [f"tick {i} rank=1" for i in range(6)]
     row = jobs(path)[job]
     assert row["state"] == "done" and row["exit_status"] == 0 and row["attempt"] == 1, row
     code, out = run(LOGS, str(path), job, "--ranks", "1", "--runs-dir", RUNS_ROOT)  # the story, replayed

@@ -138,6 +138,8 @@ def main():
         fail_rank, code = (int(rest[2]), int(rest[3])) if len(rest) > 3 else (-1, 0)
         if len(rest) > 4 and os.environ.get("DDP_UP_ATTEMPT", "0") not in rest[4].split(","):
             fail_rank = -1
+        if os.environ.get("TICK_SAYS_PORT"):  # opt-in: a test that checks which master port each attempt had
+            print(f"PORT {os.environ['MASTER_PORT']} attempt={os.environ.get('DDP_UP_ATTEMPT')}", flush=True)
         for i in range(n):
             print(f"tick {i} rank={rank}", flush=True)
             if rank == fail_rank and i == 2:
