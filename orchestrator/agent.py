@@ -544,6 +544,7 @@ class Runner:
         # Stop, or its supervisor gone silent; a Halt (another node's failure) is not
         self.for_good = False
         self.next_go = None  # detach with restarts: the Go of the attempt to start next
+        self.first_go = None  # detach: attempt 0's Go, whose launch line every later attempt reuses
 
     def on_signal(self, signum, _frame):
         self.for_good = True
@@ -775,7 +776,7 @@ class Runner:
         SIGHUP (a terminal closing) no longer stops it."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.out.last_output = time.monotonic()  # the hang watch counts from the start, as ddp-up's does
-        self.first_go = go  # a later attempt's launch line is this one's, with its own master port
+        self.first_go = go
         self.record = {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label,
                        "script": self.spec.script, "ranks": self.spec.ranks, "pid": os.getpid(),
                        "started": time.time(), "ended": None, "state": "running", "code": None, "reason": None,
