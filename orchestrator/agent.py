@@ -264,10 +264,15 @@ def unsafe_state(path, why):
                        "agent a private TMPDIR with `setup: export TMPDIR=$HOME/.cache/ddp-up-tmp`" % path)
 
 
+def per_attempt(name, attempt):
+    """What a later attempt of a restarted job has of its own is named ``<name>.<attempt>``:
+    ddp-up's attempts get node directories (``node<N>.<attempt>``: the one before may still be
+    ending on this host), a detached job's a journal and a torchrun log directory each."""
+    return name if not attempt else "%s.%d" % (name, attempt)
+
+
 def node_dir_name(node, attempt=0):
-    """``node<N>``; a restarted job's later attempts get ``node<N>.<attempt>``: the one before may
-    still be ending on this host (a node cut off stops by itself, within orphan_timeout)."""
-    return "node%d" % node if not attempt else "node%d.%d" % (node, attempt)
+    return per_attempt("node%d" % node, attempt)
 
 
 def parse_node_dir(entry):
@@ -719,7 +724,7 @@ class Runner:
     def start(self, go):
         argv = go.argv
         if self.spec.detach:  # before the first frame of the job: the journal has them all
-            self.out.journal = Journal(os.path.join(self.dir, journal_name(self.attempt)))
+            self.out.journal = Journal(os.path.join(self.dir, per_attempt(JOURNAL, self.attempt)))
         env = self.job_env()
         env.update(go.env or {})
         env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
@@ -982,7 +987,7 @@ class Runner:
         master port, its own journal and torchrun log directory, DDP_UP_ATTEMPT its number."""
         self.attempt, self.next_go = restart.attempt, None
         self.out.journal.close()  # the attempt before's is complete (start opens this one's)
-        self.log_dir = os.path.join(self.dir, "logs.%d" % self.attempt)
+        self.log_dir = os.path.join(self.dir, per_attempt("logs", self.attempt))
         self.pumps, self.tailer, self.ended = [], None, threading.Event()
         go = self.first_go
         self.close_listener()
@@ -1022,11 +1027,6 @@ ENDED = ("done", "failed", "stopped", "lost")
 RETENTION = 7 * 86400.0  # a finished detached job's record and journal are kept this long
 JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job
 HANG_DUMP_WAIT = 8.0  # after a detached job's ranks were asked for their stacks, before it is stopped
-
-
-def journal_name(attempt):
-    """A restarted detached job's attempts each have a journal: journal, journal.1, journal.2..."""
-    return JOURNAL if attempt == 0 else "%s.%d" % (JOURNAL, attempt)
 
 
 def with_port(argv, port):
@@ -1439,7 +1439,7 @@ def follow(spec, writer):
     """Follow mode: the journal of one attempt of the job on this node, frame by frame, from its
     start; a later attempt's, once it has begun (a follower waits while the job waits to restart)."""
     where = job_node_dir(spec.job, spec.node)
-    path = os.path.join(where or "", journal_name(spec.attempt))
+    path = os.path.join(where or "", per_attempt(JOURNAL, spec.attempt))
     if spec.attempt and spec.follow and where:
         while not (os.path.exists(path) or writer.broken) and waiting_to_restart(read_record(where), spec.attempt):
             writer.send(wire.Heartbeat(), block=False)

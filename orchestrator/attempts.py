@@ -21,12 +21,13 @@ joins, or a node that was lost, gets the whole preflight.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .config import ClusterConfig, NodeConfig
-from .errors import NodeProblem
+from .errors import EXIT_SETUP, NodeProblem
 from .outcome import JobResult, NodeStatus
 from .plan import LaunchPlan
 from .preflight import TORCH_FIELDS
@@ -107,6 +108,15 @@ class Roster:
                               f"(set `spares:`, or `min_nodes:` to go on with fewer nodes)")
 
 
+def attempt_record(plan: LaunchPlan, result: JobResult, started: float,
+                   cause: tuple[str | None, bool]) -> AttemptRecord:
+    """The record of attempt ``plan.attempt``, ended now (one that could not start: exit status 3)."""
+    root = result.root_cause
+    what = root.render() if root else (f"{cause[0]} could not start" if cause[0] else None)
+    return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
+                         result.exit_code if root or not cause[0] else EXIT_SETUP, plan.mask(what) if what else None)
+
+
 def blame(result: JobResult) -> tuple[str | None, bool]:
     """(the root cause's node label, whether that node was lost) of a failed attempt."""
     cause = result.root_cause
@@ -171,9 +181,8 @@ class Restarts:
 
     def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
         """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""
-        vetted = {label: facts for label, facts in self.vetted.items() if label not in self.roster.quarantined}
         return replace(self.planner(cluster), attempt=attempt, quarantined=tuple(self.roster.quarantined),
-                       vetted=vetted)
+                       vetted=dict(self.vetted))
 
     def vet(self, statuses: list[NodeStatus]) -> None:
         """After an attempt: remember which nodes need no torch probe in the next one."""

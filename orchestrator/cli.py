@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__, collective, signals
-from .attempts import AttemptRecord, Restarts, blame, blame_setup, delay_before, wait_for_signal
+from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
 from .cleanup import SweepReport, match_for, sweep_nodes
 from .config import NodeSource, SyncConfig, load_cluster, read_text
 from .detect import resolve_auto_gpus
@@ -408,13 +408,6 @@ def next_attempt(plan: LaunchPlan, cause: tuple[str | None, bool], policy: Resta
         views.notice(f"{signal.Signals(signum).name} while waiting to restart: no new attempt")
         return None, signum
     return policy.plan(cluster, plan.attempt + 1), None
-
-
-def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool]) -> AttemptRecord:
-    root = result.root_cause
-    what = root.render() if root else (f"{cause[0]} could not start" if cause[0] else None)
-    return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
-                         result.exit_code if root or not cause[0] else EXIT_SETUP, plan.mask(what) if what else None)
 
 
 def detached_notices(plan: LaunchPlan, console_view: ConsoleView, cluster_arg: str) -> int:

@@ -21,9 +21,9 @@ import time
 from rich.table import Table
 
 from . import signals, wire
-from .attempts import AttemptRecord, blame
+from .attempts import AttemptRecord, attempt_record, blame
 from .cli import (EXIT_OK, EXIT_USAGE, _interrupted, _load_or_report, _report, add_node_sources, add_view_options,
-                  attempt_record, make_view, ssh_connections)
+                  make_view, ssh_connections)
 from .errors import DdpUpError, Interrupted, UsageError
 from .job import Job
 from .oneshot import call_agent
@@ -160,10 +160,11 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
         if job.interrupted:
             return 128 + job.interrupted
         ended = all(s.terminal and s.state != "error" for s in job.status)
+        shown = records if len(records) > 1 else ()  # a job that never restarted: as before restarts
         if ended:
-            logs.finished(result, attempts=records if len(records) > 1 else ())
+            logs.finished(result, attempts=shown)
         if show_end and ended:
-            view.finished(result, attempts=records if len(records) > 1 else ())
+            view.finished(result, attempts=shown)
         for p in problems:
             view.notice(p.render())
         if problems:

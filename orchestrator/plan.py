@@ -138,8 +138,8 @@ class LaunchPlan:
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
-            needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc, hooks=dict(self.hooks) or None,
-            attempt=self.attempt, **detached)
+            needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
+            hooks=dict(self.hooks) or None, attempt=self.attempt, **detached)
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""
