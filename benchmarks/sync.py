@@ -33,9 +33,10 @@ TIMEOUT = 600
 DRIVER = """
 import sys
 from rich.console import Console
-from orchestrator.config import load_cluster
+from orchestrator.clusterfile import load_cluster
 from orchestrator.plan import make_plan
-from orchestrator.cli import copy_workdirs, ssh_connections
+from orchestrator.commands.common import ssh_connections
+from orchestrator.commands.up import copy_workdirs
 config = load_cluster(sys.argv[1])
 plan = make_plan(config, "job.py", [], "bench", "/")
 with ssh_connections():  # as ddp-up does: the run's ssh masters end with it

@@ -28,8 +28,9 @@ from typing import Callable
 
 from .config import ClusterConfig, NodeConfig
 from .errors import EXIT_SETUP, NodeProblem
+from .node import policy
 from .outcome import JobResult, NodeStatus
-from .plan import LaunchPlan
+from .plan import Attempt, LaunchPlan
 from .preflight import TORCH_FIELDS
 
 
@@ -144,8 +145,8 @@ def vetted_after(earlier: dict[str, dict], statuses: list[NodeStatus]) -> dict[s
 
 
 def delay_before(attempt: int, base: float) -> float:
-    """Seconds to wait before ``attempt`` (1, 2, ...): base, 2x base, 3x base..."""
-    return base * attempt
+    """Seconds to wait before ``attempt`` (1, 2, ...), as a detached job's supervisor waits too."""
+    return policy.restart_delay(attempt, base)
 
 
 def wait_for_signal(inbox, seconds: float) -> int | None:
@@ -167,12 +168,12 @@ class Restarts:
     roster: Roster
     limit: int  # restarts allowed: attempts 0..limit
     delay: float
-    planner: Callable[[ClusterConfig], LaunchPlan] | None = None  # the run's make_plan, on an attempt's cluster
+    planner: Callable[[ClusterConfig, Attempt], LaunchPlan] | None = None  # the run's make_plan for an attempt
     vetted: dict[str, dict] = field(default_factory=dict)  # see vetted_after
 
     @classmethod
     def of(cls, config: ClusterConfig, limit: int | None = None,
-           planner: Callable[[ClusterConfig], LaunchPlan] | None = None) -> Restarts:
+           planner: Callable[[ClusterConfig, Attempt], LaunchPlan] | None = None) -> Restarts:
         return cls(config, Roster.of(config), config.restarts if limit is None else limit, config.restart_delay,
                    planner)
 
@@ -181,8 +182,7 @@ class Restarts:
 
     def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
         """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""
-        return replace(self.planner(cluster), attempt=attempt, quarantined=tuple(self.roster.quarantined),
-                       vetted=dict(self.vetted))
+        return self.planner(cluster, Attempt(attempt, tuple(self.roster.quarantined), dict(self.vetted)))
 
     def vet(self, statuses: list[NodeStatus]) -> None:
         """After an attempt: remember which nodes need no torch probe in the next one."""
@@ -190,7 +190,7 @@ class Restarts:
 
     def after(self, attempt: int, cause: tuple[str | None, bool]) -> tuple[ClusterConfig | None, str | None]:
         """The next attempt's cluster (None: no next attempt) and what to say about the nodes."""
-        if attempt >= self.limit:
+        if not policy.restarts_left(attempt, self.limit):
             return None, None
         verdict = self.roster.settle(*cause)
         return (self.roster.cluster(self.config) if verdict.go_on else None), verdict.notice

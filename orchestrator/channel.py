@@ -12,18 +12,45 @@ by the caller's own deadline (it can ``close`` the channel from another thread).
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
-from . import protocol, wire
+from . import protocol
+from .node import wire
 from .config import NodeConfig
 from .errors import NodeProblem
-from .transport import ConnectFailed, RemoteProcess, Transport, early_exit_problem
+from .openssh import ssh_failure
+from .transport import SETUP_FAILED, SETUP_MARK, ConnectFailed, RemoteProcess, Transport
 
 STDERR_TAIL = 20  # lines of the agent's own stderr kept to explain an early exit
+
+
+_SETUP_FAILURE = re.compile(re.escape(SETUP_MARK) + r" (\d+) failed with status (\d+)")
+
+
+def early_exit_problem(node: NodeConfig, exit_status: int | None, stderr_tail: Sequence[str]) -> NodeProblem:
+    """Why an agent ended before it answered, from its shell's exit status and last stderr lines:
+    a failed setup command (which one, its status, what it printed), no such python, or else."""
+    tail = " | ".join(stderr_tail[-3:])
+    if exit_status == 255 and node.transport == "ssh" and node.ssh.client == "openssh":
+        return ssh_failure(node, stderr_tail)  # ssh's own status for "could not connect or run"
+    if exit_status == SETUP_FAILED:
+        found = next(filter(None, (_SETUP_FAILURE.match(line) for line in stderr_tail)), None)
+        number, status = (int(found.group(1)), found.group(2)) if found else (0, "?")
+        command = node.setup[number - 1] if 0 < number <= len(node.setup) else "?"
+        output = " | ".join(line for line in stderr_tail[-4:] if not _SETUP_FAILURE.match(line))
+        return NodeProblem(node.label, f"setup command {number} `{command}` failed with status {status}"
+                           + (f": {output}" if output else ""),
+                           "fix it in `setup:`, or run it by hand on the node to see why")
+    if exit_status == 127:
+        return NodeProblem(node.label, f"python not found: {node.python!r} ({tail})",
+                           "set `python:` to the interpreter's absolute path on that node")
+    return NodeProblem(node.label, f"the node agent exited before it was ready (status {exit_status})"
+                       + (f": {tail}" if tail else ""), "run the same python on the node by hand")
 
 
 @dataclass(frozen=True)

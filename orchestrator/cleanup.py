@@ -10,8 +10,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import wire
-from .agent import TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
+from .node import wire
+from .node.procs import TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .config import NodeConfig
 from .oneshot import call_agent
 from .parallel import on_each
@@ -86,3 +86,15 @@ class LostNodeSweeper:
         for node, thread in self._threads:  # each sweep bounds itself; the margin covers thread start
             thread.join(sweep_limit(node, self.grace) + 5)
         return list(self._reports)
+
+
+def sweep_notices(reports: list[SweepReport], orphan_timeout: float) -> list[str]:
+    """How each sweep of a lost node went, as the job's notices say it."""
+    notices = []
+    for report in reports:
+        if report.error:
+            notices.append(f"{report.node.label}: cleanup not confirmed ({report.error}); its agent stops the job by "
+                           f"itself within orphan_timeout ({orphan_timeout:g} s), or run ddp-kill")
+        elif report.found:
+            notices.append(f"{report.node.label}: swept {len(report.found)} leftover process(es)")
+    return notices

@@ -6,7 +6,7 @@ cluster whose counts are all known, and no view or rank ever changes after it is
 
 from __future__ import annotations
 
-from . import wire
+from .node import wire
 from .config import ClusterConfig
 from .errors import NodeProblem, SetupError
 from .oneshot import Reply, call_agent

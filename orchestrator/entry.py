@@ -10,9 +10,9 @@ import sys
 from .signals import INBOX
 
 
-def _run(name: str, module: str = "cli") -> None:
+def _run(name: str, module: str) -> None:
     INBOX.install()
-    commands = importlib.import_module(f".{module}", __package__)  # after the inbox: see above
+    commands = importlib.import_module(f".commands.{module}", __package__)  # after the inbox: see above
 
     _exit(getattr(commands, name)())
 
@@ -31,25 +31,25 @@ def _exit(code: int) -> None:
 
 
 def up() -> None:
-    _run("main_up")
+    _run("main_up", "up")
 
 
 def kill() -> None:
-    _run("main_kill")
+    _run("main_kill", "kill")
 
 
 def check() -> None:
-    _run("main_check")
+    _run("main_check", "check")
 
 
 def attach() -> None:
-    _run("main_attach", "detached")
+    _run("main_attach", "attach")
 
 
 def logs() -> None:
-    _run("main_logs", "detached")
+    _run("main_logs", "attach")
 
 
 def ls() -> None:
-    _run("main_ls", "detached")
+    _run("main_ls", "attach")
 

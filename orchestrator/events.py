@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple, Union
 
 from .channel import ChannelEnd
 from .errors import NodeProblem
-from .wire import Frame
+from .node.wire import Frame
 
 Stream = Literal["out", "err", "node"]  # worker/launcher stdout, stderr, or the node's own diagnostics
 

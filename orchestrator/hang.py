@@ -1,7 +1,8 @@
 """Hang detection: when a running job looks hung, and which ranks to name. Decisions as values.
 
 A job looks hung when no rank printed for ``hang_timeout`` seconds, or when some nodes finished
-that long ago while others still run. The watch then asks for every rank's stack (``AskStacks``;
+that long ago while others still run (policy.hang_reason: a detached job's supervisor applies the
+same rule). The watch then asks for every rank's stack (``AskStacks``;
 the job sends Dump), waits for the nodes to confirm and the stacks to arrive, and names the
 ranks that look stuck (``Hung``): with stacks, the odd ones out by the collective they wait in;
 without, the quietest ranks. The job loop acts on the decisions; this module does no I/O.
@@ -14,6 +15,7 @@ from typing import Sequence
 
 from .events import LogLine
 from .logparse import StackReport
+from .node import policy
 from .outcome import NodeStatus
 
 DUMP_WAIT = 5.0  # after asking for stacks, how long to wait for them before stopping the job
@@ -71,16 +73,8 @@ class HangWatch:
         if not self.timeout or self.why or stopping or self.last_output is None:
             return None
         running = [s for s in statuses if s.state == "running"]
-        if not running:
-            return None
-        quiet = now - self.last_output
-        if quiet > self.timeout:
-            return self._declare(f"no output from any rank for {quiet:.0f} s", running, now)
-        if self.first_done is not None and now - self.first_done > self.timeout:
-            done = sum(s.state == "done" for s in statuses)
-            return self._declare(f"{done} node(s) finished {now - self.first_done:.0f} s ago, "
-                                 f"{len(running)} still running", running, now)
-        return None
+        why = policy.hang_reason(now, self.last_output, self.first_done, self.timeout, len(running))
+        return self._declare(why, running, now) if why else None
 
     def _declare(self, why: str, running: list[NodeStatus], now: float) -> AskStacks:
         self.why = why
@@ -88,9 +82,13 @@ class HangWatch:
         self.deadline = now + DUMP_WAIT
         return AskStacks(why, tuple(sorted(self.pending)))
 
-    def name_stopped(self, statuses: Sequence[NodeStatus], why: str) -> Hung | None:
-        """A detached job that its own supervisor stopped as hung (``why``), replayed with the
-        stacks its ranks printed: the ranks to name, among all of them."""
+    def name_stopped(self, statuses: Sequence[NodeStatus]) -> Hung | None:
+        """A detached job that its own supervisor stopped as hung (a node's reason says so),
+        replayed with the stacks its ranks printed: the ranks to name, among all of them. Known
+        only once every node's journal was read."""
+        why = next((s.reason for s in statuses if (s.reason or "").startswith("job hung")), None)
+        if why is None:
+            return None
         self.why = why
         return self._name_stuck(statuses, [r for s in statuses for r in s.plan.ranks])
 

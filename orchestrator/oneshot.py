@@ -9,11 +9,12 @@ import queue
 import time
 from dataclasses import dataclass, field
 
-from . import wire
+from .node import wire
 from .channel import AgentChannel, ChannelEnd
 from .config import NodeConfig
 from .errors import NodeProblem
-from .transport import ConnectFailed, Transport, transport_for
+from .transport import ConnectFailed, Transport
+from .transports import transport_for
 
 
 @dataclass

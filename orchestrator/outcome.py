@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from . import wire
+from .node import policy, wire
 from .errors import EXIT_JOB_FAILED, EXIT_OK, NodeProblem
 from .logparse import FailureReportParser
 from .plan import LaunchPlan, NodePlan
@@ -111,7 +111,7 @@ class JobResult:
 
     @property
     def root_cause(self) -> Failure | None:
-        return min(self.failures, key=lambda f: f.at) if self.failures else None
+        return policy.earliest(self.failures, lambda f: f.at)
 
     @property
     def exit_code(self) -> int:

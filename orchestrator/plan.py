@@ -12,8 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from . import wire
-from .agent import JOB_ID, OWN_LAUNCHER, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
+from .node import wire
+from .node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
+from .node.state import JOB_ID
+from .node.workers import OWN_LAUNCHER
 from .config import ClusterConfig, NodeConfig
 from .errors import UsageError
 
@@ -64,7 +66,7 @@ class LaunchPlan:
     launcher: str = "torchrun"
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
     run_token: str = ""  # tags this launch's processes apart from any other with the same job id
-    detach: bool = False  # the job outlives ddp-up: its agents supervise it (agent.Supervisor)
+    detach: bool = False  # the job outlives ddp-up: its agents supervise it (node/detached.py)
     peer_token: str | None = field(default=None, repr=False)  # detach: the secret the job's agents prove to each other
     retention: float = 7 * 86400.0  # detach: how long its record and logs stay on the nodes after its end
     allow_busy_gpus: bool = False  # start even where other processes hold memory on the job's GPUs
@@ -101,7 +103,7 @@ class LaunchPlan:
 
     def launcher_argv(self, node: NodePlan, port: int | str) -> list[str]:
         cfg = node.config
-        # `none`: the agent starts the workers itself (agent.Workers), with what a launcher would get
+        # `none`: the agent starts the workers itself (node/workers.py), with what a launcher would get
         if self.launcher == "none":
             return [OWN_LAUNCHER, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
                     f"--first-rank={node.first_rank}", f"--world-size={self.world_size}",
@@ -151,10 +153,25 @@ class LaunchPlan:
         return self.mask(" ".join(parts))
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """Which attempt of a run a plan is for, and what the run has learnt by then (restarts:)."""
+
+    number: int = 0  # 0 for the first run, then 1, 2... (DDP_UP_ATTEMPT in every process)
+    quarantined: tuple[str, ...] = ()  # nodes taken out of the run
+    vetted: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)  # see LaunchPlan.vetted
+
+
+FIRST = Attempt()
+
+
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
               job_id: str, local_cwd: str, hang_timeout: float | None = None,
-              run_token: str | None = None, detach: bool = False, allow_busy_gpus: bool = False) -> LaunchPlan:
-    """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings."""
+              run_token: str | None = None, detach: bool = False, allow_busy_gpus: bool = False,
+              attempt: Attempt = FIRST, restarts: int = 0) -> LaunchPlan:
+    """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings.
+    ``restarts``: with ``detach``, how many times the job's own supervisor may start it again
+    (a run that stays makes its own restarts, each attempt a plan of its own)."""
     nodes = []
     first = 0
     for cfg in config.nodes:
@@ -181,6 +198,11 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         peer_token=secrets.token_hex(32) if detach else None,
         retention=config.retention,
         allow_busy_gpus=allow_busy_gpus,
+        attempt=attempt.number,
+        quarantined=attempt.quarantined,
+        vetted=dict(attempt.vetted),
+        restarts=restarts if detach else 0,
+        restart_delay=config.restart_delay,
     )
 
 

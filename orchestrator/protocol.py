@@ -1,6 +1,6 @@
-"""What the controller sends first: the agent's sources and the bootstrap that runs them. Pure.
+"""What the controller sends first: the node package's modules and the bootstrap that runs them.
 
-The frames themselves are defined once, in wire.py, for both ends.
+The frames themselves are defined once, in node/wire.py, for both ends.
 """
 
 from __future__ import annotations
@@ -9,23 +9,39 @@ import importlib.util
 import marshal
 import sys
 from functools import lru_cache
+from pathlib import Path
 
-from . import agent, nodefacts, wire
+from . import node
+from .node import wire
+from .node.procs import AGENT_MARK
+
+# Turns what the controller sends first on stdin into the running agent. argv[1] is the
+# controller's bytecode key (cache tag and magic number), argv[2] the package's name on the node,
+# argv[3] the shipped modules' names (node.SHIPPED, comma-separated), then the sizes of their
+# sources and of the same compiled by the controller (marshal). It builds the package and runs
+# each module in it, in order, from its bytecode when the node's Python has the same key
+# (compiling is a quarter of the agent's start-up, paid per node), else from its source; then
+# the package's main. The leading string (AGENT_MARK) names the agent early in its command line.
+BOOTSTRAP = (AGENT_MARK + "import sys,types,marshal;a=sys.argv;p=a[2];N=a[3].split(',');n=len(N);"
+             "r=sys.stdin.buffer.read;s=[r(int(x)) for x in a[4:4+2*n]];"
+             "k='%s%s'%(sys.implementation.cache_tag,getattr(sys.modules.get('_frozen_importlib_external'),"
+             "'MAGIC_NUMBER',b'').hex());m=sys.modules;P=m[p]=types.ModuleType(p);P.__path__=[];"
+             "[(m.__setitem__(p+'.'+x,types.ModuleType(p+'.'+x)),setattr(P,x,m[p+'.'+x]),"
+             "m[p+'.'+x].__dict__.update(__package__=p),exec(marshal.loads(s[n+i]) if a[1]==k and s[n+i] else "
+             "compile(s[i],p+'.'+x,'exec'),m[p+'.'+x].__dict__)) for i,x in enumerate(N)];m[p+'.main'].main()")
+NAMES = tuple("%s.%s" % (node.PACKAGE, name) for name in node.SHIPPED)  # each module's name on a node
 
 
-def _read(module) -> bytes:
-    with open(module.__file__, "rb") as f:
-        return f.read()
-
-
-SHIPPED = (wire, nodefacts, agent)  # the order agent.BOOTSTRAP reads them in
-NAMES = ("ddp_up_wire", "ddp_up_nodefacts", "ddp_up_agent")
+def module_paths() -> tuple[Path, ...]:
+    """The shipped modules' files, in node.SHIPPED's order."""
+    here = Path(node.__file__).parent
+    return tuple(here / f"{name}.py" for name in node.SHIPPED)
 
 
 @lru_cache(maxsize=1)
 def sources() -> tuple[bytes, ...]:
-    """wire.py, nodefacts.py, agent.py, as shipped to every node."""
-    return tuple(_read(module) for module in SHIPPED)
+    """The shipped modules' sources, as sent to every node."""
+    return tuple(path.read_bytes() for path in module_paths())
 
 
 def bytecode_key() -> str:
@@ -39,7 +55,7 @@ def compiled() -> tuple[bytes, ...]:
     """The shipped modules compiled here, as the node would compile them (same names, no
     inherited __future__ flags); empty where this Python has no bytecode cache tag."""
     if sys.implementation.cache_tag is None:
-        return (b"",) * len(SHIPPED)
+        return (b"",) * len(NAMES)
     return tuple(marshal.dumps(compile(src, name, "exec", dont_inherit=True)) for src, name in zip(sources(), NAMES))
 
 
@@ -52,7 +68,8 @@ def bootstrap_args() -> list[str]:
     """Arguments after ``python -u``: the bootstrap reads exactly these many bytes of each part.
     ``-S``: the agent is stdlib-only, and skipping `site` (its .pth files, its path scan) is a
     third of a bare interpreter's start-up, paid once per node."""
-    return ["-S", "-c", agent.BOOTSTRAP, bytecode_key(), *(str(len(part)) for part in shipped())]
+    return ["-S", "-c", BOOTSTRAP, bytecode_key(), node.PACKAGE, ",".join(node.SHIPPED),
+            *(str(len(part)) for part in shipped())]
 
 
 def hello(spec: wire.Frame | None) -> tuple[bytes, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from . import wire
+from .node import wire
 from .channel import AgentChannel, ChannelEnd
 from .events import Closed, Lines, LogLine, Message, SetupFailed
 from .plan import LaunchPlan, NodePlan

@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 
 from rich.filesize import decimal as human_bytes
 
-from . import wire
+from .node import wire
 from .config import SyncConfig
 from .errors import ConfigError, NodeProblem, SetupError, UsageError
 from .oneshot import AgentCall

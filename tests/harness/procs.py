@@ -7,8 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator import openssh
-from orchestrator.agent import find_tagged, is_alive
+from orchestrator import sshmaster
+from orchestrator.node.procs import find_tagged, is_alive
 
 
 def job_processes(job: str | None = None, **tags: str) -> list[dict]:
@@ -79,12 +79,12 @@ def end_orphaned_ssh_runs(timeout: float = 10.0) -> list[str]:
     the directories it removed."""
     removed = []
     for run in Path(tempfile.gettempdir()).glob("ddp-up-ssh-*"):
-        found = openssh.RUN_DIR.fullmatch(run.name)
+        found = sshmaster.RUN_DIR.fullmatch(run.name)
         if not found or alive(int(found.group(1))):
             continue
-        for path in openssh.control_sockets(str(run)):
-            openssh.end_master(path, timeout)
-        wait_for(lambda: not openssh.master_listens(str(run)), timeout)
+        for path in sshmaster.control_sockets(str(run)):
+            sshmaster.end_master(path, timeout)
+        wait_for(lambda: not sshmaster.master_listens(str(run)), timeout)
         shutil.rmtree(run, ignore_errors=True)
         removed.append(str(run))
     return removed

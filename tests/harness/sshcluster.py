@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.agent import wait_gone
+from orchestrator.node.procs import wait_gone
 
 SSHD = "/usr/sbin/sshd"
 

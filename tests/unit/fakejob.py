@@ -9,9 +9,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from orchestrator import wire
+from orchestrator.node import wire
 from orchestrator.channel import ChannelEnd
-from orchestrator.config import parse_cluster
+from orchestrator.clusterfile import parse_cluster
 from orchestrator.events import Closed, Lines, LogLine, Message
 from orchestrator.job import Job
 from orchestrator.plan import make_plan

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from orchestrator import agent
-from orchestrator.agent import find_tagged, kill_tagged, signal_tagged
+from orchestrator.node import checks
+from orchestrator.node.procs import find_tagged, kill_tagged, signal_tagged
 
 SLEEPER = "import signal, sys, time\nif 'ignore' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
           "print('up', flush=True)\ntime.sleep(60)\n"
@@ -69,26 +69,19 @@ def test_find_matches_cluster_tag(spawn):
 @pytest.mark.parametrize("visible,count", [("0,1,2", 3), ("GPU-5f2a", 1), ("", 0), ("1,-1,2", 1), ("-1", 0),
                                            (" 0 , 1 ", 2)])
 def test_gpu_count_follows_cuda_visible_devices(visible, count):
-    assert agent.count_gpus({"CUDA_VISIBLE_DEVICES": visible}) == count
+    assert checks.count_gpus({"CUDA_VISIBLE_DEVICES": visible}) == count
 
 
 def test_the_held_master_port_answers_any_number_of_probes_then_is_free_at_once():
     """128 nodes probing the master once filled the listen backlog of a port nothing accepted on."""
     import socket
-    import threading
 
-    class Holder:
-        listener = agent.listen_on(0)
-        answering = threading.Thread(target=agent.answer_probes, args=(listener,), daemon=True)
-        close_listener = agent.Runner.close_listener
-
-    holder = Holder()
-    holder.answering.start()
-    port = holder.listener.getsockname()[1]
+    held = checks.PortHold(0)
+    port = held.port
     for _ in range(300):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    holder.close_listener()
-    assert not holder.answering.is_alive()
+    held.close()
+    assert not held.answering.is_alive()
     again = socket.socket()
     try:  # what torchrun's store does next (with SO_REUSEADDR, as c10d sets it): only a listener would refuse
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -3,8 +3,8 @@
 import threading
 from pathlib import Path
 
-from orchestrator import wire
-from orchestrator.agent import Tailer, Writer
+from orchestrator.node import wire
+from orchestrator.node.relay import Tailer, Writer
 
 
 class Sink:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 from orchestrator.attempts import Restarts, Roster, delay_before, vetted_after, wait_for_signal
-from orchestrator.config import parse_cluster
+from orchestrator.clusterfile import parse_cluster
 from orchestrator.signals import SignalInbox
 
 
@@ -95,7 +95,7 @@ def test_a_later_attempt_preflights_again_only_a_node_that_was_lost_or_is_new():
         ("connecting", {})])]
     vetted = vetted_after({"h2": {"torch": "2.13.0"}, "h1": {"torch": "2.13.0"}}, statuses)
     assert vetted == {"h0": {"torch": "2.13.0", "cuda": "12.1", "nccl": "2.20.5"}, "h2": {"torch": "2.13.0"}}
-    policy = Restarts.of(cluster(3, restarts=1), planner=lambda c: make_plan(c, "train.py", [], "J1", "/tmp"))
+    policy = Restarts.of(cluster(3, restarts=1), planner=lambda c, a: make_plan(c, "train.py", [], "J1", "/tmp", attempt=a))
     policy.vet(statuses)
     nxt = policy.plan(policy.first_cluster(), 1)
     assert [nxt.agent_spec(n).needs_torch for n in nxt.nodes] == [False, True, True]

@@ -1,6 +1,6 @@
 import pytest
 
-from orchestrator.cli import main_up, split_argv
+from orchestrator.commands.up import main_up, split_argv
 
 
 @pytest.mark.parametrize("argv,ours,script_args", [
@@ -38,7 +38,7 @@ def test_the_controller_never_imports_torch():
     import subprocess
     import sys
 
-    code = "import sys, orchestrator.cli, orchestrator.job, orchestrator.views.dashboard; " \
+    code = "import sys, orchestrator.commands.up, orchestrator.commands.attach, orchestrator.views.dashboard; " \
            "sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
@@ -70,12 +70,12 @@ def test_sync_without_a_workdir_is_refused_before_connecting(tmp_path, capsys):
     assert f"{c}:1: nodes[0]: sync copies into each node's `workdir:`" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("main", ["main_up", "main_check", "main_kill"])
-def test_help_renders(main, capsys):
-    import orchestrator.cli as cli
+@pytest.mark.parametrize("module, main", [("up", "main_up"), ("check", "main_check"), ("kill", "main_kill")])
+def test_help_renders(module, main, capsys):
+    import importlib
 
     with pytest.raises(SystemExit) as done:
-        getattr(cli, main)(["--help"])
+        getattr(importlib.import_module(f"orchestrator.commands.{module}"), main)(["--help"])
     assert done.value.code == 0 and "--slurm" in capsys.readouterr().out
 
 

@@ -7,7 +7,7 @@ import json
 from rich.console import Console
 
 from orchestrator import collective
-from orchestrator.config import parse_cluster
+from orchestrator.clusterfile import parse_cluster
 
 MB4 = 4 << 20
 

@@ -2,7 +2,7 @@ import io
 
 from rich.console import Console
 
-from orchestrator.config import parse_cluster
+from orchestrator.clusterfile import parse_cluster
 from orchestrator.events import LogLine
 from orchestrator.outcome import Failure, JobResult, NodeStatus
 from orchestrator.plan import make_plan

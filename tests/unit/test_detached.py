@@ -7,11 +7,10 @@ import json
 import queue
 import socket
 import threading
-import time
 from types import SimpleNamespace
 
-from orchestrator import agent, wire
-from orchestrator.detached import merge_records
+from orchestrator.node import checks, decide, detached, events, replay, state, supervisor, wire
+from orchestrator.commands.attach import merge_records
 from orchestrator.signals import SignalInbox
 from tests.unit.fakejob import Harness
 
@@ -20,36 +19,53 @@ T0 = 1000.0  # the fake clock's start
 TOKEN = "a" * 64
 
 
+class FakeClock:
+    """Monotonic and wall time at once, moved by the test: the supervisor decides in fake time."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
 class FakeRunner:
     """What the supervisor and a link use of an agent's Runner: its spec, events and directory."""
 
-    def __init__(self, node: int, nodes: int, where: str, orphan_timeout: float = 30.0,
+    def __init__(self, node: int, nodes: int, where: str, clock: FakeClock, orphan_timeout: float = 30.0,
                  hang_timeout: float | None = None, restarts: int = 0):
         self.spec = SimpleNamespace(job="J1", node=node, nodes=nodes, token=TOKEN, orphan_timeout=orphan_timeout,
                                     heartbeat=0.2, hang_timeout=hang_timeout, restarts=restarts)
         self.attempt = 0
-        self.out = SimpleNamespace(last_output=time.monotonic())  # the Writer: when a rank last printed
+        self.out = SimpleNamespace(last_output=clock())  # the Writer: when a rank last printed
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.dir = where
 
     def next_stop(self, timeout: float = 10.0) -> str:
-        """The supervisor's Halt, as the agent's loop gets it: ("halt", (attempt, reason))."""
-        kind, (attempt, reason) = self.events.get(timeout=timeout)
-        assert kind == "halt" and attempt == self.attempt
-        return reason
+        """The supervisor's Halt, as the agent's loop gets it."""
+        event = self.events.get(timeout=timeout)
+        assert isinstance(event, events.Halt) and event.attempt == self.attempt, event
+        return event.reason
 
 
-def supervisor(tmp_path, nodes: int, master: int = 0, **kw) -> tuple[FakeRunner, agent.Supervisor]:
-    runner = FakeRunner(master, nodes, str(tmp_path), **kw)
-    sup = agent.Supervisor(runner, agent.listen_on(0))
-    sup.start()
+def start_supervisor(tmp_path, nodes: int, clock: FakeClock, master: int = 0, **kw) -> tuple[FakeRunner, supervisor.Supervisor]:
+    """The master node's supervisor, accepting on loopback; it ticks only when the test says."""
+    runner = FakeRunner(master, nodes, str(tmp_path), clock, **kw)
+    sup = supervisor.Supervisor(runner, checks.listen_on(0), clock=clock, wall=clock)
+    sup.start(watch=False)
     sup.report(master, "running")
     return runner, sup
 
 
-def link(tmp_path, node: int, nodes: int, port: int) -> tuple[FakeRunner, agent.PeerLink]:
-    runner = FakeRunner(node, nodes, str(tmp_path))
-    peer = agent.PeerLink(runner, "127.0.0.1", port)
+def link(tmp_path, node: int, nodes: int, port: int, clock: FakeClock) -> tuple[FakeRunner, supervisor.PeerLink]:
+    """A node's link to the supervisor. Its own dead-man switch is kept out of the way (the
+    supervisor's heartbeats reach it in real time, the test's clock jumps): see the test of it."""
+    runner = FakeRunner(node, nodes, str(tmp_path), clock, orphan_timeout=1e9)
+    peer = supervisor.PeerLink(runner, "127.0.0.1", port, clock=clock)
     peer.start()
     return runner, peer
 
@@ -63,71 +79,100 @@ def wait(predicate, timeout: float = 10.0) -> None:
     raise AssertionError("condition not met in time")
 
 
+def tick_heard(sup: supervisor.Supervisor, clock: FakeClock, seconds: float, *nodes: int) -> None:
+    """Move the clock, wait for ``nodes``' links to beat at the new time (as they do every
+    heartbeat), then let the supervisor tick: only what the test means is silent is."""
+    clock.advance(seconds)
+    wait(lambda: all(sup.heard[n] == clock.now for n in nodes))
+    sup.tick(clock.now)
+
+
+def running(sup: supervisor.Supervisor, node: int) -> bool:
+    return sup.states.get(node, {}).get("state") == "running"
+
+
 def test_a_failing_node_halts_the_others_and_the_outcome_names_it(tmp_path):
-    runner0, sup = supervisor(tmp_path, 3)
-    runner1, one = link(tmp_path, 1, 3, sup.port)
-    runner2, two = link(tmp_path, 2, 3, sup.port)
-    wait(lambda: set(sup.links) == {1, 2} and sup.states.get(2, {}).get("state") == "running")
+    clock = FakeClock()
+    runner0, sup = start_supervisor(tmp_path, 3, clock)
+    runner1, one = link(tmp_path, 1, 3, sup.port, clock)
+    runner2, two = link(tmp_path, 2, 3, sup.port, clock)
+    wait(lambda: set(sup.links) == {1, 2} and running(sup, 2))
     one.report("failed", 7, None)
     assert runner0.next_stop() == "node 1 failed (exit code 7)"  # the master node's own job stops
     assert runner2.next_stop() == "node 1 failed (exit code 7)"  # and every other node's
+    clock.advance(1.0)
     two.report("stopped", -15, "node 1 failed (exit code 7)")
     sup.report(0, "stopped", -15, "node 1 failed (exit code 7)")
     assert sup.finished.wait(10)
-    outcome = json.loads((tmp_path / agent.OUTCOME).read_text())
+    outcome = json.loads((tmp_path / state.OUTCOME).read_text())
     assert outcome["root_cause"]["node"] == 1 and outcome["root_cause"]["code"] == 7
     assert {n: s["state"] for n, s in outcome["nodes"].items()} == {"0": "stopped", "1": "failed", "2": "stopped"}
     wait(lambda: not runner2.events.empty())
-    told = [runner1.events.get_nowait()[0] for _ in range(runner1.events.qsize())]
-    assert "halt" not in told  # the failed node is not told to stop: it has ended (the run being over, it may hear)
-    assert runner2.events.get_nowait() == ("over", "no restarts set")
+    told = [runner1.events.get_nowait() for _ in range(runner1.events.qsize())]
+    assert not any(isinstance(e, events.Halt) for e in told)  # the failed node is not told to stop: it has ended
+    assert runner2.events.get_nowait() == events.Over("no restarts set")
     sup.listener.close()
 
 
 def test_a_connection_without_the_token_is_never_heard(tmp_path):
-    runner0, sup = supervisor(tmp_path, 2)
+    runner0, sup = start_supervisor(tmp_path, 2, FakeClock())
     with socket.create_connection(("127.0.0.1", sup.port), timeout=5) as s:
         stream = s.makefile("rb")
         challenge = wire.read_frame(stream, wire.PEER)
         assert isinstance(challenge, wire.Challenge)
-        s.sendall(wire.Join(node=1, proof=agent.proof("b" * 64, challenge.nonce)).encode()
+        s.sendall(wire.Join(node=1, proof=supervisor.proof("b" * 64, challenge.nonce)).encode()
                   + wire.NodeState(node=1, state="failed", code=1).encode())
         assert stream.read() == b""  # closed on us, nothing said
     assert runner0.events.empty() and 1 not in sup.states
-    sup.finished.set()  # ends its watch thread
     sup.listener.close()
 
 
 def test_a_node_silent_for_orphan_timeout_is_lost_and_halts_the_job(tmp_path):
-    runner0, sup = supervisor(tmp_path, 2, orphan_timeout=0.5)  # node 1 never joins
-    assert runner0.next_stop() == "node 1 lost (no word from its agent for 1 s)"
+    clock = FakeClock()
+    runner0, sup = start_supervisor(tmp_path, 2, clock, orphan_timeout=30.0)  # node 1 never joins
+    sup.tick(clock.advance(29.0))
+    assert runner0.events.empty()  # within orphan_timeout: still due
+    sup.tick(clock.advance(2.0))
+    assert runner0.next_stop() == "node 1 lost (no word from its agent for 31 s)"
     sup.report(0, "stopped", -15, "halted")
     assert sup.finished.wait(10)
     sup.listener.close()
 
 
-def test_no_line_from_any_rank_asks_for_stacks_then_halts_as_hung(tmp_path, monkeypatch):
-    monkeypatch.setattr(agent, "HANG_DUMP_WAIT", 0.3)
-    runner0, sup = supervisor(tmp_path, 2, hang_timeout=1.0)
-    runner1, one = link(tmp_path, 1, 2, sup.port)
-    assert runner1.events.get(timeout=10) == ("dump", None)  # every running node dumps its ranks' stacks
-    assert runner0.events.get(timeout=10) == ("dump", None)
-    assert runner0.next_stop().startswith("job hung (no output from any rank for ")
+def test_no_line_from_any_rank_asks_for_stacks_then_halts_as_hung(tmp_path):
+    clock = FakeClock()
+    runner0, sup = start_supervisor(tmp_path, 2, clock, hang_timeout=60.0)
+    runner1, one = link(tmp_path, 1, 2, sup.port, clock)
+    wait(lambda: running(sup, 1))
+    for _ in range(2):  # node 1's agent beats; no rank prints
+        tick_heard(sup, clock, 29.5, 1)
+    assert runner0.events.empty() and runner1.events.empty()  # quiet, but not for hang_timeout yet
+    tick_heard(sup, clock, 2.0, 1)
+    assert runner1.events.get(timeout=10) == events.Dump()  # every running node dumps its ranks' stacks
+    assert runner0.events.get(timeout=10) == events.Dump()
+    tick_heard(sup, clock, decide.HANG_DUMP_WAIT - 1, 1)
+    assert runner0.events.empty()  # the stacks get their time to arrive
+    tick_heard(sup, clock, 2.0, 1)
+    assert runner0.next_stop() == "job hung (no output from any rank for 61 s)"
     assert runner1.next_stop().startswith("job hung (")
     one.report("stopped", -15, "job hung")
     sup.report(0, "stopped", -15, "job hung")
     assert sup.finished.wait(10)
-    root = json.loads((tmp_path / agent.OUTCOME).read_text())["root_cause"]
+    root = json.loads((tmp_path / state.OUTCOME).read_text())["root_cause"]
     assert root["state"] == "hung" and root["node"] is None and root["reason"].startswith("job hung (")
     sup.listener.close()
 
 
 def test_output_keeps_a_detached_job_from_looking_hung(tmp_path):
-    runner0, sup = supervisor(tmp_path, 2, hang_timeout=1.0)
-    runner1, one = link(tmp_path, 1, 2, sup.port)
+    clock = FakeClock()
+    runner0, sup = start_supervisor(tmp_path, 2, clock, hang_timeout=1.0)
+    runner1, one = link(tmp_path, 1, 2, sup.port, clock)
+    wait(lambda: running(sup, 1))
     for _ in range(15):  # node 1's ranks print; node 0's do not (a rank that only computes)
-        runner1.out.last_output = time.monotonic()
-        time.sleep(0.2)
+        runner1.out.last_output = clock.advance(0.2)
+        wait(lambda: sup.quiet.get(1) == (0.0, clock.now))  # the link has said so
+        sup.tick(clock.now)
+    assert clock.now - runner0.out.last_output > 1.0  # node 0's ranks alone would look hung
     assert runner0.events.empty() and runner1.events.empty()
     one.report("done", 0, None)
     sup.report(0, "done", 0, None)
@@ -135,22 +180,31 @@ def test_output_keeps_a_detached_job_from_looking_hung(tmp_path):
     sup.listener.close()
 
 
-def test_the_master_need_not_be_node_0_and_a_node_done_long_before_the_others_is_a_hang(tmp_path, monkeypatch):
-    monkeypatch.setattr(agent, "HANG_DUMP_WAIT", 0.3)
-    runner1, sup = supervisor(tmp_path, 2, master=1, hang_timeout=1.0)  # `master: {addr: <node 1>}`
-    runner0, zero = link(tmp_path, 0, 2, sup.port)
-    wait(lambda: sup.states.get(0, {}).get("state") == "running")
+def test_the_master_need_not_be_node_0_and_a_node_done_long_before_the_others_is_a_hang(tmp_path):
+    clock = FakeClock()
+    runner1, sup = start_supervisor(tmp_path, 2, clock, master=1, hang_timeout=1.0)  # `master: {addr: <node 1>}`
+    runner0, zero = link(tmp_path, 0, 2, sup.port, clock)
+    wait(lambda: running(sup, 0))
     zero.report("done", 0, None)
-    for _ in range(100):  # the master's ranks go on printing; node 0 finished
-        runner1.out.last_output = time.monotonic()
-        if not runner1.events.empty():
-            break
-        time.sleep(0.05)
-    assert runner1.events.get(timeout=10) == ("dump", None)
-    assert runner1.next_stop().startswith("job hung (a node finished ")
+    wait(lambda: sup.states[0]["state"] == "done")
+    runner1.out.last_output = clock.advance(1.5)  # the master's ranks go on printing; node 0 finished
+    sup.tick(clock.now)
+    assert runner1.events.get(timeout=10) == events.Dump()
+    sup.tick(clock.advance(decide.HANG_DUMP_WAIT + 1))
+    assert runner1.next_stop() == "job hung (a node finished 2 s ago, 1 still running)"
     sup.report(1, "stopped", -15, "job hung")
     assert sup.finished.wait(10)
     sup.listener.close()
+
+
+def test_a_silent_supervisor_stops_the_node_it_does_not_answer(tmp_path):
+    """The link's dead-man switch, in fake time: a node whose supervisor is unheard for
+    orphan_timeout stops its job, as it would for a silent controller."""
+    clock = FakeClock()
+    runner = FakeRunner(1, 2, str(tmp_path), clock, orphan_timeout=30.0)
+    peer = supervisor.PeerLink(runner, "127.0.0.1", 9, clock=clock)  # never started: no connection
+    assert peer.tick(clock.advance(29.0)) is None
+    assert peer.tick(clock.advance(2.0)) == events.Stop("no word from the master node's supervisor for 31 s")
 
 
 def test_attaching_replays_every_node_and_decides_nothing(tmp_path):
@@ -211,9 +265,9 @@ def test_a_tail_keeps_the_last_lines_of_each_rank_and_stream(tmp_path):
               wire.Output("err", 0, b"e1\ne2\n"), wire.Output("out", 1, b"b1\n"), wire.Output("out", 0, b"a5\n"),
               wire.Exited(code=0, signal=None, stopped=False, reason=None)]
     journal = io.BytesIO(b"".join(f.encode() for f in frames))
-    skip = agent.backlog_to_skip(journal, 2)
+    skip = replay.backlog_to_skip(journal, 2)
     assert skip == {("out", 0): 3} and journal.tell() == 0  # rank 0's out had 5 lines; the rest fit
-    kept = [f for f in (agent.skip_lines(f, skip) for f in frames) if f is not None]
+    kept = [f for f in (replay.skip_lines(f, skip) for f in frames) if f is not None]
     assert [(f.stream, f.rank, f.data) for f in kept if isinstance(f, wire.Output)] == [
         ("out", 0, b"a4\n"), ("err", 0, b"e1\ne2\n"), ("out", 1, b"b1\n"), ("out", 0, b"a5\n")]
     assert isinstance(kept[0], wire.Started) and isinstance(kept[-1], wire.Exited) and skip == {}
@@ -222,7 +276,7 @@ def test_a_tail_keeps_the_last_lines_of_each_rank_and_stream(tmp_path):
 def test_retention_is_a_duration_and_a_record_expires_by_its_own():
     import pytest
 
-    from orchestrator.config import parse_cluster
+    from orchestrator.clusterfile import parse_cluster
     from orchestrator.errors import ConfigError
 
     nodes = "nodes: [{host: a, gpus: 1}]\n"
@@ -232,24 +286,26 @@ def test_retention_is_a_duration_and_a_record_expires_by_its_own():
     with pytest.raises(ConfigError, match=r"c.yaml:1: retention: must be a duration such as 7d"):
         parse_cluster("retention: soon\n" + nodes, "c.yaml")
     now = 10_000.0
-    assert agent.expired({"state": "done", "ended": now - 61, "retention": 60}, now)
-    assert not agent.expired({"state": "failed", "ended": now - 59, "retention": 60}, now)
-    assert not agent.expired({"state": "done", "ended": now - 86400}, now)  # 7 days unless the job said
+    assert state.expired({"state": "done", "ended": now - 61, "retention": 60}, now)
+    assert not state.expired({"state": "failed", "ended": now - 59, "retention": 60}, now)
+    assert not state.expired({"state": "done", "ended": now - 86400}, now)  # 7 days unless the job said
 
 
 def test_with_restarts_left_the_supervisor_starts_the_next_attempt_on_every_node(tmp_path):
     """Attempt 0 fails on node 1: the job is not over (the master node's agent waits its delay and
     calls restart); every node hears Restart, a stale word about attempt 0 is not taken for
     attempt 1, and once attempt 1 succeeds the outcome lists both attempts."""
-    runner0, sup = supervisor(tmp_path, 2, restarts=1)
-    runner1, one = link(tmp_path, 1, 2, sup.port)
+    clock = FakeClock()
+    runner0, sup = start_supervisor(tmp_path, 2, clock, restarts=1)
+    runner1, one = link(tmp_path, 1, 2, sup.port, clock)
     wait(lambda: sup.states.get(1, {}).get("state") == "running")
     one.report("failed", 7, None, attempt=0, keep=True)
     assert runner0.next_stop() == "node 1 failed (exit code 7)"
+    clock.advance(1.0)
     sup.report(0, "stopped", -15, "node 1 failed (exit code 7)", attempt=0)
     assert sup.finished.wait(10) and not sup.over_event.is_set() and sup.why_not_restart() is None
     sup.restart(1, 29511)
-    assert runner1.events.get(timeout=10) == ("restart", wire.Restart(attempt=1, port=29511))
+    assert runner1.events.get(timeout=10) == events.Restart(wire.Restart(attempt=1, port=29511))
     runner1.attempt = 1
     sup.report(1, "failed", 7, None, attempt=0)  # attempt 0's word again (a link that reconnected)
     assert sup.states == {}
@@ -259,8 +315,8 @@ def test_with_restarts_left_the_supervisor_starts_the_next_attempt_on_every_node
     one.report("done", 0, None, attempt=1, keep=True)
     sup.report(0, "done", 0, None, attempt=1)
     assert sup.over_event.wait(10)
-    assert runner1.events.get(timeout=10) == ("over", "every node done")
-    outcome = json.loads((tmp_path / agent.OUTCOME).read_text())
+    assert runner1.events.get(timeout=10) == events.Over("every node done")
+    outcome = json.loads((tmp_path / state.OUTCOME).read_text())
     assert [a["attempt"] for a in outcome["attempts"]] == [0, 1] and outcome["root_cause"] is None
     assert outcome["attempts"][0]["root_cause"]["node"] == 1
     one.close()
@@ -271,29 +327,29 @@ def test_a_detached_job_restarts_only_after_a_failure_every_node_saw_through():
     def states(*pairs, **extra):
         return {n: dict({"state": s}, **extra.get(str(n), {})) for n, s in enumerate(pairs)}
 
-    assert agent.why_not_restart(states("failed", "stopped"), 0, 2) is None
-    assert agent.why_not_restart(states("done", "done"), 0, 2) == "every node done"
-    assert agent.why_not_restart(states("failed", "stopped"), 2, 2) == "no restart left"
-    assert agent.why_not_restart(states("failed", "stopped"), 0, 0) == "no restarts set"
-    assert agent.why_not_restart(states("stopped", "failed", **{"0": {"final": True}}), 0, 2) == "stopped for good"
-    assert agent.why_not_restart(states("stopped", "lost"), 0, 2).startswith("node 1 lost")
+    assert decide.why_not_restart(states("failed", "stopped"), 0, 2) is None
+    assert decide.why_not_restart(states("done", "done"), 0, 2) == "every node done"
+    assert decide.why_not_restart(states("failed", "stopped"), 2, 2) == "no restart left"
+    assert decide.why_not_restart(states("failed", "stopped"), 0, 0) == "no restarts set"
+    assert decide.why_not_restart(states("stopped", "failed", **{"0": {"final": True}}), 0, 2) == "stopped for good"
+    assert decide.why_not_restart(states("stopped", "lost"), 0, 2).startswith("node 1 lost")
 
 
 def test_a_later_attempt_runs_the_same_launch_line_on_its_own_master_port():
-    from orchestrator.config import parse_cluster
+    from orchestrator.clusterfile import parse_cluster
     from orchestrator.plan import make_plan
 
     for launcher in ("torchrun", "none"):
         plan = make_plan(parse_cluster(f"launcher: {launcher}\nnodes: [{{host: a, gpus: 2}}, {{host: b, gpus: 2}}]\n"),
                          "train.py", ["--lr", "0.1", "--master-port=1"], "J1", "/tmp")
         first, later = plan.launcher_argv(plan.nodes[1], 29500), plan.launcher_argv(plan.nodes[1], 41234)
-        assert agent.with_port(first, 41234) == later  # the script's own --master-port=1 is its own
+        assert detached.with_port(first, 41234) == later  # the script's own --master-port=1 is its own
 
 
 def test_an_attach_follows_every_attempt_and_stops_at_one_that_never_began():
     """follow_attempts over fake journals: attempt 0 failed and said a later one follows; in run
     A attempt 1 succeeded, in run B the job was stopped while it waited (every node: absent)."""
-    from orchestrator.detached import follow_attempts
+    from orchestrator.follow import follow_attempts
     from orchestrator.views.fanout import Fanout
     from tests.unit.fakejob import Clock, FakeNode, RecordingView
 
@@ -324,7 +380,7 @@ def test_an_attach_follows_every_attempt_and_stops_at_one_that_never_began():
 
 
 def test_a_followed_attempt_is_live_while_its_agent_is_still_recording_that_it_began():
-    assert agent.attempt_live("running", 1, 1) and agent.attempt_live("restarting", 0, 1)  # journal.1 made, record not yet
-    assert not agent.attempt_live("restarting", 1, 1)  # attempt 1 ended; the job waits to start attempt 2
-    assert not agent.attempt_live("running", 2, 1) and not agent.attempt_live("failed", 1, 1)
-    assert not agent.attempt_live("lost", 0, 1)
+    assert replay.attempt_live("running", 1, 1) and replay.attempt_live("restarting", 0, 1)  # journal.1 made, record not yet
+    assert not replay.attempt_live("restarting", 1, 1)  # attempt 1 ended; the job waits to start attempt 2
+    assert not replay.attempt_live("running", 2, 1) and not replay.attempt_live("failed", 1, 1)
+    assert not replay.attempt_live("lost", 0, 1)

@@ -5,7 +5,8 @@ import signal
 import subprocess
 import sys
 
-from orchestrator.agent import DUMP_HOOK, DUMP_SIGNAL, catches
+from orchestrator.node.procs import catches
+from orchestrator.node.stacks import DUMP_HOOK, DUMP_SIGNAL
 
 
 def test_hook_registers_the_dump_signal_and_chains_to_the_shadowed_sitecustomize(tmp_path):

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from orchestrator.cli import main_check, main_kill, main_up
+from orchestrator.commands.check import main_check
+from orchestrator.commands.kill import main_kill
+from orchestrator.commands.up import main_up
 from orchestrator.plan import mask_secrets
 
 LOCAL = "transport: local\nnodes: [{host: a, gpus: 1}]\n"
@@ -208,19 +210,19 @@ def test_a_runs_dir_that_cannot_be_written_never_stops_the_job(tmp_path, capsys,
 
 @pytest.mark.skipif(sys.platform != "linux", reason="/proc")
 def test_the_agent_state_root_is_private(tmp_path, monkeypatch):
-    from orchestrator import agent
+    from orchestrator.node import state
 
-    monkeypatch.setattr(agent.tempfile, "gettempdir", lambda: str(tmp_path))
-    root = agent.state_root()
+    monkeypatch.setattr(state.tempfile, "gettempdir", lambda: str(tmp_path))
+    root = state.state_root()
     os.mkdir(root, 0o755)  # as an earlier version made it: tightened, since nobody else could write
-    assert agent.private_dir(root) is None and os.stat(root).st_mode & 0o777 == 0o700
+    assert state.private_dir(root) is None and os.stat(root).st_mode & 0o777 == 0o700
     os.chmod(root, 0o777)  # others could have planted anything: refused
-    assert agent.private_dir(root) == "is writable by other users (mode 777)"
+    assert state.private_dir(root) == "is writable by other users (mode 777)"
     os.rmdir(root)
     os.symlink(str(tmp_path), root)  # a link planted in its place: refused, never followed
-    assert agent.private_dir(root) == "is a symbolic link or not a directory"
+    assert state.private_dir(root) == "is a symbolic link or not a directory"
     os.unlink(root)
-    path, problem = agent.claim_node_dir("J", 0)
+    path, problem = state.claim_node_dir("J", 0)
     assert problem is None and path.endswith("/J/node0")
-    _, problem = agent.claim_node_dir("J", 0)  # the same job id and node again: in use
+    _, problem = state.claim_node_dir("J", 0)  # the same job id and node again: in use
     assert problem.what.startswith("job id J is already in use on this node")

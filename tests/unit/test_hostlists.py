@@ -2,8 +2,10 @@ import re
 
 import pytest
 
-from orchestrator.cli import cluster_and_script, split_argv
-from orchestrator.config import NodeSource, parse_cluster
+from orchestrator.commands.common import cluster_and_script
+from orchestrator.commands.up import split_argv
+from orchestrator.clusterfile import parse_cluster
+from orchestrator.config import NodeSource
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.hostlists import expand_hostlist, parse_host_list, parse_hostfile, slurm_nodes
 
@@ -91,7 +93,7 @@ def test_the_cluster_file_is_optional_after_a_node_option():
 
 
 def test_slurm_allocation_plans_every_node(monkeypatch, capsys):
-    from orchestrator.cli import main_up
+    from orchestrator.commands.up import main_up
 
     for key, value in {"SLURM_JOB_ID": "4812345", "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_GPUS_ON_NODE": "4"}.items():
         monkeypatch.setenv(key, value)

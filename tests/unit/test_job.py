@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
-from orchestrator import wire
+from orchestrator.node import wire
 from orchestrator.errors import SetupError
 from orchestrator.events import Message
-from orchestrator.job import KILL_MARGIN, STOP_MARGIN
+from orchestrator.stoppath import KILL_MARGIN, STOP_MARGIN
 from tests.unit.fakejob import Harness
 
 T0 = 1000.0  # the fake clock's start
@@ -278,7 +278,7 @@ def test_gpu_memory_a_jobs_process_still_holds_after_its_end_is_named():
                                             gpu_left=[{"gpu": "GPU-1", "pid": 9, "user": "me", "cmd": "python t.py",
                                                        "mib": 512}])))
     h.job.status[0].state = "running"
-    h.job._turn(None)
+    h.job.turn(None)
     assert h.view.notices == ["h0: 1 process(es) of this job still hold GPU memory after its end: GPU GPU-1: pid 9 "
                               "(me, python t.py) holds 512 MiB"]
 

@@ -1,6 +1,6 @@
 import json
 
-from orchestrator.config import parse_cluster
+from orchestrator.clusterfile import parse_cluster
 from orchestrator.events import LogLine
 from orchestrator.outcome import JobResult, NodeStatus
 from orchestrator.plan import make_plan

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import openssh
-from orchestrator.config import parse_cluster
+from orchestrator import sshmaster
+from orchestrator.clusterfile import parse_cluster
 from orchestrator.openssh import Inspection, ssh_args, ssh_failure
 
 
@@ -22,9 +22,9 @@ def node(ssh: str = ""):
 @pytest.fixture
 def run(tmp_path, monkeypatch):
     """The run's private directory under tmp_path; closed (and so removed) after the test."""
-    monkeypatch.setattr(openssh.tempfile, "tempdir", str(tmp_path))
-    yield openssh.CONTROL
-    openssh.CONTROL.close()
+    monkeypatch.setattr(sshmaster.tempfile, "tempdir", str(tmp_path))
+    yield sshmaster.CONTROL
+    sshmaster.CONTROL.close()
 
 
 def test_only_what_the_cluster_file_sets_is_added_to_the_users_ssh(run, tmp_path):
@@ -116,13 +116,13 @@ def test_a_jump_hosts_refusal_hidden_by_the_shared_master_is_asked_again():
                                            ("accept-new", "accept-new"), ("no", "no"), ("off", "no"),
                                            ("false", "no")])
 def test_strict_host_key_checking_as_openssh_reads_it_in_batch_mode(value, strict):
-    from orchestrator.transport import strictness
+    from orchestrator.paramiko_ssh import strictness
 
     assert strictness(value) == strict
 
 
 def test_fabric_reads_the_known_hosts_files_the_ssh_config_names():
-    from orchestrator.transport import HostKeyTrust
+    from orchestrator.paramiko_ssh import HostKeyTrust
 
     from_config = {"userknownhostsfile": "~/kh1 /etc/kh2", "globalknownhostsfile": "/dev/null",
                    "stricthostkeychecking": "accept-new", "hashknownhosts": "yes"}
@@ -163,20 +163,20 @@ def test_a_master_is_asked_to_exit_as_ssh_O_exit_asks_it(tmp_path):
 
     def master(received: bytes) -> bytes:
         seen.append(received)
-        return openssh._mux_packet(openssh.MUX_HELLO, 4) + openssh._mux_packet(openssh.MUX_OK, 1)
+        return sshmaster._mux_packet(sshmaster.MUX_HELLO, 4) + sshmaster._mux_packet(sshmaster.MUX_OK, 1)
     thread = _mux_server(str(tmp_path / "m"), master)
-    assert openssh.end_master(str(tmp_path / "m"), timeout=5)
+    assert sshmaster.end_master(str(tmp_path / "m"), timeout=5)
     thread.join(5)
     assert seen == [struct.pack(">IIIIII", 8, 1, 4, 8, 0x10000005, 1)]  # hello v4, then MUX_C_TERMINATE
 
 
 @pytest.mark.parametrize("answer", [
     lambda _: b"",  # closes without a word
-    lambda _: openssh._mux_packet(openssh.MUX_HELLO, 4) + openssh._mux_packet(0x80000002, 1) + b"\0\0\0\0",  # denied
+    lambda _: sshmaster._mux_packet(sshmaster.MUX_HELLO, 4) + sshmaster._mux_packet(0x80000002, 1) + b"\0\0\0\0",  # denied
     lambda _: b"\xff\xff\xff\xff",  # a length no master sends
 ])
 def test_anything_but_a_masters_yes_is_not_taken_for_one(tmp_path, answer):
     thread = _mux_server(str(tmp_path / "m"), answer)
-    assert not openssh.end_master(str(tmp_path / "m"), timeout=5)
+    assert not sshmaster.end_master(str(tmp_path / "m"), timeout=5)
     thread.join(5)
-    assert not openssh.end_master(str(tmp_path / "gone"), timeout=1)  # no socket at all
+    assert not sshmaster.end_master(str(tmp_path / "gone"), timeout=1)  # no socket at all

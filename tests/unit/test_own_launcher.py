@@ -1,4 +1,4 @@
-"""`launcher: none`: the agent starts the workers itself (agent.Workers), real processes here."""
+"""`launcher: none`: the agent starts the workers itself (workers.Workers), real processes here."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import agent
+from orchestrator.node import procs, workers
 from orchestrator.logparse import FailureReportParser
 
 WORKER = """
@@ -32,11 +32,11 @@ class Launch:
         script = tmp_path / "worker.py"
         script.write_text(WORKER)
         self.tmp = tmp_path
-        self.match = {agent.TAG_JOB: "own-launcher-test", agent.TAG_NODE: "1", agent.TAG_RUN: os.urandom(6).hex()}
+        self.match = {procs.TAG_JOB: "own-launcher-test", procs.TAG_NODE: "1", procs.TAG_RUN: os.urandom(6).hex()}
         self.reports: list[str] = []
         argv = [f"--nproc-per-node={nproc}", "--node-rank=1", "--first-rank=4", "--world-size=8",
                 "--master-addr=10.1.2.3", "--master-port=29500", str(script), *args]
-        self.workers = agent.Workers(agent.parse_launch(argv), {**os.environ, **self.match, **(env or {})},
+        self.workers = workers.Workers(workers.parse_launch(argv), {**os.environ, **self.match, **(env or {})},
                                      self.match, self.reports.append)
         self.workers.start(str(tmp_path / "logs"))
 
@@ -54,7 +54,7 @@ class Launch:
             time.sleep(0.02)
 
     def close(self) -> None:
-        agent.kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)
+        procs.kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)
 
 
 @pytest.fixture
@@ -107,12 +107,12 @@ def test_workers_the_agent_kills_at_the_end_are_not_a_failure_to_report(launch, 
 
 def test_a_worker_that_cannot_be_started_fails_the_node_with_the_reason(tmp_path):
     (tmp_path / "logs").write_text("a file where the log directory goes")
-    match = {agent.TAG_JOB: "own-launcher-test", agent.TAG_NODE: "1", agent.TAG_RUN: os.urandom(6).hex()}
+    match = {procs.TAG_JOB: "own-launcher-test", procs.TAG_NODE: "1", procs.TAG_RUN: os.urandom(6).hex()}
     reports: list[str] = []
-    argv = [f"--{n}=1" for n in agent.LAUNCH_OPTIONS] + ["worker.py"]
-    workers = agent.Workers(agent.parse_launch(argv), {**os.environ, **match}, match, reports.append)
-    workers.start(str(tmp_path / "logs"))
-    assert workers.wait(30) == 1
+    argv = [f"--{n}=1" for n in workers.LAUNCH_OPTIONS] + ["worker.py"]
+    started = workers.Workers(workers.parse_launch(argv), {**os.environ, **match}, match, reports.append)
+    started.start(str(tmp_path / "logs"))
+    assert started.wait(30) == 1
     assert len(reports) == 1 and reports[0].startswith("ddp-up-launch: cannot start local rank 0: ")
 
 
@@ -122,12 +122,12 @@ def test_a_worker_that_cannot_be_started_fails_the_node_with_the_reason(tmp_path
 ])
 def test_bad_arguments_are_named(argv, problem):
     with pytest.raises(ValueError, match=problem):
-        agent.parse_launch(argv)
+        workers.parse_launch(argv)
 
 
 def test_script_arguments_that_look_like_options_stay_the_scripts():
-    argv = [f"--{n}=1" for n in agent.LAUNCH_OPTIONS] + ["train.py", "--nproc-per-node=9", "--x"]
-    opts, script, args = agent.parse_launch(argv)
+    argv = [f"--{n}=1" for n in workers.LAUNCH_OPTIONS] + ["train.py", "--nproc-per-node=9", "--x"]
+    opts, script, args = workers.parse_launch(argv)
     assert script == "train.py" and args == ["--nproc-per-node=9", "--x"] and opts["nproc-per-node"] == "1"
 
 
@@ -137,7 +137,7 @@ def test_launcher_none_needs_no_torch_on_the_node(tmp_path, capsys, monkeypatch)
     import subprocess
     import venv
 
-    from orchestrator.cli import main_up
+    from orchestrator.commands.up import main_up
 
     venv.create(tmp_path / "venv", with_pip=False)  # no site-packages of ours: no torch
     python = tmp_path / "venv" / "bin" / "python"

@@ -1,5 +1,5 @@
-from orchestrator.config import parse_cluster
-from orchestrator import wire
+from orchestrator.clusterfile import parse_cluster
+from orchestrator.node import wire
 from orchestrator.plan import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path
 
 CLUSTER = """\

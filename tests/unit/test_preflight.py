@@ -1,7 +1,7 @@
-from orchestrator.config import parse_cluster
+from orchestrator.clusterfile import parse_cluster
 import os
 
-from orchestrator import agent
+from orchestrator.node import checks
 from orchestrator.preflight import gpu_shortfalls, torch_mismatches
 from orchestrator.outcome import NodeStatus
 from orchestrator.plan import make_plan
@@ -29,5 +29,5 @@ def test_torch_cuda_and_nccl_must_match_the_master_where_known():
 
 
 def test_the_torch_probe_reads_versions_without_importing_torch():
-    info = agent.probe_torch(dict(os.environ))
+    info = checks.probe_torch(dict(os.environ))
     assert info["torch"].startswith("2.13.0") and info["cuda"] is None and info["nccl"] is None  # the CPU wheel

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from orchestrator import agent, nodefacts, protocol, wire
+from orchestrator import node, protocol
+from orchestrator.node import wire
 
 EXAMPLES = [
     wire.RunSpec(job="j", node=1, cluster="c", run="r1", workdir=None, script="t.py", env={"A": "1"}, pick_port=True,
@@ -93,14 +94,18 @@ def test_an_endless_header_is_an_error_not_a_memory_leak(monkeypatch):
 
 def test_hello_is_the_sources_and_their_bytecode_then_the_spec():
     data = b"".join(protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True)))
-    sizes = [int(n) for n in protocol.bootstrap_args()[-6:]]
+    n = len(node.SHIPPED)
+    args = protocol.bootstrap_args()
+    assert args[4:6] == ["ddp_up_node", ",".join(node.SHIPPED)]  # the bootstrap takes the names from here
+    sizes = [int(size) for size in args[6:]]
+    assert len(sizes) == 2 * n
     parts, at = [], 0
     for size in sizes:
         parts.append(data[at:at + size])
         at += size
-    assert parts[:3] == [open(m.__file__, "rb").read() for m in (wire, nodefacts, agent)]
-    codes = [marshal.loads(p) for p in parts[3:]]
-    assert [c.co_filename for c in codes] == ["ddp_up_wire", "ddp_up_nodefacts", "ddp_up_agent"]
+    assert parts[:n] == [path.read_bytes() for path in protocol.module_paths()]
+    codes = [marshal.loads(p) for p in parts[n:]]
+    assert [c.co_filename for c in codes] == ["ddp_up_node." + name for name in node.SHIPPED]
     assert data[at:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true, "purge": false}\n'
 
 
@@ -112,13 +117,13 @@ def _run_agent(args, data):
 def test_an_agent_runs_the_shipped_bytecode_or_compiles_the_sources(key):
     """Bytecode is used only by the Python it was made by (same cache tag and magic number);
     any other compiles the sources. Each way, the agent runs and answers its spec."""
-    args, parts = protocol.bootstrap_args(), list(protocol.shipped())
+    args, parts, n = protocol.bootstrap_args(), list(protocol.shipped()), len(node.SHIPPED)
     if key == "other":
         args[3] = "cpython-38" + "55" * 4  # another Python's key: its bytecode would not load here
-        parts[3:] = [b"not bytecode"] * 3  # proves it is never read as code
+        parts[n:] = [b"not bytecode"] * n  # proves it is never read as code
     elif key == "no bytecode":
-        parts[3:] = [b""] * 3
-    args[-6:] = [str(len(p)) for p in parts]
+        parts[n:] = [b""] * n
+    args[-2 * n:] = [str(len(p)) for p in parts]
     spec = wire.SweepSpec(match={"DDP_UP_JOB": "no-such-job-anywhere"}, grace=0.0, dry_run=True)
     proc = _run_agent(args, b"".join(parts) + spec.encode())
     assert proc.returncode == 0, proc.stderr
@@ -133,27 +138,45 @@ def test_an_agent_given_garbage_instead_of_a_spec_says_so_and_exits():
         "use the same ddp-up version on both ends")]
 
 
-def _top_level_imports(module) -> set[str]:
-    tree = ast.parse(open(module.__file__, encoding="utf-8").read())
-    names = set()
-    for node in tree.body:  # top level only: the agent's package import is inside a try
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+def _imports(name: str) -> tuple[set[str], set[str]]:
+    """(top-level absolute imports, relative imports) of the shipped module ``name``, wherever
+    they stand in it (a lazy import inside a function counts too)."""
+    tree = ast.parse((protocol.module_paths()[node.SHIPPED.index(name)]).read_text(encoding="utf-8"))
+    absolute, relative = set(), set()
+    for item in ast.walk(tree):
+        if isinstance(item, ast.Import):
+            absolute |= {a.name.split(".")[0] for a in item.names}
+        elif isinstance(item, ast.ImportFrom) and item.level == 0:
+            absolute.add(item.module.split(".")[0])
+        elif isinstance(item, ast.ImportFrom):
+            relative |= {item.module} if item.module else {a.name for a in item.names}
+    return absolute, relative
 
 
-@pytest.mark.parametrize("module", [agent, nodefacts, wire])
-def test_what_nodes_run_is_stdlib_only(module):
-    """Nodes have nothing but Python: the shipped sources import neither the package nor deps."""
-    assert _top_level_imports(module) <= sys.stdlib_module_names
+@pytest.mark.parametrize("name", node.SHIPPED)
+def test_what_nodes_run_is_stdlib_only(name):
+    """Nodes have nothing but Python: the shipped modules import neither the controller nor deps."""
+    absolute, _ = _imports(name)
+    assert absolute <= sys.stdlib_module_names
 
 
-@pytest.mark.parametrize("module", [agent, nodefacts, wire])
-def test_what_nodes_run_parses_as_python_3_8(module):
+@pytest.mark.parametrize("name", node.SHIPPED)
+def test_a_shipped_module_imports_only_shipped_modules_run_before_it(name):
+    """The bootstrap runs the modules in SHIPPED's order: each may import only those before it."""
+    _, relative = _imports(name)
+    assert relative <= set(node.SHIPPED[:node.SHIPPED.index(name)])
+
+
+@pytest.mark.parametrize("name", node.SHIPPED)
+def test_what_nodes_run_parses_as_python_3_8(name):
     """The agent says it needs Python 3.8+ on the nodes: no newer syntax may slip in."""
-    ast.parse(open(module.__file__, encoding="utf-8").read(), feature_version=(3, 8))
+    ast.parse(protocol.module_paths()[node.SHIPPED.index(name)].read_text(encoding="utf-8"), feature_version=(3, 8))
+
+
+def test_everything_in_the_node_package_is_shipped():
+    """One list of what is shipped: a module left out of it would be missing on every node."""
+    on_disk = {path.stem for path in protocol.module_paths()[0].parent.glob("*.py")} - {"__init__"}
+    assert on_disk == set(node.SHIPPED)
 
 
 def test_frames_are_immutable_values_with_checked_fields():

@@ -2,12 +2,12 @@
 
 import queue
 
-from orchestrator import wire
-from orchestrator.config import parse_cluster
+from orchestrator.node import wire
+from orchestrator.clusterfile import parse_cluster
 from orchestrator.events import Closed, Message, SetupFailed
 from orchestrator.plan import make_plan
 from orchestrator.session import NodeSession
-from orchestrator.transport import transport_for
+from orchestrator.transports import transport_for
 
 
 def test_hello_reaches_the_agent_first_even_after_early_heartbeats(tmp_path):

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator import agent
-from orchestrator.config import SyncConfig, parse_cluster
+from orchestrator import protocol
+from orchestrator.node import sync as node_sync
+from orchestrator.clusterfile import parse_cluster
+from orchestrator.config import SyncConfig
 from orchestrator.errors import ConfigError, SetupError
 from orchestrator.plan import make_plan
 from orchestrator.sync import Entry, Tree, scan, sync_all, targets
@@ -67,7 +69,7 @@ def test_links_are_kept_as_links_and_skipped_directories_left_out(tmp_path):
 @pytest.mark.parametrize("rel, ok", [("a/b.txt", True), ("../x", False), ("/etc/passwd", False), ("a/../../x", False),
                                      ("a//b", False), ("", False), ("./a", False), ("a\0b", False)])
 def test_the_agent_writes_only_inside_the_destination(rel, ok):
-    assert agent.safe_relpath(rel) is ok
+    assert node_sync.safe_relpath(rel) is ok
 
 
 def local_plan(tmp_path: Path, *workdirs: str):
@@ -153,7 +155,7 @@ def test_a_node_agent_whose_controller_goes_silent_drops_its_partial_file_and_ex
     """A partition closes nothing: the agent must not wait forever on a half-sent file."""
     import subprocess
 
-    from orchestrator import protocol, wire
+    from orchestrator.node import wire
 
     spec = wire.SyncSpec(dest=str(tmp_path / "dest"), entries=[["big.bin", 10, 0, 0o644, None]], idle_timeout=1.0)
     proc = subprocess.Popen([sys.executable, "-u", *protocol.bootstrap_args()], stdin=subprocess.PIPE,
@@ -225,7 +227,7 @@ def agents_running() -> list[int]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if agent.BOOTSTRAP.encode() in f.read():
+                if protocol.BOOTSTRAP.encode() in f.read():
                     found.append(int(pid))
         except OSError:
             pass

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import nodefacts, preflight, wire
-from orchestrator.config import parse_cluster
+from orchestrator import preflight
+from orchestrator.node import facts as nodefacts, wire
+from orchestrator.clusterfile import parse_cluster
 from orchestrator.outcome import NodeStatus, gpu_summary
 from orchestrator.plan import make_plan
 

@@ -1,78 +1,30 @@
-"""Detached jobs, from the controller's side: ddp-attach, ddp-logs and ddp-ls.
-
-A job started with ``ddp-up --detach`` keeps a journal on each node (agent.Journal): every frame
-its agent would have sent to ddp-up, in order. Attaching replays each node's journal through the
-same job loop and views as a live run (``Job.follow``): from the job's first line, then live,
-until the job has ended everywhere. Nothing is ever sent to the job: its own agents supervise it
-(agent.Supervisor), so an attach (or its Ctrl-C) cannot change its course. The run logs under
-``runs/<job>/`` are written again from the journals, so they hold every line exactly once
-whatever attaches and detaches happened.
-"""
+"""Detached jobs, from the controller's side: ddp-attach, ddp-logs and ddp-ls (the replay itself
+is follow.py's; the job's own agents decide everything, so nothing here is ever sent to it)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 
 from rich.table import Table
 
-from . import signals, wire
-from .attempts import AttemptRecord, attempt_record, blame
-from .cli import (EXIT_OK, EXIT_USAGE, _interrupted, _load_or_report, _report, add_node_sources, add_view_options,
-                  make_view, ssh_connections)
-from .errors import DdpUpError, Interrupted, UsageError
-from .job import Job
-from .oneshot import call_agent
-from .parallel import on_each
-from .plan import LaunchPlan, check_job_id, make_plan
-from .session import NodeSession
-from .transport import transport_for
-from .views.console import ConsoleView, terminal_console
-from .views.fanout import Fanout
-from .views.logfiles import RunLogs
+from .. import signals
+from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, UsageError
+from ..follow import follow_attempts, follow_plan
+from ..oneshot import call_agent
+from ..parallel import on_each
+from ..plan import LaunchPlan, check_job_id
+from ..node import wire
+from ..views.console import ConsoleView, terminal_console
+from ..views.fanout import Fanout
+from ..views.logfiles import RunLogs
+from .common import (add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report, make_view,
+                     report, ssh_connections)
 
 LIST_LIMIT = 30.0  # seconds beyond the connect timeout for a node to list its jobs
-
-
-def follow_plan(config, job_id: str) -> LaunchPlan:
-    """The plan a journal is read against: the cluster's nodes and ranks (as launched from this
-    cluster file), no hang watch of its own (the job's agents have theirs)."""
-    return dataclasses.replace(make_plan(config, "(detached)", [], job_id, os.getcwd()), hang_timeout=None)
-
-
-def journal_sessions(follow: bool, tail: int | None = None):
-    def make(plan: LaunchPlan, post, clock) -> list[NodeSession]:
-        return [NodeSession(plan, n, transport_for(n.config), post, clock,
-                            follow=wire.FollowSpec(job=plan.job_id, node=n.index, follow=follow,
-                                                   heartbeat=plan.heartbeat, tail=tail, attempt=plan.attempt))
-                for n in plan.nodes]
-    return make
-
-
-def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inbox,
-                    sessions=journal_sessions) -> tuple[Job, list[AttemptRecord]]:
-    """Every attempt of a detached job that restarted (``restarts:``), one after the other, as a
-    run that restarts shows them: the Job of the last, and a record of each."""
-    records: list[AttemptRecord] = []
-    last = None
-    while True:
-        job = Job(plan, views, sessions=sessions(follow, tail), inbox=inbox)
-        started = time.time()
-        try:
-            result = job.follow()
-        finally:
-            job.close()
-        if last is not None and job.interrupted is None and len(job.absent) == len(job.status):
-            return last, records  # it was stopped while it waited to restart: the attempt before was its last
-        records.append(attempt_record(plan, result, started, blame(result)))
-        if job.interrupted or not job.later_attempt or any(s.problem for s in job.status):
-            return job, records
-        last, plan = job, dataclasses.replace(plan, attempt=plan.attempt + 1)
-        views.attempt(plan)
 
 
 def add_tail(p: argparse.ArgumentParser) -> None:
@@ -91,7 +43,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def _job_id(args: argparse.Namespace, prog: str) -> str:
     """The job id argument (after the cluster file, which a node option makes optional)."""
-    if args.job is None and args.cluster is not None and not args.cluster.endswith((".yaml", ".yml")):
+    if args.job is None and args.cluster is not None and not is_cluster_file(args.cluster):
         args.cluster, args.job = None, args.cluster  # `-H a:1 JOB`: no cluster file
     if args.job is None:
         raise UsageError(f"missing JOB: {prog} CLUSTER.yaml JOB (ddp-ls CLUSTER.yaml lists the jobs)")
@@ -139,8 +91,8 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
     try:
         job_id = _job_id(args, prog)
     except DdpUpError as e:
-        return _report(prog, e)
-    config = _load_or_report(args, prog, forward=False)
+        return report(prog, e)
+    config = load_or_report(args, prog, forward=False)
     if config is None:
         return EXIT_USAGE
     with signals.recording() as inbox, ssh_connections():
@@ -150,7 +102,7 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
                 raise UsageError(f"--tail {args.tail}: a number of lines, 0 or more")
             view = make_view(plan, console, args, plain=ConsoleView if show_end else LinesView)
         except DdpUpError as e:
-            return _report(prog, e, config.secret_values)
+            return report(prog, e, config.secret_values)
         # The journals from their start rewrite the run logs whole; a tail would cut them.
         logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True) if args.tail is None else NoLogs()
         with view, logs:
@@ -264,7 +216,7 @@ def describe_root(root: dict | None, labels: dict) -> str | None:
 def main_ls(argv: list[str] | None = None) -> int:
     args = ls_parser().parse_args(sys.argv[1:] if argv is None else argv)
     console = terminal_console()
-    config = _load_or_report(args, "ddp-ls", forward=False)
+    config = load_or_report(args, "ddp-ls", forward=False)
     if config is None:
         return EXIT_USAGE
     nodes = list(config.nodes)
@@ -273,7 +225,7 @@ def main_ls(argv: list[str] | None = None) -> int:
             replies = on_each(nodes, lambda n: call_agent(n, wire.ListSpec(), n.ssh.connect_timeout + LIST_LIMIT,
                                                           until=wire.Jobs), name="ls")
         except Interrupted as e:
-            return _interrupted("ddp-ls", e, "before every node answered")
+            return interrupted("ddp-ls", e, "before every node answered")
     records = [rec for r in replies if r.problem is None for rec in r.frames[wire.Jobs].jobs]
     rows = merge_records(records)
     now = time.time()

@@ -1,7 +1,7 @@
 """The controller <-> node agent protocol: every frame, both directions, every agent mode.
 
-Stdlib only (Python 3.8+): the controller imports this module, and ships its source to every
-node ahead of the agent's (see ``protocol.bootstrap_args``), so both ends share one definition.
+Stdlib only (Python 3.8+): the controller imports this module, and ships it to every node as the
+first module of the node package (see ``protocol.bootstrap_args``), so both ends share one definition.
 
 A frame is one line, ``KIND JSON`` (``KIND`` alone for a frame without fields), where KIND is the
 frame's class name and JSON its fields. A frame with a body (``Output``, ``File``) announces its
@@ -149,12 +149,12 @@ class RunSpec(Frame):
     nodes: int = 1  # detach: how many nodes the supervisor waits for
     label: str = ""  # detach: the node as the cluster file names it (the record's)
     ranks: list[int] | None = None  # detach: [first global rank, rank count] (the record's)
-    hang_timeout: float | None = None  # detach: the supervisor's hang watch (see agent.Supervisor)
+    hang_timeout: float | None = None  # detach: the supervisor's hang watch (see node/detached.py)
     retention: float = 604800.0  # detach: seconds its record and journal stay after its end
     nproc: int | None = None  # processes on this node: the GPUs checked for others' processes
     hooks: dict | None = None  # file name -> text: written to the node's state dir, put on the job's PYTHONPATH
     attempt: int = 0  # a restarted job's attempt (DDP_UP_ATTEMPT); its state directory is its own
-    restarts: int = 0  # detach: attempts after the first that the supervisor may start (see agent.Supervisor)
+    restarts: int = 0  # detach: attempts after the first that the supervisor may start (see node/detached.py)
     restart_delay: float = 10.0  # detach: seconds before attempt 1; attempt N waits N times that
 
 
@@ -271,7 +271,7 @@ class Failed(Frame):
 @_frame(TO_CONTROLLER)
 class Probed(Frame):
     """The probe's answer, and the node's interfaces as seen from the master's address (see
-    nodefacts.network_facts): the interface and source address of the route the kernel takes to
+    facts.network_facts): the interface and source address of the route the kernel takes to
     it, GLOO_/NCCL_SOCKET_IFNAME as the job's environment sets them, [var, value, why] for each of
     those that cannot reach the master, and what the node's hostname resolves to (and where)."""
 

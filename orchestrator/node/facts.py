@@ -1,5 +1,5 @@
 """What a node's agent finds out about the node's network and GPUs: stdlib only, shipped to every
-node with the agent (as ``ddp_up_nodefacts``, see agent.BOOTSTRAP).
+node with the agent (as ``ddp_up_node.facts``, see protocol.BOOTSTRAP).
 
 Reading the system (``read_*``, ``query_*``) is kept apart from parsing and deciding (everything
 else), so the deciding half is unit-tested on the controller with recorded /proc files and

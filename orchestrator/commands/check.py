@@ -1,0 +1,154 @@
+"""ddp-check: every node checked in parallel, nothing started; with --collective, a short real
+all_reduce and every node's link."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .. import collective, signals
+from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, Interrupted, SetupError
+from ..job import Job
+from ..plan import make_plan, mask_secrets, new_job_id
+from ..preflight import torch_versions
+from ..views.console import safe_text, terminal_console
+from .common import add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections
+
+
+def check_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ddp-check",
+        description="Check every node in parallel without starting anything: SSH login and host key, python, "
+                    "torch (same version everywhere), workdir and script, master port, a real TCP connection "
+                    "from every node to master addr:port, clock skew, free disk, GPUs.")
+    p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="optional with a node option below")
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="also check it exists on every node")
+    p.add_argument("--collective", action="store_true",
+                   help="after the checks, run a short real all_reduce across the nodes (NCCL on GPUs, else gloo) "
+                        "and time every node's link; nodes far slower than the median are named (exit 3)")
+    add_node_sources(p)
+    return p
+
+
+class _QuietView:
+    """ddp-check shows a table at the end, not the nodes' chatter."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def lines(self, node, lines) -> None:
+        pass
+
+    def node_state(self, status) -> None:
+        pass
+
+    def tick(self, snapshot) -> None:
+        pass
+
+    def notice(self, text: str) -> None:
+        self.console.print(f"ddp-check {text}", markup=False)
+
+
+def main_check(argv: list[str] | None = None) -> int:
+    args = check_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    console = terminal_console()
+    config = load_or_report(args, "ddp-check", script_too=True)
+    if config is None:
+        return EXIT_USAGE
+    with signals.recording() as inbox, ssh_connections():
+        try:
+            config = resolve_nodes(config, console)
+        except SetupError as e:
+            return report("ddp-check", e, config.secret_values)
+        except Interrupted as e:
+            return interrupted("ddp-check", e, "while checking; nothing was started")
+        if args.collective:
+            return check_collective(config, console, inbox)
+        plan = make_plan(config, args.script or "", [], new_job_id(), os.getcwd())
+        job = Job(plan, _QuietView(console), inbox=inbox)
+        try:
+            problems = job.check()
+        finally:
+            job.close()
+        if job.interrupted:
+            return interrupted("ddp-check", Interrupted(job.interrupted), "while checking; nothing was started")
+    console.print(check_table(job.status, problems, job.master_port))
+    for p in problems:
+        console.print(Text("✗ ", style="bold red") + Text(safe_text(mask_secrets(p.render(), config.secret_values))))
+    return EXIT_SETUP if problems else EXIT_OK
+
+
+class _ProbeView(_QuietView):
+    """Keeps the probe's report, and the last lines of each node for when there is none."""
+
+    def __init__(self, console: Console):
+        super().__init__(console)
+        self.report: dict | None = None
+        self.last: dict[int, list[str]] = {}
+
+    def lines(self, node, lines) -> None:
+        for line in lines:
+            report = collective.read_report(line.text) if line.rank == 0 else None
+            if report is not None:
+                self.report = report
+            else:
+                self.last[node.index] = (self.last.get(node.index, []) + [line.text])[-8:]
+
+
+def check_collective(config, console: Console, inbox: signals.SignalInbox) -> int:
+    """The preflight of a launch, then the probe job (collective_probe.py), then its tables."""
+    plan = collective.probe_plan(config, new_job_id(), os.getcwd())
+    view = _ProbeView(console)
+    job = Job(plan, view, inbox=inbox)
+    console.print(f"ddp-check: all_reduce and every node's link across {len(plan.nodes)} nodes, one process each",
+                  markup=False, highlight=False)
+    try:
+        result = job.run()
+    except SetupError as e:
+        return report("ddp-check", e, config.secret_values)
+    finally:
+        job.close()
+    if job.interrupted:
+        return interrupted("ddp-check", Interrupted(job.interrupted), "while measuring; every node stopped its part")
+    if view.report is None:
+        cause = result.root_cause
+        console.print(Text(f"ddp-check: the collective probe failed: {cause.render() if cause else 'no report'}",
+                           style="bold red"))
+        node = cause.node if cause else 0
+        for text in view.last.get(node, []):
+            console.print(Text(f"  {safe_text(plan.mask(text))}"))
+        return EXIT_JOB_FAILED
+    console.print(collective.render(view.report, [n.label for n in plan.nodes]))
+    slow = collective.slow_nodes(collective.node_links(view.report))
+    for node in slow:
+        console.print(Text("✗ ", style="bold red") + Text(
+            f"{plan.nodes[node].label}: its link is far slower than the other nodes' (under 1/"
+            f"{collective.SLOW_RATIO:g} of the median): the whole job would run at its pace. Check its NIC, "
+            "cable, switch port and link speed (ethtool, ip -s link)"))
+    console.print(f"ddp-check: {result.elapsed:.1f} s in all, {view.report.get('seconds', 0):.1f} s of it measuring "
+                  "(the rest: connect, preflight, start, import torch)", markup=False, highlight=False)
+    return EXIT_SETUP if slow else EXIT_OK
+
+
+def check_table(statuses, problems, master_port) -> Table:
+    by_node: dict[str, list] = {}
+    for p in problems:
+        by_node.setdefault(p.node, []).append(p)
+    table = Table(title=f"ddp-check (master port {master_port or '-'})", title_justify="left")
+    for column in ("node", "host", "ok", "torch", "python", "gpus", "interface", "clock skew", "disk free"):
+        table.add_column(column, no_wrap=True)
+    for s in statuses:
+        mine = by_node.get(s.plan.label, [])
+        info = s.info
+        table.add_row(
+            str(s.plan.index), s.plan.label, Text("✗", style="bold red") if mine else Text("✓", style="green"),
+            torch_versions(info), info.get("python") or "-", str(info.get("gpus", "-")),
+            (s.reach.iface or "-") if s.reach else "-",
+            "-" if s.clock_skew is None else f"{s.clock_skew:+.2f} s",
+            "-" if "disk_free" not in info else f"{info['disk_free'] / 2**30:.1f} GiB")
+    return table

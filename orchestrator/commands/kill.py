@@ -1,0 +1,76 @@
+"""ddp-kill: the job's processes on every node, found by their tags (never by name), stopped."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.table import Table
+from rich.text import Text
+
+from .. import signals
+from ..cleanup import SweepReport, match_for, sweep_nodes
+from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
+from ..plan import check_job_id
+from ..views.console import safe_text, terminal_console
+from .common import add_node_sources, interrupted, load_or_report, report, ssh_connections
+
+
+def kill_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ddp-kill",
+        description="Stop ddp-up job processes on every node, found by the tags ddp-up put in their environment "
+                    "(never by name). Default: jobs launched from this cluster file.")
+    p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="optional with a node option below")
+    add_node_sources(p)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--job", metavar="ID", help="only this job")
+    scope.add_argument("--all", action="store_true", help="every ddp-up job of this user on these nodes")
+    p.add_argument("--dry-run", action="store_true", help="list what would be stopped; stop nothing")
+    p.add_argument("--purge", action="store_true",
+                   help="also remove the records and logs that finished detached jobs keep on the nodes "
+                        "(else kept 7 days)")
+    return p
+
+
+def main_kill(argv: list[str] | None = None) -> int:
+    args = kill_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    console = terminal_console()
+    if args.job is not None:
+        try:
+            check_job_id(args.job, "--job")
+        except UsageError as e:
+            return report("ddp-kill", e)
+    config = load_or_report(args, "ddp-kill", forward=False)
+    if config is None:
+        return EXIT_USAGE
+
+    def match_of(node):
+        if args.all:
+            return match_for()
+        if args.job:
+            return match_for(job=args.job)
+        return match_for(cluster=config.cluster_id, node=node.rank)
+
+    with signals.recording(), ssh_connections():
+        try:
+            reports = sweep_nodes(list(config.nodes), match_of, grace=config.stop_grace, dry_run=args.dry_run,
+                                  purge=args.purge)
+        except Interrupted as e:
+            return interrupted("ddp-kill", e, "before every node answered; run ddp-kill again to confirm")
+    console.print(kill_table(reports, args.dry_run))
+    for r in reports:
+        if r.error:
+            console.print(Text("✗ ", style="bold red") + Text(safe_text(f"{r.node.label}: {r.error}")))
+    return EXIT_JOB_FAILED if any(r.error or r.left for r in reports) else EXIT_OK
+
+
+def kill_table(reports: list[SweepReport], dry_run: bool) -> Table:
+    table = Table(title="ddp-kill (dry run: nothing stopped)" if dry_run else "ddp-kill", title_justify="left")
+    for column in ("node", "host", "jobs", "found", "stopped", "needed SIGKILL", "left", "error"):
+        table.add_column(column)
+    for r in reports:
+        stopped = 0 if dry_run else len(r.found) - len(r.left)
+        table.add_row(str(r.node.rank), r.node.label, ", ".join(r.jobs) or "-", str(len(r.found)), str(stopped),
+                      str(len(r.killed)), str(len(r.left)), "see below" if r.error else "")
+    return table

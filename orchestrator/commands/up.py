@@ -1,0 +1,259 @@
+"""ddp-up: the cluster file and the script to a plan, then the run (runloop.py) with its views.
+
+The only layer that turns exceptions into exit statuses; the code below it reports problems as
+values or DdpUpError subclasses that render themselves. Signals are recorded by signals.py; the
+shell reads the inbox between start-up steps (and the parallel calls while they wait), the job
+loop at every turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from functools import partial
+
+from rich.console import Console
+
+from .. import __version__, signals
+from ..attempts import Restarts
+from ..clusterfile import load_cluster
+from ..config import SyncConfig
+from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
+from ..node.facts import IFNAME_VARS
+from ..parallel import interruptible
+from ..plan import LaunchPlan, check_job_id, make_plan, new_job_id
+from ..runloop import run_job
+from ..sbatch import split_sbatch, submit
+from ..sync import Tree, human_bytes, scan, sync_all, targets
+from ..views.console import terminal_console
+from ..views.logfiles import RunLogs
+from ..views.transfer import transfer_progress
+from .common import (NODE_SOURCE_FLAGS, add_node_sources, add_view_options, cluster_and_script, interrupted,
+                     is_cluster_file, make_view, node_source, report, resolve_nodes, ssh_connections)
+
+
+def up_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ddp-up",
+        usage="ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]\n"
+              "       ddp-up [options] (--hostfile FILE | -H HOST:N,... | --slurm) [CLUSTER.yaml] SCRIPT [ARGS...]\n"
+              "       ddp-up --sbatch [SBATCH OPTIONS] [--] CLUSTER.yaml SCRIPT [ARGS...]   (a batch job running "
+              "--slurm)",
+        description="Launch a multi-node torchrun job over SSH; every remote process it starts is stopped on exit.",
+        epilog="Everything after SCRIPT is passed to the script verbatim. Exit status: 0 ok, 1 job failed, "
+               "2 bad config or usage, 3 a node could not be set up (nothing started), 70 internal error, "
+               "128+N killed by signal N.")
+    p.add_argument("cluster", metavar="CLUSTER.yaml", help="cluster file (see configs/); with a node "
+                   "option below, optional and used for its other settings")
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script, resolved in each node's workdir")
+    add_node_sources(p)
+    p.add_argument("--dry-run", action="store_true", help="print the command for every node; connect to nothing")
+    sync = p.add_mutually_exclusive_group()
+    sync.add_argument("--sync", dest="sync", action="store_true", default=None,
+                      help="first copy the cluster file's `sync:` directory, else this directory, to every node's "
+                           "workdir (changed files only; .gitignore honored; nothing on the nodes is deleted)")
+    sync.add_argument("--no-sync", dest="sync", action="store_false", help="skip the cluster file's `sync:`")
+    p.add_argument("--job-id", help="use this job id instead of a generated one")
+    p.add_argument("--detach", action="store_true",
+                   help="start the job, then exit once every node runs: the job goes on without ddp-up (its "
+                        "nodes stop each other on a failure); watch it with ddp-attach, ddp-logs, ddp-ls")
+    add_view_options(p)
+    p.add_argument("--hang-timeout", type=float, metavar="SECONDS",
+                   help="declare the job hung after this long without output from any rank (or with some "
+                        "nodes finished and others still running): dump every rank's stack, then stop")
+    p.add_argument("--restarts", type=int, metavar="N",
+                   help="after a failure, stop every node and start the whole job again, up to N times "
+                        "(overrides `restarts:`; each process sees DDP_UP_ATTEMPT)")
+    p.add_argument("--no-preflight", dest="preflight", action="store_false",
+                   help="skip the cross-node checks (same torch everywhere, every node reaches the master, "
+                        "other processes on the GPUs) and the choice of network interface they make")
+    p.add_argument("--allow-busy-gpus", action="store_true",
+                   help="start even where other processes hold memory on the job's GPUs (listed as a notice)")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR",
+                   help="where each job's logs and summary.json go (DIR/<job-id>/; default: runs)")
+    p.add_argument("--version", action="version", version=f"ddp-up {__version__}")
+    return p
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Our options and our positionals (cluster file and script: one of them may be left out when
+    a node option comes first), then the script's arguments untouched."""
+    ours, positionals, wanted = [], 0, 2
+    takes_value = {"--job-id", "--ranks", "--runs-dir", "--hang-timeout", "--hostfile", "-H", "--restarts"}
+    i = 0
+    while i < len(argv) and positionals < wanted:
+        arg = argv[i]
+        ours.append(arg)
+        if arg == "--":
+            ours.pop()
+            ours.extend(argv[i + 1:i + 1 + wanted - positionals])
+            i += 1 + wanted - positionals
+            break
+        if arg in takes_value and i + 1 < len(argv):
+            ours.append(argv[i + 1])
+            i += 1
+        elif not arg.startswith("-") or arg == "-":
+            positionals += 1
+            if positionals == 1 and any(f in ours for f in NODE_SOURCE_FLAGS) \
+                    and not is_cluster_file(arg):
+                wanted = 1  # no cluster file: this is the script
+        i += 1
+    return ours, argv[i:]
+
+
+def main_up(argv: list[str] | None = None) -> int:
+    with signals.recording() as inbox, ssh_connections():
+        return _up(sys.argv[1:] if argv is None else argv, inbox)
+
+
+def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
+    try:
+        sbatch_options, argv = split_sbatch(argv)
+    except UsageError as e:
+        return report("ddp-up", e)
+    ours, script_args = split_argv(argv)
+    args = up_parser().parse_args(ours)
+    console = terminal_console()
+    secrets: frozenset[str] = frozenset()  # known once the cluster file is read; masked in every message
+    if sbatch_options is not None:
+        return _submit(args, argv, sbatch_options, console)
+    try:
+        config = load_for_up(args, inbox)
+        secrets = config.secret_values
+        return launch(args, script_args, resolve_nodes(config, console), console, inbox)
+    except DdpUpError as e:
+        return report("ddp-up", e, secrets)
+    except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop
+        return interrupted("ddp-up", e, "before the job started; nothing was started")
+    except Exception:  # noqa: BLE001 - a bug: show it, and say what happened to the job
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        err.print_exception()
+        err.print("[bold red]ddp-up: internal error[/] (a bug; please report it). Connections were closed, "
+                  "so every node stops its job by itself; `ddp-kill CLUSTER.yaml` confirms.")
+        return EXIT_INTERNAL
+
+
+def load_for_up(args: argparse.Namespace, inbox: signals.SignalInbox):
+    """The validated cluster for this launch, with every option checked against it: UsageError or
+    ConfigError (exit 2) before anything is reached."""
+    if args.job_id is not None:
+        check_job_id(args.job_id, "--job-id")  # before anything is read or reached
+    source = node_source(args)
+    args.cluster, args.script = cluster_and_script(args.cluster, args.script, source is not None)
+    if args.script is None:
+        raise UsageError("missing SCRIPT: ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]")
+    config = load_cluster(args.cluster, source)
+    if args.hang_timeout is not None and not 0 < args.hang_timeout < float("inf"):
+        raise UsageError("--hang-timeout must be a number of seconds > 0")
+    inbox.check()
+    if args.restarts is not None and args.restarts < 0:
+        raise UsageError("--restarts must be an integer >= 0")
+    if args.detach and (config.spares or config.min_nodes is not None):
+        raise UsageError("--detach: spares and min_nodes need ddp-up to stay (it starts a spare's agent; a "
+                         "detached job's own agents restart it only on the nodes they run on): run without "
+                         "--detach, or leave out `spares:` and `min_nodes:` (`restarts:` alone works detached)")
+    if args.detach and any(n.transport == "srun" for n in config.nodes):
+        raise UsageError("--detach: a job reached through srun ends with its allocation, which ends with "
+                         "this command; to run without a terminal, submit it: ddp-up --sbatch [SBATCH OPTIONS] "
+                         "CLUSTER.yaml SCRIPT ... (or set `transport: ssh`)")
+    return config
+
+
+def launch(args: argparse.Namespace, script_args: list[str], config, console: Console,
+           inbox: signals.SignalInbox) -> int:
+    """Plan the first attempt, copy the workdir if asked, and run (or only print, --dry-run)."""
+    job_id = args.job_id or new_job_id()
+    limit = config.restarts if args.restarts is None else args.restarts
+    restarts = Restarts.of(config, limit, planner=lambda cluster, attempt: make_plan(
+        cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
+        detach=args.detach, allow_busy_gpus=args.allow_busy_gpus, attempt=attempt,
+        restarts=limit))  # detached, its restarts are its supervisor's (node/detached.py), not this loop's
+    plan = restarts.plan(restarts.first_cluster(), 0)
+    sync = sync_choice(args.sync, config.sync)
+    if args.dry_run:
+        print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None,
+                      spares=[n.label for n in restarts.roster.spares])
+        return EXIT_OK
+    if sync:
+        copy_workdirs(plan, sync, args.runs_dir, config.path, console)
+    view = make_view(plan, console, args)
+    inbox.check()
+    return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
+                   inbox=inbox, cluster_arg=shlex.join(ours_for_attach(args)),
+                   restarts=restarts if restarts.limit and not args.detach else None)
+
+
+def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str], console: Console) -> int:
+    """--sbatch: a batch job that runs this very command with --slurm in its allocation."""
+    try:
+        if args.detach or args.dry_run or args.hostfile or args.hosts:
+            raise UsageError("--sbatch runs the job with --slurm in its own allocation: leave out --detach, "
+                             "--dry-run, --hostfile and -H")
+        if args.script is None:
+            raise UsageError("missing SCRIPT: ddp-up --sbatch [SBATCH OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]")
+        if args.cluster and not os.path.isfile(args.cluster):
+            raise UsageError(f"{args.cluster}: no such cluster file")
+        job_id = args.job_id or new_job_id()
+        rest = [a for a in argv if a != "--slurm"]
+        if args.job_id is None:
+            rest = ["--job-id", job_id, *rest]
+        slurm_job, script = submit(sbatch_options, rest, job_id, args.runs_dir)
+    except DdpUpError as e:
+        return report("ddp-up", e)
+    console.print(f"ddp-up: submitted Slurm job {slurm_job} ({script}); it runs ddp-up job {job_id} with --slurm. "
+                  f"Run logs: {os.path.join(args.runs_dir, job_id)}/; ddp-up's own output: sbatch's output file "
+                  f"(slurm-{slurm_job}.out unless --output says otherwise). Stop it: scancel {slurm_job}",
+                  markup=False, highlight=False)
+    return EXIT_OK
+
+
+def sync_choice(flag: bool | None, configured: SyncConfig | None) -> SyncConfig | None:
+    """--sync: the cluster file's `sync:`, else the current directory; --no-sync: none."""
+    if flag is None:
+        return configured
+    return (configured or SyncConfig(src=os.getcwd())) if flag else None
+
+
+def copy_workdirs(plan: LaunchPlan, sync: SyncConfig, runs_dir: str, config_path: str, console: Console) -> None:
+    """The changed files of ``sync``'s tree (ddp-up's runs directory left out) to every node's
+    workdir, before anything starts."""
+    summary = sync_all(lambda: scan(sync, skip=[runs_dir]), targets(plan, sync.src, config_path),
+                       partial(transfer_progress, console))
+    console.print(f"ddp-up {summary.render()}", markup=False)
+
+
+def ours_for_attach(args: argparse.Namespace) -> list[str]:
+    """How the other commands name this run's nodes: the cluster file, or the node option."""
+    if args.hostfile:
+        return ["--hostfile", args.hostfile] + ([args.cluster] if args.cluster else [])
+    if args.hosts:
+        return ["-H", args.hosts] + ([args.cluster] if args.cluster else [])
+    if args.slurm:
+        return ["--slurm"] + ([args.cluster] if args.cluster else [])
+    return [args.cluster]
+
+
+def print_dry_run(plan: LaunchPlan, console: Console, tree: Tree | None = None, spares: list[str] = ()) -> None:
+    port = plan.master_port if plan.master_port is not None else "<auto: a free port on the master>"
+    console.print(f"# job {plan.job_id}: {len(plan.nodes)} node(s), world size {plan.world_size}, "
+                  f"master {plan.master_addr}:{port}", markup=False)
+    if tree is not None:
+        console.print(f"# sync {tree.root} -> each node's workdir: {len(tree.entries):,} files, "
+                      f"{human_bytes(tree.size)} (after .gitignore and exclude); only changed files are copied",
+                      markup=False)
+    unset = [var for var in IFNAME_VARS if any(var not in n.env for n in plan.nodes)]
+    if unset:
+        console.print(f"# at launch, on each node: {' and '.join(unset)}=<the interface its route to "
+                      f"{plan.master_addr} takes>, unless the node's environment sets it (checked first: "
+                      "one that cannot reach the master is refused)", markup=False)
+    for node in plan.nodes:
+        cfg = node.config
+        via = "local" if cfg.transport == "local" else f"srun -w {cfg.host}" if cfg.transport == "srun" else \
+            f"ssh {cfg.ssh.user + '@' if cfg.ssh.user else ''}{cfg.host}" + (f" -p {cfg.ssh.port}" if cfg.ssh.port else "")
+        ranks = f"{node.ranks.start}-{node.ranks.stop - 1}"
+        console.print(f"# node {node.index} {node.label} ({via}), ranks {ranks}", markup=False)
+        console.print(plan.shell_line(node, port), markup=False)
+    if spares:
+        console.print(f"# spares, idle until a node is out: {', '.join(spares)}", markup=False)

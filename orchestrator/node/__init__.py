@@ -1,0 +1,32 @@
+"""The code that runs on the nodes: the node agent, as a stdlib-only package (Python 3.8+).
+
+The controller ships these modules to every node over the agent's stdin, as source and as
+bytecode (see protocol.py); the bootstrap builds this package there under the name
+``ddp_up_node`` from the names it is given, so the modules' relative imports work the same on
+the controller (``orchestrator.node.*``) and on a node. SHIPPED is the one list of what is
+shipped, in the order the bootstrap runs them: each module comes after every module it imports.
+
+  wire        the protocol: every frame, both directions, every mode (shared with the controller)
+  facts       what the node's network and GPUs look like (interfaces, routes, nvidia-smi)
+  policy      the decisions both ends make (restart limit and delay, hang, root cause, silence)
+  procs       the job's processes: tags, find, signal, kill
+  state       private directories, records, journals
+  relay       the writer that owns stdout, the launcher's pipes and the workers' log files
+  checks      the preflight's probes: torch, GPUs, the master port held until Go
+  workers     `launcher: none`: the agent starts the workers itself
+  stacks      every rank's stack on request
+  events      the agent's own events, named once
+  launch      one attempt's processes here: started, relayed, signalled, ended
+  run         run mode, attached (controller watching): preflight, Go, the job's loop and end
+  decide      a detached job's decisions, pure
+  supervisor  a detached job's supervisor and every other node's link to it
+  detached    run mode, detached: the job on its own, its record and journal, restarts
+  replay      follow and list modes: a detached job's journal and records
+  oneshot     detect and sweep modes
+  sync        sync mode: the workdir copy
+  main        the table from spec frame to mode
+"""
+
+SHIPPED = ("wire", "facts", "policy", "procs", "state", "relay", "checks", "workers", "stacks", "events", "launch", "run",
+           "decide", "supervisor", "detached", "replay", "oneshot", "sync", "main")
+PACKAGE = "ddp_up_node"  # the package's name on a node

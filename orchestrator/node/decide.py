@@ -1,0 +1,68 @@
+"""The detached job's decisions, as its supervisor makes them: pure functions of what it has heard
+and of ``now`` (monotonic seconds; ``wall``: the wall clock, for records). The supervisor
+(supervisor.py) does the I/O; its unit tests drive these in fake time.
+"""
+
+from . import policy
+from .state import ENDED
+
+HANG_DUMP_WAIT = 8.0  # after a detached job's ranks were asked for their stacks, before it is stopped
+
+
+def why_not_restart(states, attempt, restarts):
+    """Why a detached job whose every node has ended this attempt is not started again, or None:
+    it succeeded, no restart is left, someone stopped it for good (ddp-kill, a shutdown), or a node
+    is lost (the supervisor cannot reach it to start it, and nothing takes its place)."""
+    if all(st["state"] == "done" for st in states.values()):
+        return "every node done"
+    limit = policy.why_no_restart(attempt, restarts)
+    if limit:
+        return limit
+    if any(st.get("final") for st in states.values()):
+        return "stopped for good"
+    lost = sorted(n for n, st in states.items() if st["state"] == "lost")
+    if lost:
+        return "node %d lost (a detached job restarts only on nodes its supervisor still hears)" % lost[0]
+    return None
+
+
+def lost_peers(now, peers, heard, states, limit):
+    """(node, seconds silent) of every peer that has not ended and was not heard for ``limit``."""
+    found = []
+    for node in peers:
+        silent = policy.silence(now, heard[node], limit)
+        if silent is not None and states.get(node, {}).get("state") not in ENDED:
+            found.append((node, silent))
+    return found
+
+
+def hang_step(now, timeout, hung, halted, quiet, first_done):
+    """The hang watch at ``now`` (as ddp-up's HangWatch decides it): ("dump", why) when the job
+    starts to look hung (every running rank prints its stack, into the journal, where an attach
+    names the odd one out), ("halt", reason) HANG_DUMP_WAIT after that, or None. ``hung``: (why,
+    when) once declared; ``quiet``: {running node: seconds since its ranks last printed}."""
+    if not timeout or halted is not None:
+        return None
+    if hung is not None:
+        return ("halt", "job hung (%s)" % hung[0]) if now - hung[1] > HANG_DUMP_WAIT else None
+    if not quiet:
+        return None
+    why = policy.hang_reason(now, now - min(quiet.values()), first_done, timeout, len(quiet))
+    return ("dump", why) if why else None
+
+
+def describe_end(state, code, reason):
+    if state == "failed":
+        return "failed (exit code %s)" % code
+    return "%s (%s)" % (state, reason) if reason else state
+
+
+def attempt_summary(attempt, states, hung, halted, wall):
+    """One attempt as outcome.json lists it: every node's end, and the root cause (the earliest
+    failure, or the hang the supervisor stopped the job for)."""
+    failures = [dict(st, node=n) for n, st in states.items() if st["state"] != "done"]
+    first = policy.earliest(failures, lambda f: f["at"])
+    if hung is not None and halted and halted.startswith("job hung"):
+        first = {"node": None, "state": "hung", "code": None, "reason": halted, "at": wall}
+    return {"attempt": attempt, "ended": wall, "root_cause": first, "halted": halted,
+            "nodes": {str(n): st for n, st in states.items()}}

@@ -1,0 +1,181 @@
+"""A detached job's run (``RunSpec.detach``): it goes on without the controller.
+
+After Go, the job's record says it runs, its journal keeps every frame, and its agents watch each
+other: the master node's agent is the job's supervisor, every other node's agent joins it (TCP,
+each connection proving it knows the job's token). A closed controller connection or a SIGHUP (a
+terminal closing) no longer stops the job.
+
+The detached job's states, as its records show them (ddp-ls) and its supervisor drives them::
+
+    running --every node ended, restart decided--> restarting --delay, Restart to every node--> running
+       |                                               |
+       +--every node ended, no restart--> done | failed | stopped      (outcome.json on the master)
+                                                       ^
+    restarting --a signal to the master's agent, ddp-kill--+
+    running/restarting, agent gone without its record (SIGKILL, reboot) --> lost  (read, never written)
+
+The first node to fail, stop or fall silent for orphan_timeout halts every node, as the controller
+does for a job it watches; the decisions are decide.py's, pure.
+"""
+
+import os
+import signal
+import time
+
+from . import events, policy, wire
+from .checks import PortHold, listen_on
+from .run import Runner
+from .state import JOURNAL, Journal, per_attempt, remove_stale_state, write_record
+from .supervisor import PeerLink, Supervisor
+
+
+def with_port(argv, port):
+    """The launch line with another master port: the launcher's ``--master-port=N`` (both take it
+    so), which comes before the script; the script's own arguments are left as they are."""
+    at = next(i for i, a in enumerate(argv) if a.startswith("--master-port="))
+    return argv[:at] + ["--master-port=%d" % port] + argv[at + 1:]
+
+
+class DetachedRun(Runner):
+    """The run with the detached job's hooks: its supervisor or its link to it, its journal and
+    record, and the restarts its supervisor decides."""
+
+    def __init__(self, spec, writer, clock=time.monotonic):
+        Runner.__init__(self, spec, writer, clock)
+        self.supervisor = None  # the master node: the Supervisor the other nodes join
+        self.link = None  # the other nodes: their PeerLink to it
+        self.record = None  # this node's record (see write_record), once the job runs on its own
+        self.first_go = None  # attempt 0's Go, whose launch line every later attempt reuses
+        self.next_go = None  # the Restart of the attempt to start next, between two attempts
+
+    def prepare(self):
+        if not (self.spec.check_port or self.spec.pick_port):
+            return None  # not the master node: this node's agent joins the supervisor at Go
+        self.supervisor = Supervisor(self, listen_on(0))
+        return self.supervisor.port
+
+    def check_go(self, go):
+        if not (self.supervisor or go.supervisor):
+            return "protocol error from the controller: a detached Go without its supervisor"
+        return None
+
+    def before_start(self):
+        if self.out.journal is not None:
+            self.out.journal.close()  # the attempt before's is complete
+        self.out.journal = Journal(os.path.join(self.dir, per_attempt(JOURNAL, self.attempt)))
+
+    def on_its_own(self):
+        return self.record is not None
+
+    def controller_gone(self, event):
+        if not self.on_its_own():
+            return Runner.controller_gone(self, event)
+        self.out.broken = True  # the point of detaching
+        return None
+
+    def controller_silent(self, silent):
+        if not self.on_its_own():
+            return Runner.controller_silent(self, silent)
+        self.out.broken = True  # a partitioned controller: its stream would block, the journal has it all
+        return None
+
+    def keeps_logs(self):
+        return True
+
+    def run_job(self, go):
+        self.start(go)
+        self.detach(go)
+        while True:
+            code = self.supervise()
+            if self.next_go is None:
+                return code
+            self.begin_attempt(self.next_go)
+
+    def detach(self, go):
+        """From now on the job needs no controller."""
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.out.last_output = self.clock()  # the hang watch counts from the start, as ddp-up's does
+        self.first_go = go
+        self.record = {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label,
+                       "script": self.spec.script, "ranks": self.spec.ranks, "pid": os.getpid(),
+                       "started": time.time(), "ended": None, "state": "running", "code": None, "reason": None,
+                       "retention": self.spec.retention, "attempt": self.attempt}
+        write_record(self.dir, self.record)
+        remove_stale_state({}, records_only=True)  # finished detached jobs past their retention, here
+        if self.supervisor is not None:
+            self.supervisor.start()
+            self.supervisor.report(self.spec.node, "running")
+        else:
+            addr, port = go.supervisor
+            self.link = PeerLink(self, addr, int(port))
+            self.link.start()
+
+    def after_exit(self, code, stopped, reason):
+        """Record how the attempt ended here and tell the supervisor. The master node's agent
+        then waits for every node's end (or loss) and decides: the next attempt (restarts left,
+        every node still heard, no one stopped it for good) after its delay, or the job's end,
+        recorded. Every other node waits for that word while restarts are left."""
+        state = "stopped" if stopped else ("done" if code == 0 else "failed")
+        more = policy.restarts_left(self.attempt, self.spec.restarts) and not self.for_good
+        self.record.update(ended=time.time(), state="restarting" if more else state, code=code, reason=reason)
+        write_record(self.dir, self.record)
+        go = None
+        if self.supervisor is not None:
+            self.supervisor.report(self.spec.node, state, code, reason, self.attempt, self.for_good)
+            self.supervisor.finished.wait()
+            if not self.supervisor.over_event.is_set():
+                go, why = self.restart_here()
+                if go is None:
+                    self.supervisor.over(why)
+        elif self.link is not None:
+            self.link.report(state, code, reason, self.attempt, self.for_good, keep=more)
+            go = self.await_restart() if more else None
+        if go is None and more:
+            self.record.update(state=state)
+            write_record(self.dir, self.record)
+        self.next_go = go
+        return go is not None
+
+    def restart_here(self):
+        """The master node, between two attempts: wait the delay (a signal ends the job instead),
+        hold the next master port (a fresh one, or the one the cluster file sets), and tell every
+        node to start (Restart). (the Restart, None) or (None, why the job ends here)."""
+        attempt = self.attempt + 1
+        deadline = self.clock() + policy.restart_delay(attempt, self.spec.restart_delay)
+        while self.clock() < deadline:
+            if isinstance(self.next_event(deadline), events.Stop):
+                return None, "stopped for good while it waited to restart"
+        try:  # held until the launcher starts, as for the first attempt
+            self.held = PortHold(self.spec.check_port or 0)
+        except OSError as e:
+            return None, "master port %s not free for attempt %d (%s)" % (self.spec.check_port, attempt, e.strerror)
+        port = self.held.port
+        self.supervisor.restart(attempt, port)
+        return wire.Restart(attempt=attempt, port=port), None
+
+    def await_restart(self):
+        """Every other node, between two attempts: the supervisor's word (bounded: a supervisor
+        unheard for orphan_timeout is a stop, see PeerLink.beat). The Restart, or None."""
+        while True:
+            event = self.events.get()
+            if isinstance(event, events.Restart):
+                return event.frame
+            if isinstance(event, (events.Over, events.Stop)):
+                self.link.close()
+                return None
+
+    def begin_attempt(self, restart):
+        """Start attempt ``restart.attempt`` here: the launch line of the first with the new
+        master port, its own journal and torchrun log directory, DDP_UP_ATTEMPT its number."""
+        self.attempt, self.next_go = restart.attempt, None
+        self.log_dir = os.path.join(self.dir, per_attempt("logs", self.attempt))
+        go = self.first_go
+        self.close_listener()
+        self.start(wire.Go(argv=with_port(go.argv, restart.port), supervisor=go.supervisor, env=go.env))
+        self.out.last_output = self.clock()
+        self.record.update(state="running", attempt=self.attempt, ended=None, code=None, reason=None)
+        write_record(self.dir, self.record)
+        if self.supervisor is not None:
+            self.supervisor.report(self.spec.node, "running", attempt=self.attempt)
+        else:
+            self.link.rejoin(self.attempt)

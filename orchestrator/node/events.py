@@ -1,0 +1,136 @@
+"""The node agent's own events, named once: what its loop acts on, whoever raised them.
+
+The controller's frames (``from_controller``), the supervisor's (``from_supervisor``), a signal,
+the launcher's exit and a silent peer each become one of these on the agent's queue; the run's
+loop (run.Runner.next_event) takes them in one place. Plain classes with slots: an agent builds
+them at start-up on every node.
+"""
+
+from . import wire
+
+
+class Event:
+    __slots__ = ()
+
+    def __init__(self, *values):
+        for name, value in zip(self.__slots__, values):
+            setattr(self, name, value)
+        for name in self.__slots__[len(values):]:
+            setattr(self, name, self.DEFAULTS[name])
+
+    DEFAULTS = {}
+
+    def __eq__(self, other):
+        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % (n, getattr(self, n)) for n in self.__slots__))
+
+
+class Go(Event):
+    """The controller's Go: start the job (``frame``: the wire.Go)."""
+    __slots__ = ("frame",)
+
+
+class Probe(Event):
+    """The controller asks whether this node reaches the master (``frame``: the wire.Probe)."""
+    __slots__ = ("frame",)
+
+
+class Dump(Event):
+    """Print every rank's stack (the controller's Dump, or the supervisor's DumpStacks)."""
+    __slots__ = ()
+
+
+class Stop(Event):
+    """Stop the job here, for good: the controller's Stop (``force``: its Kill), a signal to this
+    agent, a protocol error, or the end we answer to gone silent."""
+    __slots__ = ("reason", "force")
+    DEFAULTS = {"force": False}
+
+
+class ControllerGone(Event):
+    """The controller's connection closed (a detached job goes on without it)."""
+    __slots__ = ("reason",)
+
+
+class Exited(Event):
+    """The launcher of attempt ``attempt`` exited with ``code`` (an attempt's end is told apart
+    from a later one's)."""
+    __slots__ = ("attempt", "code")
+
+
+class Halt(Event):
+    """The detached job's supervisor stops attempt ``attempt`` here: another node's failure,
+    not a stop for good (the job may restart)."""
+    __slots__ = ("attempt", "reason")
+
+
+class Restart(Event):
+    """The supervisor starts the next attempt (``frame``: the wire.Restart)."""
+    __slots__ = ("frame",)
+
+
+class Over(Event):
+    """The supervisor's word that no attempt follows."""
+    __slots__ = ("reason",)
+
+
+CONTROLLER_ASKED = "controller asked"
+FROM_CONTROLLER = {  # run mode: every frame the controller may send after the spec but Heartbeat
+    wire.Go: Go,
+    wire.Probe: Probe,
+    wire.Dump: lambda frame: Dump(),
+    wire.Stop: lambda frame: Stop(CONTROLLER_ASKED),
+    wire.Kill: lambda frame: Stop(CONTROLLER_ASKED, True),
+}
+
+
+def from_controller(frame):
+    """The event for a controller's frame; None for a Heartbeat; a Stop for a frame that has no
+    business in run mode (the job must not go on under a controller that speaks another protocol)."""
+    make = FROM_CONTROLLER.get(type(frame))
+    if make is not None:
+        return make(frame)
+    if isinstance(frame, wire.Heartbeat):
+        return None
+    return Stop("protocol error from the controller: %s in run mode" % type(frame).__name__)
+
+
+def from_supervisor(frame, attempt):
+    """The event for the supervisor's frame while this node runs ``attempt``, or None (a
+    Heartbeat, or a Restart this node has already begun)."""
+    if isinstance(frame, wire.Halt):
+        return Halt(attempt, frame.reason)
+    if isinstance(frame, wire.DumpStacks):
+        return Dump()
+    if isinstance(frame, wire.Restart):
+        return Restart(frame) if frame.attempt > attempt else None
+    if isinstance(frame, wire.RunOver):
+        return Over(frame.reason)
+    return None
+
+
+def read_controller(stream, post, heard):
+    """The controller's frames from ``stream``, as events on ``post``, until it closes
+    (ControllerGone) or sends what is not a frame of run mode (a Stop, and no more reading);
+    ``heard()`` at every frame, the dead-man switch's clock."""
+    while True:
+        try:
+            frame = wire.read_frame(stream)
+        except wire.ProtocolError as e:
+            post(Stop("protocol error from the controller: %s" % e))
+            return
+        except (OSError, ValueError):
+            frame = None
+        if frame is None:
+            break
+        heard()
+        event = from_controller(frame)
+        if event is not None:
+            post(event)
+        if isinstance(event, Stop) and event.reason != CONTROLLER_ASKED:
+            return
+    post(ControllerGone("controller connection closed"))

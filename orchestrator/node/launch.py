@@ -1,0 +1,146 @@
+"""One attempt's processes on this node: the launcher (or, for ``launcher: none``, the workers
+themselves), their output relayed to the controller, GPU samples, stack dumps, and their end.
+
+Every process it starts carries the launch's tags (procs.py) and runs in a session of its own,
+so ending it (``end``) reaches all of them, and nothing else.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from . import events, facts, wire
+from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, kill_tagged, read_tags,
+                    signal_tagged)
+from .relay import Tailer, join_while_moving, pump
+from .stacks import DUMP_HOOK, dump_all
+from .state import write_private
+from .workers import OWN_LAUNCHER, Workers, parse_launch
+
+GPU_SAMPLE = 5.0  # seconds between GPU samples for the dashboard (nvidia-smi costs ~50 ms of CPU)
+
+
+class Launch:
+    """Attempt ``attempt`` of the job here, from its Go: started, watched, signalled, ended. Its
+    exit goes on ``post`` as an events.Exited of this attempt (a later one's is told apart)."""
+
+    def __init__(self, spec, out, match, state_dir, log_dir, attempt, job_env, post):
+        self.spec, self.out, self.match = spec, out, match
+        self.dir, self.log_dir, self.attempt = state_dir, log_dir, attempt
+        self.job_env, self.post = job_env, post  # the job's environment (a dict, copied), the agent's queue
+        self.proc = None
+        self.pumps = []
+        self.tailer = None
+        self.ended = threading.Event()  # the job is over here: samplers stop
+
+    def start(self, go):
+        env = self.launch_env(go)
+        if go.argv[0] == OWN_LAUNCHER:
+            self.proc = Workers(parse_launch(go.argv[1:]), env, self.match,
+                                lambda text: self.out.send(wire.Output("err", None, text.encode())))
+            self.proc.start(self.log_dir)
+            self.out.send(wire.Started())
+        else:
+            self.start_launcher(go.argv, env)
+        self.tailer = Tailer(self.log_dir, self.out)
+        self.tailer.start()
+        if facts.has_nvidia_gpus():
+            threading.Thread(target=self.sample_gpus, name="gpus", daemon=True).start()
+        proc, attempt = self.proc, self.attempt
+        threading.Thread(target=lambda: self.post(events.Exited(attempt, proc.wait())), daemon=True).start()
+
+    def launch_env(self, go):
+        """The launcher's environment: the job's, the Go's, the tags, and the hooks on its path."""
+        env = self.job_env()
+        env.update(go.env or {})
+        env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
+                    TAG_RUN: self.spec.run, TAG_ATTEMPT: str(self.attempt)})
+        env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
+        hooks = dict(self.spec.hooks or {})
+        if self.spec.stack_dumps:
+            hooks["sitecustomize.py"] = DUMP_HOOK
+        if hooks:
+            where = self.write_hooks(hooks)
+            env["PYTHONPATH"] = where + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def start_launcher(self, argv, env):
+        # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
+        # agent runs under exactly that interpreter, already resolved by the shell that started it.
+        argv = [sys.executable if a == argv[0] else a for a in argv]
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.out.send(wire.Started())
+        for pipe, stream in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
+            t = threading.Thread(target=pump, args=(os.dup(pipe.fileno()), stream, self.out), daemon=True)
+            pipe.close()
+            t.start()
+            self.pumps.append(t)
+
+    def write_hooks(self, files):
+        """Files of ours the job runs (the dump hook, ddp-check's probe), {name: text}, in this
+        node's state directory; that directory, for the job's PYTHONPATH."""
+        hooks = os.path.join(self.dir, "hooks")
+        try:
+            os.mkdir(hooks, 0o700)
+        except FileExistsError:
+            pass
+        for name, text in files.items():
+            write_private(os.path.join(hooks, os.path.basename(name)), text)  # a name, never a path
+        return hooks
+
+    def dump_stacks(self):
+        """Every worker's Python stack into its stderr stream, then Dumped. On a thread, so
+        heartbeats go on while py-spy attaches."""
+        def dump():
+            ranks = dump_all(self.match, self.job_env().get("PATH"),
+                             lambda local, text: self.tailer.send("err", local, text))
+            self.out.send(wire.Dumped(ranks=ranks))
+        threading.Thread(target=dump, name="dump", daemon=True).start()
+
+    def sample_gpus(self):
+        """GPU use for the dashboard, every GPU_SAMPLE seconds while the job runs: nvidia-smi on
+        its own thread, and a sample dropped rather than queued behind the job's lines."""
+        while not self.ended.wait(GPU_SAMPLE):
+            usage = facts.query_usage()
+            if usage and not self.ended.is_set():
+                self.out.send(wire.GpuUsage(gpus=usage), block=False)
+
+    def signal(self, sig):
+        """``sig`` to the launcher (or every worker), pinned by its tags: never a recycled pid."""
+        if isinstance(self.proc, Workers):
+            self.proc.send_signal(sig)
+        elif self.proc and self.proc.poll() is None:
+            signal_tagged(self.proc.pid, sig, self.match)
+
+    def end(self, code):
+        """SIGKILL whatever of the launch is left, then relay every line before the exit is told.
+        The exit status: ``code``, or the launcher's own once it is reaped."""
+        self.ended.set()
+        if isinstance(self.proc, Workers):
+            self.proc.ending()  # the SIGKILL below is ours: not a worker's failure to report
+        kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)
+        if code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=KILL_WAIT)
+            except subprocess.TimeoutExpired:
+                code = None
+        # The job's processes are gone, so the pipes reach EOF and the log files are complete;
+        # what bounds the wait is the controller reading (a stalled connection: orphan_timeout).
+        stall = self.spec.orphan_timeout
+        for t in self.pumps:
+            join_while_moving(t, self.out, stall)  # stuck: a held pipe, or a dead connection
+        if self.tailer is not None:
+            self.tailer.finish(stall)
+        return code
+
+    def gpu_left(self):
+        """This launch's processes that still hold GPU memory once the job is over (a process
+        stuck in the driver survives SIGKILL): None where there are none, or no GPUs."""
+        if not facts.has_nvidia_gpus():
+            return None
+        apps = facts.parse_apps(facts.nvidia_smi(facts.APPS_QUERY))
+        ours = [app for app in apps if all((read_tags(app["pid"]) or {}).get(k) == v for k, v in self.match.items())]
+        return [facts.holder(app, app["uuid"], facts.process_owner) for app in ours] or None

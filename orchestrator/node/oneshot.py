@@ -1,0 +1,41 @@
+"""The one-shot modes: ``detect`` (what planning needs to know of the node: its GPU count, for
+``gpus: auto``) and ``sweep`` (find tagged processes and stop them: ddp-kill's path, and the
+controller's for a node it lost).
+"""
+
+import signal
+
+from . import wire
+from .checks import count_gpus, job_env
+from .procs import AGENT_MARK, KILL_WAIT, find_tagged, kill_tagged, signal_tagged, wait_gone
+from .state import remove_stale_state
+
+
+def detect(spec, writer):
+    """One-shot facts for planning (``gpus: auto``), before any job exists."""
+    writer.send(wire.Detected(gpus=count_gpus(job_env(spec.env))))
+    writer.drain(5)
+    return 0
+
+
+def sweep(spec, writer):
+    match = {k: str(v) for k, v in spec.match.items() if v is not None}
+    found = find_tagged(match)
+    writer.send(wire.Listed(found=found))
+    if spec.dry_run:
+        result = {"found": found, "killed": [], "left": []}
+    else:
+        result = stop_agents_first(match, spec.grace)
+        remove_stale_state(match, purge=spec.purge)
+    writer.send(wire.Swept(killed=result["killed"], left=result["left"]))
+    writer.drain(5)
+    return 0
+
+
+def stop_agents_first(match, grace):
+    """kill_tagged, but a detached job's agents first get SIGTERM and ``grace`` to stop their own
+    job and record its end (their workers are still there when they look)."""
+    agents = [p["pid"] for p in find_tagged(match) if AGENT_MARK in p["cmd"]]
+    stopped = [pid for pid in agents if signal_tagged(pid, signal.SIGTERM, match)]
+    wait_gone(stopped, grace + KILL_WAIT)
+    return kill_tagged(match, grace=grace)

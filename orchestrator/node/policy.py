@@ -1,0 +1,49 @@
+"""The decisions both ends make, written once: the controller (attempts, hang, outcome, job)
+imports this module, and it is shipped to every node with the agent, whose detached-job
+supervisor makes the same decisions without a controller. Pure and stdlib-only: every function
+takes the time it decides at (``now``, monotonic seconds unless it says wall clock).
+"""
+
+
+def restarts_left(attempt, limit):
+    """Whether attempt ``attempt`` (0, 1, ...) may be followed by another under ``restarts: limit``."""
+    return attempt < limit
+
+
+def why_no_restart(attempt, limit):
+    """Why ``restarts:`` allows no attempt after ``attempt``, or None."""
+    if restarts_left(attempt, limit):
+        return None
+    return "no restart left" if limit else "no restarts set"
+
+
+def restart_delay(attempt, base):
+    """Seconds to wait before attempt ``attempt`` (1, 2, ...): base, 2x base, 3x base... A node
+    that needs a minute to come back gets it, and a crash loop slows down."""
+    return base * attempt
+
+
+def hang_reason(now, last_output, first_done, timeout, running):
+    """Why a job looks hung at ``now``, or None: no line from any rank for ``timeout`` seconds
+    (``last_output``: the latest line's time, or when the job started), or a node finished that
+    long ago (``first_done``) while ``running`` nodes (a count) still run."""
+    if not timeout or not running:
+        return None
+    quiet = now - last_output
+    if quiet > timeout:
+        return "no output from any rank for %.0f s" % quiet
+    if first_done is not None and now - first_done > timeout:
+        return "a node finished %.0f s ago, %d still running" % (now - first_done, running)
+    return None
+
+
+def silence(now, heard, limit):
+    """How long an end has been silent (``heard``: when it last was), if past ``limit`` (the
+    orphan timeout: it then counts as lost, or gone), else None."""
+    silent = now - heard
+    return silent if silent > limit else None
+
+
+def earliest(failures, when):
+    """The root cause: the failure that happened first by ``when(failure)``, or None."""
+    return min(failures, key=when) if failures else None

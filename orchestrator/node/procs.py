@@ -1,0 +1,152 @@
+"""The job's processes on this node: their tags, and finding, signalling and killing them.
+
+Every process a launch starts inherits its tags (environment variables, readable in
+/proc/PID/environ by the same user), so ddp-up finds and stops exactly what it started, and
+nothing else, even across sessions (torchrun starts each worker in its own session) and after
+the agent itself is gone.
+"""
+
+import os
+import signal
+import time
+
+TAG_JOB = "DDP_UP_JOB"
+TAG_NODE = "DDP_UP_NODE"
+TAG_CLUSTER = "DDP_UP_CLUSTER"
+TAG_RUN = "DDP_UP_RUN"  # one launch: a job's own cleanup matches it too, so it can never touch another
+TAG_ATTEMPT = "DDP_UP_ATTEMPT"  # 0, then 1, 2... as a job restarts (restarts:); a script resumes by it
+TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER, TAG_RUN, TAG_ATTEMPT)
+
+# How an agent's command line starts (protocol.BOOTSTRAP begins with this string): ps and
+# /proc/PID/cmdline (cut at 200 characters) name an agent early.
+AGENT_MARK = "'ddp_up_agent';"
+
+KILL_WAIT = 3.0  # after SIGKILL, how long to wait for the kernel to reap before reporting
+
+
+def proc_bytes(pid, name):
+    """The bytes of /proc/PID/NAME, or None: the process is gone, or not ours to read."""
+    try:
+        with open("/proc/%d/%s" % (pid, name), "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def read_tags(pid):
+    """The ddp-up tags in a process's initial environment, or None if it has none/is gone."""
+    raw = proc_bytes(pid, "environ")
+    if raw is None or b"DDP_UP_JOB=" not in raw:  # most processes: no tags, and no per-variable work (a
+        return None  # /proc scan reads every process's environment, on every agent's start and end)
+    tags = {}
+    for item in raw.split(b"\0"):
+        if item.startswith(b"DDP_UP_"):
+            key, _, value = item.partition(b"=")
+            name = key.decode("ascii", "replace")
+            if name in TAGS:
+                tags[name] = value.decode("utf-8", "replace")
+    return tags if TAG_JOB in tags else None
+
+
+def read_environ_value(pid, name):
+    for item in (proc_bytes(pid, "environ") or b"").split(b"\0"):
+        if item.startswith(name + b"="):
+            return item[len(name) + 1:].decode("ascii", "replace")
+    return None
+
+
+def catches(pid, sig):
+    """Whether the process has a handler for ``sig`` (so the signal cannot kill it)."""
+    for line in (proc_bytes(pid, "status") or b"").splitlines():
+        if line.startswith(b"SigCgt:"):
+            try:
+                return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+            except (IndexError, ValueError):
+                return False
+    return False
+
+
+def is_alive(pid):
+    """True unless gone or a zombie (a reaper may collect orphans a second or two late)."""
+    stat = proc_bytes(pid, "stat")
+    return stat is not None and stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X", b"")
+
+
+def _cmdline(pid):
+    return (proc_bytes(pid, "cmdline") or b"").replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+
+def find_tagged(match):
+    """Live processes of this user whose tags include every (key, value) in ``match``."""
+    me, uid = os.getpid(), os.getuid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        try:
+            if os.stat("/proc/%d" % pid).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        tags = read_tags(pid)
+        if tags is None or any(tags.get(k) != v for k, v in match.items()):
+            continue
+        if is_alive(pid):
+            found.append({"pid": pid, "tags": tags, "cmd": _cmdline(pid)[:200]})
+    return found
+
+
+def signal_tagged(pid, sig, match):
+    """Send ``sig`` to ``pid`` only if it still carries the tags in ``match``.
+
+    With pidfd (Linux 5.3+, Python 3.9+) the pid is pinned before the tags are re-read, so a
+    recycled pid can never receive the signal.
+    """
+    fd = None
+    try:
+        if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+            fd = os.pidfd_open(pid)
+        tags = read_tags(pid)
+        if tags is None or any(tags.get(k) != v for k, v in match.items()):
+            return False
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except OSError:  # gone already, or not ours to signal
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def wait_gone(pids, timeout):
+    """Poll /proc until none of ``pids`` is alive or the timeout passes; return survivors."""
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if is_alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if is_alive(p)]
+    return left
+
+
+def kill_tagged(match, grace, first_signal=signal.SIGTERM):
+    """SIGTERM (or ``first_signal``) every matching process, wait ``grace``, SIGKILL survivors."""
+    procs = find_tagged(match)
+    pids = [p["pid"] for p in procs]
+    sent = [pid for pid in pids if signal_tagged(pid, first_signal, match)]
+    survivors = wait_gone(sent, grace) if first_signal != signal.SIGKILL else sent
+    killed = [pid for pid in survivors if signal_tagged(pid, signal.SIGKILL, match)]
+    left = wait_gone(killed, KILL_WAIT)
+    return {"found": procs, "killed": killed, "left": left}
+
+
+def signal_name(code):
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return "signal %d" % -code

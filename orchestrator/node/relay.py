@@ -1,0 +1,217 @@
+"""Output to the controller: one writer thread owns stdout; the launcher's own streams and the
+workers' log files are relayed through it in whole lines.
+
+Worker output: torchrun redirects every worker's stdout/stderr to files (``--redirects=3``) and
+the Tailer relays them in chunks. Workers write to a local file exactly as if nobody watched, a
+slow controller never blocks them, the files are the node's own copy of the log, and the node
+spends no per-line work (torchrun's ``--tee`` re-prints every line from a Python thread).
+"""
+
+import errno
+import os
+import queue
+import threading
+import time
+
+from . import wire
+
+class Writer:
+    """One thread owns stdout, so the main loop never blocks on a stalled connection."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.items = queue.Queue(maxsize=4096)
+        self.idle = threading.Event()
+        self.broken = False
+        self.last_activity = time.monotonic()  # last line queued or written
+        threading.Thread(target=self._loop, name="writer", daemon=True).start()
+
+    journal = None  # detach: a Journal that keeps every frame after Go (heartbeats aside)
+    last_output = time.monotonic()  # when a rank's line last went out (a detached job's hang watch)
+
+    def send(self, frame, block=True):
+        data = frame.encode()
+        if type(frame) is wire.Output and frame.rank is not None:
+            self.last_output = time.monotonic()
+        if self.journal is None or isinstance(frame, wire.Heartbeat):
+            self.put(data, block)
+            return
+        with self.journal.lock:  # one order for the file and the stream
+            self.journal.append(data)
+            self.put(data, block)
+
+    def put(self, data, block=True):
+        self.idle.clear()
+        self.last_activity = time.monotonic()
+        while not self.broken:  # gone (or given up on: a detached job's silent controller): nothing more is queued
+            try:
+                self.items.put(data, block=block, timeout=1.0 if block else None)
+                return
+            except queue.Full:
+                if not block:
+                    return  # only heartbeats are sent without blocking; a dropped one is harmless
+        self.idle.set()
+
+    def drain(self, stall_timeout):
+        """Wait until everything queued is written, as long as writing makes progress."""
+        while not self.idle.wait(0.5):
+            if time.monotonic() - self.last_activity > stall_timeout:
+                return False
+        return True
+
+    def _loop(self):
+        while True:
+            chunks = [self.items.get()]
+            while True:
+                try:
+                    chunks.append(self.items.get_nowait())
+                except queue.Empty:
+                    break
+            if not self.broken:
+                try:
+                    self.stream.write(b"".join(chunks))
+                    self.stream.flush()
+                    self.last_activity = time.monotonic()
+                except OSError:
+                    self.broken = True  # controller gone; stdin EOF will stop the job
+            if self.items.empty():
+                self.idle.set()
+
+
+def join_while_moving(thread, writer, stall_timeout):
+    """Wait for a relaying thread to end, as long as the writer keeps making progress."""
+    while thread.is_alive():
+        thread.join(0.5)
+        if time.monotonic() - writer.last_activity > stall_timeout:
+            return
+
+
+MAX_PIECE = 1 << 20  # a line longer than this goes out in pieces (the controller joins them again)
+
+
+def whole_lines(buffered, flush):
+    """Split ``buffered`` bytes into (what to send now, what to keep): whole lines, all of a line
+    past MAX_PIECE, and everything at the end (``flush``). Nothing is added or dropped."""
+    cut = buffered.rfind(b"\n") + 1
+    if flush or (cut == 0 and len(buffered) >= MAX_PIECE):
+        cut = len(buffered)
+    return buffered[:cut], buffered[cut:]
+
+
+def pump(fd, stream, writer):
+    """Relay the launcher's own stream to the controller: the whole lines of each read, one frame."""
+    rest = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError as e:
+            if e.errno == errno.EINTR:
+                continue
+            chunk = b""
+        send, rest = whole_lines(rest + chunk, flush=not chunk)
+        if send:
+            writer.send(wire.Output(stream, None, send))
+        if not chunk:
+            os.close(fd)
+            return
+
+
+def subdirs(path, keep):
+    try:
+        with os.scandir(path) as entries:
+            return [e.path for e in entries if keep(e.name) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def worker_logs(log_dir):
+    """(path, stream, local rank) of every ``<run>/attempt_<n>/<local_rank>/std{out,err}.log``
+    under log_dir. A walk of three levels, not glob: glob (with fnmatch) is a tenth of the
+    agent's imports."""
+    found = []
+    for run in subdirs(log_dir, lambda name: True):
+        for attempt in subdirs(run, lambda name: name.startswith("attempt_")):
+            for rank in subdirs(attempt, lambda name: name.isascii() and name.isdigit()):
+                for name, stream in (("stdout.log", "out"), ("stderr.log", "err")):
+                    path = os.path.join(rank, name)
+                    if os.path.isfile(path):
+                        found.append((path, stream, int(os.path.basename(rank))))
+    return found
+
+
+class Tailer:
+    """Relays the workers' log files to the controller in whole-line chunks, one per read.
+
+    The files are torchrun's ``<log_dir>/<run>/attempt_<n>/<local_rank>/std{out,err}.log``.
+    Polled, not watched: inotify is not in the stdlib, and a poll every POLL seconds costs
+    nothing next to a print-heavy job while batching its lines into few frames.
+    """
+
+    POLL = 0.05
+    RESCAN = 0.5  # new attempts (restarts) appear rarely
+    CHUNK = 1 << 16
+    BACKLOG = 32  # frames queued to the controller before reading pauses (bounds memory)
+
+    def __init__(self, log_dir, writer):
+        self.log_dir = log_dir
+        self.out = writer
+        self.files = {}  # path -> [fd, stream, local_rank, partial bytes]
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="tailer", daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def finish(self, stall_timeout):
+        """After the workers are gone: relay what is left, as long as relaying makes progress."""
+        self.done.set()
+        join_while_moving(self.thread, self.out, stall_timeout)
+
+    def run(self):
+        scanned = 0.0
+        while True:
+            last = self.done.is_set()  # read before the final pass, so nothing written before it is missed
+            if last or time.monotonic() - scanned > self.RESCAN:
+                self.scan()
+                scanned = time.monotonic()
+            moved = self.relay_all(flush=last)
+            if last:
+                return
+            if not moved:
+                self.done.wait(self.POLL)
+
+    def scan(self):
+        for path, stream, local_rank in worker_logs(self.log_dir):
+            if path not in self.files:
+                try:
+                    self.files[path] = [os.open(path, os.O_RDONLY), stream, local_rank, b""]
+                except OSError:
+                    continue
+
+    def relay_all(self, flush):
+        moved = False
+        for entry in self.files.values():
+            moved = self.relay(entry, flush) or moved
+        return moved
+
+    def relay(self, entry, flush):
+        fd, stream, local_rank, partial = entry
+        moved = False
+        while True:
+            while self.out.items.qsize() > self.BACKLOG and not self.out.broken:
+                time.sleep(0.01)  # the controller is slower than the job: the file holds the rest
+            data = os.read(fd, self.CHUNK)
+            if not data:
+                break
+            moved = True
+            send, partial = whole_lines(partial + data, flush=False)
+            if send:
+                self.send(stream, local_rank, send)
+        if flush and partial:
+            self.send(stream, local_rank, partial)  # the unterminated end, as it is
+            partial = b""
+        entry[3] = partial
+        return moved
+
+    def send(self, stream, local_rank, data):
+        self.out.send(wire.Output(stream, local_rank, data))

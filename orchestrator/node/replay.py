@@ -1,0 +1,113 @@
+"""Follow and list modes: a detached job's journal replayed (and followed while it grows), and
+the detached jobs recorded on this node.
+"""
+
+import os
+import time
+
+from . import wire
+from .state import JOURNAL, job_node_dir, live_state, per_attempt, read_record, recorded_jobs, remove_stale_state
+
+def follow(spec, writer):
+    """Follow mode: the journal of one attempt of the job on this node, frame by frame, from its
+    start; a later attempt's, once it has begun (a follower waits while the job waits to restart)."""
+    where = job_node_dir(spec.job, spec.node)
+    path = os.path.join(where or "", per_attempt(JOURNAL, spec.attempt))
+    if spec.attempt and spec.follow and where:
+        while not (os.path.exists(path) or writer.broken) and waiting_to_restart(read_record(where), spec.attempt):
+            writer.send(wire.Heartbeat(), block=False)
+            time.sleep(0.2)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        if spec.attempt and read_record(where or "") is not None:
+            writer.send(wire.JournalEnd(running=False, absent=True))  # the job ended before it restarted
+        else:
+            writer.send(wire.Failed("no detached job %s on this node" % spec.job,
+                                    "ddp-ls CLUSTER.yaml lists the jobs on the cluster's nodes"))
+        writer.drain(5)
+        return 3 if not spec.attempt else 0
+    decoder = wire.Decoder(wire.TO_CONTROLLER)
+    beat = time.monotonic()
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        skip = backlog_to_skip(f, spec.tail) if spec.tail is not None else {}
+        while not writer.broken:
+            record = read_record(where) or {}
+            state, current = live_state(record), record.get("attempt", 0)
+            running = attempt_live(state, current, spec.attempt)
+            data = f.read(1 << 20)
+            if data:
+                for frame in decoder.feed(data):
+                    frame = skip_lines(frame, skip) if skip else frame
+                    if frame is not None:
+                        writer.send(frame)
+                continue
+            if not (spec.follow and running):
+                break
+            if time.monotonic() - beat > spec.heartbeat:
+                writer.send(wire.Heartbeat(), block=False)
+                beat = time.monotonic()
+            time.sleep(0.1)
+    later = current > spec.attempt or (spec.follow and state == "restarting" and current == spec.attempt)
+    writer.send(wire.JournalEnd(running=running, later=later))
+    writer.drain(30)
+    return 0
+
+
+def attempt_live(state, current, attempt):
+    """Whether ``attempt``'s journal may still grow, from the record: the job runs it, or is just
+    starting it (an agent creates an attempt's journal, then records that it runs it)."""
+    return state in ("running", "restarting") and (current < attempt or (current == attempt and state == "running"))
+
+
+def waiting_to_restart(record, attempt):
+    """Whether the job may still begin ``attempt`` here (it waits to restart, or runs the one before)."""
+    record = record or {}
+    return live_state(record) in ("restarting", "running") and record.get("attempt", 0) < attempt
+
+
+def backlog_to_skip(f, tail):
+    """{(stream, rank): lines} to leave out so that ``tail`` lines of each remain of what the
+    journal holds now (read from ``f``, which is then rewound)."""
+    counts = {}
+    decoder = wire.Decoder(wire.TO_CONTROLLER)
+    while True:
+        data = f.read(1 << 20)
+        if not data:
+            break
+        for frame in decoder.feed(data):
+            if type(frame) is wire.Output:
+                key = (frame.stream, frame.rank)
+                counts[key] = counts.get(key, 0) + frame.data.count(b"\n")
+    f.seek(0)
+    return {key: count - tail for key, count in counts.items() if count > tail}
+
+
+def skip_lines(frame, skip):
+    """``frame`` without the lines still to be skipped of its stream (None if nothing is left)."""
+    if type(frame) is not wire.Output:
+        return frame
+    key = (frame.stream, frame.rank)
+    left = skip.get(key, 0)
+    if not left:
+        return frame
+    data, at = frame.data, 0
+    while left and at < len(data):
+        end = data.find(b"\n", at)
+        if end < 0:
+            at = len(data)  # the start of a line that ends in a later frame: skipped with it
+            break
+        at, left = end + 1, left - 1
+    if left:
+        skip[key] = left
+    else:
+        del skip[key]
+    rest = data[at:]
+    return wire.Output(frame.stream, frame.rank, rest) if rest else None
+
+
+def list_jobs(writer):
+    remove_stale_state({}, records_only=True)  # what is past its retention is not listed, and goes
+    writer.send(wire.Jobs(jobs=[record for _, record in recorded_jobs()]))
+    writer.drain(5)
+    return 0

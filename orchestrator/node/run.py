@@ -1,0 +1,225 @@
+"""Run mode, attached: preflight, wait for Go, start the launcher, relay, stop on request or silence.
+
+The agent starts the launcher in its own session with the job's tags in its environment (for
+``launcher: none`` it starts the workers itself: see workers.py), relays its output as frames,
+and stops the whole job on this node when the controller asks, when the controller's connection
+closes, or when the controller's heartbeat stops (the dead-man switch that covers network
+partitions and sleeping laptops).
+
+Every event the loop acts on (events.py) comes through one queue and is taken in one place,
+``next_event``; the phases (waiting for Go, running, stopping) each act on the ones they care
+about. A detached job's run (detached.DetachedRun) is this class with its hooks overridden: this
+module never imports it.
+"""
+
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+
+from . import checks, events, policy, wire
+from .launch import Launch
+from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name
+from .state import remove_node_dir
+
+
+class Runner:
+    """One node's run of the job, from its spec (a wire.RunSpec) to its exit status."""
+
+    def __init__(self, spec, writer, clock=time.monotonic):
+        self.spec = spec
+        self.out = writer
+        self.clock = clock
+        self.match = {TAG_JOB: spec.job, TAG_NODE: str(spec.node), TAG_RUN: spec.run}  # this launch only
+        self.events = queue.SimpleQueue()  # put() is safe from signal handlers
+        self.last_heard = clock()
+        self.held = None  # the master port, held from preflight to Go (checks.PortHold)
+        self.torch = None  # {"torch", "cuda", "nccl"} once probed
+        self.dir = None  # this node's private state directory, once claimed
+        self.log_dir = None
+        self.launch = None  # the current attempt's processes (launch.Launch), from Go on
+        self.attempt = spec.attempt
+        # stopped for good, no restart: a signal to this agent (ddp-kill, a shutdown), the
+        # controller's Stop, or the end it answers to gone silent; a Halt is not
+        self.for_good = False
+
+    # --- hooks a detached run overrides ---------------------------------------------------------
+
+    def prepare(self):
+        """After a passed preflight, before Ready: a detached run's supervisor listens. Its port."""
+        return None
+
+    def check_go(self, go):
+        """None, or why this Go cannot be run (the job then stops)."""
+        return None
+
+    def before_start(self):
+        """Before the launcher starts: a detached run opens the attempt's journal."""
+
+    def run_job(self, go):
+        """Start the job and watch it to its end here; the agent's exit status."""
+        self.start(go)
+        return self.supervise()
+
+    def controller_gone(self, event):
+        """The event a closed controller connection becomes (None: the job goes on)."""
+        return events.Stop(event.reason)
+
+    def controller_silent(self, silent):
+        """The event a controller silent past orphan_timeout becomes (None: the job goes on)."""
+        return events.Stop("no heartbeat from the controller for %.0f s" % silent)
+
+    def after_exit(self, code, stopped, reason):
+        """The job's end here has been reported: True if another attempt starts here."""
+        return False
+
+    def keeps_logs(self):
+        """Whether torchrun's log copy stays (the controller may have missed lines)."""
+        return self.out.broken
+
+    # --- the run ----------------------------------------------------------------------------------
+
+    def on_signal(self, signum, _frame):
+        self.for_good = True
+        self.events.put(events.Stop("agent got " + signal.Signals(signum).name))
+
+    def run(self):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        problem, supervisor_port = self.preflight()
+        if problem:
+            self.cleanup_state(keep_logs=False)
+            self.out.send(problem)
+            self.out.drain(5)
+            return 3
+        self.out.send(checks.ready(self.spec, self.torch, self.job_env(), self.held and self.held.port,
+                                   supervisor_port))
+        threading.Thread(target=events.read_controller, args=(sys.stdin.buffer, self.events.put, self.heard),
+                         name="stdin", daemon=True).start()
+        event = self.wait_for_go()
+        if not isinstance(event, events.Go):
+            self.cleanup_state(keep_logs=False)
+            self.out.send(wire.Exited(code=None, signal=None, stopped=True, reason=event.reason))
+            self.out.drain(5)
+            return 0
+        return self.run_job(event.frame)
+
+    def preflight(self):
+        """(None, the supervisor's port if any), or (the Failed frame that says what is wrong here
+        and how to fix it, None)."""
+        problem = checks.check_paths(self.spec)
+        if problem:
+            return problem, None
+        # a process per node, paid N times on a big cluster: only where the launcher needs torch
+        self.torch = checks.probe_torch(self.job_env()) if self.spec.needs_torch else {}
+        if self.torch is None:
+            return checks.no_torch(), None
+        self.dir, problem = checks.claim_state(self.spec)
+        if problem:
+            return problem, None
+        self.log_dir = os.path.join(self.dir, "logs")
+        self.held, problem = checks.hold_port(self.spec)
+        return (problem, None) if problem else (None, self.prepare())
+
+    def job_env(self):
+        return checks.job_env(self.spec.env)
+
+    def heard(self):
+        self.last_heard = self.clock()
+
+    # --- events: taken in one place -------------------------------------------------------------
+
+    def next_event(self, deadline=None):
+        """The next event for the phase to act on, or None (a heartbeat went out, or an event was
+        handled here): probes and stack dumps are answered in any phase, a controller gone or
+        silent becomes what the run's hooks say."""
+        wait = self.spec.heartbeat if deadline is None else max(0.0, min(self.spec.heartbeat, deadline - self.clock()))
+        try:
+            event = self.events.get(timeout=wait)
+        except queue.Empty:
+            return self.tick()
+        if isinstance(event, events.Probe):
+            threading.Thread(target=lambda: self.out.send(checks.probe(event.frame, self.job_env())),
+                             daemon=True).start()
+            return None
+        if isinstance(event, events.Dump):
+            if self.launch is not None:
+                self.launch.dump_stacks()
+            return None
+        if isinstance(event, events.ControllerGone):
+            return self.controller_gone(event)
+        return event
+
+    def tick(self):
+        """Heartbeat both ways: the event a silent controller becomes, or None."""
+        self.out.send(wire.Heartbeat(), block=False)
+        silent = policy.silence(self.clock(), self.last_heard, self.spec.orphan_timeout)
+        return None if silent is None else self.controller_silent(silent)
+
+    def wait_for_go(self):
+        """Go, or the Stop that ends the job before it starts; the port is released either way."""
+        while True:
+            event = self.next_event()
+            if isinstance(event, (events.Go, events.Stop)):
+                self.close_listener()
+                why = self.check_go(event.frame) if isinstance(event, events.Go) else None
+                return events.Stop(why) if why else event
+
+    def close_listener(self):
+        if self.held is not None:
+            self.held.close()
+            self.held = None
+
+    def supervise(self):
+        """The job runs: until its launcher exits, or something stops it. Its exit status here."""
+        while True:
+            event = self.next_event()
+            if isinstance(event, events.Exited) and event.attempt == self.attempt:
+                return self.finish(event.code, stopped=False, reason=None)
+            if isinstance(event, events.Halt) and event.attempt == self.attempt:  # the supervisor's
+                return self.stop(event.reason, force=False)
+            if isinstance(event, events.Stop):
+                self.for_good = True
+                return self.stop(event.reason, force=event.force)
+
+    def start(self, go):
+        """The attempt's launch, from ``go`` (its processes, relays and samplers: launch.py)."""
+        self.before_start()
+        self.launch = Launch(self.spec, self.out, self.match, self.dir, self.log_dir, self.attempt, self.job_env,
+                             self.events.put)
+        self.launch.start(go)
+
+    # --- stopping and ending ----------------------------------------------------------------------
+
+    def stop(self, reason, force):
+        """SIGTERM the launcher, wait up to stop_grace, then SIGKILL every tagged survivor."""
+        self.out.send(wire.Stopping(reason=reason))
+        code = None
+        if not force:
+            self.launch.signal(signal.SIGTERM)
+            deadline = self.clock() + self.spec.stop_grace
+            while code is None and self.clock() < deadline:
+                event = self.next_event(deadline)
+                if isinstance(event, events.Exited) and event.attempt == self.attempt:
+                    code = event.code
+                elif isinstance(event, events.Stop) and event.force:
+                    break
+        return self.finish(code, stopped=True, reason=reason)
+
+    def finish(self, code, stopped, reason):
+        """The job's end here: what is left of it killed, every line relayed, then its Exited."""
+        code = self.launch.end(code)
+        self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason,
+                                  gpu_left=self.launch.gpu_left()))
+        if self.after_exit(code, stopped, reason):
+            return 0  # the next attempt: same state directory, a journal and logs of its own
+        self.out.drain(self.spec.orphan_timeout)
+        self.cleanup_state(keep_logs=self.keeps_logs())
+        return 0
+
+    def cleanup_state(self, keep_logs):
+        """Remove this node's state; keep torchrun's log copy if the controller may have missed lines."""
+        if self.dir is not None:
+            remove_node_dir(self.dir, keep_logs)

@@ -1,0 +1,279 @@
+"""The agent's state on a node: private directories, records and journals, never through a link.
+
+  $TMPDIR/ddp-up-$UID/               this user's, 0700, checked (never created through a link)
+    <job>/                           0700
+      node<N>/                       created exclusively: a job id already in use here is refused
+        hooks/                       files the job runs (stack-dump hook, launcher), 0600
+        logs/                        torchrun's per-worker log files, relayed by the Tailer
+        journal                      a detached job: every frame after Go, as the controller was sent it
+        record.json                  a detached job: what ddp-ls shows (script, ranks, state, times, code)
+        outcome.json                 a detached job's master node: every node's end, the root cause
+
+A later attempt of a restarted job has what is its own beside the first's (see per_attempt).
+"""
+
+import errno
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+import threading
+import time
+
+from . import wire
+from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, find_tagged, read_tags
+
+# A job id names directories here and on the controller: a plain name, never a path.
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+JOURNAL = "journal"
+RECORD = "record.json"
+OUTCOME = "outcome.json"
+ENDED = ("done", "failed", "stopped", "lost")
+RETENTION = 7 * 86400.0  # a finished detached job's record and journal are kept this long
+
+
+def state_root():
+    return os.path.join(tempfile.gettempdir(), "ddp-up-%d" % os.getuid())
+
+
+def private_dir(path, create=True):
+    """None if ``path`` is (now) a real directory of this user's that no one else can enter;
+    else what is wrong with it. Never follows a link: a directory that another local user made,
+    replaced or pointed elsewhere first is refused, not used. One of this user's that others may
+    only read (earlier versions made it 0755) is tightened to 0700; one others could write into
+    may hold anything, and is refused."""
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            return "cannot be created (%s)" % (e.strerror or e)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return "is a symbolic link or not a directory"
+        return "cannot be opened (%s)" % (e.strerror or e)
+    try:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid != os.getuid():
+            return "belongs to uid %d, not to this user (uid %d)" % (st.st_uid, os.getuid())
+        if mode & 0o022:
+            return "is writable by other users (mode %03o)" % mode
+        if mode & 0o077:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return None
+
+
+def unsafe_state(path, why):
+    return wire.Failed("ddp-up's state directory %s %s; refusing to use it" % (path, why),
+                       "if you made it, remove it (rm -rf %s); if another user did, ask an admin to, or give the "
+                       "agent a private TMPDIR with `setup: export TMPDIR=$HOME/.cache/ddp-up-tmp`" % path)
+
+
+def per_attempt(name, attempt):
+    """What a later attempt of a restarted job has of its own is named ``<name>.<attempt>``:
+    ddp-up's attempts get node directories (``node<N>.<attempt>``: the one before may still be
+    ending on this host), a detached job's a journal and a torchrun log directory each."""
+    return name if not attempt else "%s.%d" % (name, attempt)
+
+
+def node_dir_name(node, attempt=0):
+    return per_attempt("node%d" % node, attempt)
+
+
+def parse_node_dir(entry):
+    """The tags a node directory's processes carry ({TAG_NODE[, TAG_ATTEMPT]}), or None if the
+    name is not one ddp-up gives."""
+    found = re.fullmatch(r"node([0-9]+)(?:\.([0-9]+))?", entry)
+    if not found:
+        return None
+    tags = {TAG_NODE: found.group(1)}
+    if found.group(2):
+        tags[TAG_ATTEMPT] = found.group(2)
+    return tags
+
+
+def claim_node_dir(job, node, attempt=0):
+    """(the node's state directory, None), or (None, Failed): the job's id is in use here, or
+    the state root is not private."""
+    root = state_root()
+    for path in (root, os.path.join(root, job)):
+        why = private_dir(path)
+        if why:
+            return None, unsafe_state(path, why)
+    path = os.path.join(root, job, node_dir_name(node, attempt))
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return None, job_in_use(job, "its state directory %s exists" % path)
+    except OSError as e:
+        return None, unsafe_state(path, "cannot be created (%s)" % (e.strerror or e))
+    return path, None
+
+
+def job_in_use(job, why):
+    return wire.Failed("job id %s is already in use on this node (%s)" % (job, why),
+                       "pick another --job-id, or stop the other one first: ddp-kill CLUSTER.yaml --job %s" % job)
+
+
+def write_private(path, text):
+    """A new file of ours, 0600, never through a link or over an existing file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+class Journal:
+    """Appends encoded frames to the journal file (created here, 0600, never through a link)."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        self.lock = threading.Lock()
+        self.failed = False
+
+    def append(self, data):
+        if self.failed:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError:
+            self.failed = True  # a full disk: the job goes on; its journal is cut here
+
+    def close(self):
+        with self.lock:
+            os.close(self.fd)
+            self.failed = True  # nothing more goes here
+
+
+def write_record(where, record, name=RECORD):
+    """``record`` as JSON, replacing the last one in one rename (readers never see half)."""
+    tmp = os.path.join(where, ".%s.%d" % (name, os.getpid()))
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+    try:
+        write_private(tmp, json.dumps(record))
+        os.replace(tmp, os.path.join(where, name))
+    except OSError:
+        remove_quietly(tmp)
+
+
+def read_record(where, name=RECORD):
+    try:
+        fd = os.open(os.path.join(where, name), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            record = json.loads(f.read().decode("utf-8"))
+        return record if isinstance(record, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def live_state(record):
+    """The record's state, or "lost" for a job whose agent is gone without recording its end (a
+    SIGKILL, a reboot): a pid that now belongs to another process does not carry the job's tag."""
+    state = record.get("state")
+    if state in ("running", "restarting"):
+        tags = read_tags(record.get("pid") or 0) or {}
+        if tags.get(TAG_JOB) != record.get("job"):
+            return "lost"
+    return state
+
+
+def job_node_dir(job, node):
+    """The node directory of ``job`` here, or None (not a job id, or the state root not private)."""
+    root = state_root()
+    if not JOB_ID.fullmatch(job) or private_dir(root, create=False):
+        return None
+    return os.path.join(root, job, "node%d" % node)
+
+
+def recorded_jobs():
+    """(node directory, record) of every detached job here, with the master's outcome added."""
+    root = state_root()
+    if private_dir(root, create=False):
+        return []
+    found = []
+    for job in sorted(os.listdir(root)):
+        job_dir = os.path.join(root, job)
+        if not JOB_ID.fullmatch(job) or private_dir(job_dir, create=False):
+            continue
+        for entry in sorted(os.listdir(job_dir)):
+            record = read_record(os.path.join(job_dir, entry)) if entry.startswith("node") else None
+            if record is not None:
+                record["state"] = live_state(record)
+                record["outcome"] = read_record(os.path.join(job_dir, entry), OUTCOME)
+                found.append((os.path.join(job_dir, entry), record))
+    return found
+
+
+def expired(record, now):
+    """A finished job's record past its retention (the job's own, set when it started)."""
+    retention = record.get("retention", RETENTION)
+    if not isinstance(retention, (int, float)):
+        retention = RETENTION
+    return live_state(record) != "running" and now - (record.get("ended") or record.get("started") or 0) > retention
+
+
+def remove_stale_state(match, purge=False, records_only=False):
+    """Remove the node directories (hooks, and any torchrun log copy kept for a vanished
+    controller) of jobs that no longer have processes here; only in a private state root, only
+    directories named as ddp-up names them, never through a link. A detached job's record and
+    journal stay for its retention after its end, unless ``purge``; ``records_only``: only
+    those (a launch's leftovers are a sweep's business)."""
+    root = state_root()
+    if private_dir(root, create=False):
+        return
+    job = match.get(TAG_JOB)
+    jobs = [job] if job else os.listdir(root)
+    for name in jobs:
+        job_dir = os.path.join(root, name)
+        if not JOB_ID.fullmatch(name) or private_dir(job_dir, create=False):
+            continue
+        for entry in os.listdir(job_dir):
+            tags = parse_node_dir(entry)
+            if tags is None:
+                continue
+            record = read_record(os.path.join(job_dir, entry))  # first: a /proc scan is the costly part
+            if record is None and records_only:
+                continue
+            if record is not None and not (purge or expired(record, time.time())):
+                continue  # a detached job's, kept for its retention
+            if not find_tagged({TAG_JOB: name, **tags}):
+                shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
+        try:
+            os.rmdir(job_dir)  # only if empty
+        except OSError:
+            pass
+
+
+def remove_quietly(*paths):
+    for path in paths:
+        if path:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def remove_node_dir(path, keep_logs):
+    """A node directory at the job's end here: its hooks go; unless ``keep_logs`` (torchrun's log
+    copy, for a controller that may have missed lines), all of it, and the job's directory once
+    its last node here is done."""
+    shutil.rmtree(os.path.join(path, "hooks"), ignore_errors=True)
+    if keep_logs:
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass

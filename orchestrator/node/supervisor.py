@@ -1,0 +1,331 @@
+"""A detached job's agents watching each other: the Supervisor in the master node's agent, and
+every other node's PeerLink to it (TCP on the master address; PEER frames, see wire.py). Each
+connection first proves that it knows the job's token (an HMAC of the supervisor's challenge).
+The decisions are decide.py's; here is the I/O, with the clock injected.
+"""
+
+import hashlib
+import hmac
+import os
+import socket
+import threading
+import time
+
+from . import decide, events, policy, wire
+from .state import ENDED, OUTCOME, write_record
+
+JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job
+
+
+def proof(token, nonce):
+    return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def proof_ok(token, nonce, given):
+    return isinstance(given, str) and hmac.compare_digest(proof(token, nonce), given)
+
+
+class Supervisor:
+    """The master node's agent, in a detached job: every other node's agent joins it and reports
+    its state. Once every node has ended the attempt, either the job is over (its outcome is
+    recorded here, every node told RunOver) or, with restarts left and every node still heard,
+    the master node's agent waits the delay and calls restart (every node told Restart).
+    ``clock``/``wall``: monotonic and wall time, injected so its tests run in fake time."""
+
+    def __init__(self, runner, listener, clock=time.monotonic, wall=time.time):
+        self.runner = runner
+        self.spec = runner.spec
+        self.listener = listener
+        self.port = listener.getsockname()[1]
+        self.clock, self.wall = clock, wall
+        self.lock = threading.Lock()
+        self.states = {}  # node -> {"state", "code", "reason", "at", "final"}, of the current attempt
+        self.links = {}  # node -> (socket, its send lock)
+        self.heard = {}  # node -> when it was last heard (monotonic)
+        self.halted = None  # the reason every node was told to stop
+        self.finished = threading.Event()  # every node has ended the current attempt
+        self.quiet = {}  # node -> (its ranks' quiet seconds, when it said so)
+        self.hung = None  # (why, when the stacks were asked for), once the job looks hung
+        self.first_done = None  # when the first node's job ended well (the others should follow)
+        self.attempt = runner.attempt
+        self.attempts = []  # the ended attempts before the current one, as outcome.json lists them
+        self.restart_frame = None  # the current attempt's Restart, for a node that missed it
+        self.over_event = threading.Event()  # no attempt follows: the watch ends
+
+    def start(self, watch=True):
+        """Accept the other nodes; ``watch``: tick every heartbeat on a thread of its own (its
+        tests call tick themselves, in fake time)."""
+        now = self.clock()
+        self.heard = {node: now for node in range(self.spec.nodes)}  # joining is due from Go on
+        threading.Thread(target=self.accept, name="supervisor", daemon=True).start()
+        if watch:
+            threading.Thread(target=self.watch, name="supervisor-watch", daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        """One node's connection: the challenge, then its reports until it closes."""
+        node = None
+        try:
+            node, stream = self.admit(conn)
+            if node is None:
+                return  # not one of this job's agents: nothing is said to it
+            while True:
+                frame = wire.read_frame(stream, wire.PEER)
+                if frame is None:
+                    return
+                self.heard_from(node, frame)
+        except (OSError, ValueError, wire.ProtocolError):
+            pass  # a silent node is found lost by tick()
+        finally:
+            with self.lock:
+                if node is not None and self.links.get(node, (None,))[0] is conn:
+                    del self.links[node]
+            conn.close()
+
+    def admit(self, conn):
+        """(node, its stream) once the connection proved it is one of this job's other agents,
+        else (None, None); a node that joins after the job was halted hears so at once."""
+        conn.settimeout(JOIN_TIMEOUT)
+        nonce = os.urandom(16).hex()
+        conn.sendall(wire.Challenge(nonce=nonce).encode())
+        stream = conn.makefile("rb")
+        join = wire.read_frame(stream, wire.PEER)
+        if not (isinstance(join, wire.Join) and 0 <= join.node < self.spec.nodes and join.node != self.spec.node
+                and proof_ok(self.spec.token, nonce, join.proof)):
+            return None, None
+        conn.settimeout(self.spec.orphan_timeout)
+        with self.lock:
+            self.links[join.node] = (conn, threading.Lock())
+            self.heard[join.node] = self.clock()
+            halted = self.halted
+        if halted:
+            self.send(join.node, wire.Halt(reason=halted))
+        return join.node, stream
+
+    def heard_from(self, node, frame):
+        self.heard[node] = self.clock()
+        if isinstance(frame, wire.NodeState) and frame.node == node:
+            if frame.attempt < self.attempt and self.restart_frame is not None:
+                self.send(node, self.restart_frame)  # it reconnected after the word went out
+            self.report(node, frame.state, frame.code, frame.reason, frame.attempt, frame.final)
+        elif isinstance(frame, wire.Progress) and frame.node == node:
+            self.quiet[node] = (frame.quiet, self.heard[node])
+
+    def send(self, node, frame):
+        link = self.links.get(node)
+        if link is None:
+            return
+        conn, lock = link
+        try:
+            with lock:
+                conn.sendall(frame.encode())
+        except OSError:
+            pass
+
+    def report(self, node, state, code=None, reason=None, attempt=None, final=False):
+        with self.lock:
+            if attempt is not None and attempt != self.attempt:
+                return  # a word about another attempt (one resent on reconnecting)
+            if self.states.get(node, {}).get("state") in ENDED:
+                return  # a node ends once
+            self.states[node] = {"state": state, "code": code, "reason": reason, "at": self.wall(), "final": final}
+            if state == "done" and self.first_done is None:
+                self.first_done = self.clock()
+            ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == self.spec.nodes
+        if state in ("failed", "stopped", "lost"):
+            self.halt("node %d %s" % (node, decide.describe_end(state, code, reason)))
+        if ended:
+            blocker = self.why_not_restart()
+            if blocker is not None:
+                self.over(blocker)
+            self.finished.set()  # else the master node's agent restarts the job (DetachedRun.restart_here)
+
+    def why_not_restart(self):
+        return decide.why_not_restart(self.states, self.attempt, self.spec.restarts)
+
+    def restart(self, attempt, port):
+        """Attempt ``attempt`` begins: every node is told (and any that rejoins later, see
+        heard_from); the watch starts afresh."""
+        with self.lock:
+            self.attempts.append(self.summary())
+            self.attempt = attempt
+            self.states, self.quiet, self.halted, self.hung, self.first_done = {}, {}, None, None, None
+            now = self.clock()
+            self.heard = {node: now for node in range(self.spec.nodes)}
+            self.restart_frame = wire.Restart(attempt=attempt, port=port)
+            self.finished.clear()
+        for node in list(self.links):
+            self.send(node, self.restart_frame)
+
+    def over(self, reason):
+        """No attempt follows: the outcome is recorded and every node told."""
+        last = self.summary()
+        write_record(self.runner.dir, dict(last, job=self.spec.job, attempts=self.attempts + [last]), OUTCOME)
+        for node in list(self.links):
+            self.send(node, wire.RunOver(reason=reason))
+        self.over_event.set()
+
+    def summary(self):
+        return decide.attempt_summary(self.attempt, self.states, self.hung, self.halted, self.wall())
+
+    def halt(self, reason):
+        """Every node still running stops, the master node's too; only the first reason counts."""
+        with self.lock:
+            if self.halted is not None:
+                return
+            self.halted = reason
+        for other in list(self.links):
+            if self.states.get(other, {}).get("state") not in ENDED:
+                self.send(other, wire.Halt(reason=reason))
+        self.runner.events.put(events.Halt(self.attempt, reason))
+
+    def watch(self):
+        while not self.over_event.wait(self.spec.heartbeat):
+            self.tick(self.clock())
+
+    def tick(self, now):
+        """Once a heartbeat: beat to every node, find the silent ones lost, watch for a hang."""
+        for node in list(self.links):
+            self.send(node, wire.Heartbeat())
+        peers = [n for n in range(self.spec.nodes) if n != self.spec.node]  # the master's need not be node 0
+        for node, silent in decide.lost_peers(now, peers, self.heard, self.states, self.spec.orphan_timeout):
+            self.report(node, "lost", None, "no word from its agent for %.0f s" % silent)
+        self.watch_hang(now)
+
+    def watch_hang(self, now):
+        quiet = self.quiet_of_running(now)
+        step = decide.hang_step(now, self.spec.hang_timeout, self.hung, self.halted, quiet, self.first_done)
+        if step is None:
+            return
+        what, why = step
+        if what == "halt":
+            self.halt(why)
+            return
+        self.hung = (why, now)
+        for node in quiet:
+            if node == self.spec.node:
+                self.runner.events.put(events.Dump())
+            else:
+                self.send(node, wire.DumpStacks())
+
+    def quiet_of_running(self, now):
+        """{running node: seconds since its ranks last printed}."""
+        running = [n for n in range(self.spec.nodes) if self.states.get(n, {}).get("state") == "running"]
+        return {n: self.quiet_of(n, now) for n in running}
+
+    def quiet_of(self, node, now):
+        if node == self.spec.node:
+            return now - self.runner.out.last_output
+        quiet, said = self.quiet.get(node, (0.0, self.heard[node]))
+        return quiet + (now - said)
+
+
+class PeerLink:
+    """Every other node's agent, in a detached job: its line to the master node's Supervisor. A
+    Halt stops the job here; a supervisor unheard for orphan_timeout (the master node or the
+    network between them gone) stops it too, as a silent controller would. It reconnects while
+    it waits: a short break in the network is not a failure."""
+
+    def __init__(self, runner, addr, port, clock=time.monotonic):
+        self.runner = runner
+        self.spec = runner.spec
+        self.addr, self.port = addr, port
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.sock = None
+        self.heard = clock()
+        self.state = wire.NodeState(node=self.spec.node, state="running")
+        self.done = threading.Event()
+
+    def start(self):
+        threading.Thread(target=self.run, name="peer-link", daemon=True).start()
+        threading.Thread(target=self.beat, name="peer-beat", daemon=True).start()
+
+    def run(self):
+        while not self.done.is_set():
+            try:
+                self.session()
+            except (OSError, ValueError, wire.ProtocolError):
+                pass
+            if self.done.wait(1.0):
+                return
+
+    def session(self):
+        conn = socket.create_connection((self.addr, self.port), timeout=JOIN_TIMEOUT)
+        try:
+            conn.settimeout(self.spec.orphan_timeout)
+            stream = conn.makefile("rb")
+            challenge = wire.read_frame(stream, wire.PEER)
+            if not isinstance(challenge, wire.Challenge):
+                return
+            with self.lock:
+                conn.sendall(wire.Join(node=self.spec.node, proof=proof(self.spec.token, challenge.nonce)).encode()
+                             + self.state.encode())
+                self.sock = conn
+            while True:
+                frame = wire.read_frame(stream, wire.PEER)
+                if frame is None:
+                    return
+                self.heard = self.clock()
+                event = events.from_supervisor(frame, self.runner.attempt)
+                if event is not None:
+                    self.runner.events.put(event)
+        finally:
+            with self.lock:
+                self.sock = None
+            conn.close()
+
+    def send(self, frame):
+        with self.lock:
+            if self.sock is None:
+                return False
+            try:
+                self.sock.sendall(frame.encode())
+                return True
+            except OSError:
+                return False
+
+    def beat(self):
+        while not self.done.wait(self.spec.heartbeat):
+            stop = self.tick(self.clock())
+            if stop is not None:
+                self.runner.events.put(stop)
+                return
+
+    def tick(self, now):
+        """Once a heartbeat: say how quiet this node's ranks are; the Stop a silent supervisor
+        becomes, or None."""
+        self.send(wire.Progress(node=self.spec.node, quiet=now - self.runner.out.last_output))
+        silent = policy.silence(now, self.heard, self.spec.orphan_timeout)
+        if silent is None:
+            return None
+        return events.Stop("no word from the master node's supervisor for %.0f s" % silent)
+
+    def report(self, state, code, reason, attempt=0, final=False, keep=False):
+        """This node's end of ``attempt``, to the supervisor (waiting a little for a connection, if
+        it is between two); the link then closes, unless ``keep``: the supervisor's word on a next
+        attempt is to come."""
+        self.set_state(wire.NodeState(node=self.spec.node, state=state, code=code, reason=reason,
+                                      attempt=attempt, final=final))
+        if not keep:
+            self.close()
+
+    def rejoin(self, attempt):
+        self.set_state(wire.NodeState(node=self.spec.node, state="running", attempt=attempt))
+
+    def set_state(self, state):
+        with self.lock:
+            self.state = state
+        deadline = self.clock() + 2 * self.spec.heartbeat
+        while not self.send(state) and self.clock() < deadline:
+            time.sleep(0.1)
+
+    def close(self):
+        self.done.set()

@@ -1,0 +1,159 @@
+"""What the nodes say, for the job loop: their frames, lines and ends, each turned into the state
+change it means (on the job's NodeTable) or a failure for the loop to act on (Job.fail, Job.lost).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from . import preflight
+from .errors import NodeProblem
+from .events import Closed, Lines, Message, SetupFailed
+from .node import wire
+
+LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
+
+# slurmstepd's word when Slurm ends a step (scancel, the allocation's end, its time limit)
+SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) (\S+) ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+
+
+def slurm_cancel(text: str) -> str | None:
+    """What a node's line says Slurm did to its step, if it says so."""
+    m = SLURM_CANCEL.search(text)
+    if m is None:
+        return None
+    why = f" due to {m.group(4).lower()}" if m.group(4) else " (scancel, or the allocation ended)"
+    return f"Slurm cancelled {m.group(1).lower()} {m.group(2)}{why}"
+
+
+class NodeReports:
+    def __init__(self, job):
+        self.job = job  # the Job they report to (job.py; not imported here: it imports this module)
+        self.table = job.table
+
+    def handle(self, event: object) -> None:
+        job = self.job
+        if isinstance(event, Closed):
+            job.channel_ended.add(event.node)
+        if isinstance(event, Lines):
+            self.lines(event)
+        elif job.following and isinstance(event, Message) and isinstance(event.frame, wire.JournalEnd):
+            self.journal_end(event.node, event.frame)
+        elif self.table[event.node].terminal or (job.following and event.node in job.following.journal_ended):
+            return  # e.g. a cancelled connect finishing late: its outcome is already decided
+        elif isinstance(event, Message):
+            self.message(event.node, event.frame)
+        elif isinstance(event, Closed):
+            self.closed(event)
+        elif isinstance(event, SetupFailed):
+            if self.table[event.node].state == "connecting" and not job.stop.requested:
+                self.table.error(event.node, event.problem)
+            else:
+                self.table.set(event.node, "stopped", reason="cancelled while connecting")
+
+    def message(self, node: int, frame: wire.Frame) -> None:
+        status = self.table[node]
+        if isinstance(frame, wire.Ready) and status.state == "connecting":
+            self.ready(node, frame)
+        elif isinstance(frame, wire.Failed) and status.state == "connecting":
+            self.table.error(node, NodeProblem(status.plan.label, frame.what, frame.fix))
+        elif isinstance(frame, wire.Probed):
+            status.reach = frame
+        elif isinstance(frame, wire.Started):
+            self.table.set(node, "running")
+        elif isinstance(frame, wire.GpuUsage):
+            status.gpus = frame.gpus
+        elif isinstance(frame, wire.Dumped):
+            self.job.hang.dumped(node, self.job.clock())
+        elif isinstance(frame, wire.Stopping):
+            self.table.set(node, "stopping", reason=frame.reason)
+        elif isinstance(frame, wire.Exited):
+            self.exited(node, frame)
+        else:
+            self.job.lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
+                                f"while {status.state}")
+
+    def ready(self, node: int, frame: wire.Ready) -> None:
+        job, status = self.job, self.table[node]
+        status.info = frame.fields()
+        known = job.plan.vetted.get(status.plan.label)
+        if known and frame.torch is None:  # vetted in an earlier attempt: its agent did not probe torch again
+            status.info.update(known)
+        status.clock_skew = frame.time - job.wall()
+        if frame.port is not None and job.master_port is None:
+            job.master_port = frame.port
+        if frame.supervisor_port is not None and node == job.plan.master.index:
+            job.supervisor_port = frame.supervisor_port
+        self.table.set(node, "ready")
+
+    def lines(self, event: Lines) -> None:
+        status = self.table[event.node]
+        for line in event.lines:
+            if line.rank is None and line.stream != "node":
+                status.report.feed(line.text)
+            elif line.stream == "node" and status.slurm_cancel is None:
+                status.slurm_cancel = slurm_cancel(line.text)
+                if status.slurm_cancel is not None:
+                    self.blame_slurm(event.node)
+        self.job.hang.lines(event.lines, self.job.clock())
+        status.lines += len(event.lines)
+        status.last_line = event.lines[-1].text[:LAST_LINE]
+        self.job.view.lines(status.plan, event.lines)
+
+    def blame_slurm(self, node: int) -> None:
+        """Slurm's word comes on the step's stderr, which can arrive after the node's end (the agent
+        stopped on Slurm's SIGTERM, or its srun ended): that end was Slurm's doing. So was a rank's
+        death by a signal there: Slurm signals every process of the step, and a rank may die of
+        it before its agent acts on its own."""
+        status = self.table[node]
+        self.table.failures[:] = [replace(f, what=status.slurm_cancel)
+                                  if f.node == node and (f.rank is None or (f.exit_code or 0) < 0) else f
+                                  for f in self.table.failures]
+        if status.state in ("stopped", "lost"):
+            status.reason = status.slurm_cancel
+
+    def exited(self, node: int, frame: wire.Exited) -> None:
+        job, status = self.job, self.table[node]
+        status.exit_code, status.signal = frame.code, frame.signal
+        if frame.gpu_left:
+            job.view.notice(f"{status.plan.label}: {len(frame.gpu_left)} process(es) of this job still hold GPU "
+                            f"memory after its end: {preflight.busy_gpu_text(frame.gpu_left)}")
+        if job.stop.requested and (frame.stopped or frame.code != 0):
+            self.table.set(node, "stopped", reason=status.reason or frame.reason)
+        elif frame.stopped:
+            self.table.set(node, "stopped", reason=status.slurm_cancel or frame.reason)
+            if not job.following:  # a detached job's nodes stop when another fails: that one is the cause
+                job.fail(node, None, frame.code, status.slurm_cancel or f"stopped on the node: {frame.reason}")
+        elif frame.code == 0:
+            self.table.set(node, "done")
+            job.hang.node_done(job.clock())
+        else:
+            how = f"signal {frame.signal}" if frame.signal else f"code {frame.code}"
+            self.table.set(node, "failed", reason=f"launcher exited with {how}")
+            root = status.report.root
+            rank = root.rank if root else None
+            code = root.exit_code if root and root.exit_code is not None else frame.code
+            what = f"rank {rank} exited with code {code}" if rank is not None else status.reason
+            job.fail(node, rank, code, what, at=root.time if root else None)
+
+    def closed(self, event: Closed) -> None:
+        status = self.table[event.node]
+        if status.state == "connecting":
+            self.table.error(event.node, event.end.problem(status.plan.config, "before it was ready"))
+            return
+        if event.end.protocol_error:
+            what = f"protocol error from the node agent: {event.end.protocol_error}"
+        else:
+            tail = "; ".join(event.end.stderr_tail[-2:])
+            what = "connection to the node agent lost" + (f" ({tail})" if tail else "")
+        self.job.lost(event.node, what)
+
+    def journal_end(self, node: int, frame: wire.JournalEnd) -> None:
+        """Following: this node's journal was read to its end; whether a later attempt follows."""
+        job, status = self.job, self.table[node]
+        job.following.journal_ended.add(node)
+        job.following.later_attempt |= frame.later
+        if frame.absent:
+            job.following.absent.add(node)
+        elif not frame.running and not status.terminal:
+            self.table.set(node, "lost", reason="its journal ends before the job's end there (its agent was killed?)")

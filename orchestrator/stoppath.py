@@ -1,0 +1,73 @@
+"""The stop path of a job, once a stop is asked for (a failure, a signal, a hang): Stop to every
+node, whose agent gives the job stop_grace; Kill to every node that has not confirmed by then
+(STOP_MARGIN later); and, KILL_MARGIN after that, each node that still has not is declared lost
+and swept over a fresh connection. A second signal kills at once. Every step is bounded.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .node import wire
+from .nodetable import NodeTable
+from .plan import LaunchPlan
+
+STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its stop is SIGKILLed
+KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept over a new channel
+
+
+class StopPath:
+    def __init__(self, plan: LaunchPlan, sessions: list, table: NodeTable, view, sweeper,
+                 clock: Callable[[], float]):
+        self.plan = plan
+        self.sessions = sessions
+        self.table = table
+        self.view = view
+        self.sweeper = sweeper
+        self.clock = clock
+        self.requested = False
+        self.stop_deadline: float | None = None
+        self.kill_deadline: float | None = None
+
+    def request(self, reason: str) -> None:
+        """Stop every node (once): a node still connecting is cancelled (nothing started there)."""
+        if self.requested:
+            return
+        self.requested = True
+        self.stop_deadline = self.clock() + self.plan.stop_grace + STOP_MARGIN
+        for session, status in zip(self.sessions, self.table):
+            if status.state == "connecting":
+                session.cancel()
+                self.table.set(status.plan.index, "stopped", reason="cancelled while connecting")
+            elif not status.terminal:
+                status.reason = reason
+                session.send(wire.Stop())
+
+    def kill_all(self, now: float) -> None:
+        """SIGKILL every job process still running; nodes that do not confirm in time are swept."""
+        self.request("kill requested")
+        self.kill_deadline = now + KILL_MARGIN
+        for session, status in zip(self.sessions, self.table):
+            if not status.terminal:
+                session.send(wire.Kill())
+
+    @property
+    def killing(self) -> bool:
+        return self.kill_deadline is not None
+
+    def escalate(self, now: float) -> None:
+        """The next step for the nodes that have not confirmed, once its deadline has passed."""
+        if self.stop_deadline is not None and now >= self.stop_deadline and self.kill_deadline is None:
+            for status in self.table:
+                if not status.terminal:
+                    self.view.notice(f"{status.plan.label}: no stop confirmation; sending SIGKILL")
+            self.kill_all(now)
+        if self.kill_deadline is not None and now >= self.kill_deadline:
+            for status in self.table:
+                if not status.terminal:
+                    self.table.set(status.plan.index, "lost", reason="did not confirm the stop; sweeping it")
+                    self.sessions[status.plan.index].close()
+                    self.sweeper.start(status.plan.config)
+
+    def deadlines(self) -> list[float]:
+        return [t for t in (self.stop_deadline, self.kill_deadline) if t is not None]

@@ -1,0 +1,109 @@
+"""The decisions both ends make (node/policy.py), the detached job's own (node/decide.py), and the
+agent's events (node/events.py): pure, in fake time."""
+
+from __future__ import annotations
+
+from orchestrator import attempts, hang, outcome
+from orchestrator.node import decide, events, policy, wire
+
+T0 = 1000.0
+
+
+def test_the_restart_limit_and_delay_are_one_rule_for_both_ends():
+    assert [policy.restarts_left(a, 2) for a in range(4)] == [True, True, False, False]
+    assert policy.why_no_restart(0, 2) is None
+    assert policy.why_no_restart(2, 2) == "no restart left" and policy.why_no_restart(0, 0) == "no restarts set"
+    assert [policy.restart_delay(a, 10.0) for a in (1, 2, 3)] == [10.0, 20.0, 30.0]
+    assert attempts.delay_before(3, 10.0) == policy.restart_delay(3, 10.0)  # the controller asks the policy
+
+
+def test_a_hang_is_no_line_for_the_timeout_or_a_node_done_that_long_before_the_others():
+    assert policy.hang_reason(T0 + 59, T0, None, 60, running=2) is None
+    assert policy.hang_reason(T0 + 61, T0, None, 60, running=2) == "no output from any rank for 61 s"
+    assert policy.hang_reason(T0 + 61, T0 + 60, T0, 60, running=1) == "a node finished 61 s ago, 1 still running"
+    assert policy.hang_reason(T0 + 1000, T0, None, None, running=2) is None  # no hang_timeout: never
+    assert policy.hang_reason(T0 + 1000, T0, None, 60, running=0) is None  # nothing runs: not a hang
+
+
+def test_silence_past_the_limit_counts_and_the_root_cause_is_the_earliest():
+    assert policy.silence(T0 + 30, T0, 30) is None and policy.silence(T0 + 31, T0, 30) == 31
+    failures = [{"at": 3.0, "n": "late"}, {"at": 1.0, "n": "first"}, {"at": 2.0, "n": "middle"}]
+    assert policy.earliest(failures, lambda f: f["at"])["n"] == "first"
+    assert policy.earliest([], lambda f: f["at"]) is None
+    plan = type("Plan", (), {})()
+    result = outcome.JobResult(plan, (), None, (outcome.Failure(1, "b", 3, 1, "late", 5.0),
+                                                outcome.Failure(0, "a", 0, 1, "first", 4.0)))
+    assert result.root_cause.what == "first"  # the controller's root cause is the same rule
+
+
+def test_the_controllers_hang_watch_and_the_supervisor_say_the_same():
+    watch = hang.HangWatch(60, "J1")
+    watch.started(T0)
+    statuses = [outcome.NodeStatus(type("NodePlan", (), {"index": 0, "ranks": range(0, 1)})(), state="running")]
+    asked = watch.check(T0 + 61, statuses, stopping=False)
+    dump = decide.hang_step(T0 + 61, 60, None, None, {0: 61.0}, None)
+    assert isinstance(asked, hang.AskStacks) and dump == ("dump", asked.why)
+
+
+def test_the_supervisor_dumps_then_halts_a_hung_job_in_fake_time():
+    quiet = {0: 10.0, 1: 70.0}  # node 0's ranks printed 10 s ago: the job prints
+    assert decide.hang_step(T0, 60, None, None, quiet, None) is None
+    quiet = {0: 61.0, 1: 70.0}
+    assert decide.hang_step(T0, 60, None, None, quiet, None) == ("dump", "no output from any rank for 61 s")
+    hung = ("no output from any rank for 61 s", T0)
+    assert decide.hang_step(T0 + decide.HANG_DUMP_WAIT, 60, hung, None, quiet, None) is None  # stacks' time
+    assert decide.hang_step(T0 + decide.HANG_DUMP_WAIT + 1, 60, hung, None, quiet, None) == \
+        ("halt", "job hung (no output from any rank for 61 s)")
+    assert decide.hang_step(T0 + 100, 60, hung, "node 1 failed", quiet, None) is None  # halted already
+    assert decide.hang_step(T0 + 100, None, None, None, quiet, None) is None  # no hang_timeout
+
+
+def test_a_peer_is_lost_after_orphan_timeout_unless_it_has_ended():
+    heard = {1: T0, 2: T0, 3: T0 + 20}
+    states = {2: {"state": "failed"}}
+    assert decide.lost_peers(T0 + 31, [1, 2, 3], heard, states, 30) == [(1, 31.0)]
+    assert decide.lost_peers(T0 + 29, [1, 2, 3], heard, states, 30) == []
+
+
+def test_the_attempt_summary_names_the_earliest_failure_or_the_hang():
+    states = {0: {"state": "stopped", "code": -15, "reason": "halted", "at": T0 + 2, "final": False},
+              1: {"state": "failed", "code": 7, "reason": None, "at": T0 + 1, "final": False}}
+    summary = decide.attempt_summary(0, states, None, "node 1 failed (exit code 7)", T0 + 5)
+    assert summary["root_cause"]["node"] == 1 and summary["ended"] == T0 + 5
+    assert set(summary["nodes"]) == {"0", "1"}
+    hung = decide.attempt_summary(0, states, ("quiet", T0), "job hung (quiet)", T0 + 9)
+    assert hung["root_cause"] == {"node": None, "state": "hung", "code": None, "reason": "job hung (quiet)",
+                                  "at": T0 + 9}
+    assert decide.describe_end("failed", 7, None) == "failed (exit code 7)"
+    assert decide.describe_end("lost", None, "no word") == "lost (no word)"
+
+
+def test_every_frame_the_agent_takes_becomes_one_named_event():
+    assert events.from_controller(wire.Go(argv=["x"])) == events.Go(wire.Go(argv=["x"]))
+    assert events.from_controller(wire.Stop()) == events.Stop("controller asked")
+    assert events.from_controller(wire.Kill()) == events.Stop("controller asked", True)
+    assert events.from_controller(wire.Dump()) == events.Dump()
+    assert events.from_controller(wire.Heartbeat()) is None
+    assert events.from_controller(wire.Restart(attempt=1, port=2)) == events.Stop(
+        "protocol error from the controller: Restart in run mode")  # a peer's frame has no business here
+    assert events.from_supervisor(wire.Halt(reason="r"), 2) == events.Halt(2, "r")
+    assert events.from_supervisor(wire.DumpStacks(), 0) == events.Dump()
+    assert events.from_supervisor(wire.Restart(attempt=1, port=9), 0) == events.Restart(wire.Restart(attempt=1, port=9))
+    assert events.from_supervisor(wire.Restart(attempt=1, port=9), 1) is None  # begun already
+    assert events.from_supervisor(wire.RunOver(reason="done"), 0) == events.Over("done")
+    assert events.Stop("x") != events.Stop("x", True) and repr(events.Halt(1, "r")) == "Halt(attempt=1, reason='r')"
+
+
+def test_the_controllers_frames_are_read_into_events_until_the_stream_ends():
+    import io
+
+    got: list = []
+    heard: list = []
+    stream = io.BytesIO(wire.Heartbeat().encode() + wire.Go(argv=["x"]).encode() + wire.Stop().encode())
+    events.read_controller(stream, got.append, lambda: heard.append(1))
+    assert got == [events.Go(wire.Go(argv=["x"])), events.Stop("controller asked"),
+                   events.ControllerGone("controller connection closed")]
+    assert len(heard) == 3  # every frame, the heartbeat too, keeps the dead-man switch quiet
+    got.clear()
+    events.read_controller(io.BytesIO(b"Bogus {}\n" + wire.Go(argv=["x"]).encode()), got.append, lambda: None)
+    assert len(got) == 1 and got[0].reason.startswith("protocol error from the controller")  # and no more read

@@ -1,0 +1,119 @@
+"""The package's shape (issue 25): small modules, classes and functions, and no import circle.
+
+Read from the sources with ast, so a lazy import inside a function counts as much as one at the
+top: a circle through one is still a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
+MODULE_LINES = 450
+CLASS_LINES = 200
+FUNCTION_LINES = 50
+WHOLE = {"orchestrator.node.wire"}  # the protocol's vocabulary stays in one place, whatever its size
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree(path)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+            subs = {f"{target}.{a.name}" for a in node.names} & known.keys()
+            found |= subs or ({target} & known.keys())
+            if node.module:
+                found |= {target} & known.keys()
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} & known.keys()
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names} & known.keys()
+    return found - {name}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        group.append(member)
+                        if member == node:
+                            break
+                    if len(group) > 1:
+                        found.append(sorted(group))
+    return found
+
+
+def test_the_circle_finder_finds_a_circle_through_a_lazy_import():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle():
+    known = modules()
+    assert circles({name: imported(name, path, known) for name, path in known.items()}) == []
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_small_modules_classes_and_functions(name):
+    path = modules()[name]
+    too_big = []
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    if lines > MODULE_LINES and name not in WHOLE:
+        too_big.append(f"module: {lines} lines")
+    for node in ast.walk(tree(path)):
+        if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        size = node.end_lineno - node.lineno + 1
+        if isinstance(node, ast.ClassDef) and size > CLASS_LINES:
+            too_big.append(f"class {node.name}: {size} lines")
+        elif not isinstance(node, ast.ClassDef) and size > FUNCTION_LINES:
+            too_big.append(f"function {node.name}: {size} lines")
+    assert not too_big, too_big
