@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.harness.runner import _env
 from tests.harness.sshcluster import Node, SSHCluster, available
 
 # The job's environment in every benchmark, baseline or not (the process-group timeout is long
@@ -56,14 +57,22 @@ def timed(argv: list[str], timeout: float, **popen) -> Sample:
                   proc.returncode, out.decode(errors="replace"))
 
 
-def compile_like_pip() -> None:
+def compile_like_pip(tree: Path | None = None) -> None:
     """Bytecode for the package, as `pip install` writes it. An editable install leaves that to
     the first import, which never happens where PYTHONDONTWRITEBYTECODE is set (as on these
     machines): every ddp-up run would compile its modules again, 0.15 s of CPU that an installed
     ddp-up does not pay (measured: importing the CLI, 0.31 s without bytecode, 0.15 s with)."""
     import compileall
 
-    compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "orchestrator"), quiet=1)
+    compileall.compile_dir(str((tree or Path(__file__).resolve().parents[1]) / "orchestrator"), quiet=1)
+
+
+def env_for(tree: Path | None) -> dict:
+    """The environment that runs ``tree``'s ddp-up (this checkout's where None)."""
+    env = _env()
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return env
 
 
 def cluster_args(doc: str, nodes: str, more=None) -> argparse.Namespace:
@@ -72,12 +81,17 @@ def cluster_args(doc: str, nodes: str, more=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--nodes", default=nodes, help="comma-separated node counts")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--baseline", type=Path, metavar="DIR",
+                   help="another checkout of ddp-up (a previous build), timed in the same run, interleaved")
     if more is not None:
         more(p)
     args = p.parse_args()
     if reason := available():
         sys.exit(f"cannot run: {reason}")
     compile_like_pip()
+    if args.baseline is not None:
+        args.baseline = args.baseline.resolve()
+        compile_like_pip(args.baseline)
     args.sizes = [int(n) for n in args.nodes.split(",")]
     return args
 

@@ -22,7 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import JOB_ENV, SCRIPT, cluster_args, Sample, parallel_ssh_script, spread, timed, torchrun_line
+from benchmarks.common import (JOB_ENV, SCRIPT, Sample, cluster_args, env_for, parallel_ssh_script, spread, timed,
+                               torchrun_line)
 from tests.harness.runner import CHECK, REPO, UP, _env
 from tests.harness.sshcluster import SSHCluster
 
@@ -65,10 +66,11 @@ class Bench:
                                          python=sys.executable, workdir=str(self.tmp),
                                          env=JOB_ENV, ssh={"connect_timeout": 30})
 
-    def ddp_up(self, n: int) -> tuple[Sample, int]:
+    def ddp_up(self, n: int, tree: Path | None = None) -> tuple[Sample, int]:
+        """``tree``: another checkout's ddp-up (the baseline build)."""
         with MemoryWatch() as mem:
             s = timed([sys.executable, "-c", UP, "--no-dashboard", "--runs-dir", str(self.runs),
-                       str(self.cluster_file(n)), SCRIPT, *JOB], TIMEOUT, cwd=REPO, env=_env())
+                       str(self.cluster_file(n)), SCRIPT, *JOB], TIMEOUT, cwd=tree or REPO, env=env_for(tree))
         return _ok(s, f"ddp-up at {n} nodes"), mem.peak
 
     def ssh_job(self, n: int) -> tuple[Sample, int]:
@@ -100,6 +102,7 @@ def main() -> int:
     sizes = args.sizes
     job: dict[int, list[tuple[Sample, int, Sample, int]]] = {n: [] for n in sizes}
     fan: dict[int, list[tuple[Sample, Sample]]] = {n: [] for n in sizes}
+    before: dict[int, list[tuple[Sample, Sample]]] = {n: [] for n in sizes}  # (this build, baseline)
     with tempfile.TemporaryDirectory() as tmp:
         cluster = SSHCluster(max(sizes), Path(tmp) / "cluster").up()
         try:
@@ -110,13 +113,28 @@ def main() -> int:
                     ours, ours_mem = bench.ddp_up(n)
                     job[n].append((base, base_mem, ours, ours_mem))
                     fan[n].append((bench.ssh_probe(n), bench.ddp_check(n)))
+                    if args.baseline:
+                        before[n].append((ours, bench.ddp_up(n, args.baseline)[0]))
                     print(f"  repeat {r + 1}, {n} nodes: ssh {base.wall:.2f} s, ddp-up {ours.wall:.2f} s, "
                           f"probe {fan[n][-1][0].wall:.2f} s, ddp-check {fan[n][-1][1].wall:.2f} s",
                           file=sys.stderr, flush=True)
         finally:
             cluster.down()
     report(sizes, job, fan, args.repeat)
+    if args.baseline:
+        report_baseline(sizes, before, args.baseline)
     return 0
+
+
+def report_baseline(sizes, before, baseline: Path) -> None:
+    print(f"\nthis build against {baseline} (same job, same repeat); median (min-max)")
+    print(f"{'nodes':>5} {'this build s':>20} {'baseline s':>20} {'this/baseline':>18} {'CPU this s':>18} "
+          f"{'CPU baseline s':>18}")
+    for n in sizes:
+        runs = before[n]
+        print(f"{n:>5} {spread([a.wall for a, _ in runs]):>20} {spread([b.wall for _, b in runs]):>20} "
+              f"{spread([a.wall / b.wall for a, b in runs]):>18} {spread([a.cpu for a, _ in runs]):>18} "
+              f"{spread([b.cpu for _, b in runs]):>18}")
 
 
 def report(sizes, job, fan, repeat) -> None:

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.common import SCRIPT, cluster_args, spread
-from tests.harness.runner import REPO, UP, _env
+from benchmarks.common import SCRIPT, cluster_args, env_for, spread
+from tests.harness.runner import REPO, UP
 from tests.harness.sshcluster import SSHCluster
 
 TIMEOUT = 900
@@ -111,7 +111,7 @@ class Bench:
         pool = [x.name for x in self.cluster.nodes[1:]]
         return [h for h in pool if (h in self.behind) == behind][:n]
 
-    def ddp_up(self, hosts: list[str]) -> Run:
+    def ddp_up(self, hosts: list[str], tree: Path | None = None) -> Run:
         path = self.tmp / f"c{len(hosts)}.yaml"
         path.write_text(yaml.safe_dump({
             "ssh": {"client": "openssh", "config_file": str(self.config), "connect_timeout": 60},
@@ -119,7 +119,7 @@ class Bench:
             "nodes": [{"host": h, "gpus": 1} for h in hosts]}, sort_keys=False))
         return self._ok(self.reaper.run([sys.executable, "-c", UP, "--no-dashboard",
                                          "--runs-dir", str(self.tmp / "runs"), str(path), SCRIPT, "env", "RANK"],
-                                        cwd=REPO, env=_env()), "ddp-up", len(hosts))
+                                        cwd=tree or REPO, env=env_for(tree)), "ddp-up", len(hosts))
 
     def remote(self) -> str:
         return f"cd {self.tmp} && exec {sys.executable} -u {SCRIPT} env RANK"
@@ -151,6 +151,7 @@ def main() -> int:
     if size > 253:
         sys.exit(f"{size - 1} nodes do not fit in one /24: lower --nodes or --jump")
     results: dict[tuple[str, int], list[tuple[Run, Run, Run | None]]] = {}
+    before: dict[int, list[tuple[Run, Run]]] = {}  # (this build, baseline), direct nodes
     with tempfile.TemporaryDirectory() as tmp:
         cluster = SSHCluster(size, Path(tmp) / "cluster")
         t0 = time.monotonic()
@@ -166,6 +167,8 @@ def main() -> int:
                     row = (bench.ddp_up(hosts), bench.pdsh(hosts, len(hosts)), bench.parallel_ssh(hosts))
                     results.setdefault(("direct", n), []).append(row)
                     progress(r, f"{n} nodes", row)
+                    if args.baseline:
+                        before.setdefault(n, []).append((row[0], bench.ddp_up(hosts, args.baseline)))
                 if args.jump:
                     hosts = bench.nodes(args.jump, behind=True)
                     row = (bench.ddp_up(hosts), bench.pdsh(hosts, 10), None)
@@ -174,6 +177,14 @@ def main() -> int:
         finally:
             cluster.down()
     report(results, args.repeat)
+    if args.baseline:
+        print(f"\nthis build against {args.baseline} (direct nodes, same repeat); median (min-max)")
+        print(f"{'nodes':>5} {'this build s':>18} {'baseline s':>18} {'this/baseline':>18} {'CPU this s':>18} "
+              f"{'CPU baseline s':>18}")
+        for n, runs in before.items():
+            print(f"{n:>5} {spread([a.wall for a, _ in runs]):>18} {spread([b.wall for _, b in runs]):>18} "
+                  f"{spread([a.wall / b.wall for a, b in runs]):>18} {spread([a.cpu for a, _ in runs]):>18} "
+                  f"{spread([b.cpu for _, b in runs]):>18}")
     return 0
 
 
