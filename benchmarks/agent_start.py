@@ -25,12 +25,12 @@ HERE = Path(__file__).resolve().parents[1]
 
 # Run in the checkout being measured: its bootstrap arguments and its hello for a DetectSpec.
 HELLO = r"""
-import json, sys
+import json, os, sys
 sys.path.insert(0, sys.argv[1])
 from orchestrator import protocol
-try:
+if os.path.exists(os.path.join(sys.argv[1], "orchestrator", "node", "wire.py")):
     from orchestrator.node import wire
-except ImportError:  # a build from before the node package
+else:  # a build from before the node package (an import attempt could find this checkout's instead)
     from orchestrator import wire
 sys.stdout.buffer.write(json.dumps(protocol.bootstrap_args()).encode() + b"\n")
 sys.stdout.buffer.write(b"".join(protocol.hello(wire.DetectSpec(env={}))))

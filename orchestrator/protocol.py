@@ -28,8 +28,11 @@ BOOTSTRAP = (AGENT_MARK + "import sys,types,marshal;a=sys.argv;p=a[2];N=a[3].spl
              "'MAGIC_NUMBER',b'').hex());m=sys.modules;P=m[p]=types.ModuleType(p);P.__path__=[];"
              "[(m.__setitem__(p+'.'+x,types.ModuleType(p+'.'+x)),setattr(P,x,m[p+'.'+x]),"
              "m[p+'.'+x].__dict__.update(__package__=p),exec(marshal.loads(s[n+i]) if a[1]==k and s[n+i] else "
-             "compile(s[i],p+'.'+x,'exec'),m[p+'.'+x].__dict__)) for i,x in enumerate(N)];m[p+'.main'].main()")
+             "compile(s[i],p+'.'+x,'exec',0,1,2),m[p+'.'+x].__dict__)) for i,x in enumerate(N)];m[p+'.main'].main()")
 NAMES = tuple("%s.%s" % (node.PACKAGE, name) for name in node.SHIPPED)  # each module's name on a node
+# Both ends compile the shipped modules without docstrings (and asserts, which they have none of):
+# a sixth less bytecode to unpack on every node. The bootstrap's compile says the same (0,1,2).
+OPTIMIZE = 2
 
 
 def module_paths() -> tuple[Path, ...]:
@@ -53,10 +56,11 @@ def bytecode_key() -> str:
 @lru_cache(maxsize=1)
 def compiled() -> tuple[bytes, ...]:
     """The shipped modules compiled here, as the node would compile them (same names, no
-    inherited __future__ flags); empty where this Python has no bytecode cache tag."""
+    inherited __future__ flags, OPTIMIZE); empty where this Python has no bytecode cache tag."""
     if sys.implementation.cache_tag is None:
         return (b"",) * len(NAMES)
-    return tuple(marshal.dumps(compile(src, name, "exec", dont_inherit=True)) for src, name in zip(sources(), NAMES))
+    return tuple(marshal.dumps(compile(src, name, "exec", dont_inherit=True, optimize=OPTIMIZE))
+                 for src, name in zip(sources(), NAMES))
 
 
 def shipped() -> tuple[bytes, ...]:

@@ -12,7 +12,6 @@ docker0, 127.0.1.1). The route the kernel itself takes to the master's address i
 works, so that interface is what ddp-up names, unless the user named one.
 """
 
-import csv
 import os
 import socket
 import struct
@@ -250,11 +249,19 @@ def _number(text):
         return None
 
 
+def csv_rows(text):
+    """nvidia-smi's CSV, row by row. csv is imported here, not at the top: only a node with GPUs
+    reads any, and every agent's start would pay for it (a seventieth of it)."""
+    import csv
+
+    return csv.reader((text or "").splitlines(), skipinitialspace=True)
+
+
 def parse_gpus(text):
     """[{"index", "uuid", "util", "used", "total"}] from GPUS_QUERY output (MiB, percent; None
     where the driver says [N/A])."""
     gpus = []
-    for row in csv.reader((text or "").splitlines(), skipinitialspace=True):
+    for row in csv_rows(text):
         if len(row) >= 5 and row[0].strip().isdigit():
             gpus.append(dict(index=int(row[0]), uuid=row[1].strip(), util=_number(row[2]),
                              used=_number(row[3]), total=_number(row[4])))
@@ -264,7 +271,7 @@ def parse_gpus(text):
 def parse_apps(text):
     """[{"uuid", "pid", "mib", "name"}] from APPS_QUERY output."""
     apps = []
-    for row in csv.reader((text or "").splitlines(), skipinitialspace=True):
+    for row in csv_rows(text):
         if len(row) >= 3 and row[1].strip().isdigit():
             apps.append(dict(uuid=row[0].strip(), pid=int(row[1]), mib=_number(row[2]),
                              name=row[3].strip() if len(row) > 3 else ""))

@@ -4,8 +4,6 @@ connection first proves that it knows the job's token (an HMAC of the supervisor
 The decisions are decide.py's; here is the I/O, with the clock injected.
 """
 
-import hashlib
-import hmac
 import os
 import socket
 import threading
@@ -18,10 +16,17 @@ JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to
 
 
 def proof(token, nonce):
+    # hashlib (with OpenSSL) and hmac: imported only where a detached job's agents meet, not in
+    # every agent's start (they are a tenth of it)
+    import hashlib
+    import hmac
+
     return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
 
 
 def proof_ok(token, nonce, given):
+    import hmac
+
     return isinstance(given, str) and hmac.compare_digest(proof(token, nonce), given)
 
 
