@@ -75,21 +75,23 @@ def env_for(tree: Path | None) -> dict:
     return env
 
 
-def cluster_args(doc: str, nodes: str, more=None) -> argparse.Namespace:
-    """--nodes (a list of cluster sizes, as ``args.sizes``) and --repeat, plus what ``more(parser)``
-    adds; exits 2 where this machine cannot host the namespace cluster."""
+def cluster_args(doc: str, nodes: str, more=None, baseline: bool = False) -> argparse.Namespace:
+    """--nodes (a list of cluster sizes, as ``args.sizes``) and --repeat, --baseline where the
+    benchmark times another checkout too, plus what ``more(parser)`` adds; exits 2 where this
+    machine cannot host the namespace cluster."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--nodes", default=nodes, help="comma-separated node counts")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--baseline", type=Path, metavar="DIR",
-                   help="another checkout of ddp-up (a previous build), timed in the same run, interleaved")
+    if baseline:
+        p.add_argument("--baseline", type=Path, metavar="DIR",
+                       help="another checkout of ddp-up (a previous build), timed in the same run, interleaved")
     if more is not None:
         more(p)
     args = p.parse_args()
     if reason := available():
         sys.exit(f"cannot run: {reason}")
     compile_like_pip()
-    if args.baseline is not None:
+    if getattr(args, "baseline", None) is not None:
         args.baseline = args.baseline.resolve()
         compile_like_pip(args.baseline)
     args.sizes = [int(n) for n in args.nodes.split(",")]

@@ -1,6 +1,6 @@
 """Launch-to-exit and fan-out at 1..64 nodes: ddp-up against the manual way (parallel ssh).
 
-    python3 -m benchmarks.launch [--nodes 1,4,16,64] [--repeat 3]
+    python3 -m benchmarks.launch [--nodes 1,4,16,64] [--repeat 3] [--baseline DIR]
 
 On the namespace sshd cluster of the tests (Linux, root), one process per node:
   job      a trivial job (init_process_group + one all_reduce + barrier, gloo) launched by
@@ -9,7 +9,9 @@ On the namespace sshd cluster of the tests (Linux, root), one process per node:
   fan-out  what ddp-up adds before the launcher starts: ddp-check (connect, agent, torch probe,
            TCP probe of the master) against `ssh node python -c <find torch>` per node.
 Every repeat runs each (nodes, mode) pair once, interleaved, and ratios are taken within a repeat.
-Also prints ddp-up's own CPU seconds and peak RSS, and the machine's peak memory in use.
+Also prints ddp-up's own CPU seconds and peak RSS, and the machine's peak memory in use. With
+--baseline DIR, another checkout's ddp-up (a previous build) launches the same job in every repeat,
+and this build's time is printed as a ratio to it.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def _ok(s: Sample, what: str) -> Sample:
 
 
 def main() -> int:
-    args = cluster_args(__doc__, nodes="1,4,16,64")
+    args = cluster_args(__doc__, nodes="1,4,16,64", baseline=True)
     sizes = args.sizes
     job: dict[int, list[tuple[Sample, int, Sample, int]]] = {n: [] for n in sizes}
     fan: dict[int, list[tuple[Sample, Sample]]] = {n: [] for n in sizes}

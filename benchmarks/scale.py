@@ -1,6 +1,6 @@
 """Launch-to-exit at 16..250 nodes over the user's own ssh: ddp-up against pdsh and plain parallel ssh.
 
-    python3 -m benchmarks.scale [--nodes 16,64,128,250] [--repeat 3] [--jump 64]
+    python3 -m benchmarks.scale [--nodes 16,64,128,250] [--repeat 3] [--jump 64] [--baseline DIR]
 
 On the namespace sshd cluster of the tests (Linux, root; `apt-get install pdsh`), a torch-free job
 (`launcher: none`, one process per node, printing one line) launched three ways, interleaved within
@@ -15,6 +15,8 @@ there), against ddp-up's default ssh.max_parallel of 10.
 Controller CPU counts every process the command started, ssh clients and the ControlMaster processes
 that OpenSSH detaches included: this script is their child subreaper, so orphans come back to it and
 their rusage is summed from wait4. Peak RSS is the largest resident set among them (ddp-up: its own).
+With --baseline DIR, another checkout's ddp-up (a previous build) runs the same job on the direct nodes
+in every repeat, and this build's time is printed as a ratio to it.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ class Bench:
 
 def main() -> int:
     args = cluster_args(__doc__, nodes="16,64,128,250", more=lambda p: p.add_argument(
-        "--jump", type=int, default=64, help="nodes behind one jump host (0: none)"))
+        "--jump", type=int, default=64, help="nodes behind one jump host (0: none)"), baseline=True)
     if not shutil.which("pdsh"):
         sys.exit("cannot run: needs pdsh (apt-get install pdsh)")
     direct = args.sizes
