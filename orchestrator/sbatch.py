@@ -21,11 +21,12 @@ MARK = "--sbatch"
 SUBMIT_TIMEOUT = 60.0
 
 
-def split_sbatch(argv: list[str]) -> tuple[list[str] | None, list[str]]:
+def split_sbatch(argv: list[str], options_end: int | None = None) -> tuple[list[str] | None, list[str]]:
     """(sbatch's options, the rest for ddp-up) from ``--sbatch OPTION... [--] CLUSTER.yaml ...``:
     sbatch's options run to a ``--`` or to the first argument naming a .yaml/.yml file. None if
-    --sbatch is not given."""
-    if MARK not in argv:
+    --sbatch is not among ddp-up's own leading options (``argv[:options_end]``): after the script,
+    it is the script's."""
+    if MARK not in argv[:options_end]:
         return None, argv
     at = argv.index(MARK)
     before, after = argv[:at], argv[at + 1:]

@@ -77,11 +77,31 @@ def up_parser() -> argparse.ArgumentParser:
     return p
 
 
+# ddp-up's options that take the next word as their value (unless given as --name=VALUE, -HVALUE)
+TAKES_VALUE = frozenset({"--job-id", "--ranks", "--runs-dir", "--hang-timeout", "--hostfile", "-H", "--restarts"})
+
+
+def names_nodes(arg: str) -> bool:
+    """Whether ``arg`` is a node option, in any of its forms: --hostfile FILE, --hostfile=FILE,
+    -H LIST, -HLIST, --slurm."""
+    return any(arg == flag or arg.startswith(flag + "=") for flag in NODE_SOURCE_FLAGS) or (
+        arg.startswith("-H") and not arg.startswith("--"))
+
+
+def options_end(argv: list[str]) -> int:
+    """Where ddp-up's own leading options end: the index of the first word that is neither one of
+    them nor an option's value (the cluster file, or the script). What comes later is not ddp-up's
+    to read as an option of its own: `--sbatch` after the script is the script's."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-", "--"):
+        i += 2 if argv[i] in TAKES_VALUE else 1
+    return min(i, len(argv))
+
+
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """Our options and our positionals (cluster file and script: one of them may be left out when
     a node option comes first), then the script's arguments untouched."""
     ours, positionals, wanted = [], 0, 2
-    takes_value = {"--job-id", "--ranks", "--runs-dir", "--hang-timeout", "--hostfile", "-H", "--restarts"}
     i = 0
     while i < len(argv) and positionals < wanted:
         arg = argv[i]
@@ -91,13 +111,12 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
             ours.extend(argv[i + 1:i + 1 + wanted - positionals])
             i += 1 + wanted - positionals
             break
-        if arg in takes_value and i + 1 < len(argv):
+        if arg in TAKES_VALUE and i + 1 < len(argv):
             ours.append(argv[i + 1])
             i += 1
         elif not arg.startswith("-") or arg == "-":
             positionals += 1
-            if positionals == 1 and any(f in ours for f in NODE_SOURCE_FLAGS) \
-                    and not is_cluster_file(arg):
+            if positionals == 1 and any(names_nodes(a) for a in ours) and not is_cluster_file(arg):
                 wanted = 1  # no cluster file: this is the script
         i += 1
     return ours, argv[i:]
@@ -110,7 +129,7 @@ def main_up(argv: list[str] | None = None) -> int:
 
 def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
     try:
-        sbatch_options, argv = split_sbatch(argv)
+        sbatch_options, argv = split_sbatch(argv, options_end(argv))
     except UsageError as e:
         return report("ddp-up", e)
     ours, script_args = split_argv(argv)

@@ -92,6 +92,35 @@ def test_the_cluster_file_is_optional_after_a_node_option():
     assert cluster_and_script("c.yaml", "t.py", has_source=False) == ("c.yaml", "t.py")
 
 
+@pytest.mark.parametrize("argv, ours, theirs", [
+    (["--hostfile=h", "train.py", "--epochs", "3"], ["--hostfile=h", "train.py"], ["--epochs", "3"]),
+    (["-Ha:1,b:1", "train.py", "--lr", "1"], ["-Ha:1,b:1", "train.py"], ["--lr", "1"]),
+    (["-H=a:1", "train.py", "x"], ["-H=a:1", "train.py"], ["x"]),
+    (["--hostfile=h", "c.yaml", "train.py", "y"], ["--hostfile=h", "c.yaml", "train.py"], ["y"]),
+    (["c.yaml", "train.py", "--detach", "--sbatch"], ["c.yaml", "train.py"], ["--detach", "--sbatch"]),
+    (["--job-id=J", "c.yaml", "train.py", "--job-id", "K"], ["--job-id=J", "c.yaml", "train.py"], ["--job-id", "K"]),
+])
+def test_every_form_of_an_option_and_what_follows_the_script_is_the_scripts(argv, ours, theirs):
+    """Issue 26: `--hostfile=FILE` and `-Ha:1` name nodes as their two-word forms do, and an
+    option after the script (`--detach`, `--sbatch`) is the script's argument."""
+    assert split_argv(argv) == (ours, theirs)
+
+
+def test_sbatch_after_the_script_is_the_scripts(tmp_path, capsys):
+    from orchestrator.commands.up import main_up, options_end
+    from orchestrator.sbatch import split_sbatch
+
+    assert options_end(["--ranks", "0", "--sbatch", "-p", "gpu", "c.yaml"]) == 4
+    assert options_end(["c.yaml", "t.py", "--sbatch"]) == 0
+    argv = ["c.yaml", "t.py", "--sbatch", "-N4"]
+    assert split_sbatch(argv, options_end(argv)) == (None, argv)
+    c = tmp_path / "c.yaml"
+    c.write_text("nodes: [{host: 192.0.2.1, gpus: 1}]\n")
+    assert main_up(["--dry-run", str(c), "t.py", "--sbatch", "--detach"]) == 0  # nothing submitted, nothing detached
+    out = capsys.readouterr().out
+    assert "t.py --sbatch --detach" in out, out
+
+
 def test_slurm_allocation_plans_every_node(monkeypatch, capsys):
     from orchestrator.commands.up import main_up
 
