@@ -32,6 +32,13 @@ MASTER_KEYS = ("addr", "port")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always with fullmatch: `$` would accept "NAME\n"
 
 
+# The longest timeout or delay taken: a longer one is a typo, and past what a wait can be given
+# (threading and select refuse one of 1e10 s with OverflowError, deep inside a running job).
+LONGEST = 30 * 86400.0
+LONGEST_RETENTION = 3650 * 86400.0
+MOST_RESTARTS = 1000
+
+
 class Rule(NamedTuple):
     """One setting: the Checks method its value must pass, with these arguments, and its default
     (a callable is called for it; None: unset, and not checked)."""
@@ -51,7 +58,7 @@ RULES = {  # top-level settings that are one checked value each
     "hang_timeout": rule("positive"),
     "launcher": rule("choice", "torchrun", allowed=LAUNCHERS),
     "retention": rule("duration", "7d"),
-    "restarts": rule("integer", 0, low=0),
+    "restarts": rule("integer", 0, low=0, high=MOST_RESTARTS),
     "restart_delay": rule("positive", 10, allow_zero=True),
     "spares": rule("integer", 0, low=0),
 }
@@ -119,10 +126,12 @@ class Checks:
             raise self.error(at, f"must be one of {', '.join(f'`{a}`' for a in allowed)}, got {value!r}")
         return value
 
-    def positive(self, value: Any, at: tuple, allow_zero: bool = False) -> float:
+    def positive(self, value: Any, at: tuple, allow_zero: bool = False, most: float = LONGEST) -> float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or value < 0 or (value == 0 and not allow_zero):
             raise self.error(at, f"must be a number of seconds {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        if value > most:
+            raise self.error(at, f"must be at most {most:.0f} seconds ({most / 86400:g} days), got {value!r}")
         return float(value)
 
     def duration(self, value: Any, at: tuple) -> float:
@@ -135,7 +144,7 @@ class Checks:
                 pass
         if isinstance(value, str):
             raise self.error(at, f"must be a duration such as 7d, 12h, 30m or a number of seconds, got {value!r}")
-        return self.positive(value, at, allow_zero=True)
+        return self.positive(value, at, allow_zero=True, most=LONGEST_RETENTION)
 
     def file_path(self, value: Any, at: tuple) -> str:
         text = os.path.expanduser(self.string(value, at))

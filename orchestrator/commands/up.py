@@ -27,6 +27,7 @@ from ..plan import LaunchPlan, check_job_id, make_plan, new_job_id
 from ..runloop import run_job
 from ..sbatch import split_sbatch, submit
 from ..sync import Tree, human_bytes, scan, sync_all, targets
+from ..validate import LONGEST, MOST_RESTARTS
 from ..views.console import terminal_console
 from ..views.logfiles import RunLogs
 from ..views.transfer import transfer_progress
@@ -164,11 +165,11 @@ def load_for_up(args: argparse.Namespace, inbox: signals.SignalInbox):
     if args.script is None:
         raise UsageError("missing SCRIPT: ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]")
     config = load_cluster(args.cluster, source)
-    if args.hang_timeout is not None and not 0 < args.hang_timeout < float("inf"):
-        raise UsageError("--hang-timeout must be a number of seconds > 0")
+    if args.hang_timeout is not None and not 0 < args.hang_timeout <= LONGEST:
+        raise UsageError(f"--hang-timeout must be a number of seconds > 0 and at most {LONGEST:.0f} (30 days)")
     inbox.check()
-    if args.restarts is not None and args.restarts < 0:
-        raise UsageError("--restarts must be an integer >= 0")
+    if args.restarts is not None and not 0 <= args.restarts <= MOST_RESTARTS:
+        raise UsageError(f"--restarts must be an integer between 0 and {MOST_RESTARTS}")
     if args.detach and (config.spares or config.min_nodes is not None):
         raise UsageError("--detach: spares and min_nodes need ddp-up to stay (it starts a spare's agent; a "
                          "detached job's own agents restart it only on the nodes they run on): run without "
