@@ -20,6 +20,22 @@ from .parallel import on_each
 PERSIST = 60  # seconds an idle master stays up: if ddp-up dies without closing it, it ends by itself
 EXIT_TIMEOUT = 5.0  # for a master's answer to the request to exit
 RUN_DIR = re.compile(r"ddp-up-ssh-(\d+)-\w+")  # ours: the pid that made it, then mkdtemp's random part
+# ssh binds a master's socket at ControlPath plus a random suffix of its own (17 characters), then
+# renames it: the run's directory must leave room for "/", %C (40 hex digits) and that suffix within
+# a Unix socket's path, 104 bytes on the BSDs and macOS, 108 on Linux (the smaller holds everywhere).
+SOCKET_PATH_MAX = 104
+SOCKET_ROOM = 1 + 40 + 17
+
+
+def run_parent() -> str:
+    """Where the run's directory goes: the temp directory, unless its path leaves too little room
+    for the sockets (a TMPDIR a little longer than usual made every node fail); then the user's
+    runtime directory, then /tmp. mkdtemp makes it private (0700, a random name) wherever it is."""
+    name = len(f"/ddp-up-ssh-{os.getpid()}-") + 8  # mkdtemp's random part
+    for parent in (tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR"), "/tmp"):
+        if parent and os.path.isdir(parent) and len(parent) + name + SOCKET_ROOM <= SOCKET_PATH_MAX:
+            return parent
+    return "/tmp"
 
 
 class SSHRun:
@@ -38,8 +54,9 @@ class SSHRun:
     def _where(self) -> str:
         with self.lock:
             if self.dir is None:
-                remove_stale_run_dirs(tempfile.gettempdir())
-                self.dir = tempfile.mkdtemp(prefix=f"ddp-up-ssh-{os.getpid()}-")
+                parent = run_parent()
+                remove_stale_run_dirs(parent)
+                self.dir = tempfile.mkdtemp(prefix=f"ddp-up-ssh-{os.getpid()}-", dir=parent)
             return self.dir
 
     def options(self, node: NodeConfig) -> list[str]:

@@ -163,6 +163,21 @@ def test_one_ssh_handshake_per_node_per_run_and_nothing_left_after_it(cluster, t
     assert not list(Path(tempfile.gettempdir()).glob(f"ddp-up-ssh-{launch.proc.pid}-*"))
 
 
+def test_a_long_tmpdir_does_not_break_the_shared_connections(cluster, tmp_path):
+    """Issue 26: with a TMPDIR a little longer than usual, ssh's ControlPath socket (the path plus
+    the suffix ssh binds it under) did not fit a Unix socket's path, and every node failed."""
+    long_tmp = tmp_path / ("t" * 80)
+    long_tmp.mkdir()
+    config = write_config(cluster, tmp_path / "ssh_config", cluster.known_hosts)
+    path = cluster_file(tmp_path, config, [n.name for n in cluster.nodes[:2]])
+    launch = Launch([str(path), SCRIPT, "env", "RANK"], env={"TMPDIR": str(long_tmp)})
+    code, out = launch.wait(120), launch.output
+    assert code == 0 and ranks_ran(out, 2), out
+    assert not list(long_tmp.iterdir())  # the run's directory went where its sockets fit, and is gone
+    left = subprocess.run(["pgrep", "-f", f"ddp-up-ssh-{launch.proc.pid}-"], capture_output=True, text=True).stdout
+    assert left == "", f"ssh masters left running: {left}"
+
+
 def test_host_certificates_from_a_site_ca(cluster, tmp_path):
     """Sites with an SSH CA list the CA once (`@cert-authority`), not each node's key: a node whose
     certificate names it is trusted, one whose certificate names another host is refused."""

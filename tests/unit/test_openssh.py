@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import socket
 import struct
 import threading
@@ -21,10 +22,35 @@ def node(ssh: str = ""):
 
 @pytest.fixture
 def run(tmp_path, monkeypatch):
-    """The run's private directory under tmp_path; closed (and so removed) after the test."""
+    """The run's private directory under tmp_path (however long its path: the socket's room is
+    tested on its own below); closed (and so removed) after the test."""
     monkeypatch.setattr(sshmaster.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(sshmaster, "SOCKET_PATH_MAX", 4096)
     yield sshmaster.CONTROL
     sshmaster.CONTROL.close()
+
+
+def test_a_long_tmpdir_leaves_the_control_sockets_room(tmp_path, monkeypatch):
+    """Issue 26: ssh binds ControlPath + a 17-character suffix, and a Unix socket's path has 104
+    bytes: a TMPDIR a little longer than usual made every node fail. The run's directory then
+    goes where a socket path fits; a short TMPDIR is used as before."""
+    long = tmp_path / ("t" * (sshmaster.SOCKET_PATH_MAX - len(str(tmp_path))))
+    long.mkdir()
+    monkeypatch.setattr(sshmaster.tempfile, "tempdir", str(long))
+    parent = sshmaster.run_parent()
+    assert parent != str(long) and len(parent) + len(f"/ddp-up-ssh-{os.getpid()}-") + 8 + 58 <= 104
+    try:
+        path = next(o for o in sshmaster.CONTROL.options(parse_cluster(
+            "nodes: [{host: a, gpus: 1}]\n").nodes[0]) if o.startswith("ControlPath="))[len("ControlPath="):]
+        assert len(path.replace("%C", "c" * 40)) + 17 <= 104 and os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+    finally:
+        sshmaster.CONTROL.close()
+    short = tempfile.mkdtemp(prefix="s", dir="/tmp")  # /tmp/sXXXXXXXX: room enough
+    try:
+        monkeypatch.setattr(sshmaster.tempfile, "tempdir", short)
+        assert sshmaster.run_parent() == short
+    finally:
+        os.rmdir(short)
 
 
 def test_only_what_the_cluster_file_sets_is_added_to_the_users_ssh(run, tmp_path):
