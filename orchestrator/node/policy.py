@@ -17,10 +17,16 @@ def why_no_restart(attempt, limit):
     return "no restart left" if limit else "no restarts set"
 
 
+BACKOFF_FIRST = 0.25  # the least wait before the first restart, whatever restart_delay says (0 too)
+BACKOFF_MOST = 60.0  # the back-off doubles up to this
+
+
 def restart_delay(attempt, base):
-    """Seconds to wait before attempt ``attempt`` (1, 2, ...): base, 2x base, 3x base... A node
-    that needs a minute to come back gets it, and a crash loop slows down."""
-    return base * attempt
+    """Seconds to wait before attempt ``attempt`` (1, 2, ...): base, 2x base, 3x base..., and never
+    less than a back-off that doubles from BACKOFF_FIRST up to BACKOFF_MOST. A node that needs a
+    minute to come back gets it, and with `restart_delay: 0` a job that fails at once is not
+    started again in a tight loop."""
+    return max(base * attempt, min(BACKOFF_FIRST * 2 ** min(attempt - 1, 16), BACKOFF_MOST))
 
 
 def hang_reason(now, last_output, first_done, timeout, running):

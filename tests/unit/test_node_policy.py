@@ -14,6 +14,14 @@ def test_the_restart_limit_and_delay_are_one_rule_for_both_ends():
     assert policy.why_no_restart(0, 2) is None
     assert policy.why_no_restart(2, 2) == "no restart left" and policy.why_no_restart(0, 0) == "no restarts set"
     assert [policy.restart_delay(a, 10.0) for a in (1, 2, 3)] == [10.0, 20.0, 30.0]
+
+
+def test_a_zero_restart_delay_backs_off_instead_of_spinning():
+    """Issue 26, item 11: `restart_delay: 0` with many restarts must not start a failing job again
+    and again at once: the wait doubles from a quarter second up to a minute."""
+    assert [policy.restart_delay(a, 0) for a in range(1, 12)] == [0.25, 0.5, 1, 2, 4, 8, 16, 32, 60, 60, 60]
+    assert [policy.restart_delay(a, 0.5) for a in (1, 2)] == [0.5, 1.0]  # a delay of its own is kept
+    assert policy.restart_delay(1000, 0) == 60 and policy.restart_delay(1000, 1.0) == 1000.0  # no overflow
     assert attempts.delay_before(3, 10.0) == policy.restart_delay(3, 10.0)  # the controller asks the policy
 
 
