@@ -22,7 +22,7 @@ from ..views.console import ConsoleView, terminal_console
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
 from .common import (add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report, make_view,
-                     report, ssh_connections)
+                     report, ssh_connections, table_console)
 
 LIST_LIMIT = 30.0  # seconds beyond the connect timeout for a node to list its jobs
 
@@ -215,7 +215,7 @@ def describe_root(root: dict | None, labels: dict) -> str | None:
 
 def main_ls(argv: list[str] | None = None) -> int:
     args = ls_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    console = terminal_console()
+    console = table_console()
     config = load_or_report(args, "ddp-ls", forward=False)
     if config is None:
         return EXIT_USAGE

@@ -47,6 +47,18 @@ def make_view(plan: LaunchPlan, console: Console, args: argparse.Namespace, plai
     return (DashboardView if dashboard else plain or ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse)
 
 
+PIPED_WIDTH = 10_000  # a table printed to a pipe or a file: as wide as its rows are
+
+
+def table_console() -> Console:
+    """The console for a command's table: on a terminal, its width; into a pipe or a file, every
+    column whole (no job id or state cut at 80 columns for the script that reads it)."""
+    console = terminal_console()
+    if not console.is_terminal:
+        console.width = PIPED_WIDTH
+    return console
+
+
 NODE_SOURCE_FLAGS = ("--hostfile", "-H", "--slurm")
 
 

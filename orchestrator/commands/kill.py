@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from rich.table import Table
@@ -12,8 +13,8 @@ from .. import signals
 from ..cleanup import SweepReport, match_for, sweep_nodes
 from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
 from ..plan import check_job_id
-from ..views.console import safe_text, terminal_console
-from .common import add_node_sources, interrupted, load_or_report, report, ssh_connections
+from ..views.console import safe_text
+from .common import add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
 
 
 def kill_parser() -> argparse.ArgumentParser:
@@ -30,12 +31,13 @@ def kill_parser() -> argparse.ArgumentParser:
     p.add_argument("--purge", action="store_true",
                    help="also remove the records and logs that finished detached jobs keep on the nodes "
                         "(else kept 7 days)")
+    p.add_argument("--json", action="store_true", help="one JSON object per node, for scripts")
     return p
 
 
 def main_kill(argv: list[str] | None = None) -> int:
     args = kill_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    console = terminal_console()
+    console = table_console()
     if args.job is not None:
         try:
             check_job_id(args.job, "--job")
@@ -58,11 +60,22 @@ def main_kill(argv: list[str] | None = None) -> int:
                                   purge=args.purge)
         except Interrupted as e:
             return interrupted("ddp-kill", e, "before every node answered; run ddp-kill again to confirm")
-    console.print(kill_table(reports, args.dry_run))
+    if args.json:
+        for r in reports:
+            print(json.dumps(kill_record(r, args.dry_run)))
+    else:
+        console.print(kill_table(reports, args.dry_run))
     for r in reports:
         if r.error:
             console.print(Text("✗ ", style="bold red") + Text(safe_text(f"{r.node.label}: {r.error}")))
     return EXIT_JOB_FAILED if any(r.error or r.left for r in reports) else EXIT_OK
+
+
+def kill_record(r: SweepReport, dry_run: bool) -> dict:
+    """One node's sweep, for scripts (--json)."""
+    return {"node": r.node.rank, "host": r.node.label, "jobs": list(r.jobs), "found": len(r.found),
+            "stopped": 0 if dry_run else len(r.found) - len(r.left), "killed": len(r.killed), "left": len(r.left),
+            "error": r.error, "dry_run": dry_run}
 
 
 def kill_table(reports: list[SweepReport], dry_run: bool) -> Table:

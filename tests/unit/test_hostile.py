@@ -244,3 +244,29 @@ def test_the_agent_state_root_is_private(tmp_path, monkeypatch):
     assert problem is None and path.endswith("/J/node0")
     _, problem = state.claim_node_dir("J", 0)  # the same job id and node again: in use
     assert problem.what.startswith("job id J is already in use on this node")
+
+
+def test_tables_into_a_pipe_keep_every_job_id_and_state_whole(capsys, tmp_path):
+    """Issue 26, item 12: ddp-ls and ddp-kill printed into a pipe or a file show full job ids and
+    states (no 80-column cut), and ddp-kill has --json as ddp-ls has."""
+    from orchestrator.cleanup import SweepReport
+    from orchestrator.clusterfile import parse_cluster
+    from orchestrator.commands.attach import JobRow, ls_table
+    from orchestrator.commands.common import table_console
+    from orchestrator.commands.kill import kill_table
+
+    job = "a-job-id-of-sixty-four-characters-" + "x" * 30
+    node = parse_cluster(LOCAL).nodes[0]
+    found = [{"pid": 1, "tags": {"DDP_UP_JOB": job}, "cmd": "python train.py"}]
+    console = table_console()  # capsys: stdout is not a terminal
+    console.print(kill_table([SweepReport(node, found=found)], dry_run=True))
+    console.print(ls_table([JobRow(job=job, script="train.py", state="restarting", ranks=8, started=None, ended=None,
+                                   exit_status=None, root_cause="node 3 failed (exit code 1): " + "y" * 80,
+                                   nodes={}, attempt=2)], now=0.0))
+    out = capsys.readouterr().out
+    assert job in out and "restarting (attempt 2)" in out and "y" * 80 in out, out
+    (tmp_path / "c.yaml").write_text(LOCAL)
+    assert main_kill(["--json", "--job", "nothing-runs-under-this-id", str(tmp_path / "c.yaml")]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert rows == [{"node": 0, "host": "a", "jobs": [], "found": 0, "stopped": 0, "killed": 0, "left": 0,
+                     "error": None, "dry_run": False}]
