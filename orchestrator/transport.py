@@ -156,6 +156,7 @@ def setup_script(setup: tuple[str, ...], workdir: str | None, then: str) -> str:
     there) and write to stderr (stdout carries the agent's frames)."""
     lines = [f"cd {quote_path(workdir or '~')} 2>/dev/null || true"]
     for i, command in enumerate(setup, start=1):
-        lines.append(f"{{ {command}\n}} </dev/null >&2 || {{ echo \"{SETUP_MARK} {i} failed with status $?\" >&2; "
+        # `:` first: a line that is only a comment (or that a comment ends) still makes a block
+        lines.append(f"{{ :\n{command}\n}} </dev/null >&2 || {{ echo \"{SETUP_MARK} {i} failed with status $?\" >&2; "
                      f"exit {SETUP_FAILED}; }}")
     return "\n".join([*lines, then])

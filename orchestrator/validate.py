@@ -37,6 +37,7 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always with fullmatch: `$` w
 LONGEST = 30 * 86400.0
 LONGEST_RETENTION = 3650 * 86400.0
 MOST_RESTARTS = 1000
+NUL_VALUE = "holds a NUL character, which no process's environment can: remove it"
 
 
 class Rule(NamedTuple):
@@ -301,6 +302,8 @@ class Validator(Checks):
                     raise self.error(where + (name,), "is not a valid environment variable name")
                 if value is None or isinstance(value, (dict, list)):
                     raise self.error(where + (name,), "must be a string or number")
+                if "\0" in _env_text(value):
+                    raise self.error(where + (name,), NUL_VALUE)
                 merged[name] = _env_text(value)
         return MappingProxyType(merged)
 
@@ -355,6 +358,8 @@ def read_dotenv(text: str, path: str) -> dict[str, str]:
                                                 "digits, _), an `export ` prefix, a # comment or nothing")
         if len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"":
             val = val[1:-1]
+        if "\0" in val:
+            raise ConfigError(path, number, name, NUL_VALUE)
         found[name] = val
     return found
 

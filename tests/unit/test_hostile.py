@@ -68,6 +68,10 @@ CASES = [
          "--hang-timeout must be a number of seconds > 0 and at most 2592000 (30 days)", {"c.yaml": LOCAL}),
     Case("--restarts 10**12", ["--restarts", "1000000000000", "{c}", "t.py"], 2,
          "--restarts must be an integer between 0 and 1000", {"c.yaml": LOCAL}),
+    Case("NUL in an env value", ["{c}", "t.py"], 2, "{c}:1: env.A: holds a NUL character",
+         {"c.yaml": 'env: {A: "x\\0y"}\n' + LOCAL}),
+    Case("NUL in an env_file value", ["{c}", "t.py"], 2, "{d}/x.env:2: B: holds a NUL character",
+         {"c.yaml": "env_file: x.env\n" + LOCAL, "x.env": b"A=1\nB=x\x00y\n"}),
     Case("alias bomb", ["{c}", "t.py"], 2, "{c}:1: a: unknown key", {"c.yaml": BOMB}),
     Case("nested too deep", ["{c}", "t.py"], 2, "{c}: nested too deeply to be a cluster file",
          {"c.yaml": "nodes: " + "[" * 5000 + "]" * 5000 + "\n"}),
@@ -270,3 +274,17 @@ def test_tables_into_a_pipe_keep_every_job_id_and_state_whole(capsys, tmp_path):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert rows == [{"node": 0, "host": "a", "jobs": [], "found": 0, "stopped": 0, "killed": 0, "left": 0,
                      "error": None, "dry_run": False}]
+
+
+def test_a_setup_line_that_is_only_a_comment_runs_and_a_failing_one_is_still_named():
+    """Issue 26, item 8: `setup: "# later"` made every node fail with bash's syntax error."""
+    import subprocess
+
+    from orchestrator.transport import setup_script
+
+    done = subprocess.run(["bash", "-c", setup_script(("# activate later", "true # and a comment"), None, "echo ran")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "ran\n", done
+    failed = subprocess.run(["bash", "-c", setup_script(("# fine", "(exit 7)"), None, "echo ran")],
+                            capture_output=True, text=True, timeout=30)
+    assert failed.returncode == 96 and "setup command 2 failed with status 7" in failed.stderr, failed
