@@ -23,10 +23,10 @@ import signal
 import time
 
 from . import events, policy, wire
-from .checks import PortHold, listen_on
+from .checks import PortHold
 from .run import Runner
 from .state import JOURNAL, Journal, per_attempt, remove_stale_state, write_record
-from .supervisor import PeerLink, Supervisor
+from .supervisor import PeerLink, Supervisor, listen_for_peers
 
 
 def with_port(argv, port):
@@ -51,7 +51,7 @@ class DetachedRun(Runner):
     def prepare(self):
         if not (self.spec.check_port or self.spec.pick_port):
             return None  # not the master node: this node's agent joins the supervisor at Go
-        self.supervisor = Supervisor(self, listen_on(0))
+        self.supervisor = Supervisor(self, listen_for_peers(self.spec.master_addr))
         return self.supervisor.port
 
     def check_go(self, go):

@@ -10,9 +10,12 @@ import threading
 import time
 
 from . import decide, events, policy, wire
+from .checks import listen_on
 from .state import ENDED, OUTCOME, write_record
 
-JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job
+JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job, in all
+JOIN_MAX = 4096  # bytes of a Join frame: an unauthenticated peer is read no further
+JOINING_MAX = 64  # connections still proving themselves at once; more are closed unread
 
 
 def proof(token, nonce):
@@ -28,6 +31,96 @@ def proof_ok(token, nonce, given):
     import hmac
 
     return isinstance(given, str) and hmac.compare_digest(proof(token, nonce), given)
+
+
+def listen_for_peers(addr):
+    """The supervisor's listening socket: on the master address the peers were given (a host
+    name is resolved here), else, where that address is not this host's own (a NAT between the
+    nodes), on every address. Authentication guards it either way; this narrows who can knock."""
+    if addr:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((socket.gethostbyname(addr), 0))
+            s.listen(1024)
+            return s
+        except OSError:
+            s.close()
+    return listen_on(0)
+
+
+def handshake(conn, spec):
+    """(the node a connection proves to be, its stream), or (None, None): the challenge, then its
+    Join (an HMAC of the challenge under the job's token). The whole handshake has JOIN_TIMEOUT (a
+    peer that sends a byte now and then is cut all the same) and JOIN_MAX bytes: nothing more of
+    an unauthenticated peer is read or kept."""
+    cut = threading.Timer(JOIN_TIMEOUT, lambda: shut(conn))
+    cut.start()
+    try:
+        conn.settimeout(JOIN_TIMEOUT)
+        nonce = os.urandom(16).hex()
+        conn.sendall(wire.Challenge(nonce=nonce).encode())
+        stream = conn.makefile("rb")
+        line = stream.readline(JOIN_MAX)
+        if not line.endswith(b"\n"):
+            return None, None  # too long, or the stream ended: not one of ours
+        cls, values = wire.parse_header(line[:-1], wire.PEER)
+        join = wire.build(cls, values) if cls is wire.Join else None
+    finally:
+        cut.cancel()
+    if join is None or not (0 <= join.node < spec.nodes and join.node != spec.node
+                            and proof_ok(spec.token, nonce, join.proof)):
+        return None, None
+    return join.node, stream
+
+
+def shut(conn):
+    """End a connection from another thread: a blocked read returns at once."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class Door:
+    """The supervisor's listening socket. Every connection is accepted; at most JOINING_MAX are
+    proving themselves at once (handshake), more are closed unread; one that proves it is one of
+    the job's other agents goes on, on its own thread, to ``enter(conn, node, stream)``."""
+
+    def __init__(self, listener, spec, enter):
+        self.listener, self.spec, self.enter = listener, spec, enter
+        self.lock = threading.Lock()
+        self.joining = 0
+
+    def open(self):
+        threading.Thread(target=self.accept, name="supervisor", daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                full = self.joining >= JOINING_MAX
+                self.joining += not full
+            if full:  # a flood: closed unread, before a thread or a byte is spent on it
+                conn.close()
+                continue
+            threading.Thread(target=self.knock, args=(conn,), daemon=True).start()
+
+    def knock(self, conn):
+        node = stream = None
+        try:
+            node, stream = handshake(conn, self.spec)
+        except (OSError, ValueError, wire.ProtocolError):
+            pass
+        finally:
+            with self.lock:
+                self.joining -= 1
+        if node is None:
+            conn.close()  # not one of this job's agents: nothing is said to it
+        else:
+            self.enter(conn, node, stream)
 
 
 class Supervisor:
@@ -56,31 +149,28 @@ class Supervisor:
         self.attempts = []  # the ended attempts before the current one, as outcome.json lists them
         self.restart_frame = None  # the current attempt's Restart, for a node that missed it
         self.over_event = threading.Event()  # no attempt follows: the watch ends
+        self.door = Door(listener, self.spec, self.serve)
 
     def start(self, watch=True):
         """Accept the other nodes; ``watch``: tick every heartbeat on a thread of its own (its
         tests call tick themselves, in fake time)."""
         now = self.clock()
         self.heard = {node: now for node in range(self.spec.nodes)}  # joining is due from Go on
-        threading.Thread(target=self.accept, name="supervisor", daemon=True).start()
+        self.door.open()
         if watch:
             threading.Thread(target=self.watch, name="supervisor-watch", daemon=True).start()
 
-    def accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
-
-    def serve(self, conn):
-        """One node's connection: the challenge, then its reports until it closes."""
-        node = None
+    def serve(self, conn, node, stream):
+        """A node that joined (see Door): its reports until it closes; one that joins after the
+        job was halted hears so at once."""
+        with self.lock:
+            self.links[node] = (conn, threading.Lock())
+            self.heard[node] = self.clock()
+            halted = self.halted
         try:
-            node, stream = self.admit(conn)
-            if node is None:
-                return  # not one of this job's agents: nothing is said to it
+            conn.settimeout(self.spec.orphan_timeout)
+            if halted:
+                self.send(node, wire.Halt(reason=halted))
             while True:
                 frame = wire.read_frame(stream, wire.PEER)
                 if frame is None:
@@ -90,29 +180,9 @@ class Supervisor:
             pass  # a silent node is found lost by tick()
         finally:
             with self.lock:
-                if node is not None and self.links.get(node, (None,))[0] is conn:
+                if self.links.get(node, (None,))[0] is conn:
                     del self.links[node]
             conn.close()
-
-    def admit(self, conn):
-        """(node, its stream) once the connection proved it is one of this job's other agents,
-        else (None, None); a node that joins after the job was halted hears so at once."""
-        conn.settimeout(JOIN_TIMEOUT)
-        nonce = os.urandom(16).hex()
-        conn.sendall(wire.Challenge(nonce=nonce).encode())
-        stream = conn.makefile("rb")
-        join = wire.read_frame(stream, wire.PEER)
-        if not (isinstance(join, wire.Join) and 0 <= join.node < self.spec.nodes and join.node != self.spec.node
-                and proof_ok(self.spec.token, nonce, join.proof)):
-            return None, None
-        conn.settimeout(self.spec.orphan_timeout)
-        with self.lock:
-            self.links[join.node] = (conn, threading.Lock())
-            self.heard[join.node] = self.clock()
-            halted = self.halted
-        if halted:
-            self.send(join.node, wire.Halt(reason=halted))
-        return join.node, stream
 
     def heard_from(self, node, frame):
         self.heard[node] = self.clock()

@@ -156,6 +156,7 @@ class RunSpec(Frame):
     attempt: int = 0  # a restarted job's attempt (DDP_UP_ATTEMPT); its state directory is its own
     restarts: int = 0  # detach: attempts after the first that the supervisor may start (see node/detached.py)
     restart_delay: float = 10.0  # detach: seconds before attempt 1; attempt N waits N times that
+    master_addr: str | None = None  # detach, the master node: where the peers reach its supervisor (it listens there)
 
 
 @_frame(TO_AGENT)

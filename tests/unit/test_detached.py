@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import queue
 import socket
+import time
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -384,3 +386,77 @@ def test_a_followed_attempt_is_live_while_its_agent_is_still_recording_that_it_b
     assert not replay.attempt_live("restarting", 1, 1)  # attempt 1 ended; the job waits to start attempt 2
     assert not replay.attempt_live("running", 2, 1) and not replay.attempt_live("failed", 1, 1)
     assert not replay.attempt_live("lost", 0, 1)
+
+
+def closed_by_peer(s: socket.socket, within: float) -> bool:
+    """Whether the supervisor closed ``s`` within ``within`` seconds (what it sent before is read
+    and dropped)."""
+    s.settimeout(within)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except OSError:  # a timeout: still open; a reset: closed
+        return not isinstance(sys.exc_info()[1], socket.timeout)
+
+
+def test_a_slow_drip_an_endless_header_and_a_flood_cannot_hold_the_supervisors_port(tmp_path, monkeypatch):
+    """Issue 26, item 5: the handshake has one deadline in all (a byte now and then does not
+    extend it), an unauthenticated line is read up to JOIN_MAX bytes and no further, and at most
+    JOINING_MAX connections are proving themselves at once (more are closed unread); a real node
+    still joins once the others are gone."""
+    monkeypatch.setattr(supervisor, "JOIN_TIMEOUT", 1.0)
+    monkeypatch.setattr(supervisor, "JOINING_MAX", 4)
+    clock = FakeClock()
+    runner0, sup = start_supervisor(tmp_path, 2, clock)
+    addr = ("127.0.0.1", sup.port)
+
+    drip = socket.create_connection(addr, timeout=5)
+    assert drip.recv(200).startswith(b"Challenge")
+    dripped_until = time.monotonic() + 5
+    drip.settimeout(0.2)
+    try:
+        while time.monotonic() < dripped_until:  # a byte every 0.2 s: each read alone is quick
+            drip.send(b"J")
+            try:
+                if drip.recv(1) == b"":
+                    break
+            except socket.timeout:
+                pass
+    except OSError:
+        pass  # reset: closed on us
+    assert time.monotonic() < dripped_until, "a slow drip kept the handshake open past its deadline"
+    drip.close()
+
+    endless = socket.create_connection(addr, timeout=5)
+    endless.recv(200)
+    try:
+        endless.sendall(b"Join " + b"x" * (1 << 20))  # a megabyte of header, no newline
+    except OSError:
+        pass  # closed on us while we sent: what we want
+    assert closed_by_peer(endless, within=5)
+    endless.close()
+
+    idle = [socket.create_connection(addr, timeout=5) for _ in range(supervisor.JOINING_MAX)]
+    wait(lambda: sup.door.joining == supervisor.JOINING_MAX)
+    extra = socket.create_connection(addr, timeout=5)
+    assert extra.recv(200) == b""  # closed unread: not even a challenge is spent on it
+    for s in idle + [extra]:
+        s.close()
+    runner1, one = link(tmp_path, 1, 2, sup.port, clock)
+    wait(lambda: running(sup, 1))  # the door is free again: a real node joins
+    one.close()
+    sup.listener.close()
+
+
+def test_the_supervisor_listens_where_the_peers_were_told_to_knock():
+    """Issue 26, item 5: on the master address (resolved here), not on every address; where that
+    address is not this host's (a NAT between the nodes), on every address as before."""
+    on_master = supervisor.listen_for_peers("localhost")
+    foreign = supervisor.listen_for_peers("192.0.2.1")  # TEST-NET-1: never this host's; nothing is sent
+    try:
+        assert on_master.getsockname()[0] == "127.0.0.1"
+        assert foreign.getsockname()[0] == "0.0.0.0"
+    finally:
+        on_master.close()
+        foreign.close()
