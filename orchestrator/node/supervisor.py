@@ -34,18 +34,27 @@ def proof_ok(token, nonce, given):
 
 
 def listen_for_peers(addr):
-    """The supervisor's listening socket: on the master address the peers were given (a host
-    name is resolved here), else, where that address is not this host's own (a NAT between the
-    nodes), on every address. Authentication guards it either way; this narrows who can knock."""
-    if addr:
+    """The supervisor's listening socket: on the master address the peers were given, where it
+    is an IPv4 address of this host's; else on every address (a host name: resolved here it may
+    be another address than the peers get, such as Debian's 127.0.1.1 for the host's own name;
+    or an address behind a NAT). Authentication guards it either way; this narrows who can knock."""
+    if addr and is_ipv4(addr):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            s.bind((socket.gethostbyname(addr), 0))
+            s.bind((addr, 0))
             s.listen(1024)
             return s
         except OSError:
             s.close()
     return listen_on(0)
+
+
+def is_ipv4(text):
+    try:
+        socket.inet_pton(socket.AF_INET, text)
+        return True
+    except OSError:
+        return False
 
 
 def handshake(conn, spec):

@@ -450,13 +450,15 @@ def test_a_slow_drip_an_endless_header_and_a_flood_cannot_hold_the_supervisors_p
 
 
 def test_the_supervisor_listens_where_the_peers_were_told_to_knock():
-    """Issue 26, item 5: on the master address (resolved here), not on every address; where that
-    address is not this host's (a NAT between the nodes), on every address as before."""
-    on_master = supervisor.listen_for_peers("localhost")
+    """Issue 26, item 5: on the master address, not on every address; where that address is not
+    this host's (a NAT between the nodes), or is a name (resolved here, it may differ from what the
+    peers get), on every address as before."""
+    on_master = supervisor.listen_for_peers("127.0.0.1")
     foreign = supervisor.listen_for_peers("192.0.2.1")  # TEST-NET-1: never this host's; nothing is sent
+    named = supervisor.listen_for_peers("localhost")
     try:
         assert on_master.getsockname()[0] == "127.0.0.1"
-        assert foreign.getsockname()[0] == "0.0.0.0"
+        assert foreign.getsockname()[0] == "0.0.0.0" and named.getsockname()[0] == "0.0.0.0"
     finally:
-        on_master.close()
-        foreign.close()
+        for s in (on_master, foreign, named):
+            s.close()
