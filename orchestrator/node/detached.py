@@ -101,7 +101,10 @@ class DetachedRun(Runner):
                        "started": time.time(), "ended": None, "state": "running", "code": None, "reason": None,
                        "retention": self.spec.retention, "attempt": self.attempt}
         write_record(self.dir, self.record)
-        remove_stale_state({}, records_only=True)  # finished detached jobs past their retention, here
+        try:
+            remove_stale_state({}, records_only=True)  # finished detached jobs past their retention, here
+        except OSError:
+            pass  # housekeeping: nothing in another job's state may keep this one from being supervised
         if self.supervisor is not None:
             self.supervisor.start()
             self.supervisor.report(self.spec.node, "running")

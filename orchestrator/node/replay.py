@@ -37,11 +37,17 @@ def follow(spec, writer):
             running = attempt_live(state, current, spec.attempt)
             data = f.read(1 << 20)
             if data:
-                for frame in decoder.feed(data):
+                frames, damage = decoded(decoder, data)
+                for frame in frames:
                     frame = skip_lines(frame, skip) if skip else frame
                     if frame is not None:
                         writer.send(frame)
-                continue
+                if damage is None:
+                    continue
+                writer.send(wire.Output("err", None, ("ddp-up: this node's journal is damaged (%s); what it held "
+                                                      "before is shown, nothing after\n" % damage).encode()))
+                running = False
+                break
             if not (spec.follow and running):
                 break
             if time.monotonic() - beat > spec.heartbeat:
@@ -52,6 +58,15 @@ def follow(spec, writer):
     writer.send(wire.JournalEnd(running=running, later=later))
     writer.drain(30)
     return 0
+
+
+def decoded(decoder, data):
+    """(the frames in ``data``, None), or, where the journal is damaged, (the frames before the
+    damage, what is wrong): its undamaged part is still shown."""
+    try:
+        return decoder.feed(data), None
+    except wire.ProtocolError as e:
+        return getattr(e, "frames", []), str(e)
 
 
 def attempt_live(state, current, attempt):

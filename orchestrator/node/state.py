@@ -168,14 +168,46 @@ def write_record(where, record, name=RECORD):
         remove_quietly(tmp)
 
 
+NUMBER = (int, float)
+NONE = type(None)
+# What the agent writes, by file and field: (required fields, optional ones), each with its types.
+# A file that says otherwise was damaged (or not written by an agent), and is read as no record:
+# one such file must not crash a listing, or hide the node's other jobs.
+SHAPES = {
+    RECORD: ({"job": str, "node": int, "state": str, "pid": int, "started": NUMBER},
+             {"label": str, "script": str, "ended": NUMBER + (NONE,), "code": (int, NONE), "reason": (str, NONE),
+              "retention": NUMBER, "attempt": int, "ranks": (list, NONE)}),
+    OUTCOME: ({"root_cause": (dict, NONE)},
+              {"job": str, "attempt": int, "ended": NUMBER, "halted": (str, NONE), "nodes": dict, "attempts": list}),
+}
+ROOT_CAUSE = ({"state": str}, {"node": (int, NONE), "code": (int, NONE), "reason": (str, NONE), "at": NUMBER})
+
+
+def well_formed(value, shape):
+    """Whether ``value`` is a dict with every required field and each field of the types given
+    (a bool is not taken for a number)."""
+    required, optional = shape
+    if not isinstance(value, dict) or any(k not in value for k in required):
+        return False
+    for key, types in list(required.items()) + list(optional.items()):
+        if key in value and (not isinstance(value[key], types) or isinstance(value[key], bool)):
+            return False
+    return True
+
+
 def read_record(where, name=RECORD):
+    """A record (or the outcome) as the agent wrote it, or None: none there, or a damaged one."""
     try:
         fd = os.open(os.path.join(where, name), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as f:
             record = json.loads(f.read().decode("utf-8"))
-        return record if isinstance(record, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
+    if not well_formed(record, SHAPES[name]):
+        return None
+    if name == OUTCOME and record["root_cause"] is not None and not well_formed(record["root_cause"], ROOT_CAUSE):
+        return None
+    return record
 
 
 def live_state(record):
@@ -244,6 +276,8 @@ def remove_stale_state(match, purge=False, records_only=False):
             if tags is None:
                 continue
             record = read_record(os.path.join(job_dir, entry))  # first: a /proc scan is the costly part
+            if record is None and not purge and os.path.lexists(os.path.join(job_dir, entry, RECORD)):
+                continue  # a detached job's record, damaged: its journal stays (ddp-kill --purge removes it)
             if record is None and records_only:
                 continue
             if record is not None and not (purge or expired(record, time.time())):

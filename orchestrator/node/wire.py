@@ -568,6 +568,9 @@ class Decoder:
                     self.pending = (cls, values, size)
                 else:
                     frames.append(build(cls, values))
+        except ProtocolError as e:
+            e.frames = frames  # what was whole before the damage (a journal's undamaged part)
+            raise
         finally:
             del self.buf[:pos]
         return frames

@@ -4,11 +4,13 @@ attach loop over fakes, and ddp-ls's merge of the nodes' records."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import socket
 import time
 import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 from orchestrator.node import checks, decide, detached, events, replay, state, supervisor, wire
@@ -54,7 +56,8 @@ class FakeRunner:
         return event.reason
 
 
-def start_supervisor(tmp_path, nodes: int, clock: FakeClock, master: int = 0, **kw) -> tuple[FakeRunner, supervisor.Supervisor]:
+def start_supervisor(tmp_path, nodes: int, clock: FakeClock, master: int = 0,
+                     **kw) -> tuple[FakeRunner, supervisor.Supervisor]:
     """The master node's supervisor, accepting on loopback; it ticks only when the test says."""
     runner = FakeRunner(master, nodes, str(tmp_path), clock, **kw)
     sup = supervisor.Supervisor(runner, checks.listen_on(0), clock=clock, wall=clock)
@@ -462,3 +465,35 @@ def test_the_supervisor_listens_where_the_peers_were_told_to_knock():
     finally:
         for s in (on_master, foreign, named):
             s.close()
+
+
+def test_a_damaged_record_outcome_or_journal_hides_nothing_else(tmp_path, monkeypatch):
+    """Issue 26, item 9: a malformed record or outcome reads as none (it crashed ddp-ls, hiding
+    the node's other jobs); it is kept for a later look unless --purge; a damaged journal shows
+    its undamaged part."""
+    monkeypatch.setattr(state.tempfile, "tempdir", str(tmp_path))
+    root = Path(state.state_root())
+    good = {"job": "good", "node": 0, "state": "done", "pid": 1, "started": time.time() - 5, "ended": time.time(),
+            "code": 0, "retention": 1e9, "attempt": 0}
+    damaged = {"not json": b"{", "a list": b"[]", "a string for a number": json.dumps(dict(good, started="x")),
+               "a bool for a node": json.dumps(dict(good, node=True)), "no pid": json.dumps(
+                   {k: v for k, v in good.items() if k != "pid"})}
+    for job, text in [("good", json.dumps(good))] + [(f"bad{i}", t) for i, t in enumerate(damaged.values())]:
+        where = root / job / "node0"
+        where.mkdir(parents=True, mode=0o700)
+        (where / state.RECORD).write_bytes(text if isinstance(text, bytes) else text.encode())
+    os.chmod(root, 0o700)
+    for job_dir in root.iterdir():
+        os.chmod(job_dir, 0o700)
+    (root / "good" / "node0" / state.OUTCOME).write_text(json.dumps({"root_cause": {"node": "zero"}}))
+    listed = state.recorded_jobs()
+    assert [r["job"] for _, r in listed] == ["good"] and listed[0][1]["outcome"] is None
+    state.remove_stale_state({})
+    assert sorted(p.name for p in root.iterdir()) == ["bad0", "bad1", "bad2", "bad3", "bad4", "good"]
+    state.remove_stale_state({}, purge=True)
+    assert not root.exists() or not any(root.iterdir())  # --purge: nothing of them is left
+
+    frames = [wire.Started(), wire.Output("out", 0, b"step 1\n"), wire.Output("out", 0, b"step 2\n")]
+    journal = b"".join(f.encode() for f in frames[:2]) + b"Garbage {}\n" + frames[2].encode()
+    got, damage = replay.decoded(wire.Decoder(wire.TO_CONTROLLER), journal)
+    assert got == frames[:2] and "unexpected frame" in damage
