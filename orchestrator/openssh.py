@@ -204,6 +204,9 @@ def inspect(node: NodeConfig, want_key: bool) -> Inspection:
 
 
 _AUTHENTICATING = re.compile(r"debug1: Authenticating to (\S+) as ")
+# ssh's words when the ControlPath socket cannot be made (a path too long, a directory not writable)
+_CONTROL_SOCKET = re.compile(r"(unix_listener: [^\n]*|ControlPath [^\n]*too long[^\n]*|"
+                             r"ControlSocket [^\n]*|muxserver_listen[^\n]*)")
 _SERVER_KEY = re.compile(r"debug1: Server host (?:key|certificate): (\S+ [^\s,]+)")
 
 
@@ -215,25 +218,19 @@ def ssh_failure(node: NodeConfig, stderr_tail: Sequence[str], ask=inspect) -> No
 
 def _described(node: NodeConfig, text: str, ask, again: bool = True) -> NodeProblem:
     host, label = node.host, node.label
-    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
-        seen = ask(node, False)
-        return problems.changed_key(label, host, seen.hostname, seen.known_hosts)
-    certificate = re.search(r"Certificate invalid: (.+)", text)
-    if certificate is not None and "Host key verification failed" in text:
-        seen = ask(node, True)
-        jump = _jump_host(seen)
-        of = f" of jump host {jump}" if jump else ""
-        return NodeProblem(label, f"the host certificate{of} is not valid for it ({certificate.group(1).strip()}): "
-                           "refusing to connect",
-                           f"have the site's SSH CA sign that host key for the name ssh uses ({seen.hostname}), or "
-                           "fix `host:`; `ssh-keygen -L -f CERT` on the node shows what the certificate names")
-    if "Host key verification failed" in text:
-        seen = ask(node, True)
-        key_host, _, key_port = (seen.key_of or "").rpartition(":")
-        keyscan = (f"-p {key_port} " if key_port not in ("", "22") else "") + (key_host or seen.hostname)
-        return problems.unknown_key(label, seen.key, _jump_host(seen), keyscan, seen.known_hosts)
-    if "Permission denied" in text:
+    key_problem = _key_problem(node, text, ask)
+    if key_problem is not None:
+        return key_problem
+    socket_problem = _CONTROL_SOCKET.search(text)
+    if socket_problem is not None:  # before authentication: a socket's bind can say "Permission denied" too
+        return NodeProblem(label, f"ssh could not make its shared connection's socket ({socket_problem.group(0)})",
+                           "give ddp-up a short, private, writable TMPDIR (or unset it), or set ControlPath in "
+                           "your SSH config to a directory you own")
+    if "Permission denied (" in text:  # ssh's refusal names the methods it tried: "(publickey,password)"
         return problems.auth_failed(label, ask(node, False).where)
+    if "banner exchange" in text or "Bad remote protocol version" in text:
+        return NodeProblem(label, f"{host} did not answer as an SSH server ({_last_line(text)})",
+                           "check `port:` and that sshd (not another service) listens there")
     if "Could not resolve hostname" in text:
         return problems.unresolvable(label, host)
     if "Connection refused" in text:
@@ -255,8 +252,34 @@ def _described(node: NodeConfig, text: str, ask, again: bool = True) -> NodeProb
     if "Connection closed by" in text:
         return NodeProblem(label, "the SSH server (or a jump host in front of it) closed the connection",
                            f"run `ssh {host} true` by hand to see why")
-    last = next((line for line in reversed(text.splitlines()) if line.strip()), "no message")
-    return NodeProblem(label, f"ssh to {host} failed: {last}", f"run `ssh {host} true` to see why")
+    return NodeProblem(label, f"ssh to {host} failed: {_last_line(text)}", f"run `ssh {host} true` to see why")
+
+
+def _key_problem(node: NodeConfig, text: str, ask) -> NodeProblem | None:
+    """A host key (or certificate) that ssh refused, named with its fix; None for anything else."""
+    host, label = node.host, node.label
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
+        seen = ask(node, False)
+        return problems.changed_key(label, host, seen.hostname, seen.known_hosts)
+    certificate = re.search(r"Certificate invalid: (.+)", text)
+    if certificate is not None and "Host key verification failed" in text:
+        seen = ask(node, True)
+        jump = _jump_host(seen)
+        of = f" of jump host {jump}" if jump else ""
+        return NodeProblem(label, f"the host certificate{of} is not valid for it ({certificate.group(1).strip()}): "
+                           "refusing to connect",
+                           f"have the site's SSH CA sign that host key for the name ssh uses ({seen.hostname}), or "
+                           "fix `host:`; `ssh-keygen -L -f CERT` on the node shows what the certificate names")
+    if "Host key verification failed" in text:
+        seen = ask(node, True)
+        key_host, _, key_port = (seen.key_of or "").rpartition(":")
+        keyscan = (f"-p {key_port} " if key_port not in ("", "22") else "") + (key_host or seen.hostname)
+        return problems.unknown_key(label, seen.key, _jump_host(seen), keyscan, seen.known_hosts)
+    return None
+
+
+def _last_line(text: str) -> str:
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "no message")
 
 
 _REASONS = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed", "Permission denied",

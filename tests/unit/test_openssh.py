@@ -111,6 +111,13 @@ SEEN = Inspection("me@gpu-a:22", "10.0.0.1", "~/.ssh/known_hosts", "ssh-ed25519 
     (["kex_exchange_identification: Connection closed by remote host"], "dropped the connection during the handshake",
      "max_parallel"),
     (["something new"], "ssh to gpu-a failed: something new", "ssh gpu-a true"),
+    # issue 26, item 12: a socket ssh cannot bind is not an authentication failure
+    (["unix_listener: cannot bind to path /x/ddp-up-ssh-1-abc/9f3a.k2J9: Permission denied"],
+     "ssh could not make its shared connection's socket (unix_listener: cannot bind to path", "TMPDIR"),
+    (['unix_listener: path "/very/long/ab12.Xy9" too long for Unix domain socket'],
+     "shared connection's socket", "short, private, writable TMPDIR"),
+    (["banner exchange: Connection to 10.0.0.1 port 22: invalid format"],
+     "gpu-a did not answer as an SSH server (banner exchange", "`port:`"),
 ])
 def test_ssh_failures_become_one_problem_and_its_fix(stderr, what, fix):
     problem = ssh_failure(node(), stderr, ask=lambda node, want_key: SEEN)
