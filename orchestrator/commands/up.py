@@ -208,6 +208,8 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
 def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str], console: Console) -> int:
     """--sbatch: a batch job that runs this very command with --slurm in its allocation."""
     try:
+        if args.job_id is not None:
+            check_job_id(args.job_id, "--job-id")  # it names the run's directory, here and in the batch job
         if args.detach or args.dry_run or args.hostfile or args.hosts:
             raise UsageError("--sbatch runs the job with --slurm in its own allocation: leave out --detach, "
                              "--dry-run, --hostfile and -H")

@@ -10,9 +10,11 @@ is still attempted at the end with the exit status ddp-up returns.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 import time
 from datetime import datetime, timezone
 from typing import IO, Callable
@@ -22,6 +24,30 @@ from ..plan import LaunchPlan, NodePlan, mask_secrets
 
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}
 _END = ("\n", "")  # by LogLine.more
+
+
+def own_dir(path: str) -> str:
+    """``path``, made if missing, and a real directory: a runs directory shared with other users
+    may hold a link planted where a job's directory goes (writing through it would put the job's
+    files, or overwrite others, wherever it points)."""
+    os.makedirs(path, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(path).st_mode):
+        raise OSError(errno.ELOOP, "a symbolic link is in the way, not a directory", path)
+    return path
+
+
+def no_link_open(path: str, fresh: bool) -> int:
+    """A run-log file, never through a link: ``fresh``, a new file in place of what was there (a
+    link is removed, never followed); else appended to, refused if it is a link."""
+    if fresh:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        flags = os.O_CREAT | os.O_EXCL
+    else:
+        flags = os.O_CREAT | os.O_APPEND
+    return os.open(path, os.O_WRONLY | flags | os.O_NOFOLLOW, 0o666)  # with the user's umask, as before
 
 
 def _safe(name: str) -> str:
@@ -48,7 +74,7 @@ class RunLogs:
         self.broken: str | None = None  # why line logging stopped (reported once)
         self.sub = ""  # a restart's files go to attempt<N>/: each attempt's lines apart, none lost
         try:
-            os.makedirs(self.dir, exist_ok=True)
+            own_dir(self.dir)
         except OSError as e:
             self._failed(e)
 
@@ -75,10 +101,10 @@ class RunLogs:
                       f"and its output still reaches this terminal")
 
     def _open(self, name: str) -> IO[str]:
-        where = os.path.join(self.dir, self.sub)
-        os.makedirs(where, exist_ok=True)
+        where = own_dir(os.path.join(self.dir, self.sub))
         # surrogateescape: bytes that were not UTF-8 are written back exactly as the rank printed them
-        return open(os.path.join(where, name), self.mode, encoding="utf-8", errors="surrogateescape")
+        return os.fdopen(no_link_open(os.path.join(where, name), fresh=self.mode == "w"), self.mode, encoding="utf-8",
+                         errors="surrogateescape")
 
     def attempt(self, plan: LaunchPlan) -> None:
         """A restart: attempt N's node and rank files in attempt<N>/, beside attempt 0's."""
@@ -142,9 +168,8 @@ class RunLogs:
         if attempts:
             summary["attempts"] = _masked([a.as_dict(_iso) for a in attempts], self.plan.secrets)
         try:
-            os.makedirs(self.dir, exist_ok=True)
-            tmp = os.path.join(self.dir, ".summary.json.tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
+            tmp = os.path.join(own_dir(self.dir), ".summary.json.tmp")
+            with os.fdopen(no_link_open(tmp, fresh=True), "w", encoding="utf-8") as f:
                 json.dump(summary, f, indent=2)
                 f.write("\n")
             os.replace(tmp, os.path.join(self.dir, "summary.json"))

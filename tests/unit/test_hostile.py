@@ -66,6 +66,8 @@ CASES = [
          {"c.yaml": "restarts: 1000000000000\n" + LOCAL}),
     Case("--hang-timeout 1e10", ["--hang-timeout", "1e10", "{c}", "t.py"], 2,
          "--hang-timeout must be a number of seconds > 0 and at most 2592000 (30 days)", {"c.yaml": LOCAL}),
+    Case("--job-id with --sbatch", ["--job-id", "../../x", "--sbatch", "-N1", "{c}", "t.py"], 2,
+         "--job-id '../../x': a job id is", {"c.yaml": LOCAL}),
     Case("--restarts 10**12", ["--restarts", "1000000000000", "{c}", "t.py"], 2,
          "--restarts must be an integer between 0 and 1000", {"c.yaml": LOCAL}),
     Case("NUL in an env value", ["{c}", "t.py"], 2, "{c}:1: env.A: holds a NUL character",

@@ -23,3 +23,43 @@ def test_every_line_lands_in_node_and_rank_files_and_summary(tmp_path):
     assert summary["exit_code"] == 0 and summary["world_size"] == 3 and summary["root_cause"] is None
     assert [(n["host"], n["ranks"], n["state"], n["lines"]) for n in summary["nodes"]] == [
         ("a", [0, 1], "done", 3), ("b:c", [2, 2], "done", 2)]
+
+
+def test_a_planted_link_in_a_shared_runs_directory_is_never_written_through(tmp_path):
+    """Issue 26, item 6: a runs/ directory other users can write into may hold links planted where
+    the run's files go; ddp-attach/ddp-logs rewrite them whole (fresh), ddp-up appends. Neither
+    writes through a link: a planted file link is replaced (fresh) or refused (append), a planted
+    directory link is refused; the targets are untouched."""
+    import os
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    runs = tmp_path / "runs"
+    plan = make_plan(parse_cluster("nodes: [{host: a, gpus: 1}]\n"), "t.py", [], "J", "/")
+    (runs / "J").mkdir(parents=True)
+    for name in ("rank0.log", "node0-a.log", ".summary.json.tmp"):
+        os.symlink(victim, runs / "J" / name)
+    fresh = RunLogs(plan, str(runs), wall=lambda: 1.8e9, fresh=True)
+    fresh.lines(plan.nodes[0], [LogLine("out", 0, "replayed")])
+    fresh.finished(JobResult(plan, [NodeStatus(plan.nodes[0], state="done", exit_code=0, lines=1)], 29500, []))
+    assert victim.read_text() == "keep me\n"
+    assert (runs / "J" / "rank0.log").read_text() == "replayed\n" and not (runs / "J" / "rank0.log").is_symlink()
+    assert json.loads((runs / "J" / "summary.json").read_text())["exit_code"] == 0
+
+    os.unlink(runs / "J" / "rank0.log")
+    os.symlink(victim, runs / "J" / "rank0.log")
+    warned: list[str] = []
+    appending = RunLogs(plan, str(runs), wall=lambda: 1.8e9, warn=warned.append)
+    appending.lines(plan.nodes[0], [LogLine("out", 0, "live")])
+    appending.close()
+    assert victim.read_text() == "keep me\n" and len(warned) == 1  # refused, said once; the job goes on
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, runs / "K")
+    other = make_plan(parse_cluster("nodes: [{host: a, gpus: 1}]\n"), "t.py", [], "K", "/")
+    warned.clear()
+    logs = RunLogs(other, str(runs), wall=lambda: 1.8e9, warn=warned.append)
+    logs.lines(other.nodes[0], [LogLine("out", 0, "x")])
+    logs.close()
+    assert not any(elsewhere.iterdir()) and warned and "symbolic link" in warned[0]
