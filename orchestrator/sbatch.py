@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from .errors import NodeProblem, SetupError, UsageError
+from .ownfiles import no_link_open, own_dir
 
 MARK = "--sbatch"
 SUBMIT_TIMEOUT = 60.0
@@ -40,26 +41,32 @@ def split_sbatch(argv: list[str], options_end: int | None = None) -> tuple[list[
 
 
 def batch_script(ddp_up_argv: list[str]) -> str:
-    """The script sbatch runs: ddp-up --slurm in the allocation, plain lines (no terminal there)."""
-    launcher = shutil.which("ddp-up")
-    command = [launcher] if launcher else [sys.executable, "-c", "from orchestrator.entry import up; up()"]
+    """The script sbatch runs: ddp-up --slurm in the allocation, plain lines (no terminal there);
+    the very ddp-up that wrote it (this Python, this package), not whichever is first on PATH."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command = [sys.executable, "-c", "import sys; sys.path.insert(0, %r); from orchestrator.entry import up; up()"
+               % package_parent]
     return ("#!/bin/bash\n# written by ddp-up --sbatch: the run inside the allocation\n"
             f"exec {shlex.join([*command, '--slurm', '--no-dashboard', *ddp_up_argv])}\n")
 
 
 def submit(sbatch_options: list[str], ddp_up_argv: list[str], job_id: str, runs_dir: str) -> tuple[str, str]:
     """Write the batch script and submit it: (Slurm's job id, the script's path)."""
-    where = os.path.join(runs_dir, job_id)
-    os.makedirs(where, exist_ok=True)
-    path = os.path.join(where, "sbatch.sh")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(batch_script(ddp_up_argv))
+    try:
+        path = os.path.join(own_dir(os.path.join(runs_dir, job_id)), "sbatch.sh")
+        with os.fdopen(no_link_open(path, fresh=True, mode=0o600), "w", encoding="utf-8") as f:  # private
+            f.write(batch_script(ddp_up_argv))
+    except OSError as e:
+        raise SetupError([NodeProblem("sbatch", f"cannot write the batch script in {runs_dir}: {e.strerror or e}",
+                                      "check that --runs-dir is a writable directory of yours")]) from None
     argv = [shutil.which("sbatch") or "sbatch", "--parsable", f"--job-name=ddp-up-{job_id}", *sbatch_options, path]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT, stdin=subprocess.DEVNULL)
+        problem = None if done.returncode == 0 else NodeProblem(
+            "sbatch", done.stderr.strip() or f"exit status {done.returncode}", "check the sbatch options")
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise SetupError([NodeProblem("sbatch", f"cannot submit: {e}", "is Slurm's sbatch on PATH here?")]) from None
-    if done.returncode != 0:
-        raise SetupError([NodeProblem("sbatch", done.stderr.strip() or f"exit status {done.returncode}",
-                                      "check the sbatch options")])
+        problem = NodeProblem("sbatch", f"cannot submit: {e}", "is Slurm's sbatch on PATH here?")
+    if problem is not None:
+        os.unlink(path)  # nothing was submitted: no script is left to mislead (or to hold what it holds)
+        raise SetupError([problem])
     return done.stdout.strip().split(";")[0], path

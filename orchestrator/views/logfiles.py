@@ -10,44 +10,19 @@ is still attempted at the end with the exit status ddp-up returns.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
-import stat
 import time
 from datetime import datetime, timezone
 from typing import IO, Callable
 
 from ..events import LogLine
+from ..ownfiles import no_link_open, own_dir
 from ..plan import LaunchPlan, NodePlan, mask_secrets
 
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}
 _END = ("\n", "")  # by LogLine.more
-
-
-def own_dir(path: str) -> str:
-    """``path``, made if missing, and a real directory: a runs directory shared with other users
-    may hold a link planted where a job's directory goes (writing through it would put the job's
-    files, or overwrite others, wherever it points)."""
-    os.makedirs(path, exist_ok=True)
-    if not stat.S_ISDIR(os.lstat(path).st_mode):
-        raise OSError(errno.ELOOP, "a symbolic link is in the way, not a directory", path)
-    return path
-
-
-def no_link_open(path: str, fresh: bool) -> int:
-    """A run-log file, never through a link: ``fresh``, a new file in place of what was there (a
-    link is removed, never followed); else appended to, refused if it is a link."""
-    if fresh:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        flags = os.O_CREAT | os.O_EXCL
-    else:
-        flags = os.O_CREAT | os.O_APPEND
-    return os.open(path, os.O_WRONLY | flags | os.O_NOFOLLOW, 0o666)  # with the user's umask, as before
 
 
 def _safe(name: str) -> str:

@@ -66,3 +66,36 @@ def test_a_rank_killed_by_slurm_s_signal_before_its_agent_acted_is_slurm_s_doing
     result = h.job.run()
     assert result.root_cause.node == 1 and result.root_cause.rank == 1
     assert result.root_cause.what == "Slurm cancelled step 7.1 (scancel, or the allocation ended)"
+
+
+def test_the_batch_script_is_private_runs_this_ddp_up_and_goes_when_the_submit_fails(tmp_path, monkeypatch):
+    """Issue 26, item 4: the script is 0600 (never through a planted link), runs the ddp-up that
+    wrote it (this Python, this package: not whichever ddp-up is first on PATH in the batch job),
+    and is removed when sbatch refuses it. A fake sbatch stands in for Slurm's here."""
+    import os
+    import stat
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from orchestrator.errors import SetupError
+    from orchestrator.sbatch import submit
+
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'sbatch: error: invalid partition' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    runs = tmp_path / "runs"
+    with pytest.raises(SetupError, match="invalid partition"):
+        submit(["-p", "nope"], ["c.yaml", "t.py"], "J1", str(runs))
+    assert not (runs / "J1" / "sbatch.sh").exists()
+    fake.write_text("#!/bin/sh\necho '4242;cluster'\n")
+    (runs / "J2").mkdir(parents=True)
+    os.symlink(tmp_path / "victim", runs / "J2" / "sbatch.sh")  # planted: replaced, never followed
+    slurm_job, path = submit(["-N1"], ["c.yaml", "t.py"], "J2", str(runs))
+    assert slurm_job == "4242" and not (tmp_path / "victim").exists()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and not Path(path).is_symlink()
+    script = Path(path).read_text()
+    assert sys.executable in script and str(Path(__file__).resolve().parents[2]) in script
