@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from .config import DEFAULT_SECRETS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for, default_client
 from .errors import ConfigError
+from .node.facts import IFNAME_VARS
 from .reading import key_path, read_text
 
 SSH_CLIENTS = ("fabric", "openssh")
@@ -304,6 +305,9 @@ class Validator(Checks):
                     raise self.error(where + (name,), "must be a string or number")
                 if "\0" in _env_text(value):
                     raise self.error(where + (name,), NUL_VALUE)
+                if name in IFNAME_VARS and any(part != part.strip() for part in _env_text(value).split(",")):
+                    raise self.error(where + (name,), f"interface names with spaces ({_env_text(value)!r}): gloo and "
+                                                      "NCCL read them as written; remove the spaces")
                 merged[name] = _env_text(value)
         return MappingProxyType(merged)
 

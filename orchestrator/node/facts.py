@@ -167,9 +167,10 @@ def ifname_problem(var, value, names, reaching):
     ones it selects, so one that reaches the master is enough."""
     chosen = selected_interfaces(var, value, names)
     if var.startswith("GLOO"):
-        missing = [w.strip() for w in value.split(",") if w.strip() and w.strip() not in names]
+        missing = [w for w in value.split(",") if w and w not in names]  # as gloo reads them: spaces count
         if missing:
-            return "names interface %s, which this node does not have" % missing[0]
+            shown = missing[0] if missing[0].strip() == missing[0] else repr(missing[0])  # a stray space, shown
+            return "names interface %s, which this node does not have" % shown
         cut_off = [n for n in chosen if n not in reaching]
         if cut_off:
             return "interface %s has no route to the master" % cut_off[0]

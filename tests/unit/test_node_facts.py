@@ -65,6 +65,9 @@ def test_an_explicit_interface_without_a_route_to_the_master_is_a_problem_naming
         ["GLOO_SOCKET_IFNAME", "docker0", "interface docker0 has no route to the master"]]
     assert check({"GLOO_SOCKET_IFNAME": "eth1"}, NAMES, reaching)[1] == [
         ["GLOO_SOCKET_IFNAME", "eth1", "names interface eth1, which this node does not have"]]
+    # issue 26: gloo reads the names as written: a stray space (set by `setup:`) is not "eth0"
+    assert check({"GLOO_SOCKET_IFNAME": "eth0 "}, NAMES, reaching)[1] == [
+        ["GLOO_SOCKET_IFNAME", "eth0 ", "names interface 'eth0 ', which this node does not have"]]
     assert check({"NCCL_SOCKET_IFNAME": "ib"}, NAMES, reaching)[1] == [
         ["NCCL_SOCKET_IFNAME", "ib", "selects ib0, with no route to the master"]]
     assert check({"NCCL_SOCKET_IFNAME": "=mlx5"}, NAMES, reaching)[1] == [
