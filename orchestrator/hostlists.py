@@ -36,14 +36,43 @@ def parse_hostfile(text: str, path: str) -> list[dict]:
 
 
 def parse_host_list(spec: str) -> list[dict]:
-    """horovod's ``-H h1:4,h2:4``; a host without ``:N`` has 1 slot."""
+    """horovod's ``-H h1:4,h2:4``; a host without ``:N`` has 1 slot; an IPv6 address in brackets,
+    ``[fe80::1]:4`` (without them, ``fe80::1:4`` could be either, and is refused)."""
     nodes = []
-    for item in spec.split(","):
-        host, _, slots = item.strip().rpartition(":") if ":" in item else (item.strip(), "", "1")
-        if not host:
-            raise UsageError(f"-H {spec!r}: expected HOST:N[,HOST:N...], e.g. -H gpu-a:8,gpu-b:8")
-        nodes.append({"host": host, "gpus": _count(slots, lambda why: UsageError(f"-H {item.strip()!r}: {why}"))})
+    for item in (part.strip() for part in spec.split(",")):
+        host, slots = _host_and_slots(item, spec)
+        why = host_problem(host)
+        if why:
+            raise UsageError(f"-H {item!r}: the host {why}")
+        nodes.append({"host": host, "gpus": _count(slots, lambda why: UsageError(f"-H {item!r}: {why}"))})
     return nodes
+
+
+def _host_and_slots(item: str, spec: str) -> tuple[str, str]:
+    if item.startswith("["):
+        host, close, rest = item[1:].partition("]")
+        if close and (rest == "" or rest.startswith(":")) and host:
+            return host, rest[1:] or "1"
+    elif item.count(":") > 1:
+        raise UsageError(f"-H {item!r}: write an IPv6 address in brackets, e.g. -H [fe80::1]:8")
+    else:
+        host, _, slots = item.rpartition(":") if ":" in item else (item, "", "1")
+        if host:
+            return host, slots
+    raise UsageError(f"-H {spec!r}: expected HOST:N[,HOST:N...], e.g. -H gpu-a:8,gpu-b:8")
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` cannot name a node (to ssh, srun and the other nodes), or None: an address, a
+    DNS name or an SSH config alias has no spaces or control characters and does not start with
+    '-' (ssh would read it as an option)."""
+    if not host:
+        return "is empty"
+    if any(c.isspace() or not c.isprintable() for c in host):
+        return f"{host!r} has a space or a control character"
+    if host.startswith("-"):
+        return f"{host!r} starts with '-'"
+    return None
 
 
 def _count(text: str, error) -> int:

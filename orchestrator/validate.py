@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from .config import DEFAULT_SECRETS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for, default_client
 from .errors import ConfigError
+from .hostlists import host_problem
 from .node.facts import IFNAME_VARS
 from .reading import key_path, read_text
 
@@ -225,6 +226,9 @@ class Validator(Checks):
         if "host" not in own:
             raise self.error(at, "missing `host:` (SSH target: address, DNS name or ~/.ssh/config alias)")
         host = self.string(own["host"], at + ("host",))
+        why = host_problem(host)
+        if why:
+            raise self.error(at + ("host",), f"the host {why}: give an address, a DNS name or an SSH config alias")
 
         def pick(key: str, default: Any) -> tuple[Any, tuple]:
             return self.own_or_top(own, at, top, (), key) or (default, (key,))

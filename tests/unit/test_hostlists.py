@@ -132,3 +132,23 @@ def test_slurm_allocation_plans_every_node(monkeypatch, capsys):
     for rank, host in enumerate(["gpu01", "gpu02", "gpu03"]):
         assert re.search(rf"# node {rank} {host} .*\n.*--nnodes=3 --nproc-per-node=4 --node-rank={rank} "
                          r"--master-addr=gpu01 --master-port=17345 .*train.py --lr 1", out), out
+
+
+@pytest.mark.parametrize("spec, nodes", [
+    ("[fe80::1]:2,[fe80::2]", [{"host": "fe80::1", "gpus": 2}, {"host": "fe80::2", "gpus": 1}]),
+    ("gpu-a:8,10.0.0.2:4", [{"host": "gpu-a", "gpus": 8}, {"host": "10.0.0.2", "gpus": 4}]),
+])
+def test_ipv6_addresses_go_in_brackets(spec, nodes):
+    """Issue 26, item 8: `[fe80::1]:2` named the host `[fe80::1]`, brackets and all."""
+    assert parse_host_list(spec) == nodes
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ("fe80::1:2", "write an IPv6 address in brackets"),  # was read as fe80::1 with 2 slots
+    ("a b:1", "the host 'a b' has a space or a control character"),
+    ("-oProxyCommand=x:1", "starts with '-'"),
+    ("[fe80::1:2", "expected HOST:N"),
+])
+def test_a_host_list_that_could_be_misread_is_refused(spec, problem):
+    with pytest.raises(UsageError, match=re.escape(problem)):
+        parse_host_list(spec)
