@@ -16,12 +16,13 @@ def parse_ranks(spec: str, world_size: int) -> frozenset[int]:
     """``'0,3-5'`` -> {0, 3, 4, 5}; every rank must exist in the job."""
     ranks: set[int] = set()
     for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        # ASCII digits, at most 9 of them: a rank is never larger, and int() refuses 4,300 digits
+        m = re.fullmatch(r"\s*([0-9]{1,9})\s*(?:-\s*([0-9]{1,9})\s*)?", part)
         if not m:
-            raise RankSpecError(f"--ranks {spec!r}: expected a list like 0,3-5")
+            raise RankSpecError(f"--ranks {spec[:80]!r}: expected a list like 0,3-5")
         low, high = int(m.group(1)), int(m.group(2) or m.group(1))
         if low > high or high >= world_size:
-            raise RankSpecError(f"--ranks {spec!r}: ranks run from 0 to {world_size - 1}")
+            raise RankSpecError(f"--ranks {spec[:80]!r}: ranks run from 0 to {world_size - 1}")
         ranks.update(range(low, high + 1))
     return frozenset(ranks)
 
