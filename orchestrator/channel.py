@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from . import protocol
-from .node import wire
 from .config import NodeConfig
 from .errors import NodeProblem
+from .node import wire
 from .openssh import ssh_failure
 from .transport import SETUP_FAILED, SETUP_MARK, ConnectFailed, RemoteProcess, Transport
 

@@ -10,9 +10,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .config import NodeConfig
 from .node import wire
 from .node.procs import TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
-from .config import NodeConfig
 from .oneshot import call_agent
 from .parallel import on_each
 from .transport import Transport

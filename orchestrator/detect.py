@@ -6,9 +6,9 @@ cluster whose counts are all known, and no view or rank ever changes after it is
 
 from __future__ import annotations
 
-from .node import wire
 from .config import ClusterConfig
 from .errors import NodeProblem, SetupError
+from .node import wire
 from .oneshot import Reply, call_agent
 from .parallel import on_each
 

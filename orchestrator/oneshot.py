@@ -9,10 +9,10 @@ import queue
 import time
 from dataclasses import dataclass, field
 
-from .node import wire
 from .channel import AgentChannel, ChannelEnd
 from .config import NodeConfig
 from .errors import NodeProblem
+from .node import wire
 from .transport import ConnectFailed, Transport
 from .transports import transport_for
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .node import policy, wire
 from .errors import EXIT_JOB_FAILED, EXIT_OK, NodeProblem
 from .logparse import FailureReportParser
+from .node import policy, wire
 from .plan import LaunchPlan, NodePlan
 
 State = Literal["connecting", "ready", "starting", "running", "stopping",

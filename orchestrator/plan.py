@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .config import ClusterConfig, NodeConfig
+from .errors import UsageError
 from .node import wire
 from .node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .node.state import JOB_ID
 from .node.workers import OWN_LAUNCHER
-from .config import ClusterConfig, NodeConfig
-from .errors import UsageError
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its
 # arguments, as torch.distributed.launch passed it (scripts parse `--local_rank`, underscore).

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .node import wire
 from .channel import AgentChannel, ChannelEnd
 from .events import Closed, Lines, LogLine, Message, SetupFailed
+from .node import wire
 from .plan import LaunchPlan, NodePlan
 from .transport import ConnectFailed, Transport
 

@@ -22,9 +22,9 @@ from typing import Callable, Iterable
 
 from rich.filesize import decimal as human_bytes
 
-from .node import wire
 from .config import SyncConfig
 from .errors import ConfigError, NodeProblem, SetupError, UsageError
+from .node import wire
 from .oneshot import AgentCall
 from .parallel import on_each
 from .plan import LaunchPlan, NodePlan

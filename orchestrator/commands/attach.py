@@ -14,10 +14,10 @@ from rich.table import Table
 from .. import signals
 from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, UsageError
 from ..follow import follow_attempts, follow_plan
+from ..node import wire
 from ..oneshot import call_agent
 from ..parallel import on_each
 from ..plan import LaunchPlan, check_job_id
-from ..node import wire
 from ..views.console import ConsoleView, terminal_console
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs

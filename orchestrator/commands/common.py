@@ -13,13 +13,13 @@ from rich.markup import escape as escape_markup
 
 from ..clusterfile import load_cluster
 from ..config import NodeSource
-from ..reading import read_text
 from ..detect import resolve_auto_gpus
 from ..errors import DdpUpError, Interrupted, UsageError
 from ..hostlists import parse_host_list, parse_hostfile, slurm_nodes
-from ..sshmaster import CONTROL
 from ..paramiko_ssh import ssh_facts
 from ..plan import LaunchPlan, mask_secrets
+from ..reading import read_text
+from ..sshmaster import CONTROL
 from ..views.console import ConsoleView, safe_text, terminal_console
 from ..views.dashboard import DashboardView
 from ..views.filters import parse_ranks

@@ -17,14 +17,15 @@ from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, find_tagged
 from .state import JOB_ID, claim_node_dir, job_in_use
 
 
-def listen_on(port):
-    """A listening socket on ``port`` (0: one the OS picks) on every address of this node."""
+def listen_on(port, addr=""):
+    """A listening socket on ``port`` (0: one the OS picks) on ``addr`` (every address of this
+    node unless given)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     # Inherited by the probes it accepts: one still closing when torchrun's store binds the port
     # (with SO_REUSEADDR, as c10d does) is then no obstacle. A second listener is refused as ever.
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        s.bind(("", port))
+        s.bind((addr, port))
         s.listen(1024)
     except OSError:
         s.close()

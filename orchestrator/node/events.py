@@ -2,80 +2,73 @@
 
 The controller's frames (``from_controller``), the supervisor's (``from_supervisor``), a signal,
 the launcher's exit and a silent peer each become one of these on the agent's queue; the run's
-loop (run.Runner.next_event) takes them in one place. Plain classes with slots: an agent builds
-them at start-up on every node.
+loop (run.Runner.next_event) takes them in one place. Each is a value with the frames' own
+machinery (wire.Frame: named fields, defaults, immutable, equal by value), in no direction: an
+event never travels.
 """
+
+from __future__ import annotations
 
 from . import wire
 
 
-class Event:
-    __slots__ = ()
-
-    def __init__(self, *values):
-        for name, value in zip(self.__slots__, values):
-            setattr(self, name, value)
-        for name in self.__slots__[len(values):]:
-            setattr(self, name, self.DEFAULTS[name])
-
-    DEFAULTS = {}
-
-    def __eq__(self, other):
-        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    __hash__ = None
-
-    def __repr__(self):
-        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % (n, getattr(self, n)) for n in self.__slots__))
-
-
-class Go(Event):
+@wire.value()
+class Go(wire.Frame):
     """The controller's Go: start the job (``frame``: the wire.Go)."""
-    __slots__ = ("frame",)
+    frame: wire.Frame
 
 
-class Probe(Event):
+@wire.value()
+class Probe(wire.Frame):
     """The controller asks whether this node reaches the master (``frame``: the wire.Probe)."""
-    __slots__ = ("frame",)
+    frame: wire.Frame
 
 
-class Dump(Event):
+@wire.value()
+class Dump(wire.Frame):
     """Print every rank's stack (the controller's Dump, or the supervisor's DumpStacks)."""
-    __slots__ = ()
 
 
-class Stop(Event):
+@wire.value()
+class Stop(wire.Frame):
     """Stop the job here, for good: the controller's Stop (``force``: its Kill), a signal to this
     agent, a protocol error, or the end we answer to gone silent."""
-    __slots__ = ("reason", "force")
-    DEFAULTS = {"force": False}
+    reason: str
+    force: bool = False
 
 
-class ControllerGone(Event):
+@wire.value()
+class ControllerGone(wire.Frame):
     """The controller's connection closed (a detached job goes on without it)."""
-    __slots__ = ("reason",)
+    reason: str
 
 
-class Exited(Event):
+@wire.value()
+class Exited(wire.Frame):
     """The launcher of attempt ``attempt`` exited with ``code`` (an attempt's end is told apart
     from a later one's)."""
-    __slots__ = ("attempt", "code")
+    attempt: int
+    code: int | None
 
 
-class Halt(Event):
+@wire.value()
+class Halt(wire.Frame):
     """The detached job's supervisor stops attempt ``attempt`` here: another node's failure,
     not a stop for good (the job may restart)."""
-    __slots__ = ("attempt", "reason")
+    attempt: int
+    reason: str
 
 
-class Restart(Event):
+@wire.value()
+class Restart(wire.Frame):
     """The supervisor starts the next attempt (``frame``: the wire.Restart)."""
-    __slots__ = ("frame",)
+    frame: wire.Frame
 
 
-class Over(Event):
+@wire.value()
+class Over(wire.Frame):
     """The supervisor's word that no attempt follows."""
-    __slots__ = ("reason",)
+    reason: str
 
 
 CONTROLLER_ASKED = "controller asked"

@@ -39,13 +39,10 @@ def listen_for_peers(addr):
     be another address than the peers get, such as Debian's 127.0.1.1 for the host's own name;
     or an address behind a NAT). Authentication guards it either way; this narrows who can knock."""
     if addr and is_ipv4(addr):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            s.bind((addr, 0))
-            s.listen(1024)
-            return s
+            return listen_on(0, addr)
         except OSError:
-            s.close()
+            pass  # not this host's own
     return listen_on(0)
 
 

@@ -67,6 +67,9 @@ def _frame(*directions):
     return register
 
 
+value = _frame  # a value class with the frames' fields and checks, in no direction (node/events.py)
+
+
 class Frame:
     KIND = b""
     NAMES = ()  # every field, in order

@@ -38,9 +38,9 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
             target = ".".join(base + ([node.module] if node.module else []))
-            subs = {f"{target}.{a.name}" for a in node.names} & known.keys()
-            found |= subs or ({target} & known.keys())
-            if node.module:
+            modules = {f"{target}.{a.name}" for a in node.names} & known.keys()  # `from .node import wire`
+            found |= modules
+            if node.module or not modules:  # `from .job import Job`: the module itself
                 found |= {target} & known.keys()
         elif isinstance(node, ast.ImportFrom) and node.module:
             found |= {node.module} & known.keys()
