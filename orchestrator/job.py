@@ -27,7 +27,7 @@ from .events import WAKE, LogLine, Wake
 from .hang import AskStacks, HangWatch, Hung
 from .node import policy, wire
 from .nodetable import NodeTable
-from .outcome import JobResult, JobSnapshot, NodeStatus
+from .outcome import Failure, JobResult, JobSnapshot, NodeStatus
 from .parallel import on_each
 from .phases import Phases
 from .plan import LaunchPlan, NodePlan
@@ -279,11 +279,13 @@ class Job:
             self.fail(node, None, None, what)
 
     def fail(self, node: int, rank: int | None, code: int | None, what: str, at: float | None = None) -> None:
+        self.record(self.table.failure(node, rank, code, what, at))
+
+    def record(self, failure: Failure) -> None:
         """A failure: the first one stops every node (fail fast)."""
-        self.table.fail(node, rank, code, what, at)
+        self.table.fail(failure)
         if self.following:
             self.stop.requested = True  # by the job's own supervisor, on the nodes
         elif not self.stop.requested:
-            label = self.plan.nodes[node].label
-            self.view.notice(f"{label} failed: {what}; stopping all nodes")
-            self.stop.request(f"{label} failed")
+            self.view.notice(f"{failure.label} failed: {failure.what}; stopping all nodes")
+            self.stop.request(f"{failure.label} failed")

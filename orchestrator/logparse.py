@@ -7,39 +7,51 @@ from dataclasses import dataclass
 from datetime import datetime
 
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*)$")
+_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
 
 
 @dataclass(frozen=True)
 class WorkerFailure:
-    """torchrun's 'Root Cause (first observed failure)' entry."""
+    """One entry of torchrun's failure report (its root cause, or one of its other failures)."""
 
     rank: int | None
     exit_code: int | None
     host: str | None
-    time: float | None  # wall clock of the failure on the node, if reported
+    time: float | None  # wall clock of the failure on the node, to the second, if reported
 
 
 class FailureReportParser:
-    """Fed the launcher's own (unranked) lines; remembers the root-cause block."""
+    """Fed the launcher's own (unranked) lines; remembers the report's root cause and every
+    failed rank it lists (``failed``: {global rank: its entry})."""
 
     def __init__(self) -> None:
+        self._in_report = False
         self._in_root = False
         self._fields: dict[str, str] = {}
         self.root: WorkerFailure | None = None
+        self.failed: dict[int, WorkerFailure] = {}
 
     def feed(self, text: str) -> None:
-        if "Root Cause (first observed failure)" in text:
-            self._in_root, self._fields = True, {}
+        if text.startswith("Failures:") or "Root Cause (first observed failure)" in text:
+            self._in_report, self._in_root, self._fields = True, "Root Cause" in text, {}
             return
-        if not self._in_root:
+        if not self._in_report:
             return
         m = _FIELD.match(text)
         if m:
             self._fields[m.group(1)] = m.group(2).strip()
             if m.group(1) == "exitcode":
-                self.root = _failure(self._fields)
+                self.entry(_failure(self._fields))
+        elif _ENTRY.match(text):
+            self._fields = {}
         elif text.startswith("====="):
-            self._in_root = False
+            self._in_report = self._in_root = False
+
+    def entry(self, failure: WorkerFailure) -> None:
+        if failure.rank is not None:
+            self.failed[failure.rank] = failure
+        if self._in_root:
+            self.root = failure
 
 
 def _failure(fields: dict[str, str]) -> WorkerFailure:

@@ -4,6 +4,7 @@ change); the failures so far; and what the dashboard and the result read of them
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Iterator
 
 from .errors import NodeProblem
@@ -40,9 +41,13 @@ class NodeTable:
         self.status[node].problem = problem
         self.set(node, "error", reason=problem.what)
 
-    def fail(self, node: int, rank: int | None, code: int | None, what: str, at: float | None = None) -> Failure:
+    def failure(self, node: int, rank: int | None, code: int | None, what: str, at: float | None = None) -> Failure:
+        return Failure(node, self.plan.nodes[node].label, rank, code, what, at)
+
+    def fail(self, failure: Failure) -> Failure:
         """A failure, at its own time when the node said when (else now, by the wall clock)."""
-        failure = Failure(node, self.plan.nodes[node].label, rank, code, what, at if at is not None else self.wall())
+        if failure.at is None:
+            failure = replace(failure, at=self.wall())
         self.failures.append(failure)
         return failure
 

@@ -59,6 +59,7 @@ class NodeStatus:
     reach: wire.Probed | None = None
     gpus: list | None = None  # the last GpuUsage sample: [[index, util %, used MiB, total MiB]]
     report: FailureReportParser = field(default_factory=FailureReportParser)
+    rank_errors: list = field(default_factory=list)  # its failed ranks' exceptions (rankfailures.RankError)
 
     @property
     def terminal(self) -> bool:
@@ -93,11 +94,14 @@ class Failure:
     rank: int | None
     exit_code: int | None
     what: str
-    at: float  # wall-clock time of the failure (the node's own report when there is one)
+    at: float | None  # wall-clock time of the failure (its own when the node said; None: when it is recorded)
+    exception: str | None = None  # the rank's own exception ("RuntimeError: ..."), when it raised one
+    trace: tuple[str, ...] = ()  # the last lines of its traceback
+    window: float = 0.0  # ``at`` is known to the second (torchrun's report): it may be this much later
 
     def render(self) -> str:
         who = f"{self.label} (node {self.node}" + (f", rank {self.rank})" if self.rank is not None else ")")
-        return f"{who}: {self.what}"
+        return f"{who}: {self.what}" + (f": {self.exception}" if self.exception else "")
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class JobResult:
 
     @property
     def root_cause(self) -> Failure | None:
-        return policy.earliest(self.failures, lambda f: f.at)
+        return policy.earliest(self.failures, lambda f: f.at, lambda f: f.window, lambda f: f.exception is not None)
 
     @property
     def exit_code(self) -> int:

@@ -10,6 +10,7 @@ from . import preflight
 from .errors import NodeProblem
 from .events import Closed, Lines, Message, SetupFailed
 from .node import wire
+from .rankfailures import own_failures, rank_ends, rank_errors
 
 LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 
@@ -113,12 +114,24 @@ class NodeReports:
             status.reason = status.slurm_cancel
 
     def exited(self, node: int, frame: wire.Exited) -> None:
+        """The node's end. A node whose ranks failed by themselves is failed, with each failure
+        at its own time, whenever it is heard (after a stop too: the root cause is the earliest,
+        not the first reported); one that ended because a stop was asked for is stopped."""
         job, status = self.job, self.table[node]
         status.exit_code, status.signal = frame.code, frame.signal
+        status.rank_errors = rank_errors(frame.failures, status.plan.ranks.start)
         if frame.gpu_left:
             job.view.notice(f"{status.plan.label}: {len(frame.gpu_left)} process(es) of this job still hold GPU "
                             f"memory after its end: {preflight.busy_gpu_text(frame.gpu_left)}")
-        if job.stop.requested and (frame.stopped or frame.code != 0):
+        ends = rank_ends(frame.ends, status.plan.ranks.start)
+        own = [] if frame.code == 0 and not frame.stopped else own_failures(
+            node, status.plan.label, status.report, status.rank_errors, ends, status.clock_skew)
+        how = f"signal {frame.signal}" if frame.signal else f"code {frame.code}"
+        if own:
+            self.table.set(node, "failed", reason=f"launcher exited with {how}")
+            for failure in own:
+                job.record(failure)
+        elif job.stop.requested and (frame.stopped or frame.code != 0):
             self.table.set(node, "stopped", reason=status.reason or frame.reason)
         elif frame.stopped:
             self.table.set(node, "stopped", reason=status.slurm_cancel or frame.reason)
@@ -128,13 +141,8 @@ class NodeReports:
             self.table.set(node, "done")
             job.hang.node_done(job.clock())
         else:
-            how = f"signal {frame.signal}" if frame.signal else f"code {frame.code}"
             self.table.set(node, "failed", reason=f"launcher exited with {how}")
-            root = status.report.root
-            rank = root.rank if root else None
-            code = root.exit_code if root and root.exit_code is not None else frame.code
-            what = f"rank {rank} exited with code {code}" if rank is not None else status.reason
-            job.fail(node, rank, code, what, at=root.time if root else None)
+            job.fail(node, None, frame.code, status.reason)
 
     def closed(self, event: Closed) -> None:
         status = self.table[event.node]

@@ -207,10 +207,11 @@ def describe_root(root: dict | None, labels: dict) -> str | None:
         return None
     if root.get("node") is None:
         return root.get("reason") or "job hung"
-    text = f"{labels.get(root['node'], '?')} (node {root['node']}) {root.get('state')}"
+    rank = f", rank {root['rank']}" if root.get("rank") is not None else ""
+    text = f"{labels.get(root['node'], '?')} (node {root['node']}{rank}) {root.get('state')}"
     if root.get("code") is not None:
         text += f" (exit code {root['code']})"
-    return text + (f": {root['reason']}" if root.get("reason") else "")
+    return text + "".join(f": {root[key]}" for key in ("reason", "exception") if root.get(key))
 
 
 def main_ls(argv: list[str] | None = None) -> int:

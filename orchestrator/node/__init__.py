@@ -12,6 +12,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   procs       the job's processes: tags, find, signal, kill
   state       private directories, records, journals
   relay       the writer that owns stdout, the launcher's pipes and the workers' log files
+  failures    what the job's failed ranks left here (error files, tracebacks) and when
   checks      the preflight's probes: torch, GPUs, the master port held until Go
   workers     `launcher: none`: the agent starts the workers itself
   stacks      every rank's stack on request
@@ -27,6 +28,6 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   main        the table from spec frame to mode
 """
 
-SHIPPED = ("wire", "facts", "policy", "procs", "state", "relay", "checks", "workers", "stacks", "events", "launch", "run",
+SHIPPED = ("wire", "facts", "policy", "procs", "state", "relay", "failures", "checks", "workers", "stacks", "events", "launch", "run",
            "decide", "supervisor", "detached", "replay", "oneshot", "sync", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

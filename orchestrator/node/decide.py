@@ -3,7 +3,7 @@ and of ``now`` (monotonic seconds; ``wall``: the wall clock, for records). The s
 (supervisor.py) does the I/O; its unit tests drive these in fake time.
 """
 
-from . import policy
+from . import failures, policy
 from .state import ENDED
 
 HANG_DUMP_WAIT = 8.0  # after a detached job's ranks were asked for their stacks, before it is stopped
@@ -51,6 +51,21 @@ def hang_step(now, timeout, hung, halted, quiet, first_done):
     return ("dump", why) if why else None
 
 
+def node_end(state, code, reason, final, failure, wall):
+    """A node's end as the supervisor keeps it: {"state", "code", "reason", "final", "at",
+    "rank", "exception"}. A failed node's own earliest rank failure (its NodeState.failure) gives
+    the time and the exception; without one, ``wall``: when the supervisor heard of it."""
+    end = {"state": state, "code": code, "reason": reason, "final": final, "at": wall, "rank": None,
+           "exception": None}
+    if state == "failed" and isinstance(failure, dict):
+        at, rank, exception = failure.get("at"), failure.get("rank"), failure.get("exception")
+        if isinstance(at, (int, float)) and not isinstance(at, bool) and at == at:
+            end["at"] = float(at)
+        end["rank"] = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+        end["exception"] = exception[:failures.LINE_MOST] if isinstance(exception, str) else None
+    return end
+
+
 def describe_end(state, code, reason):
     if state == "failed":
         return "failed (exit code %s)" % code
@@ -61,7 +76,7 @@ def attempt_summary(attempt, states, hung, halted, wall):
     """One attempt as outcome.json lists it: every node's end, and the root cause (the earliest
     failure, or the hang the supervisor stopped the job for)."""
     failures = [dict(st, node=n) for n, st in states.items() if st["state"] != "done"]
-    first = policy.earliest(failures, lambda f: f["at"])
+    first = policy.earliest(failures, lambda f: f["at"], raised=lambda f: f.get("exception") is not None)
     if hung is not None and halted and halted.startswith("job hung"):
         first = {"node": None, "state": "hung", "code": None, "reason": halted, "at": wall}
     return {"attempt": attempt, "ended": wall, "root_cause": first, "halted": halted,

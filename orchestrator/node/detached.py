@@ -36,6 +36,17 @@ def with_port(argv, port):
     return argv[:at] + ["--master-port=%d" % port] + argv[at + 1:]
 
 
+def own_failure(failures, ends, first_rank):
+    """A failed node's earliest failure, for the supervisor: the first rank that raised, else
+    the first rank that ended (its global rank), with its own time; None if neither is known."""
+    if failures:
+        return dict(failures[0], rank=first_rank + failures[0]["rank"], error_file=None)
+    if ends:
+        local, at = min(ends.items(), key=lambda item: item[1])
+        return {"rank": first_rank + int(local), "at": at, "exception": None}
+    return None
+
+
 class DetachedRun(Runner):
     """The run with the detached job's hooks: its supervisor or its link to it, its journal and
     record, and the restarts its supervisor decides."""
@@ -113,25 +124,27 @@ class DetachedRun(Runner):
             self.link = PeerLink(self, addr, int(port))
             self.link.start()
 
-    def after_exit(self, code, stopped, reason):
-        """Record how the attempt ended here and tell the supervisor. The master node's agent
+    def after_exit(self, code, stopped, reason, failures, ends):
+        """Record how the attempt ended here and tell the supervisor (a node whose ranks failed by
+        themselves failed, stopped or not, with its earliest failure's own time and exception). The master node's agent
         then waits for every node's end (or loss) and decides: the next attempt (restarts left,
         every node still heard, no one stopped it for good) after its delay, or the job's end,
         recorded. Every other node waits for that word while restarts are left."""
-        state = "stopped" if stopped else ("done" if code == 0 else "failed")
+        state = "failed" if failures else "stopped" if stopped else ("done" if code == 0 else "failed")
+        failure = own_failure(failures, ends, (self.spec.ranks or [0])[0]) if state == "failed" else None
         more = policy.restarts_left(self.attempt, self.spec.restarts) and not self.for_good
         self.record.update(ended=time.time(), state="restarting" if more else state, code=code, reason=reason)
         write_record(self.dir, self.record)
         go = None
         if self.supervisor is not None:
-            self.supervisor.report(self.spec.node, state, code, reason, self.attempt, self.for_good)
+            self.supervisor.report(self.spec.node, state, code, reason, self.attempt, self.for_good, failure)
             self.supervisor.finished.wait()
             if not self.supervisor.over_event.is_set():
                 go, why = self.restart_here()
                 if go is None:
                     self.supervisor.over(why)
         elif self.link is not None:
-            self.link.report(state, code, reason, self.attempt, self.for_good, keep=more)
+            self.link.report(state, code, reason, self.attempt, self.for_good, failure, keep=more)
             go = self.await_restart() if more else None
         if go is None and more:
             self.record.update(state=state)

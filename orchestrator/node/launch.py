@@ -10,8 +10,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from . import events, facts, wire
+from .failures import RankEnds, rank_failures
 from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, kill_tagged, read_tags,
                     signal_tagged)
 from .relay import Tailer, join_while_moving, pump
@@ -34,6 +36,9 @@ class Launch:
         self.pumps = []
         self.tailer = None
         self.ended = threading.Event()  # the job is over here: samplers stop
+        self.stop_wall = None  # when it was asked to stop (wall clock)
+        self.rank_ends = None  # the launcher's workers' ends (failures.RankEnds)
+        self.ends = {}  # {local rank: when it ended}, once the launch is over
 
     def start(self, go):
         env = self.launch_env(go)
@@ -73,6 +78,8 @@ class Launch:
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.out.send(wire.Started())
+        self.rank_ends = RankEnds(self.proc.pid, self.match)
+        self.rank_ends.start()
         for pipe, stream in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
             t = threading.Thread(target=pump, args=(os.dup(pipe.fileno()), stream, self.out), daemon=True)
             pipe.close()
@@ -109,7 +116,10 @@ class Launch:
                 self.out.send(wire.GpuUsage(gpus=usage), block=False)
 
     def signal(self, sig):
-        """``sig`` to the launcher (or every worker), pinned by its tags: never a recycled pid."""
+        """``sig`` to the launcher (or every worker), pinned by its tags: never a recycled pid.
+        A stop: ranks that fail from here on fail of it, not by themselves."""
+        if self.stop_wall is None:
+            self.stop_wall = time.time()
         if isinstance(self.proc, Workers):
             self.proc.send_signal(sig)
         elif self.proc and self.proc.poll() is None:
@@ -127,6 +137,8 @@ class Launch:
                 code = self.proc.wait(timeout=KILL_WAIT)
             except subprocess.TimeoutExpired:
                 code = None
+        self.ends = self.proc.ends if isinstance(self.proc, Workers) else (
+            self.rank_ends.stop() if self.rank_ends is not None else {})
         # The job's processes are gone, so the pipes reach EOF and the log files are complete;
         # what bounds the wait is the controller reading (a stalled connection: orphan_timeout).
         stall = self.spec.orphan_timeout
@@ -135,6 +147,13 @@ class Launch:
         if self.tailer is not None:
             self.tailer.finish(stall)
         return code
+
+    def failures(self, stopped):
+        """(what the ranks that failed by themselves left (failures.py), when each rank ended),
+        for the Exited; if the attempt was stopped, only what came before the stop."""
+        before = (self.stop_wall or time.time()) if stopped else float("inf")
+        ends = {str(rank): at for rank, at in sorted(self.ends.items()) if at < before}
+        return rank_failures(self.log_dir, before=before) or None, ends or None
 
     def gpu_left(self):
         """This launch's processes that still hold GPU memory once the job is over (a process

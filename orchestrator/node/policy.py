@@ -50,6 +50,14 @@ def silence(now, heard, limit):
     return silent if silent > limit else None
 
 
-def earliest(failures, when):
-    """The root cause: the failure that happened first by ``when(failure)``, or None."""
-    return min(failures, key=when) if failures else None
+def earliest(failures, when, window=lambda failure: 0.0, raised=lambda failure: False):
+    """The root cause: the failure that happened first, or None. ``when(failure)``: its time;
+    ``window(failure)``: how much later it may really have been (torchrun's report says the
+    second: 1.0; an error file's time is exact: 0). Every failure that may have happened as early
+    as the first ties with it, and a tie goes to a Python exception (``raised``) over a death by
+    a signal: when one rank raises, gloo aborts its peers, and the exception is the cause."""
+    if not failures:
+        return None
+    first = min(failures, key=when)
+    tied = [f for f in failures if when(f) <= when(first) + window(first)]
+    return min(tied, key=lambda f: (not raised(f), when(f)))

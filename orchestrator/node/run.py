@@ -71,8 +71,9 @@ class Runner:
         """The event a controller silent past orphan_timeout becomes (None: the job goes on)."""
         return events.Stop("no heartbeat from the controller for %.0f s" % silent)
 
-    def after_exit(self, code, stopped, reason):
-        """The job's end here has been reported: True if another attempt starts here."""
+    def after_exit(self, code, stopped, reason, failures, ends):
+        """The job's end here has been reported (``failures``, ``ends``: its ranks', Exited's):
+        True if another attempt starts here."""
         return False
 
     def keeps_logs(self):
@@ -211,9 +212,10 @@ class Runner:
     def finish(self, code, stopped, reason):
         """The job's end here: what is left of it killed, every line relayed, then its Exited."""
         code = self.launch.end(code)
+        failures, ends = self.launch.failures(stopped)
         self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason,
-                                  gpu_left=self.launch.gpu_left()))
-        if self.after_exit(code, stopped, reason):
+                                  gpu_left=self.launch.gpu_left(), failures=failures, ends=ends))
+        if self.after_exit(code, stopped, reason, failures, ends):
             return 0  # the next attempt: same state directory, a journal and logs of its own
         self.out.drain(self.spec.orphan_timeout)
         self.cleanup_state(keep_logs=self.keeps_logs())

@@ -180,7 +180,8 @@ SHAPES = {
     OUTCOME: ({"root_cause": (dict, NONE)},
               {"job": str, "attempt": int, "ended": NUMBER, "halted": (str, NONE), "nodes": dict, "attempts": list}),
 }
-ROOT_CAUSE = ({"state": str}, {"node": (int, NONE), "code": (int, NONE), "reason": (str, NONE), "at": NUMBER})
+ROOT_CAUSE = ({"state": str}, {"node": (int, NONE), "code": (int, NONE), "reason": (str, NONE), "at": NUMBER,
+                               "rank": (int, NONE), "exception": (str, NONE)})
 
 
 def well_formed(value, shape):

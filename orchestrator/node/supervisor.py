@@ -195,7 +195,7 @@ class Supervisor:
         if isinstance(frame, wire.NodeState) and frame.node == node:
             if frame.attempt < self.attempt and self.restart_frame is not None:
                 self.send(node, self.restart_frame)  # it reconnected after the word went out
-            self.report(node, frame.state, frame.code, frame.reason, frame.attempt, frame.final)
+            self.report(node, frame.state, frame.code, frame.reason, frame.attempt, frame.final, frame.failure)
         elif isinstance(frame, wire.Progress) and frame.node == node:
             self.quiet[node] = (frame.quiet, self.heard[node])
 
@@ -210,13 +210,13 @@ class Supervisor:
         except OSError:
             pass
 
-    def report(self, node, state, code=None, reason=None, attempt=None, final=False):
+    def report(self, node, state, code=None, reason=None, attempt=None, final=False, failure=None):
         with self.lock:
             if attempt is not None and attempt != self.attempt:
                 return  # a word about another attempt (one resent on reconnecting)
             if self.states.get(node, {}).get("state") in ENDED:
                 return  # a node ends once
-            self.states[node] = {"state": state, "code": code, "reason": reason, "at": self.wall(), "final": final}
+            self.states[node] = decide.node_end(state, code, reason, final, failure, self.wall())
             if state == "done" and self.first_done is None:
                 self.first_done = self.clock()
             ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == self.spec.nodes
@@ -389,12 +389,12 @@ class PeerLink:
             return None
         return events.Stop("no word from the master node's supervisor for %.0f s" % silent)
 
-    def report(self, state, code, reason, attempt=0, final=False, keep=False):
+    def report(self, state, code, reason, attempt=0, final=False, failure=None, keep=False):
         """This node's end of ``attempt``, to the supervisor (waiting a little for a connection, if
         it is between two); the link then closes, unless ``keep``: the supervisor's word on a next
         attempt is to come."""
         self.set_state(wire.NodeState(node=self.spec.node, state=state, code=code, reason=reason,
-                                      attempt=attempt, final=final))
+                                      attempt=attempt, final=final, failure=failure))
         if not keep:
             self.close()
 

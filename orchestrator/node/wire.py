@@ -344,6 +344,9 @@ class Exited(Frame):
     stopped: bool  # ended because it was asked to (Stop, Kill, controller gone, a signal to the agent)
     reason: str | None
     gpu_left: list | None = None  # this job's processes still holding GPU memory after its end (busy_gpus' form)
+    # the ranks that failed here by themselves (before any stop), earliest first: failures.rank_failures' form
+    failures: list | None = None
+    ends: dict | None = None  # {local rank: when it ended (wall clock)}, before any stop, where the node saw it
 
 
 @_frame(TO_CONTROLLER)
@@ -453,6 +456,9 @@ class NodeState(Frame):
     reason: str | None = None
     attempt: int = 0  # the attempt this is the state of (a stale one is not taken for the current)
     final: bool = False  # stopped for good (its agent got a signal: ddp-kill, a shutdown): no restart
+    # failed: its earliest rank failure (failures.rank_failures' form, the global rank): its own time
+    # (the node's wall clock) and exception, for the root cause; None: the supervisor's clock
+    failure: dict | None = None
 
 
 @_frame(PEER)

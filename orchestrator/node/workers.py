@@ -58,11 +58,12 @@ def worker_env(opts, local_rank, base):
     return env
 
 
-def worker_log_files(log_dir, local_rank):
-    """torchrun's layout, so the Tailer relays them: <log_dir>/none/attempt_0/<local_rank>/."""
+def worker_dir(log_dir, local_rank):
+    """torchrun's layout, so the Tailer relays the logs and failures.py reads the error file:
+    <log_dir>/none/attempt_0/<local_rank>/."""
     where = os.path.join(log_dir, "none", "attempt_0", str(local_rank))
     os.makedirs(where, exist_ok=True)
-    return (open(os.path.join(where, "stdout.log"), "ab"), open(os.path.join(where, "stderr.log"), "ab"))
+    return where
 
 
 def root_cause(opts, local_rank, pid, code):
@@ -93,6 +94,7 @@ class Workers:
         self.argv = [sys.executable, "-u", script] + list(args)
         self.env, self.match, self.report = env, match, report
         self.procs = {}  # Popen -> local rank
+        self.ends = {}  # local rank -> when it ended (wall clock)
         self.exits = queue.SimpleQueue()  # (Popen, exit status), from a waiting thread per worker
         self.stopping = None  # the signal that asked them to stop (a failure is not reported then)
         self.not_started = False  # a worker could not be started: the others were stopped
@@ -109,17 +111,25 @@ class Workers:
                 self.signal_all(signal.SIGTERM)
                 break
             self.procs[proc] = local_rank
-            threading.Thread(target=lambda p=proc: self.exits.put((p, p.wait())), daemon=True).start()
+            threading.Thread(target=self.wait_one, args=(proc, local_rank), daemon=True).start()
         threading.Thread(target=self.watch, name="workers", daemon=True).start()
 
     def start_one(self, log_dir, local_rank):
-        out, err = worker_log_files(log_dir, local_rank)
+        where = worker_dir(log_dir, local_rank)
+        env = worker_env(self.opts, local_rank, self.env)
+        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(where, "error.json")  # where @record writes, as under torchrun
+        out, err = (open(os.path.join(where, name), "ab") for name in ("stdout.log", "stderr.log"))
         try:
-            return subprocess.Popen(self.argv, env=worker_env(self.opts, local_rank, self.env),
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+            return subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    start_new_session=True)
         finally:
             out.close()
             err.close()
+
+    def wait_one(self, proc, local_rank):
+        code = proc.wait()
+        self.ends[local_rank] = time.time()
+        self.exits.put((proc, code))
 
     def watch(self):
         first_failure, kill_at, left = None, None, len(self.procs)

@@ -128,6 +128,19 @@ class RunLogs:
             self.node_started.setdefault(status.plan.index, self.wall())
         if status.terminal:
             self.node_ended.setdefault(status.plan.index, self.wall())
+            self.error_files(status.rank_errors)
+
+    def error_files(self, errors) -> None:
+        """Each failed rank's torchelastic error file, as ``rank<N>.error.json`` beside its log:
+        the copy on the node is in ddp-up's state directory, which goes at the job's end."""
+        for error in errors:
+            if error.error_file is None or self.broken is not None:
+                continue
+            try:
+                with self._open(f"rank{error.rank}.error.json") as f:
+                    f.write(mask_secrets(error.error_file, self.plan.secrets) if self.plan.secrets else error.error_file)
+            except OSError as e:
+                self._failed(e)
 
     def notice(self, text: str) -> None:
         pass
@@ -165,7 +178,7 @@ class RunLogs:
             "interrupted_by": result.interrupted,
             "root_cause": None if root is None else {
                 "node": root.node, "host": root.label, "rank": root.rank, "exit_code": root.exit_code,
-                "what": root.what, "at": _iso(root.at)},
+                "what": root.what, "at": _iso(root.at), "exception": root.exception, "traceback": list(root.trace)},
             "nodes": [{
                 "node": s.plan.index, "host": s.plan.label, "ranks": [s.plan.ranks.start, s.plan.ranks.stop - 1],
                 "state": s.state, "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,

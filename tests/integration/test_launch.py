@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.harness.runner import ddp_up
+from tests.harness.runner import ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
 
 
@@ -68,6 +68,25 @@ def test_failing_rank_names_node_and_rank(cluster, cluster_file):
     b = re.escape(cluster.nodes[1].addr)
     assert re.search(rf"root cause: {b} \(node 1, rank 2\): rank 2 exited with code 3", out), out
     assert re.search(rf"^{b}\s+r2\s+! rank 2 failing with 3$", out, re.M), "stderr line not marked"
+
+
+def test_the_root_cause_is_the_rank_that_raised_first_with_its_exception(cluster, cluster_file):
+    """Issue 26, item 1: rank 1 raises; gloo aborts ranks 0 and 2, which raise too, and node 0's
+    launcher may well report first. The root cause is rank 1's, with its exception, and its
+    torchelastic error file is kept in the run's logs."""
+    path = cluster_file([(0, 1), (1, 2)])
+    code, out, _ = ddp_up(str(path), SCRIPT, "run", "--raise-rank", "1")
+    assert code == 1, out
+    b = re.escape(cluster.nodes[1].addr)
+    assert re.search(rf"root cause: {b} \(node 1, rank 1\): rank 1 exited with code 1: RuntimeError: boom from "
+                     r"rank 1$", out, re.M), out
+    job = re.search(r"job (\S+):", out).group(1)
+    summary = json.loads((run_dir(job) / "summary.json").read_text())
+    assert summary["root_cause"]["exception"] == "RuntimeError: boom from rank 1", summary
+    assert summary["root_cause"]["traceback"][-1] == "RuntimeError: boom from rank 1"
+    assert [n["state"] for n in summary["nodes"]] == ["failed", "failed"]  # node 0's rank failed by itself too
+    kept = json.loads((run_dir(job) / "rank1.error.json").read_text())
+    assert kept["message"]["message"] == "RuntimeError: boom from rank 1"
 
 
 HOSTILE = ["two words", "it's", 'say "hi"', "$(touch /tmp/ddp-up-pwned)", "; rm -rf /", "`id`",

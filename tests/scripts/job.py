@@ -1,8 +1,10 @@
 """Test workload for integration tests. Modes:
 
   job.py run [--steps N] [--step-time S] [--fail-rank R --exit-code C [--fail-attempts A,B]] [--ignore-term]
-             [--hang] [--checkpoint FILE]   (R fails only in attempts A,B: DDP_UP_ATTEMPT; rank 0 keeps the
-             last step done in FILE, and a run resumes after it, saying "resumed at step N")
+             [--hang] [--checkpoint FILE] [--raise-rank R]   (R fails only in attempts A,B: DDP_UP_ATTEMPT;
+             rank 0 keeps the last step done in FILE, and a run resumes after it, saying "resumed at step
+             N"; --raise-rank: R raises RuntimeError under torchelastic's @record while every other
+             rank waits in a barrier, which gloo then aborts: they raise a moment later)
   job.py argv ARGS...     rank 0 prints ARGV <json of ARGS> and exits 0
   job.py hang             last rank blocks in all_reduce (block_forever), others sleep (wait_for_peers)
   job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
@@ -57,7 +59,8 @@ def wait_for_peers():
 
 
 def run(argv):
-    opts = {"steps": 2, "step-time": 0.0, "fail-rank": -1, "exit-code": 3, "fail-attempts": "", "checkpoint": ""}
+    opts = {"steps": 2, "step-time": 0.0, "fail-rank": -1, "exit-code": 3, "fail-attempts": "", "checkpoint": "",
+            "raise-rank": -1}
     flags = set()
     it = iter(argv)
     for a in it:
@@ -72,6 +75,8 @@ def run(argv):
     if rank == opts["fail-rank"] and (not opts["fail-attempts"] or attempt in opts["fail-attempts"].split(",")):
         print(f"rank {rank} failing with {opts['exit-code']}", file=sys.stderr, flush=True)
         finish(opts["exit-code"])
+    if opts["raise-rank"] >= 0:
+        raise_in(dist, rank, opts["raise-rank"])
     first = 0
     if opts["checkpoint"] and os.path.exists(opts["checkpoint"]):
         first = int(open(opts["checkpoint"]).read()) + 1
@@ -88,6 +93,24 @@ def run(argv):
     dist.barrier()
     dist.destroy_process_group()
     finish(0)
+
+
+def raise_in(dist, rank, raising):
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    @record
+    def main():
+        if rank == raising:
+            time.sleep(0.5)  # the others are in the barrier by then
+            raise RuntimeError(f"boom from rank {rank}")
+        dist.barrier()  # never completes: the raising rank is gone, and gloo aborts this one
+
+    try:
+        main()
+    except Exception:
+        import traceback
+        traceback.print_exc()
+        finish(1)
 
 
 def blob(n: int) -> bytes:

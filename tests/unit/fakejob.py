@@ -85,6 +85,7 @@ class FakeNode:
     obeys_kill: bool = True  # False: the agent hangs (only a sweep helps)
     exit_code: int | None = None  # after Go: exit by itself with this code at run_for seconds
     run_for: float = 10.0
+    failures: list | None = None  # its ranks' own failures, in every Exited (node/failures.py's form)
     queue: FakeQueue | None = None
     on_send: Callable[[wire.Frame], None] | None = None  # a test's hook, called before the reaction
     sent: list[wire.Frame] = field(default_factory=list)
@@ -123,11 +124,12 @@ class FakeNode:
             self.say(wire.Started())
             if self.exit_code is not None:
                 self.queue.at(self.clock() + self.run_for, lambda: self.say(wire.Exited(
-                    code=self.exit_code, signal=None, stopped=False, reason=None)))
+                    code=self.exit_code, signal=None, stopped=False, reason=None, failures=self.failures)))
         elif isinstance(frame, wire.Stop):
             self.say(wire.Stopping(reason="controller asked"))
             if self.obeys_stop:
-                self.say(wire.Exited(code=-15, signal="SIGTERM", stopped=True, reason="controller asked"))
+                self.say(wire.Exited(code=-15, signal="SIGTERM", stopped=True, reason="controller asked",
+                                     failures=self.failures))
         elif isinstance(frame, wire.Kill) and self.obeys_kill:
             self.say(wire.Exited(code=-9, signal="SIGKILL", stopped=True, reason="controller asked"))
 

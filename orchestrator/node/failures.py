@@ -1,0 +1,197 @@
+"""What the job's failed ranks left on this node, and when: torchelastic's error file (a script
+whose main is wrapped in ``@record``), else the traceback at the end of the rank's stderr log.
+
+Their times are the files' own (the moment the rank wrote its exception, to the nanosecond);
+torchrun's report says only the second. A rank that dies of a signal (the OOM killer, a
+segfault) leaves no file: RankEnds sees the moment each worker ends. Both ends read these to name the root cause (policy.
+earliest). Everything here is bytes the job wrote: read bounded, parsed as JSON at most, never
+run or unpickled, and every text cut to a length before it travels.
+"""
+
+import json
+import os
+import select
+import threading
+import time
+
+from .procs import proc_bytes, read_environ_value, read_tags
+from .relay import subdirs
+
+READ_MOST = 1 << 16  # bytes read of the end of a stderr log
+ERROR_FILE_MOST = 1 << 18  # bytes read of an error file (JSON is read whole, or not at all), kept for the run's logs
+TRACE_LINES = 12  # the last lines of a traceback kept
+LINE_MOST = 400  # characters a traceback line keeps
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def rank_failures(log_dir, before=float("inf")):
+    """[{"rank": local rank, "at": wall time, "exception": text, "trace": [lines], "error_file":
+    its text or None}] of every rank of the latest attempt of each torchrun run under ``log_dir``
+    that left an exception, earliest first. ``before`` (wall time): only what was written before
+    then (a stop asked for at ``before`` makes ranks fail too; those are not the job's own)."""
+    found = []
+    for local_rank, where in latest_ranks(log_dir).items():
+        failure = from_error_file(where) or from_stderr(where)
+        if failure is not None and failure["at"] < before:
+            failure["rank"] = local_rank
+            found.append(failure)
+    return sorted(found, key=lambda f: f["at"])
+
+
+def latest_ranks(log_dir):
+    """{local rank: its directory} in the newest ``attempt_<n>`` of every run under log_dir
+    (torchrun's layout, and launcher: none's)."""
+    ranks = {}
+    for run in subdirs(log_dir, lambda name: True):
+        attempts = subdirs(run, lambda name: name.startswith("attempt_") and name[8:].isdigit())
+        if not attempts:
+            continue
+        newest = max(attempts, key=lambda path: int(os.path.basename(path)[8:]))
+        for rank in subdirs(newest, lambda name: name.isascii() and name.isdigit()):
+            ranks[int(os.path.basename(rank))] = rank
+    return ranks
+
+
+def read_bounded(path, most, tail):
+    """(text, mtime) of at most ``most`` bytes of a regular file (its end if ``tail``), or None.
+    Never follows a link: the job's directory is the job's to write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000):
+            return None
+        if tail and st.st_size > most:
+            os.lseek(fd, st.st_size - most, os.SEEK_SET)
+        data = os.read(fd, most)
+        return data.decode("utf-8", "replace"), st.st_mtime
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def from_error_file(where):
+    """What torchelastic's ``@record`` wrote: {"message": {"message": "Type: text", "extraInfo":
+    {"py_callstack": "..."}}}; None if there is none or it is not that shape."""
+    read = read_bounded(os.path.join(where, "error.json"), ERROR_FILE_MOST, tail=False)
+    if read is None:
+        return None
+    text, mtime = read
+    try:
+        message = json.loads(text)["message"]
+        exception = message["message"] if isinstance(message, dict) else message
+        stack = message.get("extraInfo", {}).get("py_callstack", "") if isinstance(message, dict) else ""
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not isinstance(exception, str) or not isinstance(stack, str):
+        return None
+    return {"at": mtime, "exception": clip(first_line(exception)), "trace": last_lines(stack.splitlines()),
+            "error_file": text}
+
+
+def from_stderr(where):
+    """The last traceback in the end of the rank's stderr log: its exception line (the first
+    line after the header that is not indented) and its last lines; None without one."""
+    read = read_bounded(os.path.join(where, "stderr.log"), READ_MOST, tail=True)
+    if read is None:
+        return None
+    text, mtime = read
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK)]
+    if not starts:
+        return None
+    block = lines[starts[-1]:]
+    ends = [i for i, line in enumerate(block) if i and line and not line[0].isspace()]
+    if not ends:
+        return None
+    block = block[:ends[0] + 1]
+    return {"at": mtime, "exception": clip(block[-1]), "trace": last_lines(block), "error_file": None}
+
+
+def first_line(text):
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def clip(line):
+    return line if len(line) <= LINE_MOST else line[:LINE_MOST - 3] + "..."
+
+
+def last_lines(lines):
+    return [clip(line) for line in lines[-TRACE_LINES:]]
+
+
+class RankEnds:
+    """When each worker of a launch ended (wall clock, {local rank: time}). The workers are the
+    launcher's children, found by their tags as they appear; a pidfd each (Linux 5.3, Python
+    3.9) becomes readable when its worker is gone, so one thread sleeps in select until the
+    kernel wakes it, looking for new workers every RESCAN seconds. Without pidfds there are no
+    times, and torchrun's report's second stands."""
+
+    RESCAN = 1.0
+
+    def __init__(self, launcher_pid, match):
+        self.launcher, self.match = launcher_pid, match
+        self.ends = {}
+        self.watching = {}  # pidfd -> local rank
+        self.seen = set()
+        self.wake_r, self.wake_w = None, None
+        self.thread = None
+
+    def start(self):
+        if not hasattr(os, "pidfd_open"):
+            return
+        self.wake_r, self.wake_w = os.pipe()
+        self.thread = threading.Thread(target=self.run, name="rank-ends", daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while True:
+            self.find()
+            ready = select.select([self.wake_r] + list(self.watching), [], [], self.RESCAN)[0]
+            now = time.time()
+            for fd in ready:
+                if fd != self.wake_r:
+                    self.ends[self.watching.pop(fd)] = now
+                    os.close(fd)
+            if self.wake_r in ready:
+                break
+        for fd in self.watching:
+            os.close(fd)
+        os.close(self.wake_r)
+
+    def find(self):
+        for pid in children(self.launcher):
+            if pid in self.seen:
+                continue
+            self.seen.add(pid)
+            tags, local = read_tags(pid), read_environ_value(pid, b"LOCAL_RANK")
+            if tags is None or any(tags.get(k) != v for k, v in self.match.items()) or not (local or "").isdigit():
+                continue
+            try:
+                self.watching[os.pidfd_open(pid)] = int(local)
+            except OSError:
+                pass  # gone already: its end is not known to the millisecond
+
+    def stop(self):
+        """Once the launch's processes are gone: {local rank: when it ended}."""
+        if self.thread is not None:
+            os.write(self.wake_w, b"x")
+            self.thread.join(2.0)
+            os.close(self.wake_w)
+            self.thread = None
+        return dict(self.ends)
+
+
+def children(pid):
+    """The pids of a process's children (every thread's), from /proc."""
+    found = []
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return found
+    for task in tasks:
+        found.extend(int(c) for c in (proc_bytes(pid, "task/%s/children" % task) or b"").split())
+    return found
