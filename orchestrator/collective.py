@@ -23,6 +23,7 @@ from rich.text import Text
 from .config import ClusterConfig
 from .plan import LaunchPlan, make_plan
 from .sync import human_bytes
+from .views.console import outside
 
 MODULE = "ddp_up_collective"
 REPORT = "DDP_UP_COLLECTIVE "
@@ -90,7 +91,7 @@ def rate(bw: float) -> str:
 def render(report: dict, labels: list[str]) -> Group:
     """The all_reduce table, then one row per node with its link figures."""
     world = report["world"]
-    reduce = Table(title=f"all_reduce across {world} nodes ({report['backend']})", title_justify="left")
+    reduce = Table(title=outside(f"all_reduce across {world} nodes ({report['backend']})"), title_justify="left")
     for column in ("size", "time", "algbw", "busbw"):
         reduce.add_column(column, justify="right", no_wrap=True)
     for size, seconds in report["all_reduce"]:
@@ -106,6 +107,6 @@ def render(report: dict, labels: list[str]) -> Group:
         table.add_column(column, justify="left" if column in ("host", "") else "right", no_wrap=True)
     for link in links:
         verdict = Text(f"slow: {link.figure / median:.2f}× the median", style="bold red") if link.slow else Text("")
-        table.add_row(str(link.node), labels[link.node] if link.node < len(labels) else "?", rate(link.out_bw),
+        table.add_row(str(link.node), outside(labels[link.node] if link.node < len(labels) else "?"), rate(link.out_bw),
                       rate(link.in_bw), f"{link.latency * 1e3:.2f} ms", verdict)
     return Group(reduce, table)

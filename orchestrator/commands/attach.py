@@ -18,7 +18,7 @@ from ..node import wire
 from ..oneshot import call_agent
 from ..parallel import on_each
 from ..plan import LaunchPlan, check_job_id
-from ..views.console import ConsoleView, terminal_console
+from ..views.console import ConsoleView, outside, terminal_console
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
 from .common import (add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report, make_view,
@@ -248,9 +248,9 @@ def ls_table(rows: list[JobRow], now: float) -> Table:
     table.add_column("root cause")
     for row in rows:
         duration = row.duration(now)
-        table.add_row(row.job, row.script, row.state + (f" (attempt {row.attempt})" if row.attempt else ""),
-                      str(row.ranks),
+        table.add_row(outside(row.job), outside(row.script),
+                      outside(row.state + (f" (attempt {row.attempt})" if row.attempt else "")), str(row.ranks),
                       "-" if row.started is None else time.strftime("%m-%d %H:%M", time.localtime(row.started)),
                       "-" if duration is None else f"{duration:.0f} s",
-                      "-" if row.exit_status is None else str(row.exit_status), row.root_cause or "")
+                      "-" if row.exit_status is None else str(row.exit_status), outside(row.root_cause or ""))
     return table

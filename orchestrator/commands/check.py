@@ -16,7 +16,7 @@ from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, Interrupt
 from ..job import Job
 from ..plan import make_plan, mask_secrets, new_job_id
 from ..preflight import torch_versions
-from ..views.console import safe_text, terminal_console
+from ..views.console import outside, safe_text, terminal_console
 from .common import add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections
 
 
@@ -117,8 +117,8 @@ def check_collective(config, console: Console, inbox: signals.SignalInbox) -> in
         return interrupted("ddp-check", Interrupted(job.interrupted), "while measuring; every node stopped its part")
     if view.report is None:
         cause = result.root_cause
-        console.print(Text(f"ddp-check: the collective probe failed: {cause.render() if cause else 'no report'}",
-                           style="bold red"))
+        console.print(outside(f"ddp-check: the collective probe failed: {cause.render() if cause else 'no report'}",
+                              style="bold red"))
         node = cause.node if cause else 0
         for text in view.last.get(node, []):
             console.print(Text(f"  {safe_text(plan.mask(text))}"))
@@ -126,7 +126,7 @@ def check_collective(config, console: Console, inbox: signals.SignalInbox) -> in
     console.print(collective.render(view.report, [n.label for n in plan.nodes]))
     slow = collective.slow_nodes(collective.node_links(view.report))
     for node in slow:
-        console.print(Text("✗ ", style="bold red") + Text(
+        console.print(Text("✗ ", style="bold red") + outside(
             f"{plan.nodes[node].label}: its link is far slower than the other nodes' (under 1/"
             f"{collective.SLOW_RATIO:g} of the median): the whole job would run at its pace. Check its NIC, "
             "cable, switch port and link speed (ethtool, ip -s link)"))
@@ -146,9 +146,9 @@ def check_table(statuses, problems, master_port) -> Table:
         mine = by_node.get(s.plan.label, [])
         info = s.info
         table.add_row(
-            str(s.plan.index), s.plan.label, Text("✗", style="bold red") if mine else Text("✓", style="green"),
-            torch_versions(info), info.get("python") or "-", str(info.get("gpus", "-")),
-            (s.reach.iface or "-") if s.reach else "-",
+            str(s.plan.index), outside(s.plan.label), Text("✗", style="bold red") if mine else Text("✓", style="green"),
+            outside(torch_versions(info)), outside(info.get("python") or "-"), outside(info.get("gpus", "-")),
+            outside((s.reach.iface or "-") if s.reach else "-"),
             "-" if s.clock_skew is None else f"{s.clock_skew:+.2f} s",
             "-" if "disk_free" not in info else f"{info['disk_free'] / 2**30:.1f} GiB")
     return table

@@ -13,7 +13,7 @@ from .. import signals
 from ..cleanup import SweepReport, match_for, sweep_nodes
 from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
 from ..plan import check_job_id
-from ..views.console import safe_text
+from ..views.console import outside
 from .common import add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
 
 
@@ -67,7 +67,7 @@ def main_kill(argv: list[str] | None = None) -> int:
         console.print(kill_table(reports, args.dry_run))
     for r in reports:
         if r.error:
-            console.print(Text("✗ ", style="bold red") + Text(safe_text(f"{r.node.label}: {r.error}")))
+            console.print(Text("✗ ", style="bold red") + outside(f"{r.node.label}: {r.error}"))
     return EXIT_JOB_FAILED if any(r.error or r.left for r in reports) else EXIT_OK
 
 
@@ -84,6 +84,7 @@ def kill_table(reports: list[SweepReport], dry_run: bool) -> Table:
         table.add_column(column)
     for r in reports:
         stopped = 0 if dry_run else len(r.found) - len(r.left)
-        table.add_row(str(r.node.rank), r.node.label, ", ".join(r.jobs) or "-", str(len(r.found)), str(stopped),
+        table.add_row(str(r.node.rank), outside(r.node.label), outside(", ".join(r.jobs) or "-"), str(len(r.found)),
+                      str(stopped),
                       str(len(r.killed)), str(len(r.left)), "see below" if r.error else "")
     return table

@@ -36,6 +36,13 @@ def safe_text(text: str) -> str:
     return text if text.isprintable() else text.translate(_CONTROL)  # the test is C-fast; most lines pass
 
 
+def outside(text: object, style: str | Style = "") -> Text:
+    """Text that did not come from ddp-up itself (a host, a tag, a record's field, a script's name,
+    a node's answer), for a table cell or a print: shown as it is, never read as rich markup
+    (``[/x]`` is text, not a crash), with no terminal control in it."""
+    return Text(safe_text(str(text)), style=style)
+
+
 
 DISPLAY_MAX = 10_000  # characters of one line the console shows; the log files keep every byte
 
@@ -324,7 +331,7 @@ def summary_table(result: JobResult, mask=lambda text: text) -> Table:
         plan = status.plan
         ranks = f"{plan.ranks.start}-{plan.ranks.stop - 1}" if plan.nproc > 1 else str(plan.ranks.start)
         code = status.signal or ("" if status.exit_code is None else str(status.exit_code))
-        table.add_row(str(plan.index), plan.label, ranks,
+        table.add_row(str(plan.index), outside(plan.label), ranks,
                       Text(status.state, style=STATE_STYLE.get(status.state, "")), code,
                       Text(safe_text(mask(status.reason or ""))))
     return table

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..outcome import JobResult, JobSnapshot, NodeRow
 from ..plan import LaunchPlan
-from .console import STATE_STYLE, Block, ConsoleView, Ink, node_color, safe_text
+from .console import STATE_STYLE, Block, ConsoleView, Ink, node_color, outside, safe_text
 
 DRAW_INTERVAL = 0.25  # seconds between table redraws (4 Hz)
 FLUSH_INTERVAL = 0.1  # seconds between batched log prints above the table
@@ -40,7 +40,7 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
                          max_width=60 if name == "last line" else None, style="dim" if name == "last line" else None)
     shown, hidden = _pick_rows(snap.nodes, max_rows)
     for row in shown:
-        table.add_row(str(row.index), Text(row.label, style=node_color(row.index)), _ranks(row.ranks),
+        table.add_row(str(row.index), outside(row.label, style=node_color(row.index)), _ranks(row.ranks),
                       Text(row.state, style=STATE_STYLE.get(row.state, "")),
                       "" if row.uptime is None else _duration(row.uptime), str(row.lines),
                       f"{rates.get(row.index, 0.0):.0f}", row.exit, *((row.gpus,) if gpus else ()),

@@ -104,7 +104,7 @@ def test_a_failing_rank_stops_every_node_and_is_named(detached):
     job = detach(path, "tick", "600", "0.2", "1", "7")
     row = wait_state(path, job, ("failed",), 60)
     assert row["nodes"] == {"0": "stopped", "1": "failed", "2": "stopped"}, row
-    assert "(node 1) failed (exit code 7)" in row["root_cause"], row
+    assert "(node 1, rank 1) failed (exit code 7)" in row["root_cause"], row
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
     assert code == 1, out
     assert re.search(r"root cause: \S+ \(node 1, rank 1\): rank 1 exited with code 7", out), out
@@ -227,5 +227,6 @@ def test_ddp_kill_while_a_detached_job_waits_to_restart_ends_it_for_good(detache
     code, out = ddp_kill(str(path), "--job", job)
     assert code == 0, out
     row = wait_state(path, job, ("failed", "stopped"), 30)
-    assert row["attempt"] == 0 and row["exit_status"] == 1 and "(node 1) failed (exit code 7)" in row["root_cause"], row
+    assert row["attempt"] == 0 and row["exit_status"] == 1, row
+    assert "(node 1, rank 1) failed (exit code 7)" in row["root_cause"], row
     assert not procs.wait_no_job_processes(job, timeout=30)

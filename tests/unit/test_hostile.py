@@ -304,3 +304,49 @@ def test_a_setup_line_that_is_only_a_comment_runs_and_a_failing_one_is_still_nam
     failed = subprocess.run(["bash", "-c", setup_script(("# fine", "(exit 7)"), None, "echo ran")],
                             capture_output=True, text=True, timeout=30)
     assert failed.returncode == 96 and "setup command 2 failed with status 7" in failed.stderr, failed
+
+
+HOSTILE_TEXT = ["[/x]", "[bold red]planted[/]", "\x1b]0;pwned\x07", "\x1b[2J\x1b[31mred", "\x9b31m", "tab\there"]
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
+def test_text_not_from_ddp_up_is_printed_as_text_everywhere(text, capsys):
+    """Issue 26, item 7: a process tag, a record's field, a script name, a host or a node's answer
+    holding terminal escapes or rich markup reached the terminal raw, or crashed ddp-kill/ddp-ls
+    with exit 70 (for as long as the record was kept). Every table shows it as inert text."""
+    from rich.console import Console
+
+    from orchestrator import collective
+    from orchestrator.cleanup import SweepReport
+    from orchestrator.clusterfile import parse_cluster
+    from orchestrator.commands.attach import ls_table, merge_records
+    from orchestrator.commands.check import check_table
+    from orchestrator.commands.kill import kill_table
+    from orchestrator.outcome import JobResult, NodeStatus
+    from orchestrator.plan import make_plan
+
+    plan = make_plan(parse_cluster(LOCAL), "train.py", [], "J", "/tmp")
+    from dataclasses import replace
+    node = replace(plan.nodes[0], config=replace(plan.nodes[0].config, host="host" + text))
+    plan = replace(plan, nodes=(node,))
+    found = [{"pid": 1, "tags": {"DDP_UP_JOB": "job" + text}, "cmd": "python train.py"}]
+    record = {"job": "job" + text, "node": 0, "label": "n" + text, "script": "s" + text, "state": "failed" + text,
+              "ranks": [0, 1], "started": 1.0, "ended": 2.0,
+              "outcome": {"root_cause": {"state": "failed", "node": 0, "reason": "r" + text, "exception": "E" + text}}}
+    status = NodeStatus(node, state="done", info={"python": "3.11" + text, "torch": "2" + text, "gpus": text})
+    console = Console(file=__import__("io").StringIO(), force_terminal=True, width=200)
+    for table in (kill_table([SweepReport(node.config, found=found)], dry_run=False),
+                  ls_table(merge_records([record]), now=3.0), check_table([status], [], 29500),
+                  collective.render({"world": 1, "backend": "gloo" + text, "all_reduce": [], "links": []},
+                                    ["h" + text])):
+        console.print(table)
+    from orchestrator.views.console import summary_table
+    console.print(summary_table(JobResult(plan, (status.outcome(),), 29500, ())))
+    written = console.file.getvalue()
+    # rich's own styles are SGR sequences (ESC [ ... m); nothing else of an ESC, BEL or C1 is left,
+    # and markup shows as the text it is, not as a style
+    import re
+    assert not re.search(r"\x1b(?!\[[0-9;]*m)|\x07|\x9b", written), repr(written)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", written)
+    if text.startswith("["):
+        assert text in plain, plain
