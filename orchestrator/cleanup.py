@@ -27,6 +27,7 @@ class SweepReport:
     killed: list[int] = field(default_factory=list)  # needed SIGKILL after the grace period
     left: list[int] = field(default_factory=list)  # still alive at the end (should be empty)
     error: str | None = None
+    removed: list[str] = field(default_factory=list)  # state it removed (--purge): "JOB nodeN"
 
     @property
     def jobs(self) -> list[str]:
@@ -51,7 +52,7 @@ def sweep_node(node: NodeConfig, match: dict, grace: float, dry_run: bool = Fals
     reply = call_agent(node, spec, sweep_limit(node, grace), until=wire.Swept, transport=transport)
     listed, swept = reply.frames.get(wire.Listed), reply.frames.get(wire.Swept)
     return SweepReport(node, found=listed.found if listed else [], killed=swept.killed if swept else [],
-                       left=swept.left if swept else [], error=reply.error)
+                       left=swept.left if swept else [], error=reply.error, removed=(swept.removed or []) if swept else [])
 
 
 def sweep_nodes(nodes: list[NodeConfig], match_of, grace: float, dry_run: bool = False,

@@ -49,6 +49,8 @@ def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSour
         raise ConfigError(path, lines.get(("nodes",)), "nodes",
                           f"the nodes come from {source.name}: remove `nodes:` here or drop {source.name.split()[0]}")
     data = {**data, "nodes": source.nodes}
+    if any("gpus" not in node for node in source.nodes) and "gpus" not in data:
+        data["gpus"] = "auto"  # the source gives no count, and the settings file none either: ask each node
     if source.transport is not None and "transport" not in data:
         data["transport"] = source.transport
     if source.master_port is not None and "port" not in (data.get("master") or {}):

@@ -69,6 +69,16 @@ class SetupError(DdpUpError):
         return "\n".join([head, *("  " + p.render() for p in self.problems)])
 
 
+class NoSuchJob(DdpUpError):
+    """A job id that no node keeps (ddp-attach, ddp-logs)."""
+
+    exit_code = EXIT_SETUP
+
+    def __init__(self, job: str, nodes: list[str], cluster: str):
+        where = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        super().__init__(f"no detached job {job} on {where}: ddp-ls {cluster} lists the jobs there")
+
+
 class Interrupted(Exception):
     """A signal arrived before any job existed; raised at a point that reads the signal inbox
     (between start-up steps, or by a parallel wait after it closed its calls), never by a handler."""

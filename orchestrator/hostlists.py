@@ -140,19 +140,23 @@ def slurm_nodes(env: Mapping[str, str]) -> tuple[list[dict], int]:
     if not nodelist or not job_id:
         raise UsageError("--slurm: not inside a Slurm allocation (SLURM_JOB_NODELIST / SLURM_JOB_ID are not "
                          "set); run it from sbatch or salloc")
-    gpus = _slurm_gpus(env)
-    nodes = [{"host": host, "gpus": gpus} for host in expand_hostlist(nodelist)]
+    gpus = _slurm_gpus(env)  # None: the allocation says no count, and the settings file's `gpus:` (else auto) holds
+    nodes = [{"host": host} if gpus is None else {"host": host, "gpus": gpus} for host in expand_hostlist(nodelist)]
     digits = re.sub(r"\D", "", job_id)[-4:]
     return nodes, 15000 + int(digits or 0)
 
 
-def _slurm_gpus(env: Mapping[str, str]) -> int | str:
-    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
-        value = env.get(key, "")
-        count = value.rsplit(":", 1)[-1]  # "a100:4" -> 4
-        if count.isdigit() and int(count) > 0:
-            return int(count)
-    tasks = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]  # "4(x2)" -> 4
-    if tasks.isdigit() and int(tasks) > 0:
-        return int(tasks)
-    return "auto"  # ask each node
+SLURM_COUNT = re.compile(r"[0-9]{1,4}")  # a count Slurm sets: ASCII digits, and no node runs 10,000 processes
+
+
+def _slurm_gpus(env: Mapping[str, str]) -> int | None:
+    """The processes a node of the allocation runs, or None where the allocation gives no count."""
+    for key, value in (("SLURM_GPUS_ON_NODE", env.get("SLURM_GPUS_ON_NODE", "")),
+                       ("SLURM_GPUS_PER_NODE", env.get("SLURM_GPUS_PER_NODE", "").rsplit(":", 1)[-1]),  # "a100:4"
+                       ("SLURM_NTASKS_PER_NODE", env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0])):  # "4(x2)"
+        if value and not SLURM_COUNT.fullmatch(value):
+            raise UsageError(f"--slurm: {key}={env.get(key, '')[:40]!r} is not a count of processes per node; set "
+                             "`gpus:` in the settings file (CLUSTER.yaml) instead")
+        if value and int(value) > 0:
+            return int(value)
+    return None

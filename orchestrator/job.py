@@ -18,7 +18,7 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 from .cleanup import LostNodeSweeper, sweep_notices
@@ -87,6 +87,26 @@ class Following:
     journal_ended: set[int] = field(default_factory=set)  # nodes whose journal was read to its end
     later_attempt: bool = False  # a node's journal said a later attempt follows
     absent: set[int] = field(default_factory=set)  # nodes where this attempt never began (the job ended first)
+    started: float | None = None  # the job's own start and end (wall clock), by its nodes' records
+    ended: float | None = None
+    master: str | None = None  # its master, addr:port, as the master node's record says
+
+    def result(self, result: JobResult) -> JobResult:
+        """The replay's result, with the job's own times and master rather than the attach's."""
+        if self.started is None:
+            return result
+        ended = self.ended if self.ended is not None else time.time()
+        return replace(result, started=self.started, ended=self.ended, elapsed=ended - self.started,
+                       master=self.master)
+
+    def record(self, frame: wire.JournalEnd, is_master: bool) -> None:
+        """What a node's record says of the job, from its JournalEnd."""
+        if isinstance(frame.started, (int, float)):
+            self.started = min(self.started or frame.started, frame.started)
+        if isinstance(frame.ended, (int, float)):
+            self.ended = max(self.ended or frame.ended, frame.ended)
+        if is_master and isinstance(frame.master, str):
+            self.master = frame.master
 
 
 class Job:
@@ -156,7 +176,7 @@ class Job:
         hung = None if self.table.failures or self.interrupted else self.hang.name_stopped(self.status)
         if hung is not None:
             self.fail(hung.node, hung.rank, None, hung.what)
-        return self.result()
+        return following.result(self.result())
 
     def check(self) -> list[NodeProblem]:
         """Connect, preflight and probe every node, start nothing (ddp-check)."""

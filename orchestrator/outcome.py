@@ -112,6 +112,14 @@ class JobResult:
     failures: tuple[Failure, ...]
     interrupted: int | None = None  # signal number
     elapsed: float = 0.0
+    # a replayed detached job (ddp-attach): its own start and end (wall clock) and master (addr:port)
+    started: float | None = None
+    ended: float | None = None
+    master: str | None = None
+
+    @property
+    def master_text(self) -> str:
+        return self.master or f"{self.plan.master_addr}:{self.master_port}"
 
     @property
     def root_cause(self) -> Failure | None:

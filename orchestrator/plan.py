@@ -133,7 +133,8 @@ class LaunchPlan:
         detached = dict(detach=True, token=self.peer_token, nodes=len(self.nodes), label=node.label,
                         ranks=[node.first_rank, node.nproc], hang_timeout=self.hang_timeout,
                         retention=self.retention, restarts=self.restarts, restart_delay=self.restart_delay,
-                        master_addr=self.master_addr if is_master else None) if self.detach else {}
+                        master_addr=self.master_addr if is_master else None,
+                        secrets=sorted(self.secrets) or None) if self.detach else {}
         return wire.RunSpec(
             job=self.job_id, node=node.index, cluster=self.cluster_id, run=self.run_token, workdir=node.workdir,
             script=self.script,

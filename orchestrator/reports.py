@@ -161,6 +161,7 @@ class NodeReports:
         job, status = self.job, self.table[node]
         job.following.journal_ended.add(node)
         job.following.later_attempt |= frame.later
+        job.following.record(frame, node == job.plan.master.index)
         if frame.absent:
             job.following.absent.add(node)
         elif not frame.running and not status.terminal:

@@ -40,28 +40,46 @@ def split_sbatch(argv: list[str], options_end: int | None = None) -> tuple[list[
                      "ddp-up --sbatch -N4 --time=2:00:00 cluster.yaml train.py")
 
 
-def batch_script(ddp_up_argv: list[str]) -> str:
+SECRET_ARG = "DDP_UP_SBATCH_ARG_%d"  # an argument that holds a secret reaches the batch job as this variable
+
+
+def batch_script(ddp_up_argv: list[str], secrets=frozenset()) -> tuple[str, dict[str, str]]:
     """The script sbatch runs: ddp-up --slurm in the allocation, plain lines (no terminal there);
-    the very ddp-up that wrote it (this Python, this package), not whichever is first on PATH."""
+    the very ddp-up that wrote it (this Python, this package), not whichever is first on PATH.
+    An argument holding a secret value is not written: the script reads it from its environment,
+    which sbatch passes on from its own. (the script, those variables {name: value})."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     command = [sys.executable, "-c", "import sys; sys.path.insert(0, %r); from orchestrator.entry import up; up()"
-               % package_parent]
-    return ("#!/bin/bash\n# written by ddp-up --sbatch: the run inside the allocation\n"
-            f"exec {shlex.join([*command, '--slurm', '--no-dashboard', *ddp_up_argv])}\n")
+               % package_parent, "--slurm", "--no-dashboard"]
+    words, held = [shlex.quote(a) for a in command], {}
+    for i, arg in enumerate(ddp_up_argv):
+        if any(secret in arg for secret in secrets):
+            held[SECRET_ARG % i] = arg
+            words.append(f'"${SECRET_ARG % i}"')
+        else:
+            words.append(shlex.quote(arg))
+    return f"#!/bin/bash\n# written by ddp-up --sbatch: the run inside the allocation\nexec {' '.join(words)}\n", held
 
 
-def submit(sbatch_options: list[str], ddp_up_argv: list[str], job_id: str, runs_dir: str) -> tuple[str, str]:
+def submit(sbatch_options: list[str], ddp_up_argv: list[str], job_id: str, runs_dir: str,
+           secrets=frozenset()) -> tuple[str, str]:
     """Write the batch script and submit it: (Slurm's job id, the script's path)."""
+    text, held = batch_script(ddp_up_argv, secrets)
+    if held and any(o.startswith("--export") for o in sbatch_options):
+        raise UsageError("a script argument holds a secret, which reaches the batch job only in the environment "
+                         "sbatch passes on: leave out --export, or let the script read the secret from a variable "
+                         "(forward_env: in the cluster file)")
     try:
         path = os.path.join(own_dir(os.path.join(runs_dir, job_id)), "sbatch.sh")
         with os.fdopen(no_link_open(path, fresh=True, mode=0o600), "w", encoding="utf-8") as f:  # private
-            f.write(batch_script(ddp_up_argv))
+            f.write(text)
     except OSError as e:
         raise SetupError([NodeProblem("sbatch", f"cannot write the batch script in {runs_dir}: {e.strerror or e}",
                                       "check that --runs-dir is a writable directory of yours")]) from None
     argv = [shutil.which("sbatch") or "sbatch", "--parsable", f"--job-name=ddp-up-{job_id}", *sbatch_options, path]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT, stdin=subprocess.DEVNULL)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **held})
         problem = None if done.returncode == 0 else NodeProblem(
             "sbatch", done.stderr.strip() or f"exit status {done.returncode}", "check the sbatch options")
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -150,13 +150,21 @@ SETUP_FAILED = 96  # the exit status of the agent's shell when a setup command f
 SETUP_MARK = "ddp-up: setup command"
 
 
+BEFORE_SETUP = "DDP_UP_TMPDIR_BEFORE"  # (bash only) TMPDIR before setup: "set:VALUE", or empty when unset
+JOB_TMPDIR = "DDP_UP_JOB_TMPDIR"  # TMPDIR as setup left it, for the job: "set:VALUE", or empty when unset
+
+
 def setup_script(setup: tuple[str, ...], workdir: str | None, then: str) -> str:
     """bash: run each setup command in ``workdir``, stop at the first failure with its number
     and status, else ``then`` (an exec). Setup commands get no stdin (the agent's source arrives
     there) and write to stderr (stdout carries the agent's frames)."""
-    lines = [f"cd {quote_path(workdir or '~')} 2>/dev/null || true"]
+    lines = [f"cd {quote_path(workdir or '~')} 2>/dev/null || true", f"{BEFORE_SETUP}=${{TMPDIR+set:$TMPDIR}}"]
     for i, command in enumerate(setup, start=1):
         # `:` first: a line that is only a comment (or that a comment ends) still makes a block
         lines.append(f"{{ :\n{command}\n}} </dev/null >&2 || {{ echo \"{SETUP_MARK} {i} failed with status $?\" >&2; "
                      f"exit {SETUP_FAILED}; }}")
+    # The agent keeps its state under the TMPDIR from before setup, where ddp-ls, ddp-kill and
+    # ddp-attach (which run no setup) look; the job gets setup's (node/checks.py's job_env).
+    lines.append(f"export {JOB_TMPDIR}=${{TMPDIR+set:$TMPDIR}}")
+    lines.append(f'case ${BEFORE_SETUP} in set:*) export TMPDIR="${{{BEFORE_SETUP}#set:}}";; *) unset TMPDIR;; esac')
     return "\n".join([*lines, then])

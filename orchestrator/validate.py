@@ -23,6 +23,7 @@ from .reading import key_path, read_text
 
 SSH_CLIENTS = ("fabric", "openssh")
 # Keys valid at the top level and overridable per node (and, on a node, `host`, `addr` and `ssh:`'s keys).
+MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo, not a machine
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "spares", "min_nodes",
@@ -245,7 +246,7 @@ class Validator(Checks):
                          lambda key: ("ssh", key))
         return NodeConfig(
             rank=i, host=host, transport=transport, line=self.lines.get(at),
-            gpus=None if gpus == "auto" else self.integer(gpus, g_at, low=1, hint="or `auto`"),
+            gpus=None if gpus == "auto" else self.integer(gpus, g_at, low=1, high=MOST_PROCS, hint="or `auto`"),
             addr=self.string(own.get("addr", "127.0.0.1" if transport == "local" else host), at + ("addr",)),
             python=self.string(python, p_at),
             workdir=None if workdir is None else self.string(workdir, w_at),

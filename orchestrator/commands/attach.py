@@ -12,7 +12,7 @@ import time
 from rich.table import Table
 
 from .. import signals
-from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, UsageError
+from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, NoSuchJob, UsageError
 from ..follow import follow_attempts, follow_plan
 from ..node import wire
 from ..oneshot import call_agent
@@ -97,12 +97,16 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
         return EXIT_USAGE
     with signals.recording() as inbox, ssh_connections():
         try:
-            plan = follow_plan(config, job_id)
             if args.tail is not None and args.tail < 0:
                 raise UsageError(f"--tail {args.tail}: a number of lines, 0 or more")
+            if not job_anywhere(list(config.nodes), job_id):
+                raise NoSuchJob(job_id, [n.label for n in config.nodes], args.cluster or "CLUSTER.yaml")
+            plan = follow_plan(config, job_id)
             view = make_view(plan, console, args, plain=ConsoleView if show_end else LinesView)
         except DdpUpError as e:
             return report(prog, e, config.secret_values)
+        except Interrupted as e:
+            return interrupted(prog, e, "before every node answered")
         # The journals from their start rewrite the run logs whole; a tail would cut them.
         logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True) if args.tail is None else NoLogs()
         with view, logs:
@@ -220,11 +224,9 @@ def main_ls(argv: list[str] | None = None) -> int:
     config = load_or_report(args, "ddp-ls", forward=False)
     if config is None:
         return EXIT_USAGE
-    nodes = list(config.nodes)
     with signals.recording(), ssh_connections():
         try:
-            replies = on_each(nodes, lambda n: call_agent(n, wire.ListSpec(), n.ssh.connect_timeout + LIST_LIMIT,
-                                                          until=wire.Jobs), name="ls")
+            replies = list_jobs(list(config.nodes))
         except Interrupted as e:
             return interrupted("ddp-ls", e, "before every node answered")
     records = [rec for r in replies if r.problem is None for rec in r.frames[wire.Jobs].jobs]
@@ -239,6 +241,21 @@ def main_ls(argv: list[str] | None = None) -> int:
         if r.problem is not None:
             console.print(f"ddp-ls: {r.problem.render()} (its jobs are not listed)", markup=False, highlight=False)
     return 3 if any(r.problem for r in replies) else EXIT_OK
+
+
+def list_jobs(nodes: list) -> list:
+    """Every node's answer to a ListSpec (its records), in parallel."""
+    return on_each(nodes, lambda n: call_agent(n, wire.ListSpec(), n.ssh.connect_timeout + LIST_LIMIT,
+                                               until=wire.Jobs), name="ls")
+
+
+def job_anywhere(nodes: list, job_id: str) -> bool:
+    """Whether a detached job ``job_id`` may be on these nodes: False only when every node
+    answered and none keeps its record (each writes it before the job starts there)."""
+    replies = list_jobs(nodes)
+    if any(r.problem is not None for r in replies):
+        return True  # a node that cannot say: following it reports why
+    return any(rec.get("job") == job_id for r in replies for rec in r.frames[wire.Jobs].jobs)
 
 
 def ls_table(rows: list[JobRow], now: float) -> Table:

@@ -65,6 +65,10 @@ def main_kill(argv: list[str] | None = None) -> int:
             print(json.dumps(kill_record(r, args.dry_run)))
     else:
         console.print(kill_table(reports, args.dry_run))
+        for r in reports:
+            if r.removed:
+                verb = "would remove" if args.dry_run else "removed"
+                console.print(outside(f"{r.node.label}: {verb} the state of {', '.join(r.removed)}"))
     for r in reports:
         if r.error:
             console.print(Text("✗ ", style="bold red") + outside(f"{r.node.label}: {r.error}"))
@@ -75,7 +79,7 @@ def kill_record(r: SweepReport, dry_run: bool) -> dict:
     """One node's sweep, for scripts (--json)."""
     return {"node": r.node.rank, "host": r.node.label, "jobs": list(r.jobs), "found": len(r.found),
             "stopped": 0 if dry_run else len(r.found) - len(r.left), "killed": len(r.killed), "left": len(r.left),
-            "error": r.error, "dry_run": dry_run}
+            "error": r.error, "dry_run": dry_run, "removed": list(r.removed)}
 
 
 def kill_table(reports: list[SweepReport], dry_run: bool) -> Table:

@@ -19,7 +19,7 @@ from rich.console import Console
 from .. import __version__, signals
 from ..attempts import Restarts
 from ..clusterfile import load_cluster
-from ..config import SyncConfig
+from ..config import NodeSource, SyncConfig
 from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
 from ..node.facts import IFNAME_VARS
 from ..parallel import interruptible
@@ -221,7 +221,7 @@ def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str]
         rest = [a for a in argv if a != "--slurm"]
         if args.job_id is None:
             rest = ["--job-id", job_id, *rest]
-        slurm_job, script = submit(sbatch_options, rest, job_id, args.runs_dir)
+        slurm_job, script = submit(sbatch_options, rest, job_id, args.runs_dir, batch_secrets(args.cluster))
     except DdpUpError as e:
         return report("ddp-up", e)
     console.print(f"ddp-up: submitted Slurm job {slurm_job} ({script}); it runs ddp-up job {job_id} with --slurm. "
@@ -229,6 +229,15 @@ def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str]
                   f"(slurm-{slurm_job}.out unless --output says otherwise). Stop it: scancel {slurm_job}",
                   markup=False, highlight=False)
     return EXIT_OK
+
+
+def batch_secrets(cluster: str | None) -> frozenset[str]:
+    """The secret values of a settings file for --sbatch, read as the batch job's --slurm will
+    (one stand-in node: the allocation's are not known here)."""
+    if cluster is None:
+        return frozenset()
+    stand_in = NodeSource("--sbatch", "", [{"host": "allocation", "gpus": 1}], transport="srun")
+    return load_cluster(cluster, stand_in).secret_values
 
 
 def sync_choice(flag: bool | None, configured: SyncConfig | None) -> SyncConfig | None:

@@ -89,9 +89,18 @@ def probe_torch(env):
     return info if info.get("torch") else None
 
 
+JOB_TMPDIR = "DDP_UP_JOB_TMPDIR"  # TMPDIR as `setup:` left it (transport.setup_script): the job's
+
+
 def job_env(extra):
-    """The environment the job gets: this agent's (after `setup:`), then the plan's `env`."""
+    """The environment the job gets: this agent's (after `setup:`, TMPDIR included), then the
+    plan's `env`."""
     env = dict(os.environ)
+    after_setup = env.pop(JOB_TMPDIR, None)
+    if after_setup is not None:
+        env.pop("TMPDIR", None)
+        if after_setup.startswith("set:"):
+            env["TMPDIR"] = after_setup[4:]
     env.update(extra or {})
     return env
 

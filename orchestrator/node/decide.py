@@ -6,6 +6,7 @@ and of ``now`` (monotonic seconds; ``wall``: the wall clock, for records). The s
 from . import failures, policy
 from .state import ENDED
 
+STOPPED_WAITING = "stopped for good while it waited to restart"  # a stop between attempts: the job is stopped
 HANG_DUMP_WAIT = 8.0  # after a detached job's ranks were asked for their stacks, before it is stopped
 
 

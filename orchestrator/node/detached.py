@@ -22,8 +22,9 @@ import os
 import signal
 import time
 
-from . import events, policy, wire
+from . import decide, events, policy, wire
 from .checks import PortHold
+from .relay import masked
 from .run import Runner
 from .state import JOURNAL, Journal, per_attempt, remove_stale_state, write_record
 from .supervisor import PeerLink, Supervisor, listen_for_peers
@@ -34,6 +35,17 @@ def with_port(argv, port):
     so), which comes before the script; the script's own arguments are left as they are."""
     at = next(i for i, a in enumerate(argv) if a.startswith("--master-port="))
     return argv[:at] + ["--master-port=%d" % port] + argv[at + 1:]
+
+
+def master_of(argv):
+    """The launch line's master, ``addr:port`` (its ``--master-addr=``/``--master-port=``, which
+    come before the script), for the record; None if it has none."""
+    found = {}
+    for arg in argv:
+        for name in ("--master-addr=", "--master-port="):
+            if arg.startswith(name) and name not in found:
+                found[name] = arg[len(name):]
+    return "%s:%s" % (found["--master-addr="], found["--master-port="]) if len(found) == 2 else None
 
 
 def own_failure(failures, ends, first_rank):
@@ -58,6 +70,7 @@ class DetachedRun(Runner):
         self.record = None  # this node's record (see write_record), once the job runs on its own
         self.first_go = None  # attempt 0's Go, whose launch line every later attempt reuses
         self.next_go = None  # the Restart of the attempt to start next, between two attempts
+        self.draft = None  # the record, written before the job starts; self.record once it runs on its own
 
     def prepare(self):
         if not (self.spec.check_port or self.spec.pick_port):
@@ -70,10 +83,20 @@ class DetachedRun(Runner):
             return "protocol error from the controller: a detached Go without its supervisor"
         return None
 
-    def before_start(self):
+    def before_start(self, go):
+        self.out.secrets = tuple(sorted(self.spec.secrets or (), key=len, reverse=True))
         if self.out.journal is not None:
             self.out.journal.close()  # the attempt before's is complete
         self.out.journal = Journal(os.path.join(self.dir, per_attempt(JOURNAL, self.attempt)))
+        if self.draft is None:  # written before Started goes out: once ddp-up says the job runs, ddp-attach finds it
+            self.draft = self.new_record(go)
+            write_record(self.dir, self.draft)
+
+    def new_record(self, go):
+        return {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label, "script": self.spec.script,
+                "ranks": self.spec.ranks, "pid": os.getpid(), "started": time.time(), "ended": None,
+                "state": "running", "code": None, "reason": None, "retention": self.spec.retention,
+                "attempt": self.attempt, "master": master_of(go.argv)}
 
     def on_its_own(self):
         return self.record is not None
@@ -107,11 +130,7 @@ class DetachedRun(Runner):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.out.last_output = self.clock()  # the hang watch counts from the start, as ddp-up's does
         self.first_go = go
-        self.record = {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label,
-                       "script": self.spec.script, "ranks": self.spec.ranks, "pid": os.getpid(),
-                       "started": time.time(), "ended": None, "state": "running", "code": None, "reason": None,
-                       "retention": self.spec.retention, "attempt": self.attempt}
-        write_record(self.dir, self.record)
+        self.record = self.draft
         try:
             remove_stale_state({}, records_only=True)  # finished detached jobs past their retention, here
         except OSError:
@@ -132,10 +151,11 @@ class DetachedRun(Runner):
         recorded. Every other node waits for that word while restarts are left."""
         state = "failed" if failures else "stopped" if stopped else ("done" if code == 0 else "failed")
         failure = own_failure(failures, ends, (self.spec.ranks or [0])[0]) if state == "failed" else None
+        failure = masked(failure, self.out.secrets)  # for the supervisor's outcome, which ddp-ls shows
         more = policy.restarts_left(self.attempt, self.spec.restarts) and not self.for_good
         self.record.update(ended=time.time(), state="restarting" if more else state, code=code, reason=reason)
         write_record(self.dir, self.record)
-        go = None
+        go, stopped_waiting = None, None
         if self.supervisor is not None:
             self.supervisor.report(self.spec.node, state, code, reason, self.attempt, self.for_good, failure)
             self.supervisor.finished.wait()
@@ -143,11 +163,12 @@ class DetachedRun(Runner):
                 go, why = self.restart_here()
                 if go is None:
                     self.supervisor.over(why)
+                    stopped_waiting = why if why == decide.STOPPED_WAITING else None
         elif self.link is not None:
             self.link.report(state, code, reason, self.attempt, self.for_good, failure, keep=more)
-            go = self.await_restart() if more else None
-        if go is None and more:
-            self.record.update(state=state)
+            go, stopped_waiting = self.await_restart() if more else (None, None)
+        if go is None and more:  # a stop while it waited to restart ends the job stopped, not failed
+            self.record.update(state="stopped" if stopped_waiting else state, reason=stopped_waiting or reason)
             write_record(self.dir, self.record)
         self.next_go = go
         return go is not None
@@ -160,7 +181,7 @@ class DetachedRun(Runner):
         deadline = self.clock() + policy.restart_delay(attempt, self.spec.restart_delay)
         while self.clock() < deadline:
             if isinstance(self.next_event(deadline), events.Stop):
-                return None, "stopped for good while it waited to restart"
+                return None, decide.STOPPED_WAITING
         try:  # held until the launcher starts, as for the first attempt
             self.held = PortHold(self.spec.check_port or 0)
         except OSError as e:
@@ -171,14 +192,17 @@ class DetachedRun(Runner):
 
     def await_restart(self):
         """Every other node, between two attempts: the supervisor's word (bounded: a supervisor
-        unheard for orphan_timeout is a stop, see PeerLink.beat). The Restart, or None."""
+        unheard for orphan_timeout is a stop, see PeerLink.beat). (the Restart, None), or (None,
+        why it was stopped for good while it waited, or None: the job ended otherwise)."""
         while True:
             event = self.events.get()
             if isinstance(event, events.Restart):
-                return event.frame
+                return event.frame, None
             if isinstance(event, (events.Over, events.Stop)):
                 self.link.close()
-                return None
+                if isinstance(event, events.Stop):
+                    return None, "%s while it waited to restart" % event.reason
+                return None, (event.reason if event.reason == decide.STOPPED_WAITING else None)
 
     def begin_attempt(self, restart):
         """Start attempt ``restart.attempt`` here: the launch line of the first with the new
@@ -187,9 +211,11 @@ class DetachedRun(Runner):
         self.log_dir = os.path.join(self.dir, per_attempt("logs", self.attempt))
         go = self.first_go
         self.close_listener()
-        self.start(wire.Go(argv=with_port(go.argv, restart.port), supervisor=go.supervisor, env=go.env))
+        argv = with_port(go.argv, restart.port)
+        self.start(wire.Go(argv=argv, supervisor=go.supervisor, env=go.env))
         self.out.last_output = self.clock()
-        self.record.update(state="running", attempt=self.attempt, ended=None, code=None, reason=None)
+        self.record.update(state="running", attempt=self.attempt, ended=None, code=None, reason=None,
+                           master=master_of(argv))
         write_record(self.dir, self.record)
         if self.supervisor is not None:
             self.supervisor.report(self.spec.node, "running", attempt=self.attempt)

@@ -24,10 +24,11 @@ def sweep(spec, writer):
     writer.send(wire.Listed(found=found))
     if spec.dry_run:
         result = {"found": found, "killed": [], "left": []}
+        removed = remove_stale_state(match, purge=True, dry_run=True) if spec.purge else []
     else:
         result = stop_agents_first(match, spec.grace)
-        remove_stale_state(match, purge=spec.purge)
-    writer.send(wire.Swept(killed=result["killed"], left=result["left"]))
+        removed = remove_stale_state(match, purge=spec.purge)
+    writer.send(wire.Swept(killed=result["killed"], left=result["left"], removed=removed))
     writer.drain(5)
     return 0
 

@@ -28,8 +28,11 @@ class Writer:
 
     journal = None  # detach: a Journal that keeps every frame after Go (heartbeats aside)
     last_output = time.monotonic()  # when a rank's line last went out (a detached job's hang watch)
+    secrets = ()  # detach: values masked in every frame journaled (and sent with it), longest first
 
     def send(self, frame, block=True):
+        if self.journal is not None and self.secrets and not isinstance(frame, wire.Heartbeat):
+            frame = masked_frame(frame, self.secrets)
         data = frame.encode()
         if type(frame) is wire.Output and frame.rank is not None:
             self.last_output = time.monotonic()
@@ -76,6 +79,25 @@ class Writer:
                     self.broken = True  # controller gone; stdin EOF will stop the job
             if self.items.empty():
                 self.idle.set()
+
+
+def masked(value, secrets):
+    """A frame's field with every secret value in it (``secrets``: longest first) as ***."""
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, "***")
+    elif isinstance(value, bytes):
+        for secret in secrets:
+            value = value.replace(secret.encode("utf-8", "surrogateescape"), b"***")
+    elif isinstance(value, list):
+        value = [masked(v, secrets) for v in value]
+    elif isinstance(value, dict):
+        value = {k: masked(v, secrets) for k, v in value.items()}
+    return value
+
+
+def masked_frame(frame, secrets):
+    return type(frame)(**{name: masked(getattr(frame, name), secrets) for name in frame.NAMES})
 
 
 def join_while_moving(thread, writer, stall_timeout):

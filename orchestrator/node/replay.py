@@ -28,7 +28,7 @@ def follow(spec, writer):
         writer.drain(5)
         return 3 if not spec.attempt else 0
     decoder = wire.Decoder(wire.TO_CONTROLLER)
-    beat = time.monotonic()
+    beat, record = time.monotonic(), {}
     with os.fdopen(fd, "rb", buffering=0) as f:
         skip = backlog_to_skip(f, spec.tail) if spec.tail is not None else {}
         while not writer.broken:
@@ -55,7 +55,13 @@ def follow(spec, writer):
                 beat = time.monotonic()
             time.sleep(0.1)
     later = current > spec.attempt or (spec.follow and state == "restarting" and current == spec.attempt)
-    writer.send(wire.JournalEnd(running=running, later=later))
+    return journal_end(writer, running, later, record)
+
+
+def journal_end(writer, running, later, record):
+    """The journal was sent to its end: say so, with what the record says of the job here."""
+    writer.send(wire.JournalEnd(running=running, later=later, started=record.get("started"), ended=record.get("ended"),
+                                master=record.get("master")))
     writer.drain(30)
     return 0
 

@@ -55,8 +55,8 @@ class Runner:
         """None, or why this Go cannot be run (the job then stops)."""
         return None
 
-    def before_start(self):
-        """Before the launcher starts: a detached run opens the attempt's journal."""
+    def before_start(self, go):
+        """Before the launcher starts: a detached run opens the attempt's journal (and, first, its record)."""
 
     def run_job(self, go):
         """Start the job and watch it to its end here; the agent's exit status."""
@@ -187,7 +187,7 @@ class Runner:
 
     def start(self, go):
         """The attempt's launch, from ``go`` (its processes, relays and samplers: launch.py)."""
-        self.before_start()
+        self.before_start(go)
         self.launch = Launch(self.spec, self.out, self.match, self.dir, self.log_dir, self.attempt, self.job_env,
                              self.events.put)
         self.launch.start(go)

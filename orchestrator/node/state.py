@@ -176,7 +176,7 @@ NONE = type(None)
 SHAPES = {
     RECORD: ({"job": str, "node": int, "state": str, "pid": int, "started": NUMBER},
              {"label": str, "script": str, "ended": NUMBER + (NONE,), "code": (int, NONE), "reason": (str, NONE),
-              "retention": NUMBER, "attempt": int, "ranks": (list, NONE)}),
+              "retention": NUMBER, "attempt": int, "ranks": (list, NONE), "master": (str, NONE)}),
     OUTCOME: ({"root_cause": (dict, NONE)},
               {"job": str, "attempt": int, "ended": NUMBER, "halted": (str, NONE), "nodes": dict, "attempts": list}),
 }
@@ -257,15 +257,17 @@ def expired(record, now):
     return live_state(record) != "running" and now - (record.get("ended") or record.get("started") or 0) > retention
 
 
-def remove_stale_state(match, purge=False, records_only=False):
+def remove_stale_state(match, purge=False, records_only=False, dry_run=False):
     """Remove the node directories (hooks, and any torchrun log copy kept for a vanished
     controller) of jobs that no longer have processes here; only in a private state root, only
     directories named as ddp-up names them, never through a link. A detached job's record and
     journal stay for its retention after its end, unless ``purge``; ``records_only``: only
-    those (a launch's leftovers are a sweep's business)."""
+    those (a launch's leftovers are a sweep's business). What it removed, ["JOB nodeN", ...];
+    ``dry_run``: what it would remove once the sweep has stopped the processes it found."""
     root = state_root()
+    removed = []
     if private_dir(root, create=False):
-        return
+        return removed
     job = match.get(TAG_JOB)
     jobs = [job] if job else os.listdir(root)
     for name in jobs:
@@ -283,12 +285,16 @@ def remove_stale_state(match, purge=False, records_only=False):
                 continue
             if record is not None and not (purge or expired(record, time.time())):
                 continue  # a detached job's, kept for its retention
-            if not find_tagged({TAG_JOB: name, **tags}):
-                shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
+            if dry_run or not find_tagged({TAG_JOB: name, **tags}):
+                removed.append("%s %s" % (name, entry))
+                if not dry_run:
+                    shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
         try:
-            os.rmdir(job_dir)  # only if empty
+            if not dry_run:
+                os.rmdir(job_dir)  # only if empty
         except OSError:
             pass
+    return removed
 
 
 def remove_quietly(*paths):

@@ -160,6 +160,9 @@ class RunSpec(Frame):
     restarts: int = 0  # detach: attempts after the first that the supervisor may start (see node/detached.py)
     restart_delay: float = 10.0  # detach: seconds before attempt 1; attempt N waits N times that
     master_addr: str | None = None  # detach, the master node: where the peers reach its supervisor (it listens there)
+    # detach: the job's secret values (env:, env_file:, forward_env:), masked in its journal and records here,
+    # so an attach from a shell or cluster file that does not know them shows none of them
+    secrets: list | None = None
 
 
 @_frame(TO_AGENT)
@@ -374,6 +377,7 @@ class Listed(Frame):
 class Swept(Frame):
     killed: list[int]  # needed SIGKILL after the grace period
     left: list[int]  # still alive at the end (should be empty)
+    removed: list | None = None  # the state it removed ("JOB nodeN"; a dry run: what it would remove)
 
 
 @_frame(TO_CONTROLLER)
@@ -426,6 +430,10 @@ class JournalEnd(Frame):
     running: bool
     later: bool = False  # a later attempt follows this one here (or the job waits to start it)
     absent: bool = False  # this attempt never started here: the job ended while it waited to restart
+    # the job here as its record says: when it started and ended (wall clock), its master (addr:port)
+    started: float | None = None
+    ended: float | None = None
+    master: str | None = None
 
 
 @_frame(TO_CONTROLLER)

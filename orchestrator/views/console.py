@@ -323,8 +323,7 @@ _BOLD = Style(bold=True)
 
 
 def summary_table(result: JobResult, mask=lambda text: text) -> Table:
-    table = Table(title=f"job {result.plan.job_id} (master {result.plan.master_addr}:{result.master_port})",
-                  title_justify="left")
+    table = Table(title=outside(f"job {result.plan.job_id} (master {result.master_text})"), title_justify="left")
     for column in ("node", "host", "ranks", "state", "exit", "detail"):
         table.add_column(column)
     for status in result.nodes:

@@ -168,12 +168,12 @@ class RunLogs:
         root = result.root_cause
         return _masked({
             "job_id": self.plan.job_id,
-            "master": f"{self.plan.master_addr}:{result.master_port}",
+            "master": result.master_text,
             "world_size": self.plan.world_size,
             "script": self.plan.script,
             "args": list(self.plan.script_args),
-            "started": _iso(self.started),
-            "ended": _iso(self.wall()),
+            "started": _iso(result.started or self.started),
+            "ended": _iso(result.ended if result.started is not None else self.wall()),
             "exit_code": exit_code,
             "interrupted_by": result.interrupted,
             "root_cause": None if root is None else {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 import signal
 import time
 
@@ -99,16 +100,23 @@ def test_a_detached_job_runs_to_its_end_without_ddp_up_and_every_line_is_shown_o
     assert (run_dir(job) / "rank2.log").read_text().splitlines() == logged  # a tail leaves the run logs whole
 
 
-def test_a_failing_rank_stops_every_node_and_is_named(detached):
+def test_a_failing_rank_stops_every_node_and_is_named(cluster, detached):
     path = detached([(0, 1), (1, 1), (2, 1)])
     job = detach(path, "tick", "600", "0.2", "1", "7")
     row = wait_state(path, job, ("failed",), 60)
     assert row["nodes"] == {"0": "stopped", "1": "failed", "2": "stopped"}, row
     assert "(node 1, rank 1) failed (exit code 7)" in row["root_cause"], row
+    attached = time.time()
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
     assert code == 1, out
     assert re.search(r"root cause: \S+ \(node 1, rank 1\): rank 1 exited with code 7", out), out
     assert "rank 1 failing with 7" in out
+    # issue 26, item 2: a replay reports the job's own times and master, not the attach's
+    summary = json.loads((run_dir(job) / "summary.json").read_text())
+    began, ended = (datetime.fromisoformat(summary[k]).timestamp() for k in ("started", "ended"))
+    assert began < ended < attached and abs((ended - began) - row["duration"]) < 1.0, (summary, row)
+    assert re.fullmatch(rf"{re.escape(cluster.nodes[0].addr)}:\d+", summary["master"]), summary
+    assert re.search(rf"\(master {re.escape(summary['master'])}\)", out), out
 
 
 def test_a_node_cut_off_is_lost_the_others_stop_and_it_stops_its_part_itself(cluster, detached):
@@ -168,11 +176,16 @@ def test_attach_names_an_unreachable_node_and_shows_the_others(cluster, detached
     assert re.search(rf"{re.escape(cluster.nodes[1].addr)}.*(refused|cannot reach)", out), out
 
 
-def test_ddp_logs_of_an_unknown_job_says_so(detached):
-    path = detached([(0, 1)])
-    code, out = run(LOGS, str(path), "no-such-job", "--runs-dir", RUNS_ROOT)
-    assert code == 3, out
-    assert "no detached job no-such-job on this node" in out
+def test_an_unknown_job_gets_one_message_and_leaves_nothing(cluster, detached, tmp_path):
+    """Issue 26, item 12: one message (not one per node, and no job header), exit 3, and no run
+    directory made for a job that does not exist."""
+    path = detached([(0, 1), (1, 1)])
+    for tool, extra in ((LOGS, []), (ATTACH, ["--no-dashboard"])):
+        code, out = run(tool, str(path), "no-such-job", *extra, "--runs-dir", str(tmp_path / "runs"))
+        assert code == 3, out
+        assert out.count("no detached job no-such-job") == 1 and "world size" not in out, out
+        assert f"on {cluster.nodes[0].addr}, {cluster.nodes[1].addr}: ddp-ls {path} lists the jobs there" in out, out
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_detached_hang_is_detected_dumped_stopped_and_named(cluster, detached):
@@ -227,6 +240,45 @@ def test_ddp_kill_while_a_detached_job_waits_to_restart_ends_it_for_good(detache
     code, out = ddp_kill(str(path), "--job", job)
     assert code == 0, out
     row = wait_state(path, job, ("failed", "stopped"), 30)
+    assert row["state"] == "stopped" and row["nodes"] == {"0": "stopped", "1": "stopped"}, row  # issue 26, item 2
     assert row["attempt"] == 0 and row["exit_status"] == 1, row
     assert "(node 1, rank 1) failed (exit code 7)" in row["root_cause"], row
     assert not procs.wait_no_job_processes(job, timeout=30)
+
+
+def test_a_detached_jobs_secrets_stay_masked_for_an_attach_that_does_not_know_them(detached, tmp_path):
+    """Issue 26, item 4: ddp-logs and ddp-attach printed forward_env: and env_file: secrets in
+    clear (and wrote them to the run logs) when the shell or cluster file that attaches does not
+    hold them: the job's own agents mask them in its journal and records."""
+    env_file = tmp_path / "job.env"
+    env_file.write_text("HF_API_KEY=hf-file-secret-5678\n")
+    path = detached([(0, 1), (1, 1)], forward_env=["DDP_TEST_TOKEN"], env_file=str(env_file))
+    launch = Launch(["--detach", str(path), SCRIPT, "env", "DDP_TEST_TOKEN", "HF_API_KEY"],
+                    env={"DDP_TEST_TOKEN": "tok-forwarded-1234"})
+    assert launch.wait(60) == 0, launch.output
+    job = re.search(r"job (\S+) runs detached", launch.output).group(1)
+    wait_state(path, job, ("done",), 60)
+    env_file.unlink()  # the attaching side knows neither secret now
+    code, out = run(LOGS, str(path), job, "--runs-dir", RUNS_ROOT)
+    assert code == 0, out
+    assert re.search(r"r1 \| ENV DDP_TEST_TOKEN=\*\*\*$", out, re.M) and "ENV HF_API_KEY=***" in out, out
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
+    assert code == 0, out
+    kept = "".join(p.read_text() for p in run_dir(job).rglob("*") if p.is_file())
+    for secret in ("tok-forwarded-1234", "hf-file-secret-5678"):
+        assert secret not in out and secret not in kept
+
+
+def test_a_setup_that_moves_tmpdir_hides_no_detached_job(detached, tmp_path):
+    """Issue 26, item 9: `setup: export TMPDIR=...` put the job's state where ddp-ls, ddp-logs
+    and ddp-kill --purge (which run no setup) never looked. The job still gets setup's TMPDIR."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    path = detached([(0, 1)], setup=[f"export TMPDIR={scratch}"])
+    job = detach(path, "env", "TMPDIR")
+    wait_state(path, job, ("done",), 60)
+    code, out = run(LOGS, str(path), job, "--runs-dir", RUNS_ROOT)
+    assert code == 0 and f"ENV TMPDIR={scratch}" in out, out
+    code, out = ddp_kill(str(path), "--job", job, "--purge")
+    assert code == 0 and f"removed the state of {job} node0" in out, out
+    assert job not in jobs(path)

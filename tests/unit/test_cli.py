@@ -19,7 +19,7 @@ def test_config_error_exits_2_with_one_message(tmp_path, capsys):
     bad.write_text("nodes:\n  - host: a\n    gpus: 0\n")
     assert main_up([str(bad), "t.py"]) == 2
     err = capsys.readouterr().err
-    assert f"{bad}:3: nodes[0].gpus: must be an integer >= 1 or `auto`, got 0" in err
+    assert f"{bad}:3: nodes[0].gpus: must be an integer between 1 and 1024 or `auto`, got 0" in err
 
 
 def test_dry_run_connects_to_nothing(tmp_path, capsys):

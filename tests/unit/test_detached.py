@@ -225,14 +225,17 @@ def test_attaching_replays_every_node_and_decides_nothing(tmp_path):
         node.open = open_
 
     stopped = wire.Exited(code=-15, signal="SIGTERM", stopped=True, reason="node 1 failed (exit code 1)")
-    replay(h.nodes[0], wire.Started(), wire.Stopping(reason="node 1 failed"), stopped, wire.JournalEnd(running=False))
+    replay(h.nodes[0], wire.Started(), wire.Stopping(reason="node 1 failed"), stopped,
+           wire.JournalEnd(running=False, started=500.0, ended=530.0, master="10.0.0.1:29511"))
     replay(h.nodes[1], wire.Started(), wire.Exited(code=1, signal=None, stopped=False, reason=None),
-           wire.JournalEnd(running=False))
+           wire.JournalEnd(running=False, started=499.5, ended=529.0, master="elsewhere:1"))
     replay(h.nodes[2], wire.Started(), wire.JournalEnd(running=False))
     result = h.job.follow()
     assert h.states() == ["stopped", "failed", "lost"]
     assert result.exit_code == 1 and result.root_cause.node == 1 and len(result.failures) == 1
     assert [n.kinds() for n in h.nodes] == [[], [], []] and not h.sweeper.swept
+    # issue 26, item 2: the job's own start, end and master (the master node's record), not the attach's
+    assert (result.started, result.ended, result.elapsed, result.master_text) == (499.5, 530.0, 30.5, "10.0.0.1:29511")
 
 
 def test_ctrl_c_while_attached_detaches_and_sends_nothing():
@@ -488,9 +491,13 @@ def test_a_damaged_record_outcome_or_journal_hides_nothing_else(tmp_path, monkey
     (root / "good" / "node0" / state.OUTCOME).write_text(json.dumps({"root_cause": {"node": "zero"}}))
     listed = state.recorded_jobs()
     assert [r["job"] for _, r in listed] == ["good"] and listed[0][1]["outcome"] is None
-    state.remove_stale_state({})
+    assert state.remove_stale_state({}) == []
     assert sorted(p.name for p in root.iterdir()) == ["bad0", "bad1", "bad2", "bad3", "bad4", "good"]
-    state.remove_stale_state({}, purge=True)
+    everything = sorted(f"{job} node0" for job in ["bad0", "bad1", "bad2", "bad3", "bad4", "good"])
+    # issue 26, item 12: --purge --dry-run lists what --purge removes, and --purge says what it removed
+    assert sorted(state.remove_stale_state({}, purge=True, dry_run=True)) == everything
+    assert sorted(p.name for p in root.iterdir()) == ["bad0", "bad1", "bad2", "bad3", "bad4", "good"]
+    assert sorted(state.remove_stale_state({}, purge=True)) == everything
     assert not root.exists() or not any(root.iterdir())  # --purge: nothing of them is left
 
     frames = [wire.Started(), wire.Output("out", 0, b"step 1\n"), wire.Output("out", 0, b"step 2\n")]

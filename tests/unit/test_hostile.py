@@ -18,6 +18,7 @@ from orchestrator.commands.check import main_check
 from orchestrator.commands.kill import main_kill
 from orchestrator.commands.up import main_up
 from orchestrator.plan import mask_secrets
+from tests.harness.runner import REPO
 
 LOCAL = "transport: local\nnodes: [{host: a, gpus: 1}]\n"
 SSH_CLOSED = "nodes: [{host: 127.0.0.1, gpus: 1, port: 1, connect_timeout: 5}]\n"  # refused at once
@@ -70,6 +71,11 @@ CASES = [
          "--job-id '../../x': a job id is", {"c.yaml": LOCAL}),
     Case("--restarts 10**12", ["--restarts", "1000000000000", "{c}", "t.py"], 2,
          "--restarts must be an integer between 0 and 1000", {"c.yaml": LOCAL}),
+    Case("gpus 10**9", ["{c}", "t.py"], 2, "{c}:2: nodes[0].gpus: must be an integer between 1 and 1024",
+         {"c.yaml": "transport: local\nnodes: [{host: a, gpus: 1000000000}]\n"}),
+    Case("a secret argument with --sbatch --export", ["--sbatch", "--export=NONE", "{c}", "t.py", "--key", "s3cr3t-value"],
+         2, "a script argument holds a secret", {"c.yaml": "env: {API_KEY: s3cr3t-value}\n"},
+         absent="s3cr3t-value"),
     Case("NUL in an env value", ["{c}", "t.py"], 2, "{c}:1: env.A: holds a NUL character",
          {"c.yaml": 'env: {A: "x\\0y"}\n' + LOCAL}),
     Case("NUL in an env_file value", ["{c}", "t.py"], 2, "{d}/x.env:2: B: holds a NUL character",
@@ -98,9 +104,9 @@ CASES = [
     Case("top level is a list", ["{c}", "t.py"], 2, "{c}:1: must be a mapping, got a list", {"c.yaml": "- a\n"}),
     Case("nodes is a mapping", ["{c}", "t.py"], 2, "{c}:1: nodes: must be a non-empty list of nodes",
          {"c.yaml": "nodes: {a: 1}\n"}),
-    Case("gpus 1.5", ["{c}", "t.py"], 2, "{c}:1: nodes[0].gpus: must be an integer >= 1 or `auto`, got 1.5",
+    Case("gpus 1.5", ["{c}", "t.py"], 2, "{c}:1: nodes[0].gpus: must be an integer between 1 and 1024 or `auto`, got 1.5",
          {"c.yaml": "nodes: [{host: a, gpus: 1.5}]\n"}),
-    Case("gpus true", ["{c}", "t.py"], 2, "nodes[0].gpus: must be an integer >= 1 or `auto`, got True",
+    Case("gpus true", ["{c}", "t.py"], 2, "nodes[0].gpus: must be an integer between 1 and 1024 or `auto`, got True",
          {"c.yaml": "nodes: [{host: a, gpus: true}]\n"}),
     Case("port 70000", ["{c}", "t.py"], 2, "master.port: must be an integer between 1 and 65535 or `auto`",
          {"c.yaml": "master: {port: 70000}\n" + LOCAL}),
@@ -289,7 +295,7 @@ def test_tables_into_a_pipe_keep_every_job_id_and_state_whole(capsys, tmp_path):
     assert main_kill(["--json", "--job", "nothing-runs-under-this-id", str(tmp_path / "c.yaml")]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert rows == [{"node": 0, "host": "a", "jobs": [], "found": 0, "stopped": 0, "killed": 0, "left": 0,
-                     "error": None, "dry_run": False}]
+                     "error": None, "dry_run": False, "removed": []}]
 
 
 def test_a_setup_line_that_is_only_a_comment_runs_and_a_failing_one_is_still_named():
@@ -350,3 +356,59 @@ def test_text_not_from_ddp_up_is_printed_as_text_everywhere(text, capsys):
     plain = re.sub(r"\x1b\[[0-9;]*m", "", written)
     if text.startswith("["):
         assert text in plain, plain
+
+
+def test_a_detached_jobs_agent_masks_its_secrets_in_every_frame_it_journals():
+    """Issue 26, item 4: the journal (what ddp-attach and ddp-logs replay) holds no secret value,
+    in a rank's line, a failure's exception or a reason; frames without one pass unchanged."""
+    import io
+    import threading
+
+    from orchestrator.node import wire
+    from orchestrator.node.relay import Writer
+
+    class Journal:
+        lock = threading.Lock()
+        frames: list = []
+
+        def append(self, data):
+            self.frames.append(data)
+
+    writer = Writer(io.BytesIO())
+    writer.journal, writer.secrets = Journal(), ("tok-long-secret", "tok-long")
+    writer.send(wire.Output("out", 0, b"key=tok-long-secret and tok-long\n"))
+    writer.send(wire.Exited(code=1, signal=None, stopped=False, reason="tok-long",
+                            failures=[{"rank": 0, "at": 1.0, "exception": "E: tok-long-secret", "trace": ["tok-long"],
+                                       "error_file": None}]))
+    writer.send(wire.Started())
+    decoder = wire.Decoder(wire.TO_CONTROLLER)
+    frames = [f for data in writer.journal.frames for f in decoder.feed(data)]
+    assert frames[0].data == b"key=*** and ***\n"  # longest first: no half-masked secret
+    assert frames[1].reason == "***" and frames[1].failures[0]["exception"] == "E: ***"
+    assert frames[1].failures[0]["trace"] == ["***"] and frames[2] == wire.Started()
+    assert not any(b"tok-long" in data for data in writer.journal.frames)
+
+
+@pytest.mark.parametrize("before", [None, "/tmp/before-setup"])
+def test_a_setup_that_sets_tmpdir_moves_the_jobs_tmpdir_not_ddp_ups_state(before, tmp_path):
+    """Issue 26, item 9: `setup: export TMPDIR=...` put the agent's state where ddp-ls, ddp-kill
+    and ddp-attach (which run no setup) never look: the job was hidden from them. The agent keeps
+    the TMPDIR from before setup; the job gets setup's."""
+    import subprocess
+    import sys
+
+    from orchestrator.transport import setup_script
+    script = tmp_path / "probe.py"
+    script.write_text(f"import json, os, sys\nsys.path.insert(0, {str(REPO)!r})\n"
+                      "from orchestrator.node.checks import job_env\n"
+                      "print(json.dumps([os.environ.get('TMPDIR'), job_env({}).get('TMPDIR'),\n"
+                      "                  any(k.startswith('DDP_UP_') for k in job_env({}))]))\n")
+    probe = f"{sys.executable} {script}"
+    env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
+    if before is not None:
+        env["TMPDIR"] = before
+    for setup, jobs in ((("export TMPDIR=/scratch/job",), "/scratch/job"), (("unset TMPDIR",), None),
+                        (("true",), before)):
+        done = subprocess.run(["bash", "-c", setup_script(setup, None, "exec " + probe)], env=env,
+                              capture_output=True, text=True)
+        assert json.loads(done.stdout) == [before, jobs, False], (setup, done.stdout, done.stderr)

@@ -66,9 +66,28 @@ def test_slurm_allocation_becomes_nodes_gpus_and_port():
     assert slurm_nodes(env) == ([{"host": "n1", "gpus": 4}], 15077)
     env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1", "SLURM_NTASKS_PER_NODE": "2(x3)"}
     assert slurm_nodes(env)[0] == [{"host": "n1", "gpus": 2}]
-    assert slurm_nodes({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1"})[0] == [{"host": "n1", "gpus": "auto"}]
+    assert slurm_nodes({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1"})[0] == [{"host": "n1"}]  # no count
     with pytest.raises(UsageError, match="not inside a Slurm allocation"):
         slurm_nodes({})
+
+
+@pytest.mark.parametrize("key, value", [("SLURM_GPUS_ON_NODE", "99999999999999"), ("SLURM_GPUS_ON_NODE", "\u0663"),
+                                        ("SLURM_GPUS_PER_NODE", "a100:-1"), ("SLURM_NTASKS_PER_NODE", "lots")])
+def test_a_slurm_count_that_is_not_one_is_refused_where_it_enters(key, value):
+    """Issue 26, item 8: Slurm's counts are checked where they enter (a 14-digit count, or
+    another script's digits, was taken for a process count)."""
+    with pytest.raises(UsageError, match=f"--slurm: {key}=.* is not a count of processes per node"):
+        slurm_nodes({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1", key: value})
+
+
+def test_under_slurm_the_settings_files_gpus_wins_where_the_allocation_gives_no_count():
+    """Issue 26, item 8: `gpus: 1` in the settings file was ignored (auto won, and refused a CPU node)."""
+    nodes, port = slurm_nodes({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-2]"})
+    source = NodeSource("--slurm", "", nodes, master_port=port, transport="srun")
+    assert [n.gpus for n in parse_cluster("gpus: 1\n", "s.yaml", source).nodes] == [1, 1]
+    assert [n.gpus for n in parse_cluster("python: python3\n", "s.yaml", source).nodes] == [None, None]  # auto
+    counted, _ = slurm_nodes({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "4"})
+    assert parse_cluster("gpus: 1\n", "s.yaml", NodeSource("--slurm", "", counted)).nodes[0].gpus == 4
 
 
 def test_nodes_from_a_source_take_the_cluster_files_other_settings():

@@ -31,8 +31,8 @@ def test_sbatch_options_run_to_the_cluster_file_or_a_double_dash():
     assert split_sbatch(["--ranks", "0", "--sbatch", "-p", "gpu", "--", "t.py"]) == (["-p", "gpu"], ["--ranks", "0", "t.py"])
     with pytest.raises(UsageError, match="end sbatch's options with -- or the cluster file"):
         split_sbatch(["--sbatch", "-N4", "t.py"])
-    script = batch_script(["--job-id", "J", "c.yaml", "t.py", "a b; rm -rf /"])
-    assert script.startswith("#!/bin/bash\n") and "--slurm --no-dashboard --job-id J c.yaml t.py 'a b; rm -rf /'" in script
+    script, held = batch_script(["--job-id", "J", "c.yaml", "t.py", "a b; rm -rf /"])
+    assert not held and script.startswith("#!/bin/bash\n") and "--slurm --no-dashboard --job-id J c.yaml t.py 'a b; rm -rf /'" in script
 
 
 def test_slurm_s_word_after_a_node_s_end_still_makes_it_the_root_cause():
@@ -99,3 +99,58 @@ def test_the_batch_script_is_private_runs_this_ddp_up_and_goes_when_the_submit_f
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and not Path(path).is_symlink()
     script = Path(path).read_text()
     assert sys.executable in script and str(Path(__file__).resolve().parents[2]) in script
+
+
+def test_the_batch_script_holds_no_secret_argument_the_batch_job_reads_it_from_its_environment(tmp_path, monkeypatch):
+    """Issue 26, item 4: `ddp-up --sbatch c.yaml t.py --token $HF_TOKEN` wrote the token into the
+    batch script. An argument holding a secret value is a variable there, set in the environment
+    sbatch passes on; the script, run by bash, still gives ddp-up every argument as it was."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    from orchestrator.errors import UsageError
+    from orchestrator.sbatch import submit
+
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    seen = tmp_path / "seen-env"
+    fake.write_text(f"#!/bin/sh\nenv | grep '^DDP_UP_SBATCH_ARG_' > {seen}\necho 4244\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    argv = ["c.yaml", "t.py", "--token", "hf-secret-value", "--url=https://u:hf-secret-value@h/x", "it's plain"]
+    _, path = submit(["-N1"], argv, "J3", str(tmp_path / "runs"), secrets=frozenset({"hf-secret-value"}))
+    script = Path(path).read_text()
+    assert "hf-secret-value" not in script and '"$DDP_UP_SBATCH_ARG_3"' in script
+    assert seen.read_text().splitlines() == ["DDP_UP_SBATCH_ARG_3=hf-secret-value",
+                                             "DDP_UP_SBATCH_ARG_4=--url=https://u:hf-secret-value@h/x"]
+    words = script.splitlines()[-1].split(" ", 1)[1]  # the exec line's words, as bash reads them
+    env = dict(os.environ, DDP_UP_SBATCH_ARG_3=argv[3], DDP_UP_SBATCH_ARG_4=argv[4])
+    shown = subprocess.run(["bash", "-c", f"printf '%s\\n' {words}"], env=env, capture_output=True, text=True).stdout
+    assert shown.splitlines()[-len(argv):] == argv
+    with pytest.raises(UsageError, match="--export"):
+        submit(["--export=NONE"], argv, "J4", str(tmp_path / "runs"), secrets=frozenset({"hf-secret-value"}))
+
+
+def test_sbatch_learns_the_secrets_from_the_settings_file_as_the_batch_job_will(tmp_path, monkeypatch, capsys):
+    import os
+    from pathlib import Path
+
+    from orchestrator.commands.up import main_up
+
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 4245\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HF_TOKEN", "hf-forwarded-secret")
+    settings = tmp_path / "slurm.yaml"
+    settings.write_text("forward_env: [HF_TOKEN]\nenv: {WANDB_API_KEY: wandb-file-secret}\n")
+    runs = tmp_path / "runs"
+    assert main_up(["--runs-dir", str(runs), "--job-id", "J5", "--sbatch", "-N1", str(settings), "t.py",
+                    "--hf", "hf-forwarded-secret", "--wandb", "wandb-file-secret"]) == 0, capsys.readouterr()
+    script = Path(runs / "J5" / "sbatch.sh").read_text()
+    assert "hf-forwarded-secret" not in script and "wandb-file-secret" not in script, script
+    assert '--hf "$DDP_UP_SBATCH_ARG_7" --wandb "$DDP_UP_SBATCH_ARG_9"' in script
