@@ -133,8 +133,7 @@ class Job:
         self.supervisor_port: int | None = None  # detach: the master node's supervisor
         self.interrupted: int | None = None  # the first signal's number
         self.signals_seen = 0  # how many of the inbox's signals this loop has acted on
-        self.started = clock()
-        self._next_heartbeat = 0.0
+        self.started, self._next_heartbeat = clock(), 0.0
         self.detached = False  # detach: every node runs, and this loop let go of the job
         self.following: Following | None = None  # attached to a detached job: its journals, read (see follow)
         self.channel_ended: set[int] = set()  # nodes whose channel reported its end (Closed)
@@ -176,7 +175,7 @@ class Job:
         hung = None if self.table.failures or self.interrupted else self.hang.name_stopped(self.status)
         if hung is not None:
             self.fail(hung.node, hung.rank, None, hung.what)
-        return following.result(self.result())
+        return self.result()
 
     def check(self) -> list[NodeProblem]:
         """Connect, preflight and probe every node, start nothing (ddp-check)."""
@@ -208,8 +207,9 @@ class Job:
             self.view.notice(text)
 
     def result(self) -> JobResult:
-        return JobResult(self.plan, self.table.outcomes(), self.master_port, tuple(self.table.failures),
-                         self.interrupted, self.clock() - self.started)
+        result = JobResult(self.plan, self.table.outcomes(), self.master_port, tuple(self.table.failures),
+                           self.interrupted, self.clock() - self.started)
+        return self.following.result(result) if self.following else result
 
     def snapshot(self) -> JobSnapshot:
         now = self.clock()
