@@ -47,6 +47,10 @@ class SignalInbox:
         for wake in list(self._wakers):
             wake()
 
+    def post(self, signum: int) -> None:
+        """An event that ends what runs as that signal would (a reader's stdout gone: SIGPIPE)."""
+        self._record(signum, None)
+
     @property
     def first(self) -> int | None:
         return self.received[0] if self.received else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import time
 
@@ -96,6 +97,9 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
     if config is None:
         return EXIT_USAGE
     with signals.recording() as inbox, ssh_connections():
+        # A reader whose stdout goes (`ddp-logs ... | head`) ends there, quietly, as a reader in a
+        # pipe does (status 141, SIGPIPE's); the job is not its business.
+        console.file.warn = lambda text: inbox.post(signal.SIGPIPE)
         try:
             if args.tail is not None and args.tail < 0:
                 raise UsageError(f"--tail {args.tail}: a number of lines, 0 or more")

@@ -3,7 +3,7 @@ global rank, and ``summary.json``. Not filtered by --ranks or --collapse: the fi
 
 A rank log holds exactly the bytes the rank printed (text that was not UTF-8 travels as
 surrogates and is written back as the same bytes; a line cut into pieces on the node is joined
-again here). Logging is never a reason to stop training: a runs directory that cannot be created
+again here, and no other line lands inside it: see WholeLines). Logging is never a reason to stop training: a runs directory that cannot be created
 or written (a full disk, no permission) is reported once, the job goes on, and ``summary.json``
 is still attempted at the end with the exit status ddp-up returns.
 """
@@ -14,6 +14,7 @@ import json
 import os
 import re
 import time
+from collections import deque
 from datetime import datetime, timezone
 from typing import IO, Callable
 
@@ -33,6 +34,60 @@ def _iso(wall: float | None) -> str | None:
     return None if wall is None else datetime.fromtimestamp(wall, timezone.utc).isoformat()
 
 
+HOLD_MOST = 8 << 20  # characters of other lines held while one line arrives in pieces; past it, that line is cut
+
+
+class WholeLines:
+    """One log file's writer that never puts a line inside another's unfinished one. A line longer
+    than the node sends at once arrives in pieces (LogLine.more); while one source's line (a
+    rank's stream) is open, every other source's lines wait, and follow it once it ends. Past
+    HOLD_MOST characters waiting, the open line is ended where it is (it goes on as a new line)."""
+
+    def __init__(self, f: IO[str], prefix: Callable[[LogLine], str]):
+        self.f, self.prefix = f, prefix
+        self.open: tuple | None = None  # (rank, stream) whose line is unfinished
+        self.waiting: list[LogLine] = []
+        self.held = 0
+
+    def write(self, lines: list[LogLine]) -> None:
+        if self.open is None and not any(line.more for line in lines):  # the common case: whole lines only
+            self.f.writelines(self.prefix(line) + line.text + "\n" for line in lines)
+            return
+        out: list[str] = []
+        pending = deque(lines)
+        while pending:
+            line = pending.popleft()
+            key = (line.rank, line.stream)
+            if self.open is not None and key != self.open:
+                self.waiting.append(line)
+                self.held += len(line.text)
+                if self.held <= HOLD_MOST:
+                    continue
+                out.append("\n")
+                self.open = None
+            else:
+                out.append(("" if key == self.open else self.prefix(line)) + line.text + _END[line.more])
+                self.open = key if line.more else None
+            if self.open is None and self.waiting:
+                pending.extendleft(reversed(self.waiting))
+                self.waiting, self.held = [], 0
+        self.f.writelines(out)
+
+    def close(self) -> None:
+        if self.open is not None:
+            self.f.write("\n")
+        self.f.writelines(self.prefix(line) + line.text + _END[line.more] for line in self.waiting)
+        self.f.close()
+
+
+def node_prefix(line: LogLine) -> str:
+    return f"{'r' + str(line.rank) if line.rank is not None else '-'} {SEPARATOR[line.stream]} "
+
+
+def no_prefix(line: LogLine) -> str:
+    return ""
+
+
 class RunLogs:
     def __init__(self, plan: LaunchPlan, root: str, wall=time.time, warn: Callable[[str], None] | None = None,
                  fresh: bool = False):
@@ -44,8 +99,8 @@ class RunLogs:
         self.started = wall()
         self.node_started: dict[int, float] = {}
         self.node_ended: dict[int, float] = {}
-        self.node_files: dict[int, IO[str]] = {}
-        self.rank_files: dict[int, IO[str]] = {}
+        self.node_files: dict[int, WholeLines] = {}
+        self.rank_files: dict[int, WholeLines] = {}
         self.broken: str | None = None  # why line logging stopped (reported once)
         self.sub = ""  # a restart's files go to attempt<N>/: each attempt's lines apart, none lost
         try:
@@ -89,16 +144,17 @@ class RunLogs:
         self.node_started.clear()
         self.node_ended.clear()
 
-    def _node_file(self, node: NodePlan) -> IO[str]:
+    def _node_file(self, node: NodePlan) -> WholeLines:
         f = self.node_files.get(node.index)
         if f is None:
-            f = self.node_files[node.index] = self._open(f"node{node.index}-{_safe(node.label)}.log")
+            f = self.node_files[node.index] = WholeLines(self._open(f"node{node.index}-{_safe(node.label)}.log"),
+                                                         node_prefix)
         return f
 
-    def _rank_file(self, rank: int) -> IO[str]:
+    def _rank_file(self, rank: int) -> WholeLines:
         f = self.rank_files.get(rank)
         if f is None:
-            f = self.rank_files[rank] = self._open(f"rank{rank}.log")
+            f = self.rank_files[rank] = WholeLines(self._open(f"rank{rank}.log"), no_prefix)
         return f
 
     # --- view protocol ---
@@ -112,16 +168,13 @@ class RunLogs:
             self._failed(e)
 
     def _write(self, node: NodePlan, lines: list[LogLine]) -> None:
-        nf = self._node_file(node)
-        # A piece of a longer line (``more``) gets no newline: the next piece goes on where it ends.
-        nf.writelines(f"{'r' + str(l.rank) if l.rank is not None else '-'} {SEPARATOR[l.stream]} {l.text}"
-                      f"{_END[l.more]}" for l in lines)
-        by_rank: dict[int, list[str]] = {}
+        self._node_file(node).write(lines)
+        by_rank: dict[int, list[LogLine]] = {}
         for line in lines:
             if line.rank is not None:
-                by_rank.setdefault(line.rank, []).append(line.text + _END[line.more])
-        for rank, texts in by_rank.items():  # one write per rank and batch, not per line
-            self._rank_file(rank).writelines(texts)
+                by_rank.setdefault(line.rank, []).append(line)
+        for rank, mine in by_rank.items():  # one write per rank and batch, not per line
+            self._rank_file(rank).write(mine)
 
     def node_state(self, status) -> None:
         if status.state == "starting":

@@ -282,3 +282,24 @@ def test_a_setup_that_moves_tmpdir_hides_no_detached_job(detached, tmp_path):
     code, out = ddp_kill(str(path), "--job", job, "--purge")
     assert code == 0 and f"removed the state of {job} node0" in out, out
     assert job not in jobs(path)
+
+
+def test_ddp_logs_into_a_pipe_that_closes_ends_quietly(detached):
+    """Issue 26, item 12: `ddp-logs ... | head` said "stdout is gone ...; the job goes on" about a
+    job that had ended. A reader whose stdout goes ends there, as a reader in a pipe does (141)."""
+    import subprocess
+    import sys
+
+    from tests.harness.runner import REPO, _env
+    path = detached([(0, 1)])
+    job = detach(path, "tick", "5000", "0")  # more than a pipe holds: the reader meets the closed end
+    wait_state(path, job, ("done",), 60)
+    reader = subprocess.Popen([sys.executable, "-c", LOGS, str(path), job, "--runs-dir", RUNS_ROOT], cwd=REPO,
+                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert b"| tick 0 rank=0" in reader.stdout.readline()
+    reader.stdout.close()  # as head does after its lines
+    try:
+        assert reader.wait(60) == 141
+    finally:
+        reader.kill()
+    assert reader.stderr.read() == b""

@@ -45,7 +45,13 @@ def test_a_state_directory_another_user_made_or_linked_is_refused_and_ours_is_pr
                                                                                     shared_tmp):
     if shutil.which("setpriv") is None:
         pytest.skip("needs setpriv (util-linux) for a second local account")
-    path = cluster_file([(0, 1), (1, 1)], setup=f"export TMPDIR={shared_tmp}")
+    # the nodes' TMPDIR is the shared directory: their python is a wrapper that sets it (a `setup:`
+    # that exports TMPDIR moves the job's TMPDIR, not ddp-up's own state)
+    python = os.path.join(shared_tmp, "python-with-tmpdir")
+    with open(python, "w") as f:
+        f.write(f"#!/bin/sh\nTMPDIR={shared_tmp} exec {sys.executable} \"$@\"\n")
+    os.chmod(python, 0o755)
+    path = cluster_file([(0, 1), (1, 1)], python=python)
     root = os.path.join(shared_tmp, f"ddp-up-{os.getuid()}")
 
     planted = as_nobody(f"import os; os.mkdir({root!r}, 0o777)")

@@ -63,3 +63,32 @@ def test_a_planted_link_in_a_shared_runs_directory_is_never_written_through(tmp_
     logs.lines(other.nodes[0], [LogLine("out", 0, "x")])
     logs.close()
     assert not any(elsewhere.iterdir()) and warned and "symbolic link" in warned[0]
+
+
+def test_no_line_lands_inside_another_that_arrives_in_pieces(tmp_path, monkeypatch):
+    """Issue 26, item 3: a rank's 3 MB stdout line arrives in pieces; its stderr line (and another
+    rank's line) arriving between them used to land inside it, in the rank log and the node log."""
+    from orchestrator.views import logfiles
+
+    plan = make_plan(parse_cluster("nodes: [{host: a, gpus: 2}]\n"), "t.py", [], "J", "/")
+    logs = RunLogs(plan, str(tmp_path), wall=lambda: 1.8e9)
+    piece = "x" * (1 << 20)
+    logs.lines(plan.nodes[0], [LogLine("out", 0, "before"), LogLine("out", 0, piece, True)])
+    logs.lines(plan.nodes[0], [LogLine("err", 0, "warning: slow"), LogLine("out", 1, "rank 1 step"),
+                               LogLine("out", 0, piece, True)])
+    logs.lines(plan.nodes[0], [LogLine("out", 0, piece + "end"), LogLine("err", 0, "after")])
+    logs.close()
+    d = tmp_path / "J"
+    assert (d / "rank0.log").read_text().splitlines() == ["before", piece * 3 + "end", "warning: slow", "after"]
+    assert (d / "rank1.log").read_text() == "rank 1 step\n"
+    assert (d / "node0-a.log").read_text().splitlines() == [
+        "r0 | before", "r0 | " + piece * 3 + "end", "r0 ! warning: slow", "r1 | rank 1 step", "r0 ! after"]
+
+    # what waits is bounded: past HOLD_MOST, the unfinished line is ended where it is
+    monkeypatch.setattr(logfiles, "HOLD_MOST", 10)
+    logs = RunLogs(plan, str(tmp_path / "bounded"), wall=lambda: 1.8e9)
+    logs.lines(plan.nodes[0], [LogLine("out", 0, "open", True)] + [LogLine("err", 0, f"e{i}") for i in range(6)])
+    logs.lines(plan.nodes[0], [LogLine("out", 0, "rest")])
+    logs.close()
+    assert (tmp_path / "bounded" / "J" / "rank0.log").read_text().splitlines() == [
+        "open", "e0", "e1", "e2", "e3", "e4", "e5", "rest"]
