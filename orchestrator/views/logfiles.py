@@ -74,9 +74,11 @@ class WholeLines:
         self.f.writelines(out)
 
     def close(self) -> None:
-        if self.open is not None:
-            self.f.write("\n")
-        self.f.writelines(self.prefix(line) + line.text + _END[line.more] for line in self.waiting)
+        """What still waits follows the unfinished line, on a line of its own; an unfinished line
+        with nothing after it stays as the rank left it (the unterminated end of its output)."""
+        if self.waiting:
+            self.f.write("\n" if self.open is not None else "")
+            self.f.writelines(self.prefix(line) + line.text + _END[line.more] for line in self.waiting)
         self.f.close()
 
 

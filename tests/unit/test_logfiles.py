@@ -92,3 +92,11 @@ def test_no_line_lands_inside_another_that_arrives_in_pieces(tmp_path, monkeypat
     logs.close()
     assert (tmp_path / "bounded" / "J" / "rank0.log").read_text().splitlines() == [
         "open", "e0", "e1", "e2", "e3", "e4", "e5", "rest"]
+
+    # the unterminated end of a rank's output stays unterminated; what waited for it follows
+    logs = RunLogs(plan, str(tmp_path / "ends"), wall=lambda: 1.8e9)
+    logs.lines(plan.nodes[0], [LogLine("out", 0, "no newline", True)])
+    logs.lines(plan.nodes[0], [LogLine("out", 1, "last", True)])
+    logs.close()
+    assert (tmp_path / "ends" / "J" / "rank0.log").read_text() == "no newline"
+    assert (tmp_path / "ends" / "J" / "node0-a.log").read_text() == "r0 | no newline\nr1 | last"
