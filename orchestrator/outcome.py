@@ -52,6 +52,7 @@ class NodeStatus:
     slurm_cancel: str | None = None  # Slurm said it cancelled this node's step (srun transport)
     started_at: float | None = None
     ended_at: float | None = None
+    stop_asked: float | None = None  # when ddp-up sent it Stop (the job loop's clock)
     lines: int = 0
     last_line: str = ""
     info: dict = field(default_factory=dict)  # the agent's Ready fields (versions, clock, disk, gpus)
@@ -66,7 +67,8 @@ class NodeStatus:
         return self.state in TERMINAL
 
     def outcome(self) -> NodeOutcome:
-        return NodeOutcome(self.plan, self.state, self.exit_code, self.signal, self.reason, self.lines)
+        took = None if self.stop_asked is None or self.ended_at is None else self.ended_at - self.stop_asked
+        return NodeOutcome(self.plan, self.state, self.exit_code, self.signal, self.reason, self.lines, took)
 
     def row(self, now: float) -> NodeRow:
         uptime = None if self.started_at is None else (self.ended_at or now) - self.started_at
@@ -85,6 +87,12 @@ class NodeOutcome:
     signal: str | None
     reason: str | None
     lines: int
+    stop_seconds: float | None = None  # from ddp-up's Stop to the node's end, when it was asked to stop
+
+    @property
+    def detail(self) -> str:
+        took = f"stopped in {self.stop_seconds:.1f} s" if self.stop_seconds is not None else ""
+        return "; ".join(part for part in (self.reason, took) if part)
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,16 @@ class NodeReports:
         self.job.hang.lines(event.lines, self.job.clock())
         status.lines += len(event.lines)
         status.last_line = event.lines[-1].text[:LAST_LINE]
-        self.job.view.lines(status.plan, event.lines)
+        if status.state == "stopping" and self.job.stop.requested:
+            # the launcher's own report of a stop ddp-up asked for (torchrun's SignalException
+            # traceback, ~40 lines a node) goes to the node's log file only
+            kept = [line for line in event.lines if line.rank is None and line.stream != "node"]
+            if kept:
+                getattr(self.job.view, "kept_lines", lambda *_: None)(status.plan, kept)
+                event = Lines(event.node, [line for line in event.lines if line.rank is not None or
+                                           line.stream == "node"])
+        if event.lines:
+            self.job.view.lines(status.plan, event.lines)
 
     def blame_slurm(self, node: int) -> None:
         """Slurm's word comes on the step's stderr, which can arrive after the node's end (the agent

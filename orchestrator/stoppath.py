@@ -12,7 +12,9 @@ from .node import wire
 from .nodetable import NodeTable
 from .plan import LaunchPlan
 
-STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its stop is SIGKILLed
+STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its stop is SIGKILLed (more than
+# the agent's own margin, node/run.py's LAUNCHER_MARGIN: the agent ends it first, and says so)
+REMIND = 10.0  # while nodes stop, how often the console says how many and how long is left
 KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept over a new channel
 
 
@@ -28,6 +30,7 @@ class StopPath:
         self.requested = False
         self.stop_deadline: float | None = None
         self.kill_deadline: float | None = None
+        self.next_reminder: float | None = None
 
     def request(self, reason: str) -> None:
         """Stop every node (once): a node still connecting is cancelled (nothing started there)."""
@@ -35,12 +38,13 @@ class StopPath:
             return
         self.requested = True
         self.stop_deadline = self.clock() + self.plan.stop_grace + STOP_MARGIN
+        self.next_reminder = self.clock() + REMIND
         for session, status in zip(self.sessions, self.table):
             if status.state == "connecting":
                 session.cancel()
                 self.table.set(status.plan.index, "stopped", reason="cancelled while connecting")
             elif not status.terminal:
-                status.reason = reason
+                status.reason, status.stop_asked = reason, self.clock()
                 session.send(wire.Stop())
 
     def kill_all(self, now: float) -> None:
@@ -55,8 +59,21 @@ class StopPath:
     def killing(self) -> bool:
         return self.kill_deadline is not None
 
+    def remind(self, now: float) -> None:
+        """Every REMIND seconds of a graceful stop: how many nodes are still stopping (their
+        ranks saving their work), how much of stop_grace is left, and how to cut it short."""
+        if self.next_reminder is None or now < self.next_reminder or self.killing:
+            return
+        self.next_reminder = now + REMIND
+        left = [s for s in self.table if not s.terminal]
+        if left:
+            grace = max(0.0, self.stop_deadline - STOP_MARGIN - now)
+            self.view.notice(f"stopping: {len(left)} node(s) still running their ranks' stop, {grace:.0f} s of "
+                             "stop_grace left; Ctrl-C again kills them now")
+
     def escalate(self, now: float) -> None:
         """The next step for the nodes that have not confirmed, once its deadline has passed."""
+        self.remind(now)
         if self.stop_deadline is not None and now >= self.stop_deadline and self.kill_deadline is None:
             for status in self.table:
                 if not status.terminal:
@@ -70,4 +87,4 @@ class StopPath:
                     self.sweeper.start(status.plan.config)
 
     def deadlines(self) -> list[float]:
-        return [t for t in (self.stop_deadline, self.kill_deadline) if t is not None]
+        return [t for t in (self.stop_deadline, self.kill_deadline, self.next_reminder) if t is not None]

@@ -5,6 +5,7 @@ Every process it starts carries the launch's tags (procs.py) and runs in a sessi
 so ending it (``end``) reaches all of them, and nothing else.
 """
 
+import math
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from .stacks import DUMP_HOOK, dump_all
 from .state import write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
 
+SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's --shutdown-timeout, read by torchrun and torch.distributed.launch
 GPU_SAMPLE = 5.0  # seconds between GPU samples for the dashboard (nvidia-smi costs ~50 ms of CPU)
 
 
@@ -63,6 +65,9 @@ class Launch:
         env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
                     TAG_RUN: self.spec.run, TAG_ATTEMPT: str(self.attempt)})
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
+        # torchrun's own wait between its SIGTERM to the ranks and SIGKILL (30 s unless told): the
+        # ranks get the whole stop_grace to save their work, not torchrun's default
+        env.setdefault(SHUTDOWN_TIMEOUT, str(int(math.ceil(self.spec.stop_grace))))
         hooks = dict(self.spec.hooks or {})
         if self.spec.stack_dumps:
             hooks["sitecustomize.py"] = DUMP_HOOK

@@ -25,6 +25,9 @@ from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name
 from .state import remove_node_dir
 
 
+LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
+
+
 class Runner:
     """One node's run of the job, from its spec (a wire.RunSpec) to its exit status."""
 
@@ -146,9 +149,7 @@ class Runner:
                              daemon=True).start()
             return None
         if isinstance(event, events.Dump):
-            if self.launch is not None:
-                self.launch.dump_stacks()
-            return None
+            return self.launch and self.launch.dump_stacks()  # None: handled here
         if isinstance(event, events.ControllerGone):
             return self.controller_gone(event)
         return event
@@ -195,12 +196,13 @@ class Runner:
     # --- stopping and ending ----------------------------------------------------------------------
 
     def stop(self, reason, force):
-        """SIGTERM the launcher, wait up to stop_grace, then SIGKILL every tagged survivor."""
+        """SIGTERM the launcher (it gives every rank the same stop_grace: see launch.py), wait that
+        and LAUNCHER_MARGIN, then SIGKILL every tagged survivor."""
         self.out.send(wire.Stopping(reason=reason))
         code = None
         if not force:
             self.launch.signal(signal.SIGTERM)
-            deadline = self.clock() + self.spec.stop_grace
+            deadline = self.clock() + self.spec.stop_grace + LAUNCHER_MARGIN
             while code is None and self.clock() < deadline:
                 event = self.next_event(deadline)
                 if isinstance(event, events.Exited) and event.attempt == self.attempt:

@@ -332,5 +332,5 @@ def summary_table(result: JobResult, mask=lambda text: text) -> Table:
         code = status.signal or ("" if status.exit_code is None else str(status.exit_code))
         table.add_row(str(plan.index), outside(plan.label), ranks,
                       Text(status.state, style=STATE_STYLE.get(status.state, "")), code,
-                      Text(safe_text(mask(status.reason or ""))))
+                      Text(safe_text(mask(status.detail))))
     return table

@@ -178,6 +178,10 @@ class RunLogs:
         for rank, mine in by_rank.items():  # one write per rank and batch, not per line
             self._rank_file(rank).write(mine)
 
+    def kept_lines(self, node: NodePlan, lines: list[LogLine]) -> None:
+        """Lines for the log files only, not the terminal (the launcher's report of a stop)."""
+        self.lines(node, lines)
+
     def node_state(self, status) -> None:
         if status.state == "starting":
             self.node_started.setdefault(status.plan.index, self.wall())
@@ -237,7 +241,7 @@ class RunLogs:
             "nodes": [{
                 "node": s.plan.index, "host": s.plan.label, "ranks": [s.plan.ranks.start, s.plan.ranks.stop - 1],
                 "state": s.state, "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,
-                "lines": s.lines, "started": _iso(self.node_started.get(s.plan.index)),
+                "lines": s.lines, "stop_seconds": s.stop_seconds, "started": _iso(self.node_started.get(s.plan.index)),
                 "ended": _iso(self.node_ended.get(s.plan.index))} for s in result.nodes],
         }, self.plan.secrets)
 

@@ -11,7 +11,7 @@ import sys
 
 
 from tests.harness import procs
-from tests.harness.runner import Launch, ddp_kill
+from tests.harness.runner import Launch, ddp_kill, run_dir
 from tests.integration.conftest import SCRIPT
 
 LONG_RUN = ["run", "--steps", "100000", "--step-time", "0.2"]
@@ -171,3 +171,23 @@ def test_ddp_kill_stops_only_the_named_job(cluster, cluster_file):
         for d in decoys:
             d.kill()
             d.wait(5)
+
+
+def test_ctrl_c_gives_every_rank_its_whole_grace_once_and_prints_no_launcher_traceback(cluster, cluster_file,
+                                                                                       tmp_path):
+    """Issue 27, item 1: each rank gets SIGTERM once and the whole stop_grace to save (torchrun's
+    own wait is set to it: its default, 30 s, killed longer saves); the launcher's report of a
+    stop ddp-up asked for goes to the node's log file, not the console."""
+    path = cluster_file([(0, 1), (1, 1)], stop_grace=20, env={"OMP_NUM_THREADS": 1, "SAVE_S": "6"})
+    launch = start(path, "save", str(tmp_path / "ckpt"))
+    for rank in (0, 1):
+        launch.wait_line(rf"r{rank}\s+\| rank {rank} SHUTDOWN_TIMEOUT=20 running", 90)
+    launch.signal(signal.SIGINT)
+    assert launch.wait(60) == 130, launch.output
+    for rank in (0, 1):
+        assert (tmp_path / f"ckpt.{rank}").read_text() == "saved\n"
+        assert launch.output.count(f"rank {rank} got SIGTERM #") == 1, launch.output
+    assert "Traceback" not in launch.output and "SignalException" not in launch.output, launch.output
+    node_log = (run_dir(launch.job_id) / f"node0-{cluster.nodes[0].addr}.log").read_text()
+    assert "SignalException" in node_log  # torchrun's report of the stop: kept, not shown
+    assert_clean(launch.job_id)

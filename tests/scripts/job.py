@@ -13,6 +13,9 @@
   job.py blob N           every rank prints "start" and one unterminated N-byte binary line (no torch)
   job.py tick N S [R C [A,B]]  every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2
                           (only in attempts A,B if given: DDP_UP_ATTEMPT) (no torch)
+  job.py save FILE        (no torch) every rank prints its TORCH_ELASTIC_SHUTDOWN_TIMEOUT and "running"; on
+                          each SIGTERM it prints "got SIGTERM #n"; on the first it saves for $SAVE_S seconds,
+                          writes FILE.<rank> and exits 0
   job.py backlog L S DIR  every rank prints L lines, touches DIR/done.RANK, then "live t=..." every 0.5 s for S s
 """
 
@@ -113,6 +116,25 @@ def raise_in(dist, rank, raising):
         finish(1)
 
 
+def save(prefix):
+    rank, got = os.environ.get("RANK"), []
+
+    def on_term(signum, frame):
+        got.append(signum)
+        print(f"rank {rank} got SIGTERM #{len(got)}", flush=True)
+        if len(got) == 1:
+            time.sleep(float(os.environ.get("SAVE_S", "5")))
+            with open(f"{prefix}.{rank}", "w") as f:
+                f.write("saved\n")
+            print(f"rank {rank} saved", flush=True)
+            finish(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"rank {rank} SHUTDOWN_TIMEOUT={os.environ.get('TORCH_ELASTIC_SHUTDOWN_TIMEOUT')} running", flush=True)
+    while True:
+        time.sleep(0.2)
+
+
 def blob(n: int) -> bytes:
     """n bytes of every value but the newline: C0 and C1 controls, and bytes that are not UTF-8."""
     pattern = bytes(b for b in range(256) if b != 10)
@@ -152,6 +174,8 @@ def main():
         sys.stdout.buffer.write(b"start\n" + blob(int(rest[0])))
         sys.stdout.buffer.flush()
         finish(0)
+    if mode == "save":
+        save(rest[0])
     if mode == "env":  # job.py env NAME...: print each variable as this process sees it
         for name in rest:
             print(f"ENV {name}={os.environ.get(name, '<unset>')}", flush=True)

@@ -33,7 +33,7 @@ def test_summary_names_states_and_root_cause():
     statuses = [NodeStatus(plan.nodes[0], state="stopped", reason="gpu-long failed"),
                 NodeStatus(plan.nodes[1], state="failed", exit_code=1, reason="launcher exited with code 1")]
     fail = Failure(1, "gpu-long", 7, 3, "rank 7 exited with code 3", at=0.0)
-    v.finished(JobResult(plan, statuses, 29500, [fail], elapsed=2.0))
+    v.finished(JobResult(plan, tuple(s.outcome() for s in statuses), 29500, [fail], elapsed=2.0))
     text = out.getvalue()
     assert "│ 1    │ gpu-long │ 2-11  │ failed  │ 1    │ launcher exited with code 1 │" in text
     assert "root cause: gpu-long (node 1, rank 7): rank 7 exited with code 3" in text

@@ -296,3 +296,15 @@ def test_a_vetted_node_skips_the_torch_probe_and_its_earlier_build_is_still_comp
         h.job.run()
     assert [p.node for p in e.value.problems] == ["h1"]
     assert "torch 2.12.0 here, torch 2.13.0 on the master" in e.value.problems[0].what
+
+
+def test_a_graceful_stop_says_every_10_s_how_many_nodes_still_stop_and_how_long_is_left():
+    """Issue 27, item 1: the plain output says what is happening while the ranks save."""
+    h = Harness(2, stop_grace=30)
+    h.nodes[0].exit_code, h.nodes[0].run_for = 1, 2.0
+    h.nodes[1].obeys_stop = False
+    h.job.run()
+    reminders = [n for n in h.view.notices if n.startswith("stopping:")]
+    assert reminders == [f"stopping: 1 node(s) still running their ranks' stop, {left} s of stop_grace left; "
+                         "Ctrl-C again kills them now" for left in (20, 10, 0)], h.view.notices
+    assert h.states() == ["failed", "stopped"]

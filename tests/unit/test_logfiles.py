@@ -14,7 +14,7 @@ def test_every_line_lands_in_node_and_rank_files_and_summary(tmp_path):
     logs.lines(plan.nodes[1], [LogLine("out", 2, "two"), LogLine("node", None, "shell noise")])
     statuses = [NodeStatus(plan.nodes[0], state="done", exit_code=0, lines=3),
                 NodeStatus(plan.nodes[1], state="done", exit_code=0, lines=2)]
-    logs.finished(JobResult(plan, statuses, 29500, []))
+    logs.finished(JobResult(plan, tuple(s.outcome() for s in statuses), 29500, []))
     d = tmp_path / "J"
     assert (d / "node0-a.log").read_text() == "r0 | zero\nr1 ! one\n- | torchrun\n"
     assert (d / "node1-b_c.log").read_text() == "r2 | two\n- ~ shell noise\n"
@@ -41,7 +41,7 @@ def test_a_planted_link_in_a_shared_runs_directory_is_never_written_through(tmp_
         os.symlink(victim, runs / "J" / name)
     fresh = RunLogs(plan, str(runs), wall=lambda: 1.8e9, fresh=True)
     fresh.lines(plan.nodes[0], [LogLine("out", 0, "replayed")])
-    fresh.finished(JobResult(plan, [NodeStatus(plan.nodes[0], state="done", exit_code=0, lines=1)], 29500, []))
+    fresh.finished(JobResult(plan, (NodeStatus(plan.nodes[0], state="done", exit_code=0, lines=1).outcome(),), 29500, []))
     assert victim.read_text() == "keep me\n"
     assert (runs / "J" / "rank0.log").read_text() == "replayed\n" and not (runs / "J" / "rank0.log").is_symlink()
     assert json.loads((runs / "J" / "summary.json").read_text())["exit_code"] == 0

@@ -158,6 +158,9 @@ def test_a_node_stopped_with_no_failure_of_its_own_stays_stopped():
     h.nodes[1].exit_code, h.nodes[1].run_for = 1, 5.0
     result = h.job.run()
     assert h.states() == ["stopped", "failed"] and result.root_cause.node == 1
+    # issue 27, item 1: how long each node took to stop (a failed one was not asked to)
+    assert [n.stop_seconds for n in result.nodes] == [0.0, None]
+    assert result.nodes[0].detail == "controller asked; stopped in 0.0 s"
 
 
 def test_the_root_cause_its_exception_and_the_error_files_reach_summary_json(tmp_path):
