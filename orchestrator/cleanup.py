@@ -28,6 +28,7 @@ class SweepReport:
     left: list[int] = field(default_factory=list)  # still alive at the end (should be empty)
     error: str | None = None
     removed: list[str] = field(default_factory=list)  # state it removed (--purge): "JOB nodeN"
+    signalled: list[int] = field(default_factory=list)  # --signal: the ranks it reached
 
     @property
     def jobs(self) -> list[str]:
@@ -46,19 +47,22 @@ def sweep_limit(node: NodeConfig, grace: float) -> float:
 
 
 def sweep_node(node: NodeConfig, match: dict, grace: float, dry_run: bool = False,
-               transport: Transport | None = None, purge: bool = False) -> SweepReport:
-    """Run the agent in sweep mode on one node and collect its report (bounded by sweep_limit)."""
-    spec = wire.SweepSpec(match=match, grace=grace, dry_run=dry_run, purge=purge)
+               transport: Transport | None = None, purge: bool = False, signal: str | None = None) -> SweepReport:
+    """Run the agent in sweep mode on one node and collect its report (bounded by sweep_limit);
+    with ``signal``, that signal to every rank found instead, stopping nothing."""
+    spec = wire.SweepSpec(match=match, grace=grace, dry_run=dry_run, purge=purge, signal=signal)
     reply = call_agent(node, spec, sweep_limit(node, grace), until=wire.Swept, transport=transport)
     listed, swept = reply.frames.get(wire.Listed), reply.frames.get(wire.Swept)
     return SweepReport(node, found=listed.found if listed else [], killed=swept.killed if swept else [],
-                       left=swept.left if swept else [], error=reply.error, removed=(swept.removed or []) if swept else [])
+                       left=swept.left if swept else [], error=reply.error, removed=(swept.removed or []) if swept else [],
+                       signalled=(swept.signalled or []) if swept else [])
 
 
 def sweep_nodes(nodes: list[NodeConfig], match_of, grace: float, dry_run: bool = False,
-                purge: bool = False) -> list[SweepReport]:
+                purge: bool = False, signal: str | None = None) -> list[SweepReport]:
     """Sweep many nodes in parallel; ``match_of(node)`` gives each node's tag filter."""
-    return on_each(nodes, lambda n: sweep_node(n, match_of(n), grace, dry_run, purge=purge), name="sweep")
+    return on_each(nodes, lambda n: sweep_node(n, match_of(n), grace, dry_run, purge=purge, signal=signal),
+                   name="sweep")
 
 
 class LostNodeSweeper:

@@ -80,6 +80,7 @@ class ClusterConfig:
     master_port: int | None  # None: pick a free port on the master node
     orphan_timeout: float = 30.0
     stop_grace: float = 10.0
+    stop_signal: str = "SIGTERM"  # what every rank gets first on a stop (the signal its script saves on)
     cluster_id: str = field(default="")
     hang_timeout: float | None = None  # off unless set
     # "legacy": torchrun, passing --local_rank=N as torch.distributed.launch did; "none": no

@@ -15,6 +15,7 @@ from typing import Mapping
 from .config import ClusterConfig, NodeConfig
 from .errors import UsageError
 from .node import wire
+from .node.launch import TORCHRUN_SIGNALS
 from .node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .node.state import JOB_ID
 from .node.workers import OWN_LAUNCHER
@@ -63,6 +64,7 @@ class LaunchPlan:
     orphan_timeout: float
     stop_grace: float
     hang_timeout: float | None = None
+    stop_signal: str = "SIGTERM"  # a stop's first signal to every rank (config.ClusterConfig's)
     launcher: str = "torchrun"
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
     run_token: str = ""  # tags this launch's processes apart from any other with the same job id
@@ -116,9 +118,17 @@ class LaunchPlan:
             f"--master-addr={self.master_addr}",
             f"--master-port={port}",
             "--redirects=3",  # worker output to files on the node, relayed by the agent's tailer
+            *self._signals(),
             *self._entrypoint(cfg.python),
             *self.script_args,
         ]
+
+    def _signals(self) -> list[str]:
+        """torchrun passes on to the ranks only the signals it handles (SIGTERM, SIGINT, SIGHUP,
+        SIGQUIT); another stop_signal would kill it, and leave the ranks without one."""
+        if self.stop_signal in TORCHRUN_SIGNALS:
+            return []
+        return [f"--signals-to-handle={','.join((*TORCHRUN_SIGNALS, self.stop_signal))}"]
 
     def _entrypoint(self, python: str) -> list[str]:
         if self.module is not None:  # ddp-up's own program (ddp-check --collective), from the hooks
@@ -140,7 +150,7 @@ class LaunchPlan:
             script=self.script,
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
-            stop_grace=self.stop_grace, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
+            stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt, **detached)
 
@@ -191,6 +201,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         script_args=tuple(script_args),
         orphan_timeout=config.orphan_timeout,
         stop_grace=config.stop_grace,
+        stop_signal=config.stop_signal,
         hang_timeout=hang_timeout if hang_timeout is not None else config.hang_timeout,
         launcher=config.launcher,
         secrets=config.secret_values,

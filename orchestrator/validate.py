@@ -23,9 +23,10 @@ from .reading import key_path, read_text
 
 SSH_CLIENTS = ("fabric", "openssh")
 # Keys valid at the top level and overridable per node (and, on a node, `host`, `addr` and `ssh:`'s keys).
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo, not a machine
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
-TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "hang_timeout", "launcher", "env_file",
+TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "spares", "min_nodes",
             *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
@@ -59,6 +60,7 @@ def rule(check: str, default: Any = None, **args: Any) -> Rule:
 RULES = {  # top-level settings that are one checked value each
     "orphan_timeout": rule("positive", 30),
     "stop_grace": rule("positive", 10, allow_zero=True),
+    "stop_signal": rule("signal_name", "SIGTERM"),
     "hang_timeout": rule("positive"),
     "launcher": rule("choice", "torchrun", allowed=LAUNCHERS),
     "retention": rule("duration", "7d"),
@@ -124,6 +126,16 @@ class Checks:
             bound = f"between {low} and {high}" if high else f">= {low}"
             raise self.error(at, f"must be an integer {bound}{' ' + hint if hint else ''}, got {value!r}")
         return value
+
+    def signal_name(self, value: Any, at: tuple) -> str:
+        """A stop signal a script may save its work on: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or
+        SIGUSR2 (``USR1`` and lower case too), as its canonical name."""
+        name = value.upper() if isinstance(value, str) else ""
+        name = name if name.startswith("SIG") else "SIG" + name
+        if name not in STOP_SIGNALS:
+            raise self.error(at, f"must be one of {', '.join(STOP_SIGNALS)} (the signal your script saves its "
+                                 f"work on), got {value!r}")
+        return name
 
     def choice(self, value: Any, at: tuple, allowed: tuple[str, ...]) -> str:
         if value not in allowed:

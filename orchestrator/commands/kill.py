@@ -31,8 +31,22 @@ def kill_parser() -> argparse.ArgumentParser:
     p.add_argument("--purge", action="store_true",
                    help="also remove the records and logs that finished detached jobs keep on the nodes "
                         "(else kept 7 days)")
+    p.add_argument("--signal", metavar="NAME", type=signal_name,
+                   help="instead of stopping: send this signal (USR1, USR2, HUP, INT) to every rank of the job(s), "
+                        "which go on (a script that checkpoints on SIGUSR1, say)")
     p.add_argument("--json", action="store_true", help="one JSON object per node, for scripts")
     return p
+
+
+NOT_A_STOP = ("SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM")
+
+
+def signal_name(text: str) -> str:
+    """--signal's value as a signal's full name (USR1, usr1 and SIGUSR1 alike)."""
+    name = text.upper() if text.upper().startswith("SIG") else "SIG" + text.upper()
+    if name not in NOT_A_STOP:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: one of {', '.join(n[3:] for n in NOT_A_STOP)}")
+    return name
 
 
 def main_kill(argv: list[str] | None = None) -> int:
@@ -48,18 +62,23 @@ def main_kill(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
     def match_of(node):
+        # a signal goes to this node's part only: a host running two nodes' ranks (transport: local,
+        # or nodes that share one) must not give each rank the signal twice
+        mine = node.rank if args.signal else None
         if args.all:
-            return match_for()
+            return match_for(node=mine)
         if args.job:
-            return match_for(job=args.job)
+            return match_for(job=args.job, node=mine)
         return match_for(cluster=config.cluster_id, node=node.rank)
 
     with signals.recording(), ssh_connections():
         try:
             reports = sweep_nodes(list(config.nodes), match_of, grace=config.stop_grace, dry_run=args.dry_run,
-                                  purge=args.purge)
+                                  purge=args.purge, signal=args.signal)
         except Interrupted as e:
             return interrupted("ddp-kill", e, "before every node answered; run ddp-kill again to confirm")
+    if args.signal:
+        return signal_report(reports, args, console)
     if args.json:
         for r in reports:
             print(json.dumps(kill_record(r, args.dry_run)))
@@ -73,6 +92,23 @@ def main_kill(argv: list[str] | None = None) -> int:
         if r.error:
             console.print(Text("✗ ", style="bold red") + outside(f"{r.node.label}: {r.error}"))
     return EXIT_JOB_FAILED if any(r.error or r.left for r in reports) else EXIT_OK
+
+
+def signal_report(reports: list[SweepReport], args: argparse.Namespace, console) -> int:
+    """--signal: which ranks got it on each node (--dry-run: would get it); 1 if none did anywhere."""
+    for r in reports:
+        ranks = r.found if args.dry_run else r.signalled
+        if args.json:
+            print(json.dumps({"node": r.node.rank, "host": r.node.label, "signal": args.signal,
+                              "ranks": [p["pid"] for p in r.found] if args.dry_run else list(r.signalled),
+                              "error": r.error, "dry_run": args.dry_run}))
+        elif r.error:
+            console.print(Text("✗ ", style="bold red") + outside(f"{r.node.label}: {r.error}"))
+        else:
+            verb = "would send" if args.dry_run else "sent"
+            console.print(outside(f"{r.node.label}: {verb} {args.signal} to {len(ranks)} rank(s); nothing stopped"))
+    reached = sum(len(r.found if args.dry_run else r.signalled) for r in reports)
+    return EXIT_OK if reached and not any(r.error for r in reports) else EXIT_JOB_FAILED
 
 
 def kill_record(r: SweepReport, dry_run: bool) -> dict:

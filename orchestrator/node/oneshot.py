@@ -7,7 +7,7 @@ import signal
 
 from . import wire
 from .checks import count_gpus, job_env
-from .procs import AGENT_MARK, KILL_WAIT, find_tagged, kill_tagged, signal_tagged, wait_gone
+from .procs import AGENT_MARK, KILL_WAIT, find_tagged, job_ranks, kill_tagged, signal_tagged, wait_gone
 from .state import remove_stale_state
 
 
@@ -21,6 +21,8 @@ def detect(spec, writer):
 def sweep(spec, writer):
     match = {k: str(v) for k, v in spec.match.items() if v is not None}
     found = find_tagged(match)
+    if spec.signal:
+        return signal_ranks(spec, match, found, writer)
     writer.send(wire.Listed(found=found))
     if spec.dry_run:
         result = {"found": found, "killed": [], "left": []}
@@ -29,6 +31,18 @@ def sweep(spec, writer):
         result = stop_agents_first(match, spec.grace)
         removed = remove_stale_state(match, purge=spec.purge)
     writer.send(wire.Swept(killed=result["killed"], left=result["left"], removed=removed))
+    writer.drain(5)
+    return 0
+
+
+def signal_ranks(spec, match, found, writer):
+    """ddp-kill --signal: the signal to every rank found, straight (a launcher would take it for a
+    stop); nothing is stopped. A dry run lists the ranks only."""
+    ranks = job_ranks(found)
+    writer.send(wire.Listed(found=ranks))
+    sig = getattr(signal, spec.signal)
+    sent = [] if spec.dry_run else [p["pid"] for p in ranks if signal_tagged(p["pid"], sig, match)]
+    writer.send(wire.Swept(killed=[], left=[], signalled=sent))
     writer.drain(5)
     return 0
 

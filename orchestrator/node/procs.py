@@ -72,6 +72,24 @@ def is_alive(pid):
     return stat is not None and stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X", b"")
 
 
+LAUNCHER_MARKS = ("torch.distributed.run", "torch.distributed.launch")  # in a launcher's command line (plan.py's)
+
+
+def parent_of(pid):
+    """The parent's pid, from /proc/PID/stat (its 4th field, after the command's parentheses), or None."""
+    stat = proc_bytes(pid, "stat") or b""
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def job_ranks(found):
+    """The ranks among a job's tagged processes (find_tagged's): the children of its launchers
+    (torchrun's workers) or of its agents (`launcher: none`), not those themselves, nor whatever
+    a rank started (a data loader's worker would die of a signal its rank handles)."""
+    parents = {p["pid"] for p in found if AGENT_MARK in p["cmd"] or any(m in p["cmd"] for m in LAUNCHER_MARKS)}
+    return [p for p in found if p["pid"] not in parents and parent_of(p["pid"]) in parents]
+
+
 def _cmdline(pid):
     return (proc_bytes(pid, "cmdline") or b"").replace(b"\0", b" ").decode("utf-8", "replace").strip()
 

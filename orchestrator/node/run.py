@@ -196,12 +196,12 @@ class Runner:
     # --- stopping and ending ----------------------------------------------------------------------
 
     def stop(self, reason, force):
-        """SIGTERM the launcher (it gives every rank the same stop_grace: see launch.py), wait that
-        and LAUNCHER_MARGIN, then SIGKILL every tagged survivor."""
+        """stop_signal to the launcher (it gives every rank the same stop_grace: see launch.py), wait
+        that and LAUNCHER_MARGIN, then SIGKILL every tagged survivor."""
         self.out.send(wire.Stopping(reason=reason))
         code = None
         if not force:
-            self.launch.signal(signal.SIGTERM)
+            self.launch.signal(getattr(signal, self.spec.stop_signal, signal.SIGTERM))
             deadline = self.clock() + self.spec.stop_grace + LAUNCHER_MARGIN
             while code is None and self.clock() < deadline:
                 event = self.next_event(deadline)

@@ -146,6 +146,7 @@ class RunSpec(Frame):
     stop_grace: float
     heartbeat: float
     stack_dumps: bool
+    stop_signal: str = "SIGTERM"  # a stop's first signal to the launcher (and from it to every rank)
     needs_torch: bool = True  # torchrun and legacy; `launcher: none` runs any program, and skips the probe
     detach: bool = False  # the job outlives the controller: journal, record, and the supervisor (see above)
     token: str | None = None  # detach: the secret the job's agents prove to each other
@@ -180,6 +181,7 @@ class SweepSpec(Frame):
     grace: float
     dry_run: bool
     purge: bool = False  # also remove finished detached jobs' records and journals (else kept a while)
+    signal: str | None = None  # instead: deliver this signal (SIGUSR1...) to every rank found; stop nothing
 
 
 @_frame(TO_AGENT)
@@ -378,6 +380,7 @@ class Swept(Frame):
     killed: list[int]  # needed SIGKILL after the grace period
     left: list[int]  # still alive at the end (should be empty)
     removed: list | None = None  # the state it removed ("JOB nodeN"; a dry run: what it would remove)
+    signalled: list | None = None  # SweepSpec.signal: the ranks (pids) it reached
 
 
 @_frame(TO_CONTROLLER)

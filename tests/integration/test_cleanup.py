@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 
 from tests.harness import procs
 from tests.harness.runner import Launch, ddp_kill, run_dir
@@ -173,12 +174,15 @@ def test_ddp_kill_stops_only_the_named_job(cluster, cluster_file):
             d.wait(5)
 
 
+@pytest.mark.parametrize("stop_signal", ["SIGTERM", "SIGUSR1"])
 def test_ctrl_c_gives_every_rank_its_whole_grace_once_and_prints_no_launcher_traceback(cluster, cluster_file,
-                                                                                       tmp_path):
-    """Issue 27, item 1: each rank gets SIGTERM once and the whole stop_grace to save (torchrun's
-    own wait is set to it: its default, 30 s, killed longer saves); the launcher's report of a
-    stop ddp-up asked for goes to the node's log file, not the console."""
-    path = cluster_file([(0, 1), (1, 1)], stop_grace=20, env={"OMP_NUM_THREADS": 1, "SAVE_S": "6"})
+                                                                                       tmp_path, stop_signal):
+    """Issue 27, items 1 and 2: each rank gets the stop signal (`stop_signal:`) once and the whole
+    stop_grace to save (torchrun's own wait is set to it: its default, 30 s, killed longer saves;
+    and it passes on a SIGUSR1 it is told to handle); the launcher's report of a stop ddp-up asked
+    for goes to the node's log file, not the console."""
+    path = cluster_file([(0, 1), (1, 1)], stop_grace=20, stop_signal=stop_signal,
+                        env={"OMP_NUM_THREADS": 1, "SAVE_S": "6", "SAVE_ON": stop_signal})
     launch = start(path, "save", str(tmp_path / "ckpt"))
     for rank in (0, 1):
         launch.wait_line(rf"r{rank}\s+\| rank {rank} SHUTDOWN_TIMEOUT=20 running", 90)
@@ -186,8 +190,27 @@ def test_ctrl_c_gives_every_rank_its_whole_grace_once_and_prints_no_launcher_tra
     assert launch.wait(60) == 130, launch.output
     for rank in (0, 1):
         assert (tmp_path / f"ckpt.{rank}").read_text() == "saved\n"
-        assert launch.output.count(f"rank {rank} got SIGTERM #") == 1, launch.output
+        assert launch.output.count(f"rank {rank} got {stop_signal} #") == 1, launch.output
     assert "Traceback" not in launch.output and "SignalException" not in launch.output, launch.output
     node_log = (run_dir(launch.job_id) / f"node0-{cluster.nodes[0].addr}.log").read_text()
     assert "SignalException" in node_log  # torchrun's report of the stop: kept, not shown
+    assert_clean(launch.job_id)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+def test_ddp_kill_signal_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file, launcher):
+    """Issue 27, item 3: `ddp-kill --signal USR1 --job ID` delivers it to every rank, straight
+    (torchrun would take it for a stop), and stops nothing."""
+    path = cluster_file([(0, 2), (1, 1)], launcher=launcher)
+    launch = start(path, "usr1")
+    for rank in range(3):
+        launch.wait_line(rf"r{rank}\s+\| rank {rank} running", 90)
+    code, out = ddp_kill("--signal", "usr1", "--job", launch.job_id, str(path))
+    assert code == 0, out
+    assert "sent SIGUSR1 to 2 rank(s); nothing stopped" in out and "sent SIGUSR1 to 1 rank(s)" in out, out
+    for rank in range(3):
+        launch.wait_line(rf"r{rank}\s+\| rank {rank} got SIGUSR1 #1", 30)
+    assert launch.proc.poll() is None and "got SIGUSR1 #2" not in launch.output  # it goes on, each got it once
+    launch.signal(signal.SIGINT)
+    assert launch.wait(60) == 130, launch.output
     assert_clean(launch.job_id)

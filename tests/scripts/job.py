@@ -14,8 +14,10 @@
   job.py tick N S [R C [A,B]]  every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2
                           (only in attempts A,B if given: DDP_UP_ATTEMPT) (no torch)
   job.py save FILE        (no torch) every rank prints its TORCH_ELASTIC_SHUTDOWN_TIMEOUT and "running"; on
-                          each SIGTERM it prints "got SIGTERM #n"; on the first it saves for $SAVE_S seconds,
-                          writes FILE.<rank> and exits 0
+                          each $SAVE_ON (SIGTERM unless set) it prints "got SIG... #n"; on the first it saves
+                          for $SAVE_S seconds, writes FILE.<rank> and exits 0
+  job.py usr1              (no torch) every rank prints "running", then "got SIGUSR1 #n" on each SIGUSR1, and
+                          goes on until stopped
   job.py backlog L S DIR  every rank prints L lines, touches DIR/done.RANK, then "live t=..." every 0.5 s for S s
 """
 
@@ -117,11 +119,11 @@ def raise_in(dist, rank, raising):
 
 
 def save(prefix):
-    rank, got = os.environ.get("RANK"), []
+    rank, got, name = os.environ.get("RANK"), [], os.environ.get("SAVE_ON", "SIGTERM")
 
     def on_term(signum, frame):
         got.append(signum)
-        print(f"rank {rank} got SIGTERM #{len(got)}", flush=True)
+        print(f"rank {rank} got {name} #{len(got)}", flush=True)
         if len(got) == 1:
             time.sleep(float(os.environ.get("SAVE_S", "5")))
             with open(f"{prefix}.{rank}", "w") as f:
@@ -129,7 +131,7 @@ def save(prefix):
             print(f"rank {rank} saved", flush=True)
             finish(0)
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(getattr(signal, name), on_term)
     print(f"rank {rank} SHUTDOWN_TIMEOUT={os.environ.get('TORCH_ELASTIC_SHUTDOWN_TIMEOUT')} running", flush=True)
     while True:
         time.sleep(0.2)
@@ -176,6 +178,13 @@ def main():
         finish(0)
     if mode == "save":
         save(rest[0])
+    if mode == "usr1":
+        got = []
+        signal.signal(signal.SIGUSR1, lambda *_: (got.append(1), print(f"rank {os.environ.get('RANK')} got "
+                                                                        f"SIGUSR1 #{len(got)}", flush=True)))
+        print(f"rank {os.environ.get('RANK')} running", flush=True)
+        while True:
+            time.sleep(0.2)
     if mode == "env":  # job.py env NAME...: print each variable as this process sees it
         for name in rest:
             print(f"ENV {name}={os.environ.get(name, '<unset>')}", flush=True)

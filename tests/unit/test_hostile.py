@@ -76,6 +76,10 @@ CASES = [
     Case("a secret argument with --sbatch --export", ["--sbatch", "--export=NONE", "{c}", "t.py", "--key", "s3cr3t-value"],
          2, "a script argument holds a secret", {"c.yaml": "env: {API_KEY: s3cr3t-value}\n"},
          absent="s3cr3t-value"),
+    Case("ddp-kill --signal KILL", ["--signal", "KILL", "{c}"], 2,
+         "argument --signal: 'KILL': one of USR1, USR2, HUP, INT, QUIT, TERM", {"c.yaml": LOCAL}, tool=main_kill),
+    Case("stop_signal SIGKILL", ["{c}", "t.py"], 2, "{c}:1: stop_signal: must be one of SIGTERM",
+         {"c.yaml": "stop_signal: SIGKILL\n" + LOCAL}),
     Case("NUL in an env value", ["{c}", "t.py"], 2, "{c}:1: env.A: holds a NUL character",
          {"c.yaml": 'env: {A: "x\\0y"}\n' + LOCAL}),
     Case("NUL in an env_file value", ["{c}", "t.py"], 2, "{d}/x.env:2: B: holds a NUL character",
@@ -195,7 +199,10 @@ def test_hostile_input(case: Case, tmp_path, capsys, monkeypatch):
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
     fill = {"c": str(tmp_path / "c.yaml"), "d": str(tmp_path)}
-    code = case.tool([a.format(**fill) for a in case.argv])
+    try:
+        code = case.tool([a.format(**fill) for a in case.argv])
+    except SystemExit as e:  # argparse's own refusal: its usage line and one message, exit 2
+        code = e.code
     out, err = capsys.readouterr()
     assert code == case.code, (out, err)
     assert case.message.format(**fill) in " ".join((err + out).split()), (out, err)

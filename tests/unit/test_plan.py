@@ -92,3 +92,21 @@ def test_launcher_none_runs_ddp_ups_own_launcher_with_the_ranks_it_planned():
         "ddp-up-launch", "--nproc-per-node=3", "--node-rank=1", "--first-rank=1",
         "--world-size=4", "--master-addr=10.0.0.1", "--master-port=29400", "train.py", "--lr", "0.1"]
     assert not p.agent_spec(p.nodes[1]).needs_torch and plan().agent_spec(plan().nodes[0]).needs_torch
+
+
+def test_stop_signal_is_checked_and_torchrun_is_told_to_pass_on_one_it_does_not_handle():
+    """Issue 27, item 2: `stop_signal:` for scripts that save on SIGUSR1/SIGUSR2/SIGINT."""
+    import pytest
+
+    from orchestrator.errors import ConfigError
+    nodes = "nodes: [{host: a, gpus: 2}]\n"
+    for given, name in (("usr1", "SIGUSR1"), ("SIGINT", "SIGINT"), ("TERM", "SIGTERM")):
+        plan = make_plan(parse_cluster(f"stop_signal: {given}\n" + nodes), "t.py", [], "J", "/")
+        assert plan.stop_signal == name and plan.agent_spec(plan.nodes[0]).stop_signal == name
+    usr1 = make_plan(parse_cluster("stop_signal: SIGUSR1\n" + nodes), "t.py", [], "J", "/")
+    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in usr1.launcher_argv(usr1.nodes[0], 1)
+    term = make_plan(parse_cluster(nodes), "t.py", [], "J", "/")
+    assert not any(a.startswith("--signals-to-handle") for a in term.launcher_argv(term.nodes[0], 1))
+    with pytest.raises(ConfigError, match="stop_signal: must be one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, "
+                                          "SIGUSR2 .*got 'SIGKILL'"):
+        parse_cluster("stop_signal: SIGKILL\n" + nodes)
