@@ -161,11 +161,10 @@ class Job:
         return self.result()
 
     def follow(self) -> JobResult:
-        """Attach to a detached job: every node's journal from its start, then live, through the
-        same events, states and views as a run this loop started. The job's own agents decide
-        everything (node/detached.py), so nothing is ever sent to them; a signal detaches. Ends
-        when every node's journal has ended (its JournalEnd, which comes after the attempt's
-        Exited), or its node cannot be read on."""
+        """Attach to a detached job: every node's journal from its start, then live, through the same
+        events, states and views as a run this loop started. The job's own agents decide everything
+        (node/detached.py), so nothing is sent to them; a signal detaches. Ends when every node's
+        journal has ended (its JournalEnd, after the attempt's Exited), or cannot be read on."""
         self.following = following = Following()
         self.hang.why = "replayed"  # keep the stacks ranks print: a hung job's journal has them
         with self.inbox.waking(lambda: self.events.put(WAKE)):
@@ -245,6 +244,7 @@ class Job:
         while self.signals_seen < len(self.inbox.received):
             self.signals_seen += 1
             self._on_signal(self.inbox.received[self.signals_seen - 1])
+        self.stop.pass_on(self.inbox.passed_on, self.following)
         self._watch()
         self.view.tick(self.snapshot)
 

@@ -18,11 +18,13 @@ from typing import Callable, Iterator
 from .errors import Interrupted
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)  # not a stop: a running job passes them on to every rank
 
 
 class SignalInbox:
     def __init__(self) -> None:
         self.received: list[int] = []  # in arrival order; only ever appended to
+        self.passed_on: list[int] = []  # SIGUSR1/SIGUSR2, for the job's ranks: never a stop, never Interrupted
         self._wakers: list[Callable[[], None]] = []
         self._previous: dict[int, object] = {}
 
@@ -35,6 +37,8 @@ class SignalInbox:
         if not self.installed and threading.current_thread() is threading.main_thread():
             for sig in HANDLED:
                 self._previous[sig] = signal.signal(sig, self._record)
+            for sig in PASSED_ON:
+                self._previous[sig] = signal.signal(sig, self._pass_on)
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
@@ -44,6 +48,11 @@ class SignalInbox:
     def _record(self, signum: int, _frame) -> None:
         # Only appends and wakes: list.append and SimpleQueue.put are safe in a handler.
         self.received.append(signum)
+        for wake in list(self._wakers):
+            wake()
+
+    def _pass_on(self, signum: int, _frame) -> None:
+        self.passed_on.append(signum)
         for wake in list(self._wakers):
             wake()
 

@@ -6,6 +6,7 @@ and swept over a fresh connection. A second signal kills at once. Every step is 
 
 from __future__ import annotations
 
+import signal
 from typing import Callable
 
 from .node import wire
@@ -31,6 +32,7 @@ class StopPath:
         self.stop_deadline: float | None = None
         self.kill_deadline: float | None = None
         self.next_reminder: float | None = None
+        self.passed_on = 0  # how many of the inbox's SIGUSR1/SIGUSR2 have been passed on
 
     def request(self, reason: str) -> None:
         """Stop every node (once): a node still connecting is cancelled (nothing started there)."""
@@ -46,6 +48,24 @@ class StopPath:
             elif not status.terminal:
                 status.reason, status.stop_asked = reason, self.clock()
                 session.send(wire.Stop())
+
+    def pass_on(self, got: list[int], following) -> None:
+        """Each SIGUSR1/SIGUSR2 ddp-up got since the last turn (``got``: the inbox's, all of them):
+        to every rank of every running node, straight; not a stop. (Attached to a detached job,
+        ddp-up sends its agents nothing: ddp-kill --signal does that.)"""
+        while self.passed_on < len(got):
+            self.passed_on += 1
+            self._pass_on(signal.Signals(got[self.passed_on - 1]).name, following)
+
+    def _pass_on(self, name: str, following) -> None:
+        if following:
+            self.view.notice(f"{name}: not passed on (attached: ddp-kill --signal {name[3:]} --job "
+                             f"{self.plan.job_id} sends it to every rank)")
+            return
+        running = [session for session, status in zip(self.sessions, self.table) if status.state == "running"]
+        for session in running:
+            session.send(wire.Signal(name=name))
+        self.view.notice(f"{name}: passed on to every rank of {len(running)} running node(s)")
 
     def kill_all(self, now: float) -> None:
         """SIGKILL every job process still running; nodes that do not confirm in time are swept."""

@@ -30,6 +30,12 @@ class Dump(wire.Frame):
 
 
 @wire.value()
+class PassOn(wire.Frame):
+    """The controller passes on a signal it got (SIGUSR1, SIGUSR2): to every rank here, straight."""
+    name: str
+
+
+@wire.value()
 class Stop(wire.Frame):
     """Stop the job here, for good: the controller's Stop (``force``: its Kill), a signal to this
     agent, a protocol error, or the end we answer to gone silent."""
@@ -76,6 +82,7 @@ FROM_CONTROLLER = {  # run mode: every frame the controller may send after the s
     wire.Go: Go,
     wire.Probe: Probe,
     wire.Dump: lambda frame: Dump(),
+    wire.Signal: lambda frame: PassOn(frame.name),
     wire.Stop: lambda frame: Stop(CONTROLLER_ASKED),
     wire.Kill: lambda frame: Stop(CONTROLLER_ASKED, True),
 }

@@ -15,8 +15,8 @@ import time
 
 from . import events, facts, wire
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, kill_tagged, read_tags,
-                    signal_tagged)
+from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, find_tagged, job_ranks,
+                    kill_tagged, read_tags, signal_tagged)
 from .relay import Tailer, join_while_moving, pump
 from .stacks import DUMP_HOOK, dump_all
 from .state import write_private
@@ -103,6 +103,17 @@ class Launch:
         for name, text in files.items():
             write_private(os.path.join(hooks, os.path.basename(name)), text)  # a name, never a path
         return hooks
+
+    def answer(self, event):
+        """What the job's processes are asked while they run: their stacks (events.Dump), or a
+        signal passed on to every rank (events.PassOn), straight: the launcher would stop on it."""
+        if isinstance(event, events.Dump):
+            return self.dump_stacks()
+        sig = getattr(signal, event.name, None)
+        if sig in (signal.SIGUSR1, signal.SIGUSR2):
+            for rank in job_ranks(find_tagged(self.match)):
+                signal_tagged(rank["pid"], sig, self.match)
+        return None
 
     def dump_stacks(self):
         """Every worker's Python stack into its stderr stream, then Dumped. On a thread, so

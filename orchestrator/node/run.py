@@ -148,8 +148,8 @@ class Runner:
             threading.Thread(target=lambda: self.out.send(checks.probe(event.frame, self.job_env())),
                              daemon=True).start()
             return None
-        if isinstance(event, events.Dump):
-            return self.launch and self.launch.dump_stacks()  # None: handled here
+        if isinstance(event, (events.Dump, events.PassOn)):
+            return self.launch and self.launch.answer(event)  # None: handled here
         if isinstance(event, events.ControllerGone):
             return self.controller_gone(event)
         return event

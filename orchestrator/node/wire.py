@@ -15,7 +15,7 @@ means the controller is gone, and the agent stops whatever it started.
 
   mode    controller -> agent                       agent -> controller
   run     RunSpec; Heartbeat, Probe, Go, Dump,      Ready or Failed; Heartbeat, Probed, Started,
-          Stop, Kill                                Output, Dumped, Stopping, Exited
+          Signal, Stop, Kill                        Output, Dumped, Stopping, Exited
   detect  DetectSpec                                Detected
   sweep   SweepSpec                                 Listed, Swept
   sync    SyncSpec; AskShared, File (+ bytes)...,   Needs or Failed; Shared; Copied or Failed
@@ -240,6 +240,13 @@ class Go(Frame):
 @_frame(TO_AGENT)
 class Dump(Frame):
     """Have every worker print its Python stack (the job looks hung)."""
+
+
+@_frame(TO_AGENT)
+class Signal(Frame):
+    """Pass this signal (SIGUSR1, SIGUSR2) on to every rank here, straight: it is not a stop."""
+
+    name: str
 
 
 @_frame(TO_AGENT)

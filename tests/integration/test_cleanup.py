@@ -214,3 +214,19 @@ def test_ddp_kill_signal_reaches_every_rank_once_and_the_job_goes_on(cluster, cl
     launch.signal(signal.SIGINT)
     assert launch.wait(60) == 130, launch.output
     assert_clean(launch.job_id)
+
+
+def test_a_sigusr1_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file):
+    """Issue 27, item 3: ddp-up passes on a SIGUSR1 it gets (a Slurm warning, a user's kill) to
+    every rank, straight, and it is not a stop."""
+    launch = start(cluster_file([(0, 2), (1, 1)]), "usr1")
+    for rank in range(3):
+        launch.wait_line(rf"r{rank}\s+\| rank {rank} running", 90)
+    launch.signal(signal.SIGUSR1)
+    for rank in range(3):
+        launch.wait_line(rf"r{rank}\s+\| rank {rank} got SIGUSR1 #1", 30)
+    assert "SIGUSR1: passed on to every rank of 2 running node(s)" in launch.output
+    assert launch.proc.poll() is None and "got SIGUSR1 #2" not in launch.output
+    launch.signal(signal.SIGINT)
+    assert launch.wait(60) == 130, launch.output
+    assert_clean(launch.job_id)

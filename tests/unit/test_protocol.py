@@ -16,7 +16,7 @@ EXAMPLES = [
     wire.DetectSpec(env={}), wire.SweepSpec(match={"DDP_UP_JOB": "j"}, grace=1.0, dry_run=True),
     wire.SyncSpec(dest="~/p", entries=[["a", 1, 2, 0o644, None]], idle_timeout=9.0),
     wire.Heartbeat(), wire.Probe(addr="10.0.0.1", port=29500, timeout=3.0), wire.Go(argv=["python", "-u", "x"]),
-    wire.Dump(), wire.Stop(), wire.Kill(), wire.AskShared(markers=[".ddp-up-sync-1"]), wire.EndOfFiles(),
+    wire.Dump(), wire.Signal(name="SIGUSR1"), wire.Stop(), wire.Kill(), wire.AskShared(markers=[".ddp-up-sync-1"]), wire.EndOfFiles(),
     wire.Ready(hostname="n", python="3.11", torch="2.13.0", cuda=None, nccl=None, gpus=0, time=1.5,
                disk_free=10, port=1234),
     wire.Failed(what="no", fix="yes"), wire.Probed(ok=False, error="refused"), wire.Started(),
@@ -57,7 +57,7 @@ def test_every_frame_survives_the_wire_byte_by_byte():
     decoder = wire.Decoder(wire.TO_CONTROLLER)
     got = [frame for i in range(len(stream)) for frame in decoder.feed(stream[i:i + 1])]
     assert got == to_controller and decoder.at_rest()
-    assert got[to_controller.index(EXAMPLES[16])].lines() == ["W 1", "\x00\udcff not a frame"]  # bytes kept
+    assert got[to_controller.index(EXAMPLES[17])].lines() == ["W 1", "\x00\udcff not a frame"]  # bytes kept
 
 
 def test_the_agent_side_reads_the_controllers_frames_from_a_stream():
