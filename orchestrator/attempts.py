@@ -188,6 +188,14 @@ class Restarts:
         """After an attempt: remember which nodes need no torch probe in the next one."""
         self.vetted = vetted_after(self.vetted, statuses)
 
+    def unfixable(self, result: JobResult) -> str | None:
+        """Why a failed attempt ends the run whatever restarts are left: its root cause exited
+        with a code that `no_restart_on_exit:` lists (a usage error, a bad config: the same again)."""
+        root = result.root_cause
+        if root is None or root.exit_code not in self.config.no_restart_on_exit:
+            return None
+        return f"{root.label} rank {root.rank} exited with {root.exit_code}, which no_restart_on_exit lists: no restart"
+
     def after(self, attempt: int, cause: tuple[str | None, bool]) -> tuple[ClusterConfig | None, str | None]:
         """The next attempt's cluster (None: no next attempt) and what to say about the nodes."""
         if not policy.restarts_left(attempt, self.limit):

@@ -41,6 +41,9 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
                 restarts.vet(job.status)
             if restarts is None or result.exit_code == 0 or result.interrupted:
                 break
+            if restarts.unfixable(result):
+                views.notice(restarts.unfixable(result))
+                break
             following, signum = next_attempt(plan, cause, restarts, views, inbox, records[-1])
             if signum is not None:
                 result = replace(result, interrupted=signum)

@@ -27,7 +27,7 @@ STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo, not a machine
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "launcher", "env_file",
-            "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "spares", "min_nodes",
+            "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "spares", "min_nodes",
             *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none")
@@ -66,6 +66,7 @@ RULES = {  # top-level settings that are one checked value each
     "retention": rule("duration", "7d"),
     "restarts": rule("integer", 0, low=0, high=MOST_RESTARTS),
     "restart_delay": rule("positive", 10, allow_zero=True),
+    "no_restart_on_exit": rule("exit_codes", ()),
     "spares": rule("integer", 0, low=0),
 }
 SSH_RULES = {  # `ssh:`, or the same keys on a node
@@ -126,6 +127,14 @@ class Checks:
             bound = f"between {low} and {high}" if high else f">= {low}"
             raise self.error(at, f"must be an integer {bound}{' ' + hint if hint else ''}, got {value!r}")
         return value
+
+    def exit_codes(self, value: Any, at: tuple) -> tuple[int, ...]:
+        """A list of exit codes, 1 to 255 (a rank's exit status that a restart cannot fix)."""
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 255
+                                             for v in value)
+        if not ok:
+            raise self.error(at, f"must be a list of exit codes from 1 to 255, e.g. [2, 3], got {value!r}")
+        return tuple(value)
 
     def signal_name(self, value: Any, at: tuple) -> str:
         """A stop signal a script may save its work on: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or

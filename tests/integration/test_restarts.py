@@ -78,3 +78,12 @@ def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):
     assert code == 130, out
     assert "SIGINT while waiting to restart: no new attempt" in out and "attempt=1" not in out
     assert [a["attempt"] for a in summary(out)["attempts"]] == [0]
+
+
+def test_an_exit_code_in_no_restart_on_exit_runs_once(cluster, cluster_file):
+    """Issue 27, item 5: restarts: 3, and the rank exits with a code a restart cannot fix."""
+    path = cluster_file([(0, 1), (1, 1)], restarts=3, restart_delay=0.2, no_restart_on_exit=[3])
+    code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "1", "--exit-code", "3", timeout=240)
+    assert code == 1, out
+    assert f"{cluster.nodes[1].addr} rank 1 exited with 3, which no_restart_on_exit lists: no restart" in out, out
+    assert "attempt 1" not in out and "READY rank=1 world=2 host" in out

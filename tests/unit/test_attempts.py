@@ -99,3 +99,19 @@ def test_a_later_attempt_preflights_again_only_a_node_that_was_lost_or_is_new():
     policy.vet(statuses)
     nxt = policy.plan(policy.first_cluster(), 1)
     assert [nxt.agent_spec(n).needs_torch for n in nxt.nodes] == [False, True, True]
+
+
+def test_an_exit_code_a_restart_cannot_fix_ends_the_run_at_once():
+    """Issue 27, item 5: `no_restart_on_exit: [2]` with restarts left: a root cause that exited 2
+    (a usage error: the same again) is not started again; another code is."""
+    from orchestrator.outcome import Failure, JobResult
+    policy = Restarts.of(cluster(2, restarts=3, no_restart_on_exit="[2, 64]"))
+    failed = lambda code: JobResult(None, (), None, (Failure(1, "h1", 3, code, f"rank 3 exited with code {code}",  # noqa: E731
+                                                             1.0),))
+    assert policy.unfixable(failed(2)) == "h1 rank 3 exited with 2, which no_restart_on_exit lists: no restart"
+    assert policy.unfixable(failed(1)) is None and policy.unfixable(JobResult(None, (), None, ())) is None
+    import pytest
+
+    from orchestrator.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"no_restart_on_exit: must be a list of exit codes from 1 to 255"):
+        cluster(2, no_restart_on_exit="[0, 300]")
