@@ -18,6 +18,16 @@ Transport = Literal["ssh", "local"]
 DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
 
 
+JOB_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")  # a stop_signal, or ddp-kill --signal's
+
+
+def job_signal(text: object) -> str | None:
+    """One of JOB_SIGNALS by its full name (``USR1``, ``usr1`` and ``SIGUSR1`` alike), or None."""
+    name = text.upper() if isinstance(text, str) else ""
+    name = name if name.startswith("SIG") else "SIG" + name
+    return name if name in JOB_SIGNALS else None
+
+
 def default_client() -> str:
     """The user's own ssh wherever there is one (so every setting of theirs applies), else paramiko."""
     return "openssh" if shutil.which("ssh") else "fabric"

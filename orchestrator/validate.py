@@ -15,7 +15,8 @@ import sys
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
-from .config import DEFAULT_SECRETS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for, default_client
+from .config import (DEFAULT_SECRETS, JOB_SIGNALS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for,
+                     default_client, job_signal)
 from .errors import ConfigError
 from .hostlists import host_problem
 from .node.facts import IFNAME_VARS
@@ -23,7 +24,6 @@ from .reading import key_path, read_text
 
 SSH_CLIENTS = ("fabric", "openssh")
 # Keys valid at the top level and overridable per node (and, on a node, `host`, `addr` and `ssh:`'s keys).
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo, not a machine
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "launcher", "env_file",
@@ -139,10 +139,9 @@ class Checks:
     def signal_name(self, value: Any, at: tuple) -> str:
         """A stop signal a script may save its work on: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or
         SIGUSR2 (``USR1`` and lower case too), as its canonical name."""
-        name = value.upper() if isinstance(value, str) else ""
-        name = name if name.startswith("SIG") else "SIG" + name
-        if name not in STOP_SIGNALS:
-            raise self.error(at, f"must be one of {', '.join(STOP_SIGNALS)} (the signal your script saves its "
+        name = job_signal(value)
+        if name is None:
+            raise self.error(at, f"must be one of {', '.join(JOB_SIGNALS)} (the signal your script saves its "
                                  f"work on), got {value!r}")
         return name
 

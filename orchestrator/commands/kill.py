@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from rich.table import Table
@@ -11,6 +12,7 @@ from rich.text import Text
 
 from .. import signals
 from ..cleanup import SweepReport, match_for, sweep_nodes
+from ..config import JOB_SIGNALS, job_signal
 from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
 from ..plan import check_job_id
 from ..views.console import outside
@@ -38,14 +40,12 @@ def kill_parser() -> argparse.ArgumentParser:
     return p
 
 
-NOT_A_STOP = ("SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM")
-
-
 def signal_name(text: str) -> str:
     """--signal's value as a signal's full name (USR1, usr1 and SIGUSR1 alike)."""
-    name = text.upper() if text.upper().startswith("SIG") else "SIG" + text.upper()
-    if name not in NOT_A_STOP:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r}: one of {', '.join(n[3:] for n in NOT_A_STOP)}")
+    name = job_signal(text)
+    if name is None:
+        shown = sorted(JOB_SIGNALS, key=lambda n: (getattr(signal, n) not in signals.PASSED_ON, n))  # never a stop first
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: one of {', '.join(n[3:] for n in shown)}")
     return name
 
 

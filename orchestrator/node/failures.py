@@ -14,8 +14,8 @@ import select
 import threading
 import time
 
-from .procs import proc_bytes, read_environ_value, read_tags
-from .relay import subdirs
+from .procs import carries, children, read_environ_value, read_tags
+from .relay import attempt_dirs, rank_dirs
 
 READ_MOST = 1 << 16  # bytes read of the end of a stderr log
 ERROR_FILE_MOST = 1 << 18  # bytes read of an error file (JSON is read whole, or not at all), kept for the run's logs
@@ -39,16 +39,15 @@ def rank_failures(log_dir, before=float("inf")):
 
 
 def latest_ranks(log_dir):
-    """{local rank: its directory} in the newest ``attempt_<n>`` of every run under log_dir
-    (torchrun's layout, and launcher: none's)."""
+    """{local rank: its directory} in the newest ``attempt_<n>`` of every run under log_dir."""
+    newest = {}
+    for run, attempt in attempt_dirs(log_dir):
+        number = os.path.basename(attempt)[8:]
+        if number.isdigit() and int(number) >= newest.get(run, (-1, None))[0]:
+            newest[run] = (int(number), attempt)
     ranks = {}
-    for run in subdirs(log_dir, lambda name: True):
-        attempts = subdirs(run, lambda name: name.startswith("attempt_") and name[8:].isdigit())
-        if not attempts:
-            continue
-        newest = max(attempts, key=lambda path: int(os.path.basename(path)[8:]))
-        for rank in subdirs(newest, lambda name: name.isascii() and name.isdigit()):
-            ranks[int(os.path.basename(rank))] = rank
+    for _, attempt in newest.values():
+        ranks.update(rank_dirs(attempt))
     return ranks
 
 
@@ -167,8 +166,8 @@ class RankEnds:
             if pid in self.seen:
                 continue
             self.seen.add(pid)
-            tags, local = read_tags(pid), read_environ_value(pid, b"LOCAL_RANK")
-            if tags is None or any(tags.get(k) != v for k, v in self.match.items()) or not (local or "").isdigit():
+            local = read_environ_value(pid, b"LOCAL_RANK")
+            if not carries(read_tags(pid), self.match) or not (local or "").isdigit():
                 continue
             try:
                 self.watching[os.pidfd_open(pid)] = int(local)
@@ -184,14 +183,3 @@ class RankEnds:
             self.thread = None
         return dict(self.ends)
 
-
-def children(pid):
-    """The pids of a process's children (every thread's), from /proc."""
-    found = []
-    try:
-        tasks = os.listdir("/proc/%d/task" % pid)
-    except OSError:
-        return found
-    for task in tasks:
-        found.extend(int(c) for c in (proc_bytes(pid, "task/%s/children" % task) or b"").split())
-    return found

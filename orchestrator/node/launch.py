@@ -15,8 +15,8 @@ import time
 
 from . import events, facts, wire
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, find_tagged, job_ranks,
-                    kill_tagged, read_tags, signal_tagged)
+from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, carries, kill_tagged,
+                    read_tags, signal_ranks, signal_tagged)
 from .relay import Tailer, join_while_moving, pump
 from .stacks import DUMP_HOOK, dump_all
 from .state import write_private
@@ -111,8 +111,7 @@ class Launch:
             return self.dump_stacks()
         sig = getattr(signal, event.name, None)
         if sig in (signal.SIGUSR1, signal.SIGUSR2):
-            for rank in job_ranks(find_tagged(self.match)):
-                signal_tagged(rank["pid"], sig, self.match)
+            signal_ranks(sig, self.match)
         return None
 
     def dump_stacks(self):
@@ -178,5 +177,5 @@ class Launch:
         if not facts.has_nvidia_gpus():
             return None
         apps = facts.parse_apps(facts.nvidia_smi(facts.APPS_QUERY))
-        ours = [app for app in apps if all((read_tags(app["pid"]) or {}).get(k) == v for k, v in self.match.items())]
+        ours = [app for app in apps if carries(read_tags(app["pid"]), self.match)]
         return [facts.holder(app, app["uuid"], facts.process_owner) for app in ours] or None

@@ -7,7 +7,8 @@ import signal
 
 from . import wire
 from .checks import count_gpus, job_env
-from .procs import AGENT_MARK, KILL_WAIT, find_tagged, job_ranks, kill_tagged, signal_tagged, wait_gone
+from .procs import (AGENT_MARK, KILL_WAIT, find_tagged, job_ranks, kill_tagged, signal_ranks, signal_tagged,
+                    wait_gone)
 from .state import remove_stale_state
 
 
@@ -22,7 +23,7 @@ def sweep(spec, writer):
     match = {k: str(v) for k, v in spec.match.items() if v is not None}
     found = find_tagged(match)
     if spec.signal:
-        return signal_ranks(spec, match, found, writer)
+        return signal_sweep(spec, match, found, writer)
     writer.send(wire.Listed(found=found))
     if spec.dry_run:
         result = {"found": found, "killed": [], "left": []}
@@ -35,13 +36,12 @@ def sweep(spec, writer):
     return 0
 
 
-def signal_ranks(spec, match, found, writer):
+def signal_sweep(spec, match, found, writer):
     """ddp-kill --signal: the signal to every rank found, straight (a launcher would take it for a
     stop); nothing is stopped. A dry run lists the ranks only."""
     ranks = job_ranks(found)
     writer.send(wire.Listed(found=ranks))
-    sig = getattr(signal, spec.signal)
-    sent = [] if spec.dry_run else [p["pid"] for p in ranks if signal_tagged(p["pid"], sig, match)]
+    sent = [] if spec.dry_run else signal_ranks(getattr(signal, spec.signal), match, ranks)
     writer.send(wire.Swept(killed=[], left=[], signalled=sent))
     writer.drain(5)
     return 0

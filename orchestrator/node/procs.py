@@ -48,6 +48,11 @@ def read_tags(pid):
     return tags if TAG_JOB in tags else None
 
 
+def carries(tags, match):
+    """Whether a process's tags (read_tags', None for none) include every (key, value) of ``match``."""
+    return tags is not None and all(tags.get(k) == v for k, v in match.items())
+
+
 def read_environ_value(pid, name):
     for item in (proc_bytes(pid, "environ") or b"").split(b"\0"):
         if item.startswith(name + b"="):
@@ -82,12 +87,31 @@ def parent_of(pid):
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
 
 
+def children(pid):
+    """The pids of a process's children (every thread's), from /proc."""
+    found = []
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return found
+    for task in tasks:
+        found.extend(int(c) for c in (proc_bytes(pid, "task/%s/children" % task) or b"").split())
+    return found
+
+
 def job_ranks(found):
     """The ranks among a job's tagged processes (find_tagged's): the children of its launchers
     (torchrun's workers) or of its agents (`launcher: none`), not those themselves, nor whatever
     a rank started (a data loader's worker would die of a signal its rank handles)."""
     parents = {p["pid"] for p in found if AGENT_MARK in p["cmd"] or any(m in p["cmd"] for m in LAUNCHER_MARKS)}
     return [p for p in found if p["pid"] not in parents and parent_of(p["pid"]) in parents]
+
+
+def signal_ranks(sig, match, ranks=None):
+    """``sig`` straight to each of the job's ranks (``ranks``: job_ranks' of what carries
+    ``match``), never to a launcher, which would take it for a stop. The pids it reached."""
+    ranks = job_ranks(find_tagged(match)) if ranks is None else ranks
+    return [p["pid"] for p in ranks if signal_tagged(p["pid"], sig, match)]
 
 
 def _cmdline(pid):
@@ -108,7 +132,7 @@ def find_tagged(match):
         except OSError:
             continue
         tags = read_tags(pid)
-        if tags is None or any(tags.get(k) != v for k, v in match.items()):
+        if not carries(tags, match):
             continue
         if is_alive(pid):
             found.append({"pid": pid, "tags": tags, "cmd": _cmdline(pid)[:200]})
@@ -125,8 +149,7 @@ def signal_tagged(pid, sig, match):
     try:
         if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
             fd = os.pidfd_open(pid)
-        tags = read_tags(pid)
-        if tags is None or any(tags.get(k) != v for k, v in match.items()):
+        if not carries(read_tags(pid), match):
             return False
         if fd is not None:
             signal.pidfd_send_signal(fd, sig)

@@ -146,18 +146,30 @@ def subdirs(path, keep):
         return []
 
 
+def attempt_dirs(log_dir):
+    """(run, attempt) directories of torchrun's layout under log_dir (``<run>/attempt_<n>/``;
+    launcher: none's too). Walked level by level, not glob: glob (with fnmatch) is a tenth of the
+    agent's imports."""
+    return [(run, attempt) for run in subdirs(log_dir, lambda name: True)
+            for attempt in subdirs(run, lambda name: name.startswith("attempt_"))]
+
+
+def rank_dirs(attempt):
+    """{local rank: its directory} in one attempt directory."""
+    ranks = subdirs(attempt, lambda name: name.isascii() and name.isdigit())
+    return {int(os.path.basename(rank)): rank for rank in ranks}
+
+
 def worker_logs(log_dir):
     """(path, stream, local rank) of every ``<run>/attempt_<n>/<local_rank>/std{out,err}.log``
-    under log_dir. A walk of three levels, not glob: glob (with fnmatch) is a tenth of the
-    agent's imports."""
+    under log_dir."""
     found = []
-    for run in subdirs(log_dir, lambda name: True):
-        for attempt in subdirs(run, lambda name: name.startswith("attempt_")):
-            for rank in subdirs(attempt, lambda name: name.isascii() and name.isdigit()):
-                for name, stream in (("stdout.log", "out"), ("stderr.log", "err")):
-                    path = os.path.join(rank, name)
-                    if os.path.isfile(path):
-                        found.append((path, stream, int(os.path.basename(rank))))
+    for _, attempt in attempt_dirs(log_dir):
+        for local_rank, rank in rank_dirs(attempt).items():
+            for name, stream in (("stdout.log", "out"), ("stderr.log", "err")):
+                path = os.path.join(rank, name)
+                if os.path.isfile(path):
+                    found.append((path, stream, local_rank))
     return found
 
 

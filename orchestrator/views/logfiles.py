@@ -197,7 +197,7 @@ class RunLogs:
                 continue
             try:
                 with self._open(f"rank{error.rank}.error.json") as f:
-                    f.write(mask_secrets(error.error_file, self.plan.secrets) if self.plan.secrets else error.error_file)
+                    f.write(mask_secrets(error.error_file, self.plan.secrets))
             except OSError as e:
                 self._failed(e)
 
