@@ -20,6 +20,7 @@ joins, or a node that was lost, gets the whole preflight.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -32,6 +33,7 @@ from .node import policy
 from .outcome import JobResult, NodeStatus
 from .plan import Attempt, LaunchPlan
 from .preflight import TORCH_FIELDS
+from .reports import SLURM_CANCELLED
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,84 @@ class AttemptRecord:
     world_size: int
     exit_code: int
     root_cause: str | None
+    end: str = "failed"  # why it ended: one of ENDS
+    signature: str | None = None  # how it failed, numbers left out (crash_loop compares them)
+    next: str | None = None  # what came after it: "restart 1 of 3", "recovery 1 of 3", or why nothing did
 
     def as_dict(self, iso) -> dict:
         return {"attempt": self.number, "started": iso(self.started), "ended": iso(self.ended),
                 "nodes": list(self.nodes), "world_size": self.world_size, "exit_code": self.exit_code,
-                "root_cause": self.root_cause}
+                "end": self.end, "root_cause": self.root_cause, "next": self.next}
+
+
+# Why an attempt ended, and what a new attempt after it costs: the job's own failures use up
+# `restarts:`; a node lost or a stop from outside the job (Slurm's time limit or preemption, a
+# shutdown, a signal to an agent that ddp-up did not send) uses up `recoveries:` instead. After
+# "succeeded" and "stopped" (a signal to ddp-up: someone wants the run over) nothing follows.
+ENDS = ("succeeded", "failed", "hung", "lost", "stopped from outside", "could not start", "stopped")
+BUDGET = {"failed": "restart", "hung": "restart",
+          "lost": "recovery", "stopped from outside": "recovery", "could not start": "recovery"}
+KIND_END = {"own": "failed", "hung": "hung", "lost": "lost", "outside": "stopped from outside"}
+DEFAULT_RECOVERIES = 3
+CRASH_LOOP = 3  # this many attempts in a row failing the same way, none getting further: no more restarts
+PROGRESS = 2.0  # an attempt that ran this many times as long as another of them (+ PROGRESS_SLACK) got further
+PROGRESS_SLACK = 10.0  # seconds: the start of a job (connect, preflight, rendezvous) varies this much
+
+
+def recovery_limit(config: ClusterConfig, restarts: int) -> int:
+    """`recoveries:`, else DEFAULT_RECOVERIES where the run restarts at all (`restarts:`, a spare
+    or min_nodes set), else none: a run nobody asked to restart is never started again."""
+    if config.recoveries is not None:
+        return config.recoveries
+    return DEFAULT_RECOVERIES if restarts or config.spares or config.min_nodes is not None else 0
+
+
+def attempt_end(result: JobResult, cause: tuple[str | None, bool], could_not_start: bool = False) -> str:
+    """Why an attempt ended (one of ENDS)."""
+    if result.interrupted:
+        return "stopped"
+    if result.exit_code == 0:
+        return "succeeded"
+    if could_not_start:
+        return "could not start"
+    root = result.root_cause
+    if root is None:
+        return "lost" if cause[1] else "failed"
+    return KIND_END[root.kind]
+
+
+def failure_signature(result: JobResult) -> str | None:
+    """The job's own failure with its numbers left out ("RuntimeError: CUDA out of memory. Tried
+    to allocate # GiB"): two attempts with the same one failed the same way."""
+    root = result.root_cause
+    if root is None or root.kind != "own":
+        return None
+    return re.sub(r"\d+", "#", f"exit {root.exit_code}: {root.exception or root.what}")
+
+
+def slurm_ended(result: JobResult) -> str | None:
+    """Why no attempt follows a stop that Slurm made (time limit, preemption, scancel): the
+    allocation is ending, and Slurm's own requeue is what starts the job again."""
+    root = result.root_cause
+    if root is None or root.kind != "outside" or not root.what.startswith(SLURM_CANCELLED):
+        return None
+    return "Slurm is ending the allocation: no new attempt in it (sbatch --requeue has Slurm start the job again)"
+
+
+def crash_loop(records: list[AttemptRecord]) -> str | None:
+    """Why the run stops restarting before `restarts:` runs out, or None: the last CRASH_LOOP
+    attempts failed the same way, and none got much further than another (by how long it ran: a
+    job that fails at step 10 each time fails after about as long). One that ran PROGRESS times as
+    long made progress (it may have failed later on in the data, or resumed from a checkpoint)."""
+    last = records[-CRASH_LOOP:]
+    if len(last) < CRASH_LOOP or last[0].signature is None or any(r.signature != last[0].signature for r in last):
+        return None
+    took = [r.ended - r.started for r in last]
+    if max(took) > PROGRESS * min(took) + PROGRESS_SLACK:
+        return None
+    return (f"crash loop: attempts {last[0].number} to {last[-1].number} failed the same way, each within "
+            f"{max(took):.0f} s of its start; no more restarts (the next would fail the same way): fix the cause "
+            "and run again")
 
 
 @dataclass
@@ -109,13 +184,15 @@ class Roster:
                               f"(set `spares:`, or `min_nodes:` to go on with fewer nodes)")
 
 
-def attempt_record(plan: LaunchPlan, result: JobResult, started: float,
-                   cause: tuple[str | None, bool]) -> AttemptRecord:
+def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool],
+                   end: str | None = None) -> AttemptRecord:
     """The record of attempt ``plan.attempt``, ended now (one that could not start: exit status 3)."""
     root = result.root_cause
-    what = root.render() if root else (f"{cause[0]} could not start" if cause[0] else None)
+    end = end or attempt_end(result, cause)
+    what = root.render() if root else (cause[0] and f"{cause[0]} {'could not start' if end == 'could not start' else 'lost'}")
     return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
-                         result.exit_code if root or not cause[0] else EXIT_SETUP, plan.mask(what) if what else None)
+                         result.exit_code if end != "could not start" else EXIT_SETUP,
+                         plan.mask(what) if what else None, end, failure_signature(result))
 
 
 def blame(result: JobResult) -> tuple[str | None, bool]:
@@ -159,23 +236,42 @@ def wait_for_signal(inbox, seconds: float) -> int | None:
     return inbox.first
 
 
+@dataclass(frozen=True)
+class NextAttempt:
+    """What follows a failed attempt: the next one's cluster (None: the run ends here), why (its
+    record's ``next``), and what to say about the nodes (a spare joins, a node is out)."""
+
+    cluster: ClusterConfig | None
+    why: str
+    notice: str | None = None
+
+
 @dataclass
 class Restarts:
     """What the run loop needs to start the next attempt: the cluster as listed, who is where,
-    and how to plan an attempt (the same job, script and settings; a fresh run token)."""
+    how many new attempts each budget allows and has used, and how to plan an attempt (the same
+    job, script and settings; a fresh run token)."""
 
     config: ClusterConfig
     roster: Roster
-    limit: int  # restarts allowed: attempts 0..limit
+    limit: int  # `restarts:`: new attempts after the job's own failures
     delay: float
     planner: Callable[[ClusterConfig, Attempt], LaunchPlan] | None = None  # the run's make_plan for an attempt
     vetted: dict[str, dict] = field(default_factory=dict)  # see vetted_after
+    recoveries: int = 0  # new attempts after a node lost or an outside stop (recovery_limit)
+    used: Counter = field(default_factory=Counter)  # {"restart": n, "recovery": m}
 
     @classmethod
     def of(cls, config: ClusterConfig, limit: int | None = None,
            planner: Callable[[ClusterConfig, Attempt], LaunchPlan] | None = None) -> Restarts:
-        return cls(config, Roster.of(config), config.restarts if limit is None else limit, config.restart_delay,
-                   planner)
+        limit = config.restarts if limit is None else limit
+        return cls(config, Roster.of(config), limit, config.restart_delay, planner,
+                   recoveries=recovery_limit(config, limit))
+
+    @property
+    def any(self) -> bool:
+        """Whether a run may ever have a second attempt."""
+        return bool(self.limit or self.recoveries)
 
     def first_cluster(self) -> ClusterConfig:
         return self.roster.cluster(self.config)
@@ -192,13 +288,24 @@ class Restarts:
         """Why a failed attempt ends the run whatever restarts are left: its root cause exited
         with a code that `no_restart_on_exit:` lists (a usage error, a bad config: the same again)."""
         root = result.root_cause
-        if root is None or root.exit_code not in self.config.no_restart_on_exit:
+        if root is None or root.kind != "own" or root.exit_code not in self.config.no_restart_on_exit:
             return None
         return f"{root.label} rank {root.rank} exited with {root.exit_code}, which no_restart_on_exit lists: no restart"
 
-    def after(self, attempt: int, cause: tuple[str | None, bool]) -> tuple[ClusterConfig | None, str | None]:
-        """The next attempt's cluster (None: no next attempt) and what to say about the nodes."""
-        if not policy.restarts_left(attempt, self.limit):
-            return None, None
+    def after(self, result: JobResult, records: list[AttemptRecord], cause: tuple[str | None, bool]) -> NextAttempt:
+        """After the failed attempt ``records[-1]`` (its ``result``, and what to blame): the next."""
+        why = self.unfixable(result) or slurm_ended(result) or crash_loop(records)
+        if why:
+            return NextAttempt(None, why)
+        budget = BUDGET[records[-1].end]
+        limit = self.limit if budget == "restart" else self.recoveries
+        if self.used[budget] >= limit:
+            kind = "restarts" if budget == "restart" else "recoveries"
+            return NextAttempt(None, f"no {budget} left ({kind}: {limit})" if limit else f"no {kind} set")
         verdict = self.roster.settle(*cause)
-        return (self.roster.cluster(self.config) if verdict.go_on else None), verdict.notice
+        if not verdict.go_on:
+            return NextAttempt(None, verdict.notice, verdict.notice)
+        self.used[budget] += 1
+        counted = "" if budget == "restart" else " (not the job's own failure: restarts: untouched)"
+        return NextAttempt(self.roster.cluster(self.config), f"{budget} {self.used[budget]} of {limit}{counted}",
+                           verdict.notice)

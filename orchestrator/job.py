@@ -27,7 +27,7 @@ from .events import WAKE, LogLine, Wake
 from .hang import AskStacks, HangWatch, Hung
 from .node import policy, wire
 from .nodetable import NodeTable
-from .outcome import Failure, JobResult, JobSnapshot, NodeStatus
+from .outcome import Failure, FailureKind, JobResult, JobSnapshot, NodeStatus
 from .parallel import on_each
 from .phases import Phases
 from .plan import LaunchPlan, NodePlan
@@ -175,7 +175,7 @@ class Job:
                 self.turn(None)
         hung = None if self.table.failures or self.interrupted else self.hang.name_stopped(self.status)
         if hung is not None:
-            self.fail(hung.node, hung.rank, None, hung.what)
+            self.fail(hung.node, hung.rank, None, hung.what, kind="hung")
         return self.result()
 
     def check(self) -> list[NodeProblem]:
@@ -276,32 +276,21 @@ class Job:
                 session.send(wire.Heartbeat())
             silent = policy.silence(now, session.last_heard, self.plan.orphan_timeout)
             if silent is not None:
-                self.lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
+                self.reports.lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
         decision = self.hang.check(now, self.status, self.stop.requested)
         if isinstance(decision, AskStacks):
             self.view.notice(f"job looks hung: {decision.why}; asking every rank for its Python stack")
             for node in decision.nodes:
                 self.sessions[node].send(wire.Dump())
         elif isinstance(decision, Hung):
-            self.fail(decision.node, decision.rank, None, decision.what)
+            self.fail(decision.node, decision.rank, None, decision.what, kind="hung")
         self.stop.escalate(now)
 
     # --- failures ---
 
-    def lost(self, node: int, what: str) -> None:
-        """A node's agent is out of reach: swept over a fresh connection, and a failure unless the
-        job was stopping already because of a signal."""
-        what = self.status[node].slurm_cancel or what  # Slurm ended the step: not a lost network
-        self.table.set(node, "lost", reason=what)
-        self.sessions[node].close()
-        if self.following:
-            return  # only this view of the node is lost; the job there goes on under its supervisor
-        self.sweeper.start(self.plan.nodes[node].config)
-        if not self.stop.requested or self.interrupted is None:
-            self.fail(node, None, None, what)
-
-    def fail(self, node: int, rank: int | None, code: int | None, what: str, at: float | None = None) -> None:
-        self.record(self.table.failure(node, rank, code, what, at))
+    def fail(self, node: int, rank: int | None, code: int | None, what: str, kind: FailureKind = "own",
+             at: float | None = None) -> None:
+        self.record(self.table.failure(node, rank, code, what, at, kind))
 
     def record(self, failure: Failure) -> None:
         """A failure: the first one stops every node (fail fast)."""

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Callable, Iterator
 
 from .errors import NodeProblem
-from .outcome import Failure, NodeOutcome, NodeRow, NodeStatus, State, TERMINAL
+from .outcome import Failure, FailureKind, NodeOutcome, NodeRow, NodeStatus, State, TERMINAL
 from .plan import LaunchPlan
 
 
@@ -41,8 +41,9 @@ class NodeTable:
         self.status[node].problem = problem
         self.set(node, "error", reason=problem.what)
 
-    def failure(self, node: int, rank: int | None, code: int | None, what: str, at: float | None = None) -> Failure:
-        return Failure(node, self.plan.nodes[node].label, rank, code, what, at)
+    def failure(self, node: int, rank: int | None, code: int | None, what: str, at: float | None = None,
+                kind: FailureKind = "own") -> Failure:
+        return Failure(node, self.plan.nodes[node].label, rank, code, what, at, kind=kind)
 
     def fail(self, failure: Failure) -> Failure:
         """A failure, at its own time when the node said when (else now, by the wall clock)."""

@@ -40,6 +40,15 @@ then the node is declared lost and swept. Terminal states never change.
 """
 TERMINAL = frozenset({"done", "failed", "stopped", "lost", "error"})
 
+FailureKind = Literal["own", "hung", "lost", "outside"]
+"""Whose doing a failure was, which decides what a restart after it costs (attempts.py):
+    own       the job's: a rank or its launcher exited non-zero by itself
+    hung      the job's too: no progress for hang_timeout, stopped by ddp-up
+    lost      the node's agent out of reach (network, node down): not the job's failure
+    outside   the job stopped on the node by someone else: Slurm (time limit, preemption,
+              scancel), a shutdown, a signal to the agent that ddp-up did not send
+"""
+
 
 @dataclass
 class NodeStatus:
@@ -106,6 +115,7 @@ class Failure:
     exception: str | None = None  # the rank's own exception ("RuntimeError: ..."), when it raised one
     trace: tuple[str, ...] = ()  # the last lines of its traceback
     window: float = 0.0  # ``at`` is known to the second (torchrun's report): it may be this much later
+    kind: FailureKind = "own"
 
     def render(self) -> str:
         who = f"{self.label} (node {self.node}" + (f", rank {self.rank})" if self.rank is not None else ")")

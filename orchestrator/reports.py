@@ -5,7 +5,9 @@ change it means (on the job's NodeTable) or a failure for the loop to act on (Jo
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import replace
+
 from . import preflight
 from .errors import NodeProblem
 from .events import Closed, Lines, Message, SetupFailed
@@ -18,13 +20,16 @@ LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) (\S+) ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
 
 
+SLURM_CANCELLED = "Slurm cancelled"  # how a failure that Slurm's end of a step became begins
+
+
 def slurm_cancel(text: str) -> str | None:
     """What a node's line says Slurm did to its step, if it says so."""
     m = SLURM_CANCEL.search(text)
     if m is None:
         return None
     why = f" due to {m.group(4).lower()}" if m.group(4) else " (scancel, or the allocation ended)"
-    return f"Slurm cancelled {m.group(1).lower()} {m.group(2)}{why}"
+    return f"{SLURM_CANCELLED} {m.group(1).lower()} {m.group(2)}{why}"
 
 
 class NodeReports:
@@ -68,10 +73,14 @@ class NodeReports:
             self.job.hang.dumped(node, self.job.clock())
         elif isinstance(frame, wire.Stopping):
             self.table.set(node, "stopping", reason=frame.reason)
+            if frame.by == "ddp-kill":
+                self.killed(node)
+            elif frame.by == "signal" and not self.job.following:
+                self.stopped_outside(node, frame)
         elif isinstance(frame, wire.Exited):
             self.exited(node, frame)
         else:
-            self.job.lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
+            self.lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
                                 f"while {status.state}")
 
     def ready(self, node: int, frame: wire.Ready) -> None:
@@ -110,13 +119,47 @@ class NodeReports:
         if event.lines:
             self.job.view.lines(status.plan, event.lines)
 
+    def killed(self, node: int) -> None:
+        """ddp-kill is stopping this node's job (its note with the signal, node/state.py): the run
+        is over as for a SIGTERM to ddp-up, every node stopped with its grace and no restart."""
+        job = self.job
+        if job.following or job.interrupted is not None:
+            return
+        job.interrupted = signal.SIGTERM
+        job.view.notice(f"{self.table[node].plan.label}: stopped by ddp-kill; stopping all nodes")
+        job.stop.request("stopped by ddp-kill")
+
+    def lost(self, node: int, what: str) -> None:
+        """A node's agent is out of reach: swept over a fresh connection, and a failure unless the
+        job was stopping already because of a signal."""
+        job = self.job
+        cancel = job.status[node].slurm_cancel  # Slurm ended the step: not a lost network
+        self.table.set(node, "lost", reason=cancel or what)
+        job.sessions[node].close()
+        if job.following:
+            return  # only this view of the node is lost; the job there goes on under its supervisor
+        job.sweeper.start(job.plan.nodes[node].config)
+        if not job.stop.requested or job.interrupted is None:
+            job.fail(node, None, None, cancel or what, kind="outside" if cancel else "lost")
+
+    def stopped_outside(self, node: int, frame: wire.Stopping) -> None:
+        """The job stops on a node by no one's word from here (Slurm's time limit or preemption, a
+        shutdown, a signal to the agent): not the job's own failure (attempts.py), and at the time
+        the agent began to stop, before its ranks died and their peers failed of it. Every other
+        node stops with its grace at once."""
+        status = self.table[node]
+        known = isinstance(frame.at, (int, float)) and not isinstance(frame.at, bool) and status.clock_skew is not None
+        at = frame.at - status.clock_skew if known else None
+        self.job.fail(node, None, None, status.slurm_cancel or f"stopped on the node: {frame.reason}", kind="outside",
+                      at=at)
+
     def blame_slurm(self, node: int) -> None:
         """Slurm's word comes on the step's stderr, which can arrive after the node's end (the agent
         stopped on Slurm's SIGTERM, or its srun ended): that end was Slurm's doing. So was a rank's
         death by a signal there: Slurm signals every process of the step, and a rank may die of
         it before its agent acts on its own."""
         status = self.table[node]
-        self.table.failures[:] = [replace(f, what=status.slurm_cancel)
+        self.table.failures[:] = [replace(f, what=status.slurm_cancel, kind="outside")
                                   if f.node == node and (f.rank is None or (f.exit_code or 0) < 0) else f
                                   for f in self.table.failures]
         if status.state in ("stopped", "lost"):
@@ -145,7 +188,8 @@ class NodeReports:
         elif frame.stopped:
             self.table.set(node, "stopped", reason=status.slurm_cancel or frame.reason)
             if not job.following:  # a detached job's nodes stop when another fails: that one is the cause
-                job.fail(node, None, frame.code, status.slurm_cancel or f"stopped on the node: {frame.reason}")
+                job.fail(node, None, frame.code, status.slurm_cancel or f"stopped on the node: {frame.reason}",
+                         kind="outside")
         elif frame.code == 0:
             self.table.set(node, "done")
             job.hang.node_done(job.clock())
@@ -163,7 +207,7 @@ class NodeReports:
         else:
             tail = "; ".join(event.end.stderr_tail[-2:])
             what = "connection to the node agent lost" + (f" ({tail})" if tail else "")
-        self.job.lost(event.node, what)
+        self.lost(event.node, what)
 
     def journal_end(self, node: int, frame: wire.JournalEnd) -> None:
         """Following: this node's journal was read to its end; whether a later attempt follows."""

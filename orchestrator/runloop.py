@@ -8,7 +8,8 @@ import time
 from dataclasses import replace
 
 from . import signals
-from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
+from .attempts import (AttemptRecord, Restarts, attempt_end, attempt_record, blame, blame_setup, delay_before,
+                       wait_for_signal)
 from .errors import EXIT_INTERNAL, EXIT_OK, SetupError
 from .job import Job
 from .outcome import JobResult
@@ -32,19 +33,16 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
         while True:
             job = Job(plan, views, preflight=preflight, inbox=inbox)
             started = time.time()
-            result, cause = run_attempt(job, plan, views, logs, records, restarting=restarts is not None)
+            result, cause, end = run_attempt(job, plan, views, logs, records, restarting=restarts is not None)
             swept_later.append(job)
             if job.detached:
                 return detached_notices(plan, console_view, cluster_arg)
-            records.append(attempt_record(plan, result, started, cause))
-            if restarts is not None:
-                restarts.vet(job.status)
-            if restarts is None or result.exit_code == 0 or result.interrupted:
+            records.append(attempt_record(plan, result, started, cause, end))
+            if restarts is None or end in ("succeeded", "stopped"):
                 break
-            if restarts.unfixable(result):
-                views.notice(restarts.unfixable(result))
-                break
-            following, signum = next_attempt(plan, cause, restarts, views, inbox, records[-1])
+            restarts.vet(job.status)
+            following, signum, why = next_attempt(plan, result, cause, restarts, views, inbox, records)
+            records[-1] = replace(records[-1], next=why)
             if signum is not None:
                 result = replace(result, interrupted=signum)
             if following is None:
@@ -60,8 +58,8 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
 
 
 def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[AttemptRecord],
-                restarting: bool) -> tuple[JobResult, tuple[str | None, bool]]:
-    """One attempt to its end: its result and what to blame. Re-raises what ends the run at once:
+                restarting: bool) -> tuple[JobResult, tuple[str | None, bool], str]:
+    """One attempt to its end: its result, what to blame, and why it ended (attempts.ENDS). Re-raises what ends the run at once:
     a bug, or a setup error of the first attempt (a later one's, a spare not fit to run, is that
     attempt's failure: the next one may do without it)."""
     try:
@@ -72,32 +70,38 @@ def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[
             logs.finished(job.result(), exit_code=e.exit_code, attempts=records)
             raise
         views.notice(f"attempt {plan.attempt} could not start: {e.problems[0].render()}")
-        return replace(job.result(), failures=()), blame_setup(e.problems)
+        result, cause = replace(job.result(), failures=()), blame_setup(e.problems)
+        return result, cause, attempt_end(result, cause, could_not_start=True)
     except BaseException as e:  # a bug: record it and give the terminal back
         job.close()
         logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL), attempts=records)
         raise
     job.close(sweeps=not restarting)
-    return result, blame(result)
+    cause = blame(result)
+    return result, cause, attempt_end(result, cause)
 
 
-def next_attempt(plan: LaunchPlan, cause: tuple[str | None, bool], policy: Restarts, views,
-                 inbox: signals.SignalInbox, last: AttemptRecord) -> tuple[LaunchPlan | None, int | None]:
-    """The plan of the attempt after ``plan`` (None: no more), after its delay; and the signal
-    that ended the wait, if one did (a signal ends the run for good)."""
-    cluster, notice = policy.after(plan.attempt, cause)
-    if notice:
-        views.notice(notice)
-    if cluster is None:
-        return None, None
+def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, bool], policy: Restarts, views,
+                 inbox: signals.SignalInbox, records: list[AttemptRecord]) -> tuple[LaunchPlan | None, int | None, str]:
+    """The plan of the attempt after ``plan`` (None: no more), after its delay; the signal that
+    ended the wait, if one did (a signal ends the run for good); and what came next, for the record."""
+    last = records[-1]
+    nxt = policy.after(result, records, cause)
+    if nxt.notice:
+        views.notice(nxt.notice)
+    if nxt.cluster is None:
+        if nxt.why != nxt.notice:
+            views.notice(f"attempt {plan.attempt} {last.end}: {nxt.why}")
+        return None, None, nxt.why
     delay = delay_before(plan.attempt + 1, policy.delay)
-    views.notice(f"attempt {plan.attempt} failed ({last.root_cause or 'see above'}); attempt {plan.attempt + 1} "
-                 f"of {policy.limit} restart(s) in {delay:g} s (Ctrl-C stops for good)")
+    views.notice(f"attempt {plan.attempt} {last.end} ({last.root_cause or 'see above'}); attempt {plan.attempt + 1} "
+                 f"({nxt.why}) in {delay:g} s (Ctrl-C stops for good)")
     signum = wait_for_signal(inbox, delay)
     if signum is not None:
-        views.notice(f"{signal.Signals(signum).name} while waiting to restart: no new attempt")
-        return None, signum
-    return policy.plan(cluster, plan.attempt + 1), None
+        why = f"{signal.Signals(signum).name} while waiting to restart: no new attempt"
+        views.notice(why)
+        return None, signum, why
+    return policy.plan(nxt.cluster, plan.attempt + 1), None, nxt.why
 
 
 def detached_notices(plan: LaunchPlan, console_view: ConsoleView, cluster_arg: str) -> int:

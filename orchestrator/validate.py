@@ -27,8 +27,8 @@ SSH_CLIENTS = ("fabric", "openssh")
 MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo, not a machine
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "launcher", "env_file",
-            "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "spares", "min_nodes",
-            *SHARED_KEYS)
+            "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
+            "spares", "min_nodes", *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none")
 TRANSPORTS = ("ssh", "srun", "local")
@@ -67,6 +67,7 @@ RULES = {  # top-level settings that are one checked value each
     "restarts": rule("integer", 0, low=0, high=MOST_RESTARTS),
     "restart_delay": rule("positive", 10, allow_zero=True),
     "no_restart_on_exit": rule("exit_codes", ()),
+    "recoveries": rule("integer", None, low=0, high=MOST_RESTARTS),
     "spares": rule("integer", 0, low=0),
 }
 SSH_RULES = {  # `ssh:`, or the same keys on a node

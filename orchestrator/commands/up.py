@@ -202,7 +202,7 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
     inbox.check()
     return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
                    inbox=inbox, cluster_arg=shlex.join(ours_for_attach(args)),
-                   restarts=restarts if restarts.limit and not args.detach else None)
+                   restarts=restarts if restarts.any and not args.detach else None)
 
 
 def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str], console: Console) -> int:

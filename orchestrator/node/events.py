@@ -41,6 +41,7 @@ class Stop(wire.Frame):
     agent, a protocol error, or the end we answer to gone silent."""
     reason: str
     force: bool = False
+    signalled: bool = False  # a signal to the agent: ddp-kill's (state.killed_by_ddp_kill) or anyone's
 
 
 @wire.value()
@@ -55,6 +56,13 @@ class Exited(wire.Frame):
     from a later one's)."""
     attempt: int
     code: int | None
+
+
+@wire.value()
+class RanksGone(wire.Frame):
+    """Every process of attempt ``attempt`` that outlived its launcher in a stop has ended (or the
+    grace is over): the stop is complete here."""
+    attempt: int
 
 
 @wire.value()

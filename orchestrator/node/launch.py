@@ -15,8 +15,8 @@ import time
 
 from . import events, facts, wire
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, carries, kill_tagged,
-                    read_tags, signal_ranks, signal_tagged)
+from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, carries, find_tagged,
+                    kill_tagged, read_tags, signal_ranks, signal_tagged, wait_gone)
 from .relay import Tailer, join_while_moving, pump
 from .stacks import DUMP_HOOK, dump_all
 from .state import write_private
@@ -140,6 +140,20 @@ class Launch:
             self.proc.send_signal(sig)
         elif self.proc and self.proc.poll() is None:
             signal_tagged(self.proc.pid, sig, self.match)
+
+    def outlived(self, seconds):
+        """In a stop, once the launcher has exited: post events.RanksGone when its processes that
+        are still there (ranks still saving; torchrun gives up on a second SIGTERM, as under Slurm,
+        where every process of the step gets it) have ended, at most ``seconds`` from now. They
+        keep the whole grace: only what is left then is killed (end)."""
+        left = [p["pid"] for p in find_tagged(self.match)]
+        attempt = self.attempt
+
+        def wait():
+            wait_gone(left, seconds)
+            self.post(events.RanksGone(attempt))
+
+        threading.Thread(target=wait, name="outlived", daemon=True).start()
 
     def end(self, code):
         """SIGKILL whatever of the launch is left, then relay every line before the exit is told.

@@ -9,7 +9,7 @@ from . import wire
 from .checks import count_gpus, job_env
 from .procs import (AGENT_MARK, KILL_WAIT, find_tagged, job_ranks, kill_tagged, signal_ranks, signal_tagged,
                     wait_gone)
-from .state import remove_stale_state
+from .state import note_kill, remove_quietly, remove_stale_state
 
 
 def detect(spec, writer):
@@ -51,6 +51,8 @@ def stop_agents_first(match, grace):
     """kill_tagged, but a detached job's agents first get SIGTERM and ``grace`` to stop their own
     job and record its end (their workers are still there when they look)."""
     agents = [p["pid"] for p in find_tagged(match) if AGENT_MARK in p["cmd"]]
+    notes = [note_kill(pid) for pid in agents]  # the signal is ddp-kill's: the run is over, not recovered
     stopped = [pid for pid in agents if signal_tagged(pid, signal.SIGTERM, match)]
     wait_gone(stopped, grace + KILL_WAIT)
+    remove_quietly(*[note for note in notes if note])  # an agent that never read its note
     return kill_tagged(match, grace=grace)

@@ -102,8 +102,10 @@ def children(pid):
 def job_ranks(found):
     """The ranks among a job's tagged processes (find_tagged's): the children of its launchers
     (torchrun's workers) or of its agents (`launcher: none`), not those themselves, nor whatever
-    a rank started (a data loader's worker would die of a signal its rank handles)."""
+    a rank started (a data loader's worker would die of a signal its rank handles). The caller
+    may be the agent itself (find_tagged leaves it out): its children are ranks too."""
     parents = {p["pid"] for p in found if AGENT_MARK in p["cmd"] or any(m in p["cmd"] for m in LAUNCHER_MARKS)}
+    parents.add(os.getpid())
     return [p for p in found if p["pid"] not in parents and parent_of(p["pid"]) in parents]
 
 

@@ -22,9 +22,14 @@ import time
 from . import checks, events, policy, wire
 from .launch import Launch
 from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name
-from .state import remove_node_dir
+from .state import killed_by_ddp_kill, remove_node_dir
 
 
+# Signals that are no stop: ignored by the agent and, inherited, by the launcher and the ranks
+# unless they handle them. Slurm sends its warning before a time limit (--signal=USR1@T) to every
+# process of a step: the ranks get it straight from Slurm, and neither the agent nor torchrun may
+# die of it (their default action). ddp-up's own word to the ranks goes to them directly (launch.py).
+NOT_A_STOP = (signal.SIGUSR1, signal.SIGUSR2)
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
 
 
@@ -87,14 +92,13 @@ class Runner:
 
     def on_signal(self, signum, _frame):
         self.for_good = True
-        self.events.put(events.Stop("agent got " + signal.Signals(signum).name))
+        self.events.put(events.Stop("agent got " + signal.Signals(signum).name, signalled=True))
 
     def run(self):
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            signal.signal(sig, self.on_signal)
+        install_handlers(self.on_signal)
         problem, supervisor_port = self.preflight()
         if problem:
-            self.cleanup_state(keep_logs=False)
+            remove_node_dir(self.dir, keep_logs=False)
             self.out.send(problem)
             self.out.drain(5)
             return 3
@@ -104,7 +108,7 @@ class Runner:
                          name="stdin", daemon=True).start()
         event = self.wait_for_go()
         if not isinstance(event, events.Go):
-            self.cleanup_state(keep_logs=False)
+            remove_node_dir(self.dir, keep_logs=False)
             self.out.send(wire.Exited(code=None, signal=None, stopped=True, reason=event.reason))
             self.out.drain(5)
             return 0
@@ -184,7 +188,8 @@ class Runner:
                 return self.stop(event.reason, force=False)
             if isinstance(event, events.Stop):
                 self.for_good = True
-                return self.stop(event.reason, force=event.force)
+                by = ("ddp-kill" if killed_by_ddp_kill() else "signal") if event.signalled else None
+                return self.stop("stopped by ddp-kill" if by == "ddp-kill" else event.reason, force=event.force, by=by)
 
     def start(self, go):
         """The attempt's launch, from ``go`` (its processes, relays and samplers: launch.py)."""
@@ -195,18 +200,21 @@ class Runner:
 
     # --- stopping and ending ----------------------------------------------------------------------
 
-    def stop(self, reason, force):
+    def stop(self, reason, force, by=None):
         """stop_signal to the launcher (it gives every rank the same stop_grace: see launch.py), wait
         that and LAUNCHER_MARGIN, then SIGKILL every tagged survivor."""
-        self.out.send(wire.Stopping(reason=reason))
+        self.out.send(wire.Stopping(reason=reason, by=by, at=time.time()))
         code = None
         if not force:
             self.launch.signal(getattr(signal, self.spec.stop_signal, signal.SIGTERM))
             deadline = self.clock() + self.spec.stop_grace + LAUNCHER_MARGIN
-            while code is None and self.clock() < deadline:
+            while self.clock() < deadline:
                 event = self.next_event(deadline)
                 if isinstance(event, events.Exited) and event.attempt == self.attempt:
                     code = event.code
+                    self.launch.outlived(max(0.0, deadline - self.clock()))
+                elif isinstance(event, events.RanksGone) and event.attempt == self.attempt:
+                    break
                 elif isinstance(event, events.Stop) and event.force:
                     break
         return self.finish(code, stopped=True, reason=reason)
@@ -220,10 +228,13 @@ class Runner:
         if self.after_exit(code, stopped, reason, failures, ends):
             return 0  # the next attempt: same state directory, a journal and logs of its own
         self.out.drain(self.spec.orphan_timeout)
-        self.cleanup_state(keep_logs=self.keeps_logs())
+        remove_node_dir(self.dir, keep_logs=self.keeps_logs())  # torchrun's copy: lines the controller missed
         return 0
 
-    def cleanup_state(self, keep_logs):
-        """Remove this node's state; keep torchrun's log copy if the controller may have missed lines."""
-        if self.dir is not None:
-            remove_node_dir(self.dir, keep_logs)
+
+def install_handlers(on_stop):
+    """The agent's signals: a stop (``on_stop`` records it), or NOT_A_STOP (ignored)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, on_stop)
+    for sig in NOT_A_STOP:
+        signal.signal(sig, signal.SIG_IGN)

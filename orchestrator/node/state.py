@@ -130,6 +130,36 @@ def write_private(path, text):
         f.write(text)
 
 
+def kill_note(pid):
+    """Where ddp-kill notes, just before it signals an agent, that the signal is its own: the agent
+    then says its job was stopped by ddp-kill (the run is over), not from outside (Slurm's time
+    limit, a shutdown: the run may recover). In the private state root only; None if it is not."""
+    root = state_root()
+    return None if private_dir(root, create=False) else os.path.join(root, "kill.%d" % pid)
+
+
+def note_kill(pid):
+    """ddp-kill's note for agent ``pid`` (see kill_note): its path, or None."""
+    path = kill_note(pid)
+    try:
+        write_private(path, "ddp-kill\n")
+    except FileExistsError:
+        pass
+    except (OSError, TypeError):
+        return None
+    return path
+
+
+def killed_by_ddp_kill():
+    """In an agent that got a stop signal: whether ddp-kill sent it (its note, taken)."""
+    path = kill_note(os.getpid())
+    try:
+        os.unlink(path)
+    except (OSError, TypeError):
+        return False
+    return True
+
+
 class Journal:
     """Appends encoded frames to the journal file (created here, 0600, never through a link)."""
 
@@ -309,7 +339,9 @@ def remove_quietly(*paths):
 def remove_node_dir(path, keep_logs):
     """A node directory at the job's end here: its hooks go; unless ``keep_logs`` (torchrun's log
     copy, for a controller that may have missed lines), all of it, and the job's directory once
-    its last node here is done."""
+    its last node here is done. None: no directory was claimed."""
+    if path is None:
+        return
     shutil.rmtree(os.path.join(path, "hooks"), ignore_errors=True)
     if keep_logs:
         return

@@ -345,6 +345,11 @@ class Dumped(Frame):
 @_frame(TO_CONTROLLER)
 class Stopping(Frame):
     reason: str
+    # who stops it: None, ddp-up (its Stop, or the end it answers to gone); "ddp-kill" (a signal
+    # to the agent with ddp-kill's note: the run is over); "signal" (anyone else's signal to the
+    # agent: Slurm, a shutdown; a stop from outside the job, which the run may recover from)
+    by: str | None = None
+    at: float | None = None  # when the agent began to stop (its wall clock): before any rank it stops fails
 
 
 @_frame(TO_CONTROLLER)

@@ -307,8 +307,7 @@ class ConsoleView:
         self.console.print(summary_table(result, self.plan.mask))
         if len(attempts) > 1:
             for a in attempts:
-                self.console.print(Text(f"attempt {a.number}: ", style="bold") + Text(safe_text(
-                    self.plan.mask(a.root_cause or "ok")), style="red" if a.root_cause else "green"))
+                self.console.print(Text(f"attempt {a.number}: ", style="bold") + attempt_text(a, self.plan.mask))
         root = result.root_cause
         if root:
             self.console.print(Text("root cause: ", style="bold red") + Text(safe_text(self.plan.mask(root.render()))))
@@ -316,6 +315,15 @@ class ConsoleView:
         elapsed = attempts[-1].ended - attempts[0].started if len(attempts) > 1 else result.elapsed
         tries = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""
         self.notice(f"job {result.plan.job_id} {verdict} after {elapsed:.1f} s{tries} (exit status {result.exit_code})")
+
+
+def attempt_text(record, mask) -> Text:
+    """One attempt in the final summary: its root cause, why it ended and what came next."""
+    if record.end == "succeeded":
+        return Text("ok", style="green")
+    how = "; then ".join(part for part in (record.end, record.next) if part)
+    return Text(safe_text(mask(record.root_cause or record.end)), style="red") + Text(f" ({safe_text(mask(how))})",
+                                                                                        style="dim")
 
 
 _TEXT_STYLE = {"out": None, "err": Style(color="red"), "node": Style(dim=True)}

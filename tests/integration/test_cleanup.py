@@ -155,14 +155,15 @@ def test_ddp_kill_stops_only_the_named_job(cluster, cluster_file):
 
         code, out = ddp_kill(str(path), "--job", job_a)
         assert code == 0, out
-        assert a.wait(30) == 1, a.output
+        assert a.wait(30) == 143, a.output  # as a SIGTERM to ddp-up: stopped, not failed
+        assert "stopped by ddp-kill; stopping all nodes" in a.output, a.output
         assert not procs.job_processes(job_a)
         assert procs.job_processes(job_b) and b.proc.poll() is None, "the other job must keep running"
         assert all(d.poll() is None for d in decoys), "untagged processes must never be touched"
 
         code, out = ddp_kill(str(path))  # default: every job launched from this cluster file
         assert code == 0 and job_b in out, out
-        assert b.wait(30) == 1
+        assert b.wait(30) == 143
         assert all(d.poll() is None for d in decoys)
     finally:
         for launch in (a, b):
@@ -216,10 +217,12 @@ def test_ddp_kill_signal_reaches_every_rank_once_and_the_job_goes_on(cluster, cl
     assert_clean(launch.job_id)
 
 
-def test_a_sigusr1_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file):
+@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+def test_a_sigusr1_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file, launcher):
     """Issue 27, item 3: ddp-up passes on a SIGUSR1 it gets (a Slurm warning, a user's kill) to
-    every rank, straight, and it is not a stop."""
-    launch = start(cluster_file([(0, 2), (1, 1)]), "usr1")
+    every rank, straight, and it is not a stop (under `launcher: none` the ranks are the agent's
+    own children)."""
+    launch = start(cluster_file([(0, 2), (1, 1)], launcher=launcher), "usr1")
     for rank in range(3):
         launch.wait_line(rf"r{rank}\s+\| rank {rank} running", 90)
     launch.signal(signal.SIGUSR1)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 
-from tests.harness.runner import Launch, ddp_up, run_dir
+from tests.harness import procs
+from tests.harness.runner import Launch, ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
 
 
@@ -26,7 +28,9 @@ def test_a_rank_failing_in_two_attempts_is_restarted_and_the_third_succeeds(clus
                                                    "code 7"] * 2 + [None]
     assert [a["exit_code"] for a in attempts] == [1, 1, 0] and all(a["world_size"] == 2 for a in attempts)
     assert len(re.findall(r"READY rank=\d world=2 .* attempt=2$", out, re.M)) == 2, out
-    assert "attempt 1 of 2 restart(s) in 0.5 s" in out and "attempt 2 of 2 restart(s) in 1 s" in out, out
+    assert "attempt 1 (restart 1 of 2) in 0.5 s" in out and "attempt 2 (restart 2 of 2) in 1 s" in out, out
+    assert [(a["end"], a["next"]) for a in attempts] == [("failed", "restart 1 of 2"), ("failed", "restart 2 of 2"),
+                                                         ("succeeded", None)]
     assert re.search(r"job \S+ ok after [\d.]+ s in 3 attempts \(exit status 0\)", out), out
 
 
@@ -34,8 +38,9 @@ def test_when_restarts_run_out_the_run_fails_with_no_further_attempt(cluster, cl
     path = cluster_file([(0, 1), (1, 1)], restarts=1, restart_delay=0.2)
     code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "0", "--exit-code", "5", timeout=240)
     assert code == 1, out
-    assert [a["attempt"] for a in summary(out)["attempts"]] == [0, 1]
-    assert "attempt=2" not in out and "restart(s) in" in out
+    attempts = summary(out)["attempts"]
+    assert [a["attempt"] for a in attempts] == [0, 1] and attempts[-1]["next"] == "no restart left (restarts: 1)"
+    assert "attempt=2" not in out and "(restart 1 of 1) in" in out and "attempt 1 failed: no restart left" in out
     for n in (0, 1):  # each attempt's root cause, named in the final summary
         assert f"attempt {n}: {cluster.nodes[0].addr} (node 0, rank 0): rank 0 exited with code 5" in out, out
 
@@ -62,6 +67,8 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(clu
     attempts = summary(out)["attempts"]
     assert [a["nodes"] for a in attempts] == [[n.addr for n in cluster.nodes[:2]], [cluster.nodes[0].addr, spare.addr]]
     assert attempts[0]["root_cause"].startswith(f"{lost.addr} (node 1)") and attempts[1]["root_cause"] is None
+    # issue 27, item 5: a lost node is not the job's own failure: `restarts:` stays untouched
+    assert attempts[0]["end"] == "lost" and attempts[0]["next"].startswith("recovery 1 of 3 (not the job's own"), attempts
     # the cut-off node stops its part by itself: the leak check after this test waits for that
 
 
@@ -69,7 +76,7 @@ def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):
     path = cluster_file([(0, 1), (1, 1)], restarts=3, restart_delay=60)
     launch = Launch([str(path), SCRIPT, "run", "--fail-rank", "1"])
     try:
-        launch.wait_line(r"attempt 1 of 3 restart\(s\) in 60 s", 120)
+        launch.wait_line(r"attempt 1 \(restart 1 of 3\) in 60 s", 120)
         launch.signal(signal.SIGINT)
         code = launch.wait(15)
     finally:
@@ -77,7 +84,8 @@ def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):
     out = launch.output
     assert code == 130, out
     assert "SIGINT while waiting to restart: no new attempt" in out and "attempt=1" not in out
-    assert [a["attempt"] for a in summary(out)["attempts"]] == [0]
+    attempts = summary(out)["attempts"]
+    assert [(a["attempt"], a["next"]) for a in attempts] == [(0, "SIGINT while waiting to restart: no new attempt")]
 
 
 def test_an_exit_code_in_no_restart_on_exit_runs_once(cluster, cluster_file):
@@ -87,3 +95,47 @@ def test_an_exit_code_in_no_restart_on_exit_runs_once(cluster, cluster_file):
     assert code == 1, out
     assert f"{cluster.nodes[1].addr} rank 1 exited with 3, which no_restart_on_exit lists: no restart" in out, out
     assert "attempt 1" not in out and "READY rank=1 world=2 host" in out
+
+
+def test_a_node_stopped_from_outside_is_recovered_and_restarts_stay_untouched(cluster, cluster_file):
+    """Issue 27, item 5: a signal to a node's agent that ddp-up did not send (Slurm's preemption,
+    a shutdown) is not one of the job's failures: `restarts: 0`, and the run recovers."""
+    path = cluster_file([(0, 1), (1, 1)], restarts=0, recoveries=1, restart_delay=0.2, launcher="none")
+    launch = Launch([str(path), SCRIPT, "tick", "30", "0.1"])
+    try:
+        launch.wait_line(r"r1\s+\| tick 3 rank=1$", 90)
+        os.kill(procs.agent_pid(launch.job_id, 1), signal.SIGTERM)
+        code = launch.wait(120)
+    finally:
+        launch.proc.kill()
+    out = launch.output
+    assert code == 0, out
+    attempts = summary(out)["attempts"]
+    assert [(a["attempt"], a["end"]) for a in attempts] == [(0, "stopped from outside"), (1, "succeeded")], attempts
+    assert attempts[0]["root_cause"] == f"{cluster.nodes[1].addr} (node 1): stopped on the node: agent got SIGTERM"
+    assert attempts[0]["next"] == "recovery 1 of 1 (not the job's own failure: restarts: untouched)", attempts
+    assert "tick 29 rank=1" in out, out
+
+
+def test_ddp_kill_of_a_run_with_restarts_left_saves_every_checkpoint_and_ends_it(cluster, cluster_file, tmp_path):
+    """Issue 27, items 1, 5 and 6: ddp-kill gives every rank its grace to save, and the run is
+    over (ddp-kill's stop is no failure to restart after): exit status 143, one attempt."""
+    path = cluster_file([(0, 1), (1, 1)], restarts=2, stop_grace=20,
+                        env={"OMP_NUM_THREADS": 1, "SAVE_S": "4"})
+    launch = Launch([str(path), SCRIPT, "save", str(tmp_path / "ckpt")])
+    try:
+        for rank in (0, 1):
+            launch.wait_line(rf"r{rank}\s+\| rank {rank} SHUTDOWN_TIMEOUT=20 running", 90)
+        code, kill_out = ddp_kill("--job", launch.job_id, str(path))
+        assert code == 0, kill_out
+        code = launch.wait(60)
+    finally:
+        launch.proc.kill()
+    out = launch.output
+    assert code == 143, out
+    for rank in (0, 1):
+        assert (tmp_path / f"ckpt.{rank}").read_text() == "saved\n"
+        assert out.count(f"rank {rank} got SIGTERM #") == 1, out
+    assert "stopped by ddp-kill; stopping all nodes" in out, out
+    attempts = summary(out)["attempts"]
+    assert [(a["attempt"], a["end"], a["next"]) for a in attempts] == [(0, "stopped", None)], attempts

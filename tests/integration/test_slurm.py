@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import procs
-from tests.harness.runner import CHECK, KILL, REPO, RUNS_ROOT, UP, Launch, _env
+from tests.harness.runner import CHECK, KILL, REPO, RUNS_ROOT, UP, Launch, _env, run_dir
 from tests.harness.slurmcluster import SlurmCluster, available
 from tests.integration.conftest import SCRIPT
 
@@ -130,7 +130,7 @@ def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_f
     # (these namespace nodes share one process table: whichever node's sweep runs first stops them all)
     found = [int(n) for n in re.findall(r"│ \d\s+│ dsl\d\s+│ \S+\s+│ (\d+)", done.stdout)]
     assert "kill=0" in done.stdout and len(found) == 3 and sum(found) >= 6, report  # 3 agents, 3 workers
-    assert "up=1" in done.stdout and "stopped on the node" in report, report
+    assert "up=143" in done.stdout and "stopped by ddp-kill" in report, report
     assert not procs.wait_no_job_processes(None, 15)
 
 
@@ -161,3 +161,60 @@ def test_sbatch_submits_a_batch_job_that_runs_the_job_with_slurm(slurm, tmp_path
     assert re.search(r"^dsl3\s+r2\s+\| tick 2 rank=2$", out, re.M), out
     summary = json.loads((runs / job / "summary.json").read_text())
     assert summary["exit_code"] == 0, summary
+
+
+def test_slurms_warning_reaches_every_rank_once_and_its_time_limit_stops_them_with_their_grace(slurm, slurm_file,
+                                                                                                tmp_path):
+    """Issue 27, item 4: `salloc --time=1 --signal=USR1@50`. Slurm's warning goes to every process
+    of each step: every rank gets it once, and the job goes on (the agents and torchrun ignore it);
+    at the time limit Slurm's SIGTERM starts the graceful stop, every rank saves within KillWait,
+    and the end is named as Slurm's doing, a stop from outside the job."""
+    ckpt = tmp_path / "ckpt"
+    path = slurm_file(stop_grace=1, restarts=2, env={"OMP_NUM_THREADS": 1, "SAVE_S": "0.5"})  # KillWait is 2 s
+    run = Launch(["--slurm", "--no-dashboard", path, SCRIPT, "save", str(ckpt)], code=UP,
+                 env={"SLURM_CONF": slurm.env["SLURM_CONF"]},
+                 prefix=("salloc", "-N3", "--ntasks-per-node=1", "--quiet", "--time=1", "--signal=USR1@50"))
+    for rank in range(3):
+        run.wait_line(rf"r{rank}\s+\| rank {rank} got SIGUSR1 #1", 100)
+    code = run.wait(150)
+    out = run.output
+    assert code == 1, out
+    for rank in range(3):
+        assert out.count(f"rank {rank} got SIGUSR1 #") == 1, out
+        assert (tmp_path / f"ckpt.{rank}").read_text() == "saved\n", out
+    assert re.search(r"root cause: dsl\d \(node \d\): Slurm cancelled step \S+ due to time limit", out), out
+    attempts = json.loads((run_dir(run.job_id) / "summary.json").read_text())["attempts"]
+    assert [(a["end"], a["next"]) for a in attempts] == [
+        ("stopped from outside", "Slurm is ending the allocation: no new attempt in it (sbatch --requeue has Slurm "
+                                 "start the job again)")], attempts
+    assert not procs.wait_no_job_processes(None, 15)
+
+
+def test_sbatch_passes_a_b_signal_to_ddp_up_which_passes_it_to_every_rank_once(slurm, tmp_path):
+    """Issue 27, item 4: `--signal=B:USR1@T` goes to the batch shell only, which is ddp-up (the
+    batch script execs it): ddp-up passes it on to every rank once, and the job goes on. Sent here
+    as Slurm sends it, to the batch step (scancel --batch), without waiting for a time limit."""
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(f"python: {sys.executable}\nworkdir: {tmp_path}\nlauncher: none\nstop_grace: 1\n")
+    env = {**_env(), "SLURM_CONF": slurm.env["SLURM_CONF"]}
+    runs = tmp_path / "runs"
+    done = subprocess.run([sys.executable, "-c", UP, "--runs-dir", str(runs), "--sbatch", "-N3", "--ntasks-per-node=1",
+                           str(settings), SCRIPT, "usr1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    slurm_job = re.search(r"submitted Slurm job (\d+)", done.stdout).group(1)
+    log = tmp_path / f"slurm-{slurm_job}.out"
+    try:
+        assert procs.wait_for(lambda: log.exists() and log.read_text().count(" running\n") >= 3, 90), \
+            log.exists() and log.read_text()
+        subprocess.run(["scancel", "--batch", "--signal=USR1", slurm_job], env=slurm.env, check=True, timeout=30)
+        assert procs.wait_for(lambda: log.read_text().count("got SIGUSR1 #1") >= 3, 30), log.read_text()
+        out = log.read_text()
+        assert "SIGUSR1: passed on to every rank of 3 running node(s)" in out, out
+        assert "got SIGUSR1 #2" not in out and subprocess.run(  # each rank got it once, and the job goes on
+            ["squeue", "-h", "-j", slurm_job], env=slurm.env, capture_output=True, text=True, timeout=30).stdout.strip()
+    finally:
+        subprocess.run(["scancel", slurm_job], env=slurm.env, timeout=30)
+        procs.wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", slurm_job], env=slurm.env, capture_output=True,
+                                                  text=True, timeout=30).stdout.strip(), 60)
+    assert not procs.wait_no_job_processes(None, 15)

@@ -15,7 +15,7 @@
                           (only in attempts A,B if given: DDP_UP_ATTEMPT) (no torch)
   job.py save FILE        (no torch) every rank prints its TORCH_ELASTIC_SHUTDOWN_TIMEOUT and "running"; on
                           each $SAVE_ON (SIGTERM unless set) it prints "got SIG... #n"; on the first it saves
-                          for $SAVE_S seconds, writes FILE.<rank> and exits 0
+                          for $SAVE_S seconds, writes FILE.<rank> and exits 0; "got SIGUSR1 #n" on each other SIGUSR1
   job.py usr1              (no torch) every rank prints "running", then "got SIGUSR1 #n" on each SIGUSR1, and
                           goes on until stopped
   job.py backlog L S DIR  every rank prints L lines, touches DIR/done.RANK, then "live t=..." every 0.5 s for S s
@@ -132,6 +132,10 @@ def save(prefix):
             finish(0)
 
     signal.signal(getattr(signal, name), on_term)
+    if name != "SIGUSR1":  # Slurm's warning before a time limit (--signal=USR1@T): it goes on
+        warned = []
+        signal.signal(signal.SIGUSR1, lambda *_: (warned.append(1), print(f"rank {rank} got SIGUSR1 #{len(warned)}",
+                                                                          flush=True)))
     print(f"rank {rank} SHUTDOWN_TIMEOUT={os.environ.get('TORCH_ELASTIC_SHUTDOWN_TIMEOUT')} running", flush=True)
     while True:
         time.sleep(0.2)

@@ -89,3 +89,21 @@ def test_the_held_master_port_answers_any_number_of_probes_then_is_free_at_once(
         again.listen()
     finally:
         again.close()
+
+
+def test_ddp_kills_note_tells_its_signal_from_anyone_elses_once(tmp_path, monkeypatch):
+    """Issue 27, item 5: an agent stopped by ddp-kill ends the run; one stopped by anyone else's
+    signal (Slurm, a shutdown) is a stop from outside. The note is per agent pid, in the private
+    state root, taken once; a state root that is not private gets none."""
+    import tempfile
+
+    from orchestrator.node import state
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert state.private_dir(state.state_root()) is None
+    assert state.killed_by_ddp_kill() is False  # nobody's note: anyone's signal
+    path = state.note_kill(os.getpid())
+    assert path == os.path.join(state.state_root(), f"kill.{os.getpid()}") and oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert state.note_kill(os.getpid()) == path  # a second ddp-kill: the same note
+    assert state.killed_by_ddp_kill() is True and state.killed_by_ddp_kill() is False
+    os.chmod(state.state_root(), 0o777)
+    assert state.note_kill(os.getpid()) is None and state.killed_by_ddp_kill() is False

@@ -58,11 +58,66 @@ def test_without_a_spare_the_run_shrinks_only_as_far_as_min_nodes_allows():
     assert not verdict.go_on and "no spare is left" in verdict.notice
 
 
+def failed(kind="own", code=7, exception=None, label="h1", at=1.0):
+    from orchestrator.outcome import Failure, JobResult
+    return JobResult(None, (), None, (Failure(1, label, 3, code, f"rank 3 exited with code {code}", at,
+                                              exception, kind=kind),))
+
+
+def record(number, result, took=5.0, start=100.0):
+    from orchestrator.attempts import AttemptRecord, attempt_end, failure_signature
+    return AttemptRecord(number, start, start + took, ("h0", "h1"), 4, result.exit_code, "x",
+                         attempt_end(result, ("h1", False)), failure_signature(result))
+
+
 def test_restarts_stop_when_none_are_left():
     policy = Restarts.of(cluster(2, restarts=1))
-    assert policy.after(0, ("h0", False))[0] is not None
-    assert policy.after(1, ("h0", False)) == (None, None)
-    assert Restarts.of(cluster(2, restarts=5), limit=0).after(0, (None, False)) == (None, None)
+    first = policy.after(failed(), [record(0, failed())], ("h1", False))
+    assert first.cluster is not None and first.why == "restart 1 of 1"
+    assert policy.after(failed(), [record(1, failed())], ("h1", False)).why == "no restart left (restarts: 1)"
+    none = Restarts.of(cluster(2, restarts=5), limit=0)
+    assert not none.any and none.after(failed(), [record(0, failed())], ("h1", False)).cluster is None
+
+
+def test_a_lost_node_or_an_outside_stop_uses_up_recoveries_not_restarts():
+    """Issue 27, item 5: a node lost, or Slurm's preemption, is not one of the job's own failures."""
+    policy = Restarts.of(cluster(2, restarts=1))
+    assert policy.recoveries == 3  # the default where the run restarts at all
+    for n, kind in enumerate(("lost", "outside", "lost")):
+        nxt = policy.after(failed(kind), [record(n, failed(kind))], ("h1", kind == "lost"))
+        assert nxt.cluster is not None and nxt.why.startswith(f"recovery {n + 1} of 3 (not the job's own failure")
+    assert policy.after(failed("lost"), [record(3, failed("lost"))], ("h1", True)).why == \
+        "no recovery left (recoveries: 3)"
+    assert policy.after(failed(), [record(4, failed())], ("h1", False)).why == "restart 1 of 1"  # untouched
+    assert Restarts.of(cluster(2)).recoveries == 0 and not Restarts.of(cluster(2)).any  # nobody asked for restarts
+    assert Restarts.of(cluster(3, spares=1)).recoveries == 3 and Restarts.of(cluster(2, recoveries=0)).recoveries == 0
+
+
+def test_why_an_attempt_ended_tells_the_jobs_failures_from_the_rest():
+    from dataclasses import replace
+
+    from orchestrator.attempts import attempt_end
+    assert [attempt_end(failed(kind), ("h1", False)) for kind in ("own", "hung", "lost", "outside")] == \
+        ["failed", "hung", "lost", "stopped from outside"]
+    assert attempt_end(replace(failed(), interrupted=signal.SIGTERM), ("h1", False)) == "stopped"
+    assert attempt_end(failed(), ("h1", True), could_not_start=True) == "could not start"
+
+
+def test_a_crash_loop_stops_restarting_before_restarts_run_out():
+    """Three attempts in a row failing the same way (numbers aside), none getting much further."""
+    from orchestrator.attempts import crash_loop
+    oom = [failed(exception=f"RuntimeError: CUDA out of memory. Tried to allocate {gib} GiB") for gib in (2, 3, 2)]
+    records = [record(n, r, took=t) for n, (r, t) in enumerate(zip(oom, (30.0, 34.0, 29.0)))]
+    assert crash_loop(records[:2]) is None  # twice is not a loop: a job may well fail twice, then run
+    assert crash_loop(records).startswith("crash loop: attempts 0 to 2 failed the same way, each within 34 s")
+    policy = Restarts.of(cluster(2, restarts=10))
+    assert policy.after(oom[2], records, ("h1", False)).cluster is None
+    got_further = records[:2] + [record(2, oom[2], took=600.0)]
+    assert crash_loop(got_further) is None
+    other = records[:2] + [record(2, failed(code=3))]
+    assert crash_loop(other) is None
+    lost = [record(n, failed("lost")) for n in range(3)]
+    assert crash_loop(lost) is None  # a lost node is not the job failing
 
 
 def test_each_restart_waits_longer():
@@ -104,14 +159,26 @@ def test_a_later_attempt_preflights_again_only_a_node_that_was_lost_or_is_new():
 def test_an_exit_code_a_restart_cannot_fix_ends_the_run_at_once():
     """Issue 27, item 5: `no_restart_on_exit: [2]` with restarts left: a root cause that exited 2
     (a usage error: the same again) is not started again; another code is."""
-    from orchestrator.outcome import Failure, JobResult
+    from orchestrator.outcome import JobResult
     policy = Restarts.of(cluster(2, restarts=3, no_restart_on_exit="[2, 64]"))
-    failed = lambda code: JobResult(None, (), None, (Failure(1, "h1", 3, code, f"rank 3 exited with code {code}",  # noqa: E731
-                                                             1.0),))
-    assert policy.unfixable(failed(2)) == "h1 rank 3 exited with 2, which no_restart_on_exit lists: no restart"
-    assert policy.unfixable(failed(1)) is None and policy.unfixable(JobResult(None, (), None, ())) is None
+    assert policy.unfixable(failed(code=2)) == "h1 rank 3 exited with 2, which no_restart_on_exit lists: no restart"
+    assert policy.unfixable(failed(code=1)) is None and policy.unfixable(JobResult(None, (), None, ())) is None
+    assert policy.unfixable(failed("outside", code=2)) is None  # Slurm's stop is no exit code of the job's
+    assert policy.after(failed(code=2), [], ("h1", False)).why == policy.unfixable(failed(code=2))
     import pytest
 
     from orchestrator.errors import ConfigError
     with pytest.raises(ConfigError, match=r"no_restart_on_exit: must be a list of exit codes from 1 to 255"):
         cluster(2, no_restart_on_exit="[0, 300]")
+
+
+def test_no_attempt_follows_a_stop_that_slurm_made():
+    """Slurm's time limit or preemption ends the allocation: recovering inside it would only
+    fail to start; Slurm's requeue is what starts the job again."""
+    from dataclasses import replace
+
+    slurm = failed("outside")
+    slurm = replace(slurm, failures=(replace(slurm.failures[0], what="Slurm cancelled step 4.1 due to time limit"),))
+    policy = Restarts.of(cluster(2, restarts=3))
+    assert policy.after(slurm, [record(0, slurm)], ("h1", False)).why.startswith("Slurm is ending the allocation")
+    assert policy.after(failed("outside"), [record(0, failed("outside"))], ("h1", False)).cluster is not None

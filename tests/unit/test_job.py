@@ -308,3 +308,29 @@ def test_a_graceful_stop_says_every_10_s_how_many_nodes_still_stop_and_how_long_
     assert reminders == [f"stopping: 1 node(s) still running their ranks' stop, {left} s of stop_grace left; "
                          "Ctrl-C again kills them now" for left in (20, 10, 0)], h.view.notices
     assert h.states() == ["failed", "stopped"]
+
+
+def test_a_node_stopped_from_outside_dates_from_its_agents_stop_and_is_not_the_jobs_failure():
+    """Issue 27, item 5: an agent stopping on a signal ddp-up did not send (Slurm, a shutdown) is
+    a failure of kind "outside" at the agent's own time, though its peer's failure (of it) was
+    heard first; every other node stops with its grace."""
+    h = Harness(3)
+    h.nodes[2].exit_code, h.nodes[2].run_for = 1, 4.1  # its gloo error: the peer it lost
+    h.nodes[1].obeys_stop = False  # still stopping on its own when ddp-up's Stop comes
+    h.queue.at(T0 + 4.2, lambda: h.nodes[1].say(wire.Stopping(reason="agent got SIGTERM", by="signal", at=T0 + 4.0)))
+    result = h.job.run()
+    root = result.root_cause
+    assert (root.node, root.kind, root.what) == (1, "outside", "stopped on the node: agent got SIGTERM"), result.failures
+    assert result.exit_code == 1 and result.interrupted is None
+    assert [f.kind for f in sorted(result.failures, key=lambda f: f.node)] == ["outside", "own"]
+
+
+def test_a_stop_by_ddp_kill_ends_the_run_as_a_sigterm_to_ddp_up_would():
+    """ddp-kill's SIGTERM to an agent (with its note): the run is over (no restart), every node
+    stopped with its grace, exit status 143; no failure is recorded."""
+    h = Harness(2)
+    h.queue.at(T0 + 3.0, lambda: h.nodes[1].say(wire.Stopping(reason="stopped by ddp-kill", by="ddp-kill", at=T0 + 3.0)))
+    result = h.job.run()
+    assert result.interrupted == signal.SIGTERM and result.exit_code == 143 and not result.failures
+    assert "h1: stopped by ddp-kill; stopping all nodes" in h.view.notices
+    assert h.nodes[0].kinds()[-1] == "Stop"
