@@ -8,6 +8,8 @@ from datetime import datetime
 
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*)$")
 _ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
+# torchrun, when a worker outlived its shutdown timeout (set to stop_grace) and got SIGKILL
+_FORCED = re.compile(r"Unable to shutdown process \d+ via \S+, forcefully exiting via")
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,8 @@ class WorkerFailure:
 
 class FailureReportParser:
     """Fed the launcher's own (unranked) lines; remembers the report's root cause and every
-    failed rank it lists (``failed``: {global rank: its entry})."""
+    failed rank it lists (``failed``: {global rank: its entry}), and counts the workers it killed
+    when their stop took longer than its shutdown timeout."""
 
     def __init__(self) -> None:
         self._in_report = False
@@ -30,8 +33,11 @@ class FailureReportParser:
         self._fields: dict[str, str] = {}
         self.root: WorkerFailure | None = None
         self.failed: dict[int, WorkerFailure] = {}
+        self.forced = 0  # workers torchrun killed at the end of its shutdown timeout (stop_grace)
 
     def feed(self, text: str) -> None:
+        if _FORCED.search(text):
+            self.forced += 1
         if text.startswith("Failures:") or "Root Cause (first observed failure)" in text:
             self._in_report, self._in_root, self._fields = True, "Root Cause" in text, {}
             return

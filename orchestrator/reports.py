@@ -32,6 +32,15 @@ def slurm_cancel(text: str) -> str | None:
     return f"{SLURM_CANCELLED} {m.group(1).lower()} {m.group(2)}{why}"
 
 
+def overran(reason: str | None, killed: int, grace: float) -> str | None:
+    """A stopped node's reason, and what its stop cut short: ``killed`` processes still there at
+    the end of stop_grace (a save that took longer), killed by the agent or by torchrun."""
+    if killed <= 0:
+        return reason
+    cut = f"{killed} process(es) killed at the end of stop_grace ({grace:g} s): a save took longer?"
+    return f"{reason}; {cut}" if reason else cut
+
+
 class NodeReports:
     def __init__(self, job):
         self.job = job  # the Job they report to (job.py; not imported here: it imports this module)
@@ -184,7 +193,8 @@ class NodeReports:
             for failure in own:
                 job.record(failure)
         elif job.stop.requested and (frame.stopped or frame.code != 0):
-            self.table.set(node, "stopped", reason=status.reason or frame.reason)
+            killed = (frame.overran if isinstance(frame.overran, int) else 0) + status.report.forced
+            self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, killed, job.plan.stop_grace))
         elif frame.stopped:
             self.table.set(node, "stopped", reason=status.slurm_cancel or frame.reason)
             if not job.following:  # a detached job's nodes stop when another fails: that one is the cause

@@ -175,6 +175,7 @@ class JobRow:
     root_cause: str | None
     nodes: dict  # node index -> its state
     attempt: int = 0  # a job that restarted (restarts:): its latest attempt
+    attempts: tuple[str, ...] = ()  # a job that restarted and ended: how each attempt ended, in order
 
     def duration(self, now: float) -> float | None:
         return None if self.started is None else (self.ended or now) - self.started
@@ -205,8 +206,18 @@ def merge_records(records: list[dict]) -> list[JobRow]:
                            None if live else (0 if state == "done" else 1),
                            describe_root(root, labels),
                            {str(k): v for k, v in sorted(states.items(), key=lambda kv: str(kv[0]))},
-                           max(int(r.get("attempt") or 0) for r in recs)))
+                           max(int(r.get("attempt") or 0) for r in recs), attempt_ends(outcome, labels)))
     return rows
+
+
+def attempt_ends(outcome: dict | None, labels: dict) -> tuple[str, ...]:
+    """How each attempt of a job that restarted ended ("attempt 0: h1 (node 1, rank 1) failed
+    (exit code 7)"), from its supervisor's outcome; () for a job of one attempt."""
+    attempts = (outcome or {}).get("attempts")
+    if not isinstance(attempts, list) or len(attempts) < 2:
+        return ()
+    return tuple(f"attempt {a.get('attempt', i)}: {describe_root(a.get('root_cause'), labels) or 'done'}"
+                 for i, a in enumerate(attempts) if isinstance(a, dict))
 
 
 def describe_root(root: dict | None, labels: dict) -> str | None:
@@ -273,5 +284,6 @@ def ls_table(rows: list[JobRow], now: float) -> Table:
                       outside(row.state + (f" (attempt {row.attempt})" if row.attempt else "")), str(row.ranks),
                       "-" if row.started is None else time.strftime("%m-%d %H:%M", time.localtime(row.started)),
                       "-" if duration is None else f"{duration:.0f} s",
-                      "-" if row.exit_status is None else str(row.exit_status), outside(row.root_cause or ""))
+                      "-" if row.exit_status is None else str(row.exit_status),
+                      outside("\n".join(row.attempts) if row.attempts else row.root_cause or ""))
     return table

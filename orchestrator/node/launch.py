@@ -42,6 +42,7 @@ class Launch:
         self.stop_wall = None  # when it was asked to stop (wall clock)
         self.rank_ends = None  # the launcher's workers' ends (failures.RankEnds)
         self.ends = {}  # {local rank: when it ended}, once the launch is over
+        self.killed = 0  # how many of its processes were still there at its end, and got SIGKILL
 
     def start(self, go):
         env = self.launch_env(go)
@@ -161,7 +162,7 @@ class Launch:
         self.ended.set()
         if isinstance(self.proc, Workers):
             self.proc.ending()  # the SIGKILL below is ours: not a worker's failure to report
-        kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)
+        self.killed = len(kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)["killed"])
         if code is None and self.proc is not None:
             try:
                 code = self.proc.wait(timeout=KILL_WAIT)

@@ -216,15 +216,18 @@ class Runner:
                 elif isinstance(event, events.RanksGone) and event.attempt == self.attempt:
                     break
                 elif isinstance(event, events.Stop) and event.force:
+                    force = True
                     break
-        return self.finish(code, stopped=True, reason=reason)
+        return self.finish(code, stopped=True, reason=reason, graceful=not force)
 
-    def finish(self, code, stopped, reason):
-        """The job's end here: what is left of it killed, every line relayed, then its Exited."""
+    def finish(self, code, stopped, reason, graceful=False):
+        """The job's end here: what is left of it killed, every line relayed, then its Exited
+        (``graceful``: a stop whose grace ran out for what it killed)."""
         code = self.launch.end(code)
         failures, ends = self.launch.failures(stopped)
         self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason,
-                                  gpu_left=self.launch.gpu_left(), failures=failures, ends=ends))
+                                  gpu_left=self.launch.gpu_left(), failures=failures, ends=ends,
+                                  overran=self.launch.killed if graceful else None))
         if self.after_exit(code, stopped, reason, failures, ends):
             return 0  # the next attempt: same state directory, a journal and logs of its own
         self.out.drain(self.spec.orphan_timeout)

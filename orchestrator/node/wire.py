@@ -364,6 +364,7 @@ class Exited(Frame):
     # the ranks that failed here by themselves (before any stop), earliest first: failures.rank_failures' form
     failures: list | None = None
     ends: dict | None = None  # {local rank: when it ended (wall clock)}, before any stop, where the node saw it
+    overran: int | None = None  # a graceful stop: how many of the job's processes outlived stop_grace (SIGKILLed)
 
 
 @_frame(TO_CONTROLLER)

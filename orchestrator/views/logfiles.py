@@ -237,7 +237,8 @@ class RunLogs:
             "interrupted_by": result.interrupted,
             "root_cause": None if root is None else {
                 "node": root.node, "host": root.label, "rank": root.rank, "exit_code": root.exit_code,
-                "what": root.what, "at": _iso(root.at), "exception": root.exception, "traceback": list(root.trace)},
+                "what": root.what, "kind": root.kind, "at": _iso(root.at), "exception": root.exception,
+                "traceback": list(root.trace)},
             "nodes": [{
                 "node": s.plan.index, "host": s.plan.label, "ranks": [s.plan.ranks.start, s.plan.ranks.stop - 1],
                 "state": s.state, "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,

@@ -3,6 +3,7 @@ tagged processes on every node."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -232,4 +233,24 @@ def test_a_sigusr1_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster
     assert launch.proc.poll() is None and "got SIGUSR1 #2" not in launch.output
     launch.signal(signal.SIGINT)
     assert launch.wait(60) == 130, launch.output
+    assert_clean(launch.job_id)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+def test_a_save_that_overruns_stop_grace_is_killed_at_the_grace_and_named_in_the_summary(cluster, cluster_file,
+                                                                                        tmp_path, launcher):
+    """Issue 27, item 6: the grace is a limit too; what outlives it is killed (by torchrun, whose
+    own wait is the grace, or by the agent) and the summary says so, node by node."""
+    path = cluster_file([(0, 1), (1, 1)], stop_grace=2, launcher=launcher,
+                        env={"OMP_NUM_THREADS": 1, "SAVE_S": "30"})
+    launch = start(path, "save", str(tmp_path / "ckpt"))
+    for rank in (0, 1):
+        launch.wait_line(rf"r{rank}\s+\| rank {rank} SHUTDOWN_TIMEOUT=\S+ running", 90)
+    launch.signal(signal.SIGINT)
+    assert launch.wait(60) == 130, launch.output
+    assert not list(tmp_path.glob("ckpt.*"))
+    assert launch.output.count("1 process(es) killed at the end of stop_grace (2 s): a save took longer?") == 2, \
+        launch.output
+    nodes = json.loads((run_dir(launch.job_id) / "summary.json").read_text())["nodes"]
+    assert all("killed at the end of stop_grace" in n["reason"] for n in nodes), nodes
     assert_clean(launch.job_id)

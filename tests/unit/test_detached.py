@@ -264,6 +264,18 @@ def test_ls_merges_the_nodes_records_into_one_row_a_job():
     assert (a.state, a.ranks, a.exit_status, a.root_cause) == ("failed", 4, 1, "h1 (node 1) failed (exit code 7)")
     assert (b.state, b.exit_status, b.ended, b.duration(400.0)) == ("running", None, None, 300.0)
     assert (c.state, c.exit_status, c.ranks) == ("done", 0, 2)
+    assert a.attempts == () and b.attempts == ()  # one attempt: its root cause says it all
+
+
+def test_ls_says_how_each_attempt_of_a_job_that_restarted_ended():
+    """Issue 27, item 5: ddp-ls (and its --json) shows why each attempt ended."""
+    failed = {"node": 1, "state": "failed", "code": 7, "rank": 3, "reason": None, "at": 150.0}
+    outcome = {"root_cause": None, "attempts": [{"attempt": 0, "root_cause": failed},
+                                                {"attempt": 1, "root_cause": None}]}
+    record = dict(job="a", node=0, label="h0", script="train.py", ranks=[0, 2], started=100.0, ended=300.0,
+                  state="done", attempt=1, outcome=outcome)
+    row = merge_records([record, dict(record, node=1, label="h1", outcome=None)])[0]
+    assert row.attempts == ("attempt 0: h1 (node 1, rank 3) failed (exit code 7)", "attempt 1: done")
 
 
 def test_a_tail_keeps_the_last_lines_of_each_rank_and_stream(tmp_path):

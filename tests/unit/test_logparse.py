@@ -93,3 +93,17 @@ def test_stack_report_reads_py_spy_dumps_from_the_main_thread():
     for line in PYSPY_DUMP.splitlines():
         report.feed(2, line)
     assert report.describe(2) == "in all_reduce (from block_forever)"
+
+
+def test_the_workers_torchrun_killed_at_the_end_of_its_shutdown_timeout_are_counted():
+    """Issue 27, item 6: a save that overran stop_grace (torchrun's shutdown timeout) is named."""
+    from orchestrator.reports import overran
+    p = FailureReportParser()
+    for text in ("W1124 05:32:21.234000 13158 api.py:1028] Sending process 13178 closing signal SIGTERM",
+                 "W1124 05:32:23.301000 13158 api.py:1047] Unable to shutdown process 13178 via Signals.SIGTERM, "
+                 "forcefully exiting via Signals.SIGKILL"):
+        p.feed(text)
+    assert p.forced == 1
+    assert overran("interrupted (SIGINT)", p.forced, 2.0) == \
+        "interrupted (SIGINT); 1 process(es) killed at the end of stop_grace (2 s): a save took longer?"
+    assert overran("interrupted (SIGINT)", 0, 2.0) == "interrupted (SIGINT)"
