@@ -162,7 +162,7 @@ class Launch:
         self.ended.set()
         if isinstance(self.proc, Workers):
             self.proc.ending()  # the SIGKILL below is ours: not a worker's failure to report
-        self.killed = len(kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)["killed"])
+        self.killed = len(kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)["found"])
         if code is None and self.proc is not None:
             try:
                 code = self.proc.wait(timeout=KILL_WAIT)
