@@ -254,3 +254,28 @@ def test_a_save_that_overruns_stop_grace_is_killed_at_the_grace_and_named_in_the
     nodes = json.loads((run_dir(launch.job_id) / "summary.json").read_text())["nodes"]
     assert all("killed at the end of stop_grace" in n["reason"] for n in nodes), nodes
     assert_clean(launch.job_id)
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "fail-fast", "hang"])
+def test_every_stop_gives_the_ranks_their_grace_and_ends_with_the_right_status(cluster, cluster_file, tmp_path, stop):
+    """Issue 27, item 6: the save-on-SIGTERM script, stopped by a SIGTERM to ddp-up (143), by
+    fail-fast after another rank failed (1), or by the hang watch (1): every rank still running
+    saves its checkpoint within the grace, once."""
+    env = {"OMP_NUM_THREADS": 1, "SAVE_S": "3", **({"FAIL_RANK": "2"} if stop == "fail-fast" else {})}
+    path = cluster_file([(0, 1), (1, 2)], stop_grace=15, env=env, **({"hang_timeout": 4} if stop == "hang" else {}))
+    launch = start(path, "save", str(tmp_path / "ckpt"))
+    for rank in range(3):
+        launch.wait_line(rf"r{rank}\s+\| rank {rank} (SHUTDOWN_TIMEOUT=15 )?running", 90)
+    if stop == "SIGTERM":
+        launch.signal(signal.SIGTERM)
+    code = launch.wait(90)
+    assert code == (143 if stop == "SIGTERM" else 1), launch.output
+    saving = (0, 1) if stop == "fail-fast" else (0, 1, 2)
+    for rank in saving:
+        assert (tmp_path / f"ckpt.{rank}").read_text() == "saved\n", launch.output
+        assert launch.output.count(f"rank {rank} got SIGTERM #") == 1, launch.output
+    if stop == "fail-fast":
+        assert "root cause: " in launch.output and "rank 2 exited with code 7" in launch.output, launch.output
+    if stop == "hang":
+        assert "job hung" in launch.output or "looks hung" in launch.output, launch.output
+    assert_clean(launch.job_id)

@@ -32,7 +32,8 @@ def detached(cluster_file):
 
     def make(layout, **top):
         top.setdefault("launcher", "none")
-        path = cluster_file(layout, orphan_timeout=ORPHAN, stop_grace=3, **top)
+        top.setdefault("stop_grace", 3)
+        path = cluster_file(layout, orphan_timeout=ORPHAN, **top)
         made.append(path)
         return path
 
@@ -303,3 +304,21 @@ def test_ddp_logs_into_a_pipe_that_closes_ends_quietly(detached):
     finally:
         reader.kill()
     assert reader.stderr.read() == b""
+
+
+def test_ddp_kill_of_a_detached_job_gives_every_rank_its_grace_to_save(detached, tmp_path):
+    """Issue 27, item 6: a detached job's ddp-kill: every rank gets SIGTERM once and the whole
+    stop_grace to save; the job ends stopped."""
+    path = detached([(0, 1), (1, 1)], stop_grace=15, env={"OMP_NUM_THREADS": 1, "SAVE_S": "3"})
+    job = detach(path, "save", str(tmp_path / "ckpt"))
+    attach = Launch([str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT], code=ATTACH)
+    for rank in (0, 1):  # its handler is in place
+        attach.wait_line(rf"r{rank} \| rank {rank} SHUTDOWN_TIMEOUT=\S+ running", 60)
+    attach.signal(signal.SIGINT)
+    assert attach.wait(30) == 130, attach.output
+    code, out = ddp_kill(str(path), "--job", job)
+    assert code == 0, out
+    for rank in (0, 1):
+        assert (tmp_path / f"ckpt.{rank}").read_text() == "saved\n", out
+    row = wait_state(path, job, ("stopped",), 30)
+    assert row["exit_status"] == 1, row

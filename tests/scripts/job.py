@@ -15,7 +15,8 @@
                           (only in attempts A,B if given: DDP_UP_ATTEMPT) (no torch)
   job.py save FILE        (no torch) every rank prints its TORCH_ELASTIC_SHUTDOWN_TIMEOUT and "running"; on
                           each $SAVE_ON (SIGTERM unless set) it prints "got SIG... #n"; on the first it saves
-                          for $SAVE_S seconds, writes FILE.<rank> and exits 0; "got SIGUSR1 #n" on each other SIGUSR1
+                          for $SAVE_S seconds, writes FILE.<rank> and exits 0; "got SIGUSR1 #n" on each other SIGUSR1;
+                          rank $FAIL_RANK, if set, exits 7 a second after it starts
   job.py usr1              (no torch) every rank prints "running", then "got SIGUSR1 #n" on each SIGUSR1, and
                           goes on until stopped
   job.py backlog L S DIR  every rank prints L lines, touches DIR/done.RANK, then "live t=..." every 0.5 s for S s
@@ -132,6 +133,10 @@ def save(prefix):
             finish(0)
 
     signal.signal(getattr(signal, name), on_term)
+    if rank == os.environ.get("FAIL_RANK"):  # fail-fast: this rank fails, the others are stopped and save
+        print(f"rank {rank} running", flush=True)
+        time.sleep(1.0)
+        finish(7)
     if name != "SIGUSR1":  # Slurm's warning before a time limit (--signal=USR1@T): it goes on
         warned = []
         signal.signal(signal.SIGUSR1, lambda *_: (warned.append(1), print(f"rank {rank} got SIGUSR1 #{len(warned)}",
