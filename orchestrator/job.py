@@ -298,5 +298,6 @@ class Job:
         if self.following:
             self.stop.requested = True  # by the job's own supervisor, on the nodes
         elif not self.stop.requested:
-            self.view.notice(f"{failure.label} failed: {failure.what}; stopping all nodes")
-            self.stop.request(f"{failure.label} failed")
+            how = "stopped from outside" if failure.kind == "outside" else "failed"  # Slurm's, a shutdown
+            self.view.notice(f"{failure.label} {how}: {failure.what}; stopping all nodes")
+            self.stop.request(f"{failure.label} {how}")
