@@ -133,6 +133,7 @@ class Workers:
 
     def watch(self):
         first_failure, kill_at, left = None, None, len(self.procs)
+        in_stop = []  # the workers' own codes, as they ended in a stop
         while left:
             try:
                 proc, code = self.exits.get(timeout=None if kill_at is None else max(0.0, kill_at - time.monotonic()))
@@ -141,6 +142,8 @@ class Workers:
                 kill_at = None
                 continue
             left -= 1
+            if self.stopping is not None:
+                in_stop.append(code)
             if code != 0 and first_failure is None and self.stopping is None:
                 first_failure = code
                 self.report(root_cause(self.opts, self.procs[proc], proc.pid, code))
@@ -150,8 +153,9 @@ class Workers:
             self.code = first_failure if first_failure > 0 else 128 - first_failure
         elif self.not_started:
             self.code = 1
-        else:
-            self.code = 128 + self.stopping if self.stopping else 0
+        else:  # a stop: the first worker's own code that is not 0 (a signal: 128+N), else 0 (all saved)
+            own = next((c for c in in_stop if c != 0), 0)
+            self.code = own if own >= 0 else 128 - own
         self.done.set()
 
     def signal_all(self, sig):

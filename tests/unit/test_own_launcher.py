@@ -19,6 +19,10 @@ print(" ".join("%s=%s" % (n, os.environ[n]) for n in names), "ARGS=%s" % sys.arg
 print("to stderr", file=sys.stderr, flush=True)
 if os.environ["LOCAL_RANK"] == os.environ.get("FAIL_LOCAL", "-"):
     sys.exit(7)
+if os.environ.get("SAVE_EXIT"):  # a SIGTERM handler that saves, then exits with the code given for this worker
+    import signal
+    code = int(os.environ["SAVE_EXIT"].split(",")[int(os.environ["LOCAL_RANK"])])
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
 if os.environ.get("WAIT"):
     open(os.environ["WAIT"] + os.environ["LOCAL_RANK"], "w").close()
     time.sleep(60)
@@ -94,6 +98,17 @@ def test_a_stop_reaches_every_worker_and_is_not_reported_as_a_failure(launch, tm
         run.wait_for(f"up{local}")
     run.workers.send_signal(signal.SIGTERM)
     assert run.wait() == 128 + signal.SIGTERM and run.reports == []
+
+
+@pytest.mark.parametrize("codes, node", [("0,0", 0), ("0,3", 3)])
+def test_in_a_stop_the_node_exits_with_its_workers_own_codes(launch, tmp_path, codes, node):
+    """Issue 27, item 1: a rank that exits by itself within the grace shows its own exit code
+    (0: it saved and ended), not 128+SIGTERM."""
+    run = launch(2, env={"WAIT": str(tmp_path / "up"), "SAVE_EXIT": codes})
+    for local in (0, 1):
+        run.wait_for(f"up{local}")
+    run.workers.send_signal(signal.SIGTERM)
+    assert run.wait() == node and run.reports == []
 
 
 def test_workers_the_agent_kills_at_the_end_are_not_a_failure_to_report(launch, tmp_path):
