@@ -170,7 +170,7 @@ def test_slurms_warning_reaches_every_rank_once_and_its_time_limit_stops_them_wi
     at the time limit Slurm's SIGTERM starts the graceful stop, every rank saves within KillWait,
     and the end is named as Slurm's doing, a stop from outside the job."""
     ckpt = tmp_path / "ckpt"
-    path = slurm_file(stop_grace=1, restarts=2, env={"OMP_NUM_THREADS": 1, "SAVE_S": "0.5"})  # KillWait is 2 s
+    path = slurm_file(stop_grace=1, restarts=2, env={"OMP_NUM_THREADS": 1, "SAVE_S": "0.2"})  # KillWait is 2 s
     run = Launch(["--slurm", "--no-dashboard", path, SCRIPT, "save", str(ckpt)], code=UP,
                  env={"SLURM_CONF": slurm.env["SLURM_CONF"]},
                  prefix=("salloc", "-N3", "--ntasks-per-node=1", "--quiet", "--time=1", "--signal=USR1@50"))
@@ -181,7 +181,7 @@ def test_slurms_warning_reaches_every_rank_once_and_its_time_limit_stops_them_wi
     assert code == 1, out
     for rank in range(3):
         assert out.count(f"rank {rank} got SIGUSR1 #") == 1, out
-        assert (tmp_path / f"ckpt.{rank}").read_text() == "saved\n", out
+        assert (tmp_path / f"ckpt.{rank}").exists() and (tmp_path / f"ckpt.{rank}").read_text() == "saved\n", out
     assert re.search(r"root cause: dsl\d \(node \d\): Slurm cancelled step \S+ due to time limit", out), out
     attempts = json.loads((run_dir(run.job_id) / "summary.json").read_text())["attempts"]
     assert [(a["end"], a["next"]) for a in attempts] == [

@@ -122,14 +122,17 @@ def raise_in(dist, rank, raising):
 def save(prefix):
     rank, got, name = os.environ.get("RANK"), [], os.environ.get("SAVE_ON", "SIGTERM")
 
+    def say(text):  # a signal may come while another handler prints: print() would raise "reentrant call"
+        os.write(1, (text + "\n").encode())
+
     def on_term(signum, frame):
         got.append(signum)
-        print(f"rank {rank} got {name} #{len(got)}", flush=True)
+        say(f"rank {rank} got {name} #{len(got)}")
         if len(got) == 1:
             time.sleep(float(os.environ.get("SAVE_S", "5")))
             with open(f"{prefix}.{rank}", "w") as f:
                 f.write("saved\n")
-            print(f"rank {rank} saved", flush=True)
+            say(f"rank {rank} saved")
             finish(0)
 
     signal.signal(getattr(signal, name), on_term)
@@ -139,8 +142,7 @@ def save(prefix):
         finish(7)
     if name != "SIGUSR1":  # Slurm's warning before a time limit (--signal=USR1@T): it goes on
         warned = []
-        signal.signal(signal.SIGUSR1, lambda *_: (warned.append(1), print(f"rank {rank} got SIGUSR1 #{len(warned)}",
-                                                                          flush=True)))
+        signal.signal(signal.SIGUSR1, lambda *_: (warned.append(1), say(f"rank {rank} got SIGUSR1 #{len(warned)}")))
     print(f"rank {rank} SHUTDOWN_TIMEOUT={os.environ.get('TORCH_ELASTIC_SHUTDOWN_TIMEOUT')} running", flush=True)
     while True:
         time.sleep(0.2)
