@@ -136,7 +136,7 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 MinJobAge=30
-KillWait=2
+KillWait=10
 MessageTimeout=10
 TCPTimeout=2
 NodeName={PREFIX}[1-{self.size}] NodeAddr={NET}.[1-{self.size}] CPUs=4 RealMemory=1000 State=UNKNOWN

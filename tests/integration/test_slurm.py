@@ -170,7 +170,8 @@ def test_slurms_warning_reaches_every_rank_once_and_its_time_limit_stops_them_wi
     at the time limit Slurm's SIGTERM starts the graceful stop, every rank saves within KillWait,
     and the end is named as Slurm's doing, a stop from outside the job."""
     ckpt = tmp_path / "ckpt"
-    path = slurm_file(stop_grace=1, restarts=2, env={"OMP_NUM_THREADS": 1, "SAVE_S": "0.2"})  # KillWait is 2 s
+    # KillWait is 10 s in the test cluster: the grace and the save fit in it, as they must (README)
+    path = slurm_file(stop_grace=5, restarts=2, env={"OMP_NUM_THREADS": 1, "SAVE_S": "1"})
     run = Launch(["--slurm", "--no-dashboard", path, SCRIPT, "save", str(ckpt)], code=UP,
                  env={"SLURM_CONF": slurm.env["SLURM_CONF"]},
                  prefix=("salloc", "-N3", "--ntasks-per-node=1", "--quiet", "--time=1", "--signal=USR1@50"))

@@ -126,9 +126,10 @@ def save(prefix):
         os.write(1, (text + "\n").encode())
 
     def on_term(signum, frame):
+        first = not got  # taken now: a second signal's handler may run before the next line (Slurm sends a burst)
         got.append(signum)
         say(f"rank {rank} got {name} #{len(got)}")
-        if len(got) == 1:
+        if first:
             time.sleep(float(os.environ.get("SAVE_S", "5")))
             with open(f"{prefix}.{rank}", "w") as f:
                 f.write("saved\n")
