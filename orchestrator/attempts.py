@@ -185,10 +185,10 @@ class Roster:
 
 
 def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool],
-                   end: str | None = None) -> AttemptRecord:
+                   could_not_start: bool = False) -> AttemptRecord:
     """The record of attempt ``plan.attempt``, ended now (one that could not start: exit status 3)."""
     root = result.root_cause
-    end = end or attempt_end(result, cause)
+    end = attempt_end(result, cause, could_not_start)
     what = root.render() if root else (cause[0] and f"{cause[0]} {'could not start' if end == 'could not start' else 'lost'}")
     return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
                          result.exit_code if end != "could not start" else EXIT_SETUP,

@@ -193,8 +193,8 @@ class NodeReports:
             for failure in own:
                 job.record(failure)
         elif job.stop.requested and (frame.stopped or frame.code != 0):
-            killed = (frame.overran if isinstance(frame.overran, int) else 0) + status.report.forced
-            self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, killed, job.plan.stop_grace))
+            cut = (frame.overran if isinstance(frame.overran, int) else 0) + status.report.forced
+            self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, cut, job.plan.stop_grace))
         elif frame.stopped:
             self.table.set(node, "stopped", reason=status.slurm_cancel or frame.reason)
             if not job.following:  # a detached job's nodes stop when another fails: that one is the cause

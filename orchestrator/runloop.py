@@ -8,8 +8,7 @@ import time
 from dataclasses import replace
 
 from . import signals
-from .attempts import (AttemptRecord, Restarts, attempt_end, attempt_record, blame, blame_setup, delay_before,
-                       wait_for_signal)
+from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
 from .errors import EXIT_INTERNAL, EXIT_OK, SetupError
 from .job import Job
 from .outcome import JobResult
@@ -33,12 +32,12 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
         while True:
             job = Job(plan, views, preflight=preflight, inbox=inbox)
             started = time.time()
-            result, cause, end = run_attempt(job, plan, views, logs, records, restarting=restarts is not None)
+            result, cause, unstarted = run_attempt(job, plan, views, logs, records, restarting=restarts is not None)
             swept_later.append(job)
             if job.detached:
                 return detached_notices(plan, console_view, cluster_arg)
-            records.append(attempt_record(plan, result, started, cause, end))
-            if restarts is None or end in ("succeeded", "stopped"):
+            records.append(attempt_record(plan, result, started, cause, could_not_start=unstarted))
+            if restarts is None or records[-1].end in ("succeeded", "stopped"):
                 break
             restarts.vet(job.status)
             following, signum, why = next_attempt(plan, result, cause, restarts, views, inbox, records)
@@ -58,10 +57,10 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
 
 
 def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[AttemptRecord],
-                restarting: bool) -> tuple[JobResult, tuple[str | None, bool], str]:
-    """One attempt to its end: its result, what to blame, and why it ended (attempts.ENDS). Re-raises what ends the run at once:
-    a bug, or a setup error of the first attempt (a later one's, a spare not fit to run, is that
-    attempt's failure: the next one may do without it)."""
+                restarting: bool) -> tuple[JobResult, tuple[str | None, bool], bool]:
+    """One attempt to its end: its result, what to blame, and whether it could not start.
+    Re-raises what ends the run at once: a bug, or a setup error of the first attempt (a later
+    one's, a spare not fit to run, is that attempt's failure: the next one may do without it)."""
     try:
         result = job.run()
     except SetupError as e:
@@ -70,15 +69,13 @@ def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[
             logs.finished(job.result(), exit_code=e.exit_code, attempts=records)
             raise
         views.notice(f"attempt {plan.attempt} could not start: {e.problems[0].render()}")
-        result, cause = replace(job.result(), failures=()), blame_setup(e.problems)
-        return result, cause, attempt_end(result, cause, could_not_start=True)
+        return replace(job.result(), failures=()), blame_setup(e.problems), True
     except BaseException as e:  # a bug: record it and give the terminal back
         job.close()
         logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL), attempts=records)
         raise
     job.close(sweeps=not restarting)
-    cause = blame(result)
-    return result, cause, attempt_end(result, cause)
+    return result, blame(result), False
 
 
 def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, bool], policy: Restarts, views,

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from . import events, facts, wire
+from . import events, facts, policy, wire
 from .failures import RankEnds, rank_failures
 from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, carries, find_tagged,
                     kill_tagged, read_tags, signal_ranks, signal_tagged, wait_gone)
@@ -111,7 +111,7 @@ class Launch:
         if isinstance(event, events.Dump):
             return self.dump_stacks()
         sig = getattr(signal, event.name, None)
-        if sig in (signal.SIGUSR1, signal.SIGUSR2):
+        if sig in policy.NOT_A_STOP:
             signal_ranks(sig, self.match)
         return None
 

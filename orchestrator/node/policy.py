@@ -4,6 +4,13 @@ supervisor makes the same decisions without a controller. Pure and stdlib-only: 
 takes the time it decides at (``now``, monotonic seconds unless it says wall clock).
 """
 
+import signal
+
+# Signals that are no stop, anywhere: ddp-up passes them on to every rank (a Slurm warning, a
+# checkpoint-now), and the agents ignore them, as do torchrun and every rank without a handler of
+# its own (inherited): Slurm sends its warning (--signal=USR1@T) to every process of a step.
+NOT_A_STOP = (signal.SIGUSR1, signal.SIGUSR2)
+
 
 def restarts_left(attempt, limit):
     """Whether attempt ``attempt`` (0, 1, ...) may be followed by another under ``restarts: limit``."""

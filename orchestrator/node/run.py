@@ -25,11 +25,6 @@ from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name
 from .state import killed_by_ddp_kill, remove_node_dir
 
 
-# Signals that are no stop: ignored by the agent and, inherited, by the launcher and the ranks
-# unless they handle them. Slurm sends its warning before a time limit (--signal=USR1@T) to every
-# process of a step: the ranks get it straight from Slurm, and neither the agent nor torchrun may
-# die of it (their default action). ddp-up's own word to the ranks goes to them directly (launch.py).
-NOT_A_STOP = (signal.SIGUSR1, signal.SIGUSR2)
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
 
 
@@ -236,8 +231,9 @@ class Runner:
 
 
 def install_handlers(on_stop):
-    """The agent's signals: a stop (``on_stop`` records it), or NOT_A_STOP (ignored)."""
+    """The agent's signals: a stop (``on_stop`` records it), or policy.NOT_A_STOP (ignored: the
+    ranks get those straight, from Slurm or from ddp-up through launch.py, never from the agent)."""
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, on_stop)
-    for sig in NOT_A_STOP:
+    for sig in policy.NOT_A_STOP:
         signal.signal(sig, signal.SIG_IGN)

@@ -141,11 +141,13 @@ def kill_note(pid):
 def note_kill(pid):
     """ddp-kill's note for agent ``pid`` (see kill_note): its path, or None."""
     path = kill_note(pid)
+    if path is None:
+        return None
     try:
         write_private(path, "ddp-kill\n")
     except FileExistsError:
-        pass
-    except (OSError, TypeError):
+        pass  # a second ddp-kill's: the same note
+    except OSError:
         return None
     return path
 
@@ -153,9 +155,11 @@ def note_kill(pid):
 def killed_by_ddp_kill():
     """In an agent that got a stop signal: whether ddp-kill sent it (its note, taken)."""
     path = kill_note(os.getpid())
+    if path is None:
+        return False
     try:
         os.unlink(path)
-    except (OSError, TypeError):
+    except OSError:
         return False
     return True
 
