@@ -22,6 +22,7 @@ from rich.text import Text
 
 from .config import ClusterConfig
 from .plan import LaunchPlan, make_plan
+from .stragglers import Lateness, LateWatch
 from .sync import human_bytes
 from .views.console import outside
 
@@ -80,6 +81,24 @@ def node_links(report: dict) -> list[NodeLink]:
             for r in range(world)]
 
 
+def lateness(report: dict) -> list[Lateness]:
+    """Each node's lateness at the probe's small all_reduces, judged as a running job's is."""
+    paces = report.get("arrivals")
+    world = report["world"]
+    if not isinstance(paces, list) or len(paces) != world or world < 2:
+        return []
+    watch = LateWatch(world)
+    for i in range(min(len(p) for p in paces)):
+        watch.compare({node: (paces[node][i], node) for node in range(world)})
+    return watch.figures()
+
+
+def pace_text(late: Lateness | None) -> Text:
+    if late is None:
+        return Text("")
+    return Text(f"straggler: {late.text()}", style="bold red") if late.straggler else Text(late.text(), style="dim")
+
+
 def slow_nodes(links: list[NodeLink]) -> list[int]:
     return [link.node for link in links if link.slow]
 
@@ -103,10 +122,11 @@ def render(report: dict, labels: list[str]) -> Group:
     links = node_links(report)
     median = statistics.median(link.figure for link in links) if links else 0.0
     table = Table(title="each node's link (a ring: to and from two partners)", title_justify="left")
-    for column in ("node", "host", "out", "in", "latency", ""):
-        table.add_column(column, justify="left" if column in ("host", "") else "right", no_wrap=True)
+    paces = {late.node: late for late in lateness(report)}
+    for column in ("node", "host", "out", "in", "latency", "collectives", ""):
+        table.add_column(column, justify="left" if column in ("host", "collectives", "") else "right", no_wrap=True)
     for link in links:
         verdict = Text(f"slow: {link.figure / median:.2f}× the median", style="bold red") if link.slow else Text("")
         table.add_row(str(link.node), outside(labels[link.node] if link.node < len(labels) else "?"), rate(link.out_bw),
-                      rate(link.in_bw), f"{link.latency * 1e3:.2f} ms", verdict)
+                      rate(link.in_bw), f"{link.latency * 1e3:.2f} ms", pace_text(paces.get(link.node)), verdict)
     return Group(reduce, table)

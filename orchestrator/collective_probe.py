@@ -9,7 +9,10 @@ line, ``DDP_UP_COLLECTIVE <json>``:
   says it would take too long, so one slow link cannot stretch the check past a minute);
 - each directed link from node r to node r+s, for strides s = 1 and 2, all links of a stride at
   once (a ring): node r+s times its receive of LINK_BYTES from node r. Two strides give every
-  node two partners each way, so a slow node shows as slow both times, and its partners do not.
+  node two partners each way, so a slow node shows as slow both times, and its partners do not;
+- each node's pace at ARRIVAL_ROUNDS small all_reduces, each after the same short pause: how
+  long after the previous one ended (its own monotonic clock: no skew between nodes) it called
+  the next. A node that comes late to most of them is a straggler (stragglers.py's words).
 """
 
 import datetime
@@ -28,6 +31,8 @@ ROUNDS = 3
 SIZE_BUDGET = 5.0  # seconds one size may take in all; a bigger size is skipped past that
 PING_ROUNDS = 10
 LINK_ROUNDS = 2
+ARRIVAL_ROUNDS = 20
+ARRIVAL_PAUSE = 0.01  # seconds of "work" before each of those all_reduces, the same on every node
 
 
 def sync(device):
@@ -100,6 +105,20 @@ def links(rank, world, device):
     return found
 
 
+def arrivals(device):
+    """[seconds from the end of one small all_reduce to the call of the next] on this node."""
+    t, found = torch.ones(1, device=device), []
+    dist.all_reduce(t)
+    sync(device)
+    for _ in range(ARRIVAL_ROUNDS):
+        ended = time.perf_counter()
+        time.sleep(ARRIVAL_PAUSE)
+        found.append(time.perf_counter() - ended)
+        dist.all_reduce(t)
+        sync(device)
+    return found
+
+
 def main():
     backend = "nccl" if torch.cuda.is_available() and os.environ.get("DDP_UP_COLLECTIVE_BACKEND") != "gloo" else "gloo"
     if backend == "nccl":
@@ -109,13 +128,15 @@ def main():
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     started = time.perf_counter()
     reduce_times = all_reduces(device)
-    mine = {"rank": rank, "host": os.uname().nodename, "links": links(rank, world, device)}
+    mine = {"rank": rank, "host": os.uname().nodename, "links": links(rank, world, device),
+            "arrivals": arrivals(device)}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank == 0:
         report = {"backend": backend, "world": world, "all_reduce": reduce_times,
                   "links": [link for g in gathered for link in g["links"]],
                   "hosts": [g["host"] for g in sorted(gathered, key=lambda g: g["rank"])],
+                  "arrivals": [g["arrivals"] for g in sorted(gathered, key=lambda g: g["rank"])],
                   "seconds": time.perf_counter() - started}
         print("DDP_UP_COLLECTIVE " + json.dumps(report), flush=True)
     dist.barrier()

@@ -105,6 +105,7 @@ class ClusterConfig:
     recoveries: int | None = None  # new attempts after a lost node or an outside stop (None: attempts.recovery_limit)
     spares: int = 0  # the last this many nodes stay idle, to replace a node that fails
     min_nodes: int | None = None  # without a free spare, go on with this many nodes or more (None: never fewer)
+    flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/flight.py): the stuck collective, stragglers
 
     @property
     def active_count(self) -> int:

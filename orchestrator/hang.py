@@ -11,15 +11,17 @@ without, the quietest ranks. The job loop acts on the decisions; this module doe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .events import LogLine
+from .flight import rank_list
 from .logparse import StackReport
 from .node import policy
 from .outcome import NodeStatus
 
 DUMP_WAIT = 5.0  # after asking for stacks, how long to wait for them before stopping the job
 DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the stacks to arrive
+Blamed = Callable[[], "tuple[tuple[int, ...], str] | None"]  # the Flight Recorder's word (flight.FlightLog.blamed)
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,13 @@ class HangWatch:
         if not self.pending and self.deadline is not None:
             self.deadline = min(self.deadline, now + DUMP_SETTLE)
 
-    def check(self, now: float, statuses: Sequence[NodeStatus], stopping: bool) -> AskStacks | Hung | None:
-        """What the job should do now about a hang, if anything."""
+    def check(self, now: float, statuses: Sequence[NodeStatus], stopping: bool,
+              blamed: Blamed = lambda: None) -> AskStacks | Hung | None:
+        """What the job should do now about a hang, if anything. ``blamed``: the ranks the others
+        wait for in a collective, by the ranks' records, if they say."""
         if self.deadline is not None and now >= self.deadline:
             self.deadline = None
-            return self._name_stuck(statuses)
+            return self._name_stuck(statuses, blamed=blamed)
         if not self.timeout or self.why or stopping or self.last_output is None:
             return None
         running = [s for s in statuses if s.state == "running"]
@@ -82,7 +86,7 @@ class HangWatch:
         self.deadline = now + DUMP_WAIT
         return AskStacks(why, tuple(sorted(self.pending)))
 
-    def name_stopped(self, statuses: Sequence[NodeStatus]) -> Hung | None:
+    def name_stopped(self, statuses: Sequence[NodeStatus], blamed: Blamed = lambda: None) -> Hung | None:
         """A detached job that its own supervisor stopped as hung (a node's reason says so),
         replayed with the stacks its ranks printed: the ranks to name, among all of them. Known
         only once every node's journal was read."""
@@ -90,9 +94,10 @@ class HangWatch:
         if why is None:
             return None
         self.why = why
-        return self._name_stuck(statuses, [r for s in statuses for r in s.plan.ranks])
+        return self._name_stuck(statuses, [r for s in statuses for r in s.plan.ranks], blamed)
 
-    def _name_stuck(self, statuses: Sequence[NodeStatus], among: list[int] | None = None) -> Hung | None:
+    def _name_stuck(self, statuses: Sequence[NodeStatus], among: list[int] | None = None,
+                    blamed: Blamed = lambda: None) -> Hung | None:
         running = among if among is not None else [r for s in statuses if s.state == "running" for r in s.plan.ranks]
         if not running:
             return None
@@ -106,6 +111,10 @@ class HangWatch:
         else:
             stuck = sorted(running, key=lambda r: self.rank_last.get(r, 0.0))
             detail = "quietest ranks first: " + ", ".join(map(str, stuck[:8])) + (" ..." if len(stuck) > 8 else "")
+        recorded = blamed()
+        if recorded is not None and set(recorded[0]) & set(running):
+            stuck = [r for r in recorded[0] if r in running]
+            detail = f"{rank_list(recorded[0])} {recorded[1]} (Flight Recorder); {detail}"
         node = next(s.plan.index for s in statuses if stuck[0] in s.plan.ranks)
         why = self.why if self.why.startswith("job hung") else f"job hung ({self.why})"
         return Hung(node, stuck[0], f"{why}; {detail}; "

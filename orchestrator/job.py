@@ -24,6 +24,7 @@ from typing import Callable, Protocol
 from .cleanup import LostNodeSweeper, sweep_notices
 from .errors import NodeProblem, SetupError
 from .events import WAKE, LogLine, Wake
+from .flight import FlightLog
 from .hang import AskStacks, HangWatch, Hung
 from .node import policy, wire
 from .nodetable import NodeTable
@@ -131,6 +132,7 @@ class Job:
         self.reports = NodeReports(self)
         self.phases = Phases(self)
         self.hang = HangWatch(plan.hang_timeout, plan.job_id)
+        self.flight = FlightLog(len(plan.nodes), plan.world_size)
         self.master_port = plan.master_port
         self.supervisor_port: int | None = None  # detach: the master node's supervisor
         self.interrupted: int | None = None  # the first signal's number
@@ -173,7 +175,7 @@ class Job:
                     s.plan.index in following.journal_ended or s.state in ("lost", "error")
                     or (s.terminal and s.plan.index in self.channel_ended) for s in self.status):
                 self.turn(None)
-        hung = None if self.table.failures or self.interrupted else self.hang.name_stopped(self.status)
+        hung = None if self.table.failures or self.interrupted else self.hang.name_stopped(self.status, self.flight.blamed)
         if hung is not None:
             self.fail(hung.node, hung.rank, None, hung.what, kind="hung")
         return self.result()
@@ -208,15 +210,18 @@ class Job:
             self.view.notice(text)
 
     def result(self) -> JobResult:
-        result = JobResult(self.plan, self.table.outcomes(), self.master_port, tuple(self.table.failures),
-                           self.interrupted, self.clock() - self.started)
+        failures = tuple(self.table.failures)
+        result = JobResult(self.plan, self.table.outcomes(), self.master_port, failures, self.interrupted,
+                           self.clock() - self.started, collectives=self.flight.diagnosis(failures, self.plan.rank_node),
+                           lateness=self.flight.figures())
         return self.following.result(result) if self.following else result
 
     def snapshot(self) -> JobSnapshot:
-        now = self.clock()
+        now, late = self.clock(), self.flight.marks()
+        rows = tuple(replace(row, late=late[row.index]) if row.index in late else row for row in self.table.rows(now))
         return JobSnapshot(self.plan.job_id, f"{self.plan.master_addr}:{self.master_port or 'auto'}",
                            self.plan.world_size, now - self.started,
-                           self.table.phase(self.stop.requested, bool(self.interrupted)), self.table.rows(now), now,
+                           self.table.phase(self.stop.requested, bool(self.interrupted)), rows, now,
                            self.plan.attempt, self.plan.quarantined)
 
     # --- supervising ---
@@ -277,7 +282,7 @@ class Job:
             silent = policy.silence(now, session.last_heard, self.plan.orphan_timeout)
             if silent is not None:
                 self.reports.lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
-        decision = self.hang.check(now, self.status, self.stop.requested)
+        decision = self.hang.check(now, self.status, self.stop.requested, self.flight.blamed)
         if isinstance(decision, AskStacks):
             self.view.notice(f"job looks hung: {decision.why}; asking every rank for its Python stack")
             for node in decision.nodes:

@@ -110,6 +110,9 @@ class StackReport:
             function, path = m.groups()
         else:
             return
+        if path.endswith("sitecustomize.py") and function == "record":  # ddp-up's own recorder thread
+            del self.collective[rank]  # (node/flight.py): the next thread's dump is the rank's
+            return
         if _DISTRIBUTED.search(path):
             if self.collective[rank] is None and function != "wrapper":
                 self.collective[rank] = function

@@ -6,12 +6,16 @@ Plain values. The job loop (job.py) mutates NodeStatus; everything else is built
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import EXIT_JOB_FAILED, EXIT_OK, NodeProblem
 from .logparse import FailureReportParser
 from .node import policy, wire
 from .plan import LaunchPlan, NodePlan
+
+if TYPE_CHECKING:
+    from .flight import Diagnosis
+    from .stragglers import Lateness
 
 State = Literal["connecting", "ready", "starting", "running", "stopping",
                 "done", "failed", "stopped", "lost", "error"]
@@ -134,6 +138,8 @@ class JobResult:
     started: float | None = None
     ended: float | None = None
     master: str | None = None
+    collectives: Diagnosis | None = None  # a hang's or a timeout's stuck collective (flight.py)
+    lateness: tuple[Lateness, ...] = ()  # every node's lateness at collectives (stragglers.py)
 
     @property
     def master_text(self) -> str:
@@ -175,6 +181,7 @@ class NodeRow:
     exit: str
     reason: str | None
     gpus: str = ""  # "87% 61/80G": mean utilization, memory used of total, over the node's GPUs
+    late: str = ""  # a straggler: "late 180 ms at 92% of collectives" (stragglers.py)
 
 
 @dataclass(frozen=True)

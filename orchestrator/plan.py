@@ -65,6 +65,7 @@ class LaunchPlan:
     stop_grace: float
     hang_timeout: float | None = None
     stop_signal: str = "SIGTERM"  # a stop's first signal to every rank (config.ClusterConfig's)
+    flight_recorder: bool = True  # every rank records its collectives (node/flight.py)
     launcher: str = "torchrun"
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
     run_token: str = ""  # tags this launch's processes apart from any other with the same job id
@@ -89,6 +90,10 @@ class LaunchPlan:
     @property
     def world_size(self) -> int:
         return sum(n.nproc for n in self.nodes)
+
+    def rank_node(self, rank: int) -> str:
+        """The node a global rank runs on, as the cluster file names it."""
+        return next((n.label for n in self.nodes if rank in n.ranks), "?")
 
     @property
     def master(self) -> NodePlan:
@@ -151,6 +156,7 @@ class LaunchPlan:
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
             stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
+            flight_recorder=self.flight_recorder,
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt, **detached)
 
@@ -202,6 +208,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         orphan_timeout=config.orphan_timeout,
         stop_grace=config.stop_grace,
         stop_signal=config.stop_signal,
+        flight_recorder=config.flight_recorder,
         hang_timeout=hang_timeout if hang_timeout is not None else config.hang_timeout,
         launcher=config.launcher,
         secrets=config.secret_values,

@@ -12,7 +12,7 @@ from . import preflight
 from .errors import NodeProblem
 from .events import Closed, Lines, Message, SetupFailed
 from .node import wire
-from .rankfailures import own_failures, rank_ends, rank_errors
+from .rankfailures import node_clock, own_failures, rank_ends, rank_errors
 
 LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 
@@ -80,6 +80,10 @@ class NodeReports:
             status.gpus = frame.gpus
         elif isinstance(frame, wire.Dumped):
             self.job.hang.dumped(node, self.job.clock())
+        elif isinstance(frame, wire.Collectives):
+            self.job.flight.collectives(frame.ranks, status.plan.ranks)
+        elif isinstance(frame, wire.Arrivals):
+            self.arrivals(node, frame)
         elif isinstance(frame, wire.Stopping):
             self.table.set(node, "stopping", reason=frame.reason)
             if frame.by == "ddp-kill":
@@ -91,6 +95,13 @@ class NodeReports:
         else:
             self.lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
                                 f"while {status.state}")
+
+    def arrivals(self, node: int, frame: wire.Arrivals) -> None:
+        skew = self.table[node].clock_skew
+        for late in self.job.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
+            self.job.view.notice(f"{self.table[late.node].plan.label} is a straggler: rank {late.rank} arrives last "
+                                 f"at {late.share:.0%} of the job's collectives, {late.late * 1000:.0f} ms after the "
+                                 f"others (median)")
 
     def ready(self, node: int, frame: wire.Ready) -> None:
         job, status = self.job, self.table[node]

@@ -28,7 +28,7 @@ MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo,
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
-            "spares", "min_nodes", *SHARED_KEYS)
+            "spares", "min_nodes", "flight_recorder", *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none")
 TRANSPORTS = ("ssh", "srun", "local")
@@ -69,6 +69,7 @@ RULES = {  # top-level settings that are one checked value each
     "no_restart_on_exit": rule("exit_codes", ()),
     "recoveries": rule("integer", None, low=0, high=MOST_RESTARTS),
     "spares": rule("integer", 0, low=0),
+    "flight_recorder": rule("boolean", True),
 }
 SSH_RULES = {  # `ssh:`, or the same keys on a node
     "user": rule("string"),
@@ -145,6 +146,11 @@ class Checks:
             raise self.error(at, f"must be one of {', '.join(JOB_SIGNALS)} (the signal your script saves its "
                                  f"work on), got {value!r}")
         return name
+
+    def boolean(self, value: Any, at: tuple) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(at, f"must be true or false, got {value!r}")
+        return value
 
     def choice(self, value: Any, at: tuple, allowed: tuple[str, ...]) -> str:
         if value not in allowed:

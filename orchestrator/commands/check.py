@@ -130,6 +130,11 @@ def check_collective(config, console: Console, inbox: signals.SignalInbox) -> in
             f"{plan.nodes[node].label}: its link is far slower than the other nodes' (under 1/"
             f"{collective.SLOW_RATIO:g} of the median): the whole job would run at its pace. Check its NIC, "
             "cable, switch port and link speed (ethtool, ip -s link)"))
+    for late in collective.lateness(view.report):
+        if late.straggler:  # a warning: a node busy with something else now may be fine at the job's start
+            console.print(Text("! ", style="bold yellow") + outside(
+                f"{plan.nodes[late.node].label}: a straggler at the probe's collectives ({late.text()}): every "
+                "collective of the job would wait for it. Look for other load on it (top, nvidia-smi) or a slower CPU"))
     console.print(f"ddp-check: {result.elapsed:.1f} s in all, {view.report.get('seconds', 0):.1f} s of it measuring "
                   "(the rest: connect, preflight, start, import torch)", markup=False, highlight=False)
     return EXIT_SETUP if slow else EXIT_OK

@@ -16,6 +16,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   checks      the preflight's probes: torch, GPUs, the master port held until Go
   workers     `launcher: none`: the agent starts the workers itself
   stacks      every rank's stack on request
+  flight      every rank's collectives, as torch's Flight Recorder keeps them
   events      the agent's own events, named once
   launch      one attempt's processes here: started, relayed, signalled, ended
   run         run mode, attached (controller watching): preflight, Go, the job's loop and end
@@ -28,6 +29,6 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   main        the table from spec frame to mode
 """
 
-SHIPPED = ("wire", "facts", "policy", "procs", "state", "relay", "failures", "checks", "workers", "stacks", "events", "launch", "run",
+SHIPPED = ("wire", "facts", "policy", "procs", "state", "relay", "failures", "checks", "workers", "stacks", "flight", "events", "launch", "run",
            "decide", "supervisor", "detached", "replay", "oneshot", "sync", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

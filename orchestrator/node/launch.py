@@ -13,13 +13,13 @@ import sys
 import threading
 import time
 
-from . import events, facts, policy, wire
+from . import events, facts, flight, policy, wire
 from .failures import RankEnds, rank_failures
 from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, carries, find_tagged,
                     kill_tagged, read_tags, signal_ranks, signal_tagged, wait_gone)
 from .relay import Tailer, join_while_moving, pump
-from .stacks import DUMP_HOOK, dump_all
-from .state import write_private
+from .stacks import dump_all, sitecustomize
+from .state import per_attempt, private_dir, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
 
 SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's --shutdown-timeout, read by torchrun and torch.distributed.launch
@@ -43,6 +43,7 @@ class Launch:
         self.rank_ends = None  # the launcher's workers' ends (failures.RankEnds)
         self.ends = {}  # {local rank: when it ended}, once the launch is over
         self.killed = 0  # how many of its processes were still there at its end, and got SIGKILL
+        self.flight_dir = None  # where the ranks write their Flight Recorder records (flight.py), if they do
 
     def start(self, go):
         env = self.launch_env(go)
@@ -57,6 +58,8 @@ class Launch:
         self.tailer.start()
         if facts.has_nvidia_gpus():
             threading.Thread(target=self.sample_gpus, name="gpus", daemon=True).start()
+        if self.flight_dir is not None:
+            threading.Thread(target=self.watch_collectives, name="collectives", daemon=True).start()
         proc, attempt = self.proc, self.attempt
         threading.Thread(target=lambda: self.post(events.Exited(attempt, proc.wait())), daemon=True).start()
 
@@ -71,12 +74,23 @@ class Launch:
         # ranks get the whole stop_grace to save their work, not torchrun's default
         env.setdefault(SHUTDOWN_TIMEOUT, str(int(math.ceil(self.spec.stop_grace))))
         hooks = dict(self.spec.hooks or {})
-        if self.spec.stack_dumps:
-            hooks["sitecustomize.py"] = DUMP_HOOK
+        recorder = self.spec.flight_recorder and self.record_collectives(env)
+        if self.spec.stack_dumps or recorder:
+            hooks["sitecustomize.py"] = sitecustomize(self.spec.stack_dumps, flight.RECORDER_HOOK if recorder else "")
         if hooks:
             where = self.write_hooks(hooks)
             env["PYTHONPATH"] = where + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
+
+    def record_collectives(self, env):
+        """Turn the Flight Recorder on in ``env`` (where the job did not set it) with a private
+        directory for the ranks' records; False if there can be none here."""
+        path = os.path.join(self.dir, per_attempt("flight", self.attempt))
+        if private_dir(path) is not None:
+            return False
+        self.flight_dir = path
+        flight.recording_env(env, path)
+        return True
 
     def start_launcher(self, argv, env):
         # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
@@ -121,6 +135,7 @@ class Launch:
         def dump():
             ranks = dump_all(self.match, self.job_env().get("PATH"),
                              lambda local, text: self.tailer.send("err", local, text))
+            self.send_collectives()
             self.out.send(wire.Dumped(ranks=ranks))
         threading.Thread(target=dump, name="dump", daemon=True).start()
 
@@ -131,6 +146,22 @@ class Launch:
             usage = facts.query_usage()
             if usage and not self.ended.is_set():
                 self.out.send(wire.GpuUsage(gpus=usage), block=False)
+
+    def watch_collectives(self):
+        """While the job runs: when this node's ranks reached their collectives (Arrivals), read
+        halfway between two of the ranks' records (they write them at the same instants)."""
+        watch = flight.ArrivalWatch(self.spec.nproc or 1)
+        every = flight.RECORD_EVERY
+        while not self.ended.wait(every - (time.time() - every / 2) % every):
+            frame = watch.arrivals(flight.read_records(self.flight_dir))
+            if frame is not None and not self.ended.is_set():
+                self.out.send(frame, block=False)
+
+    def send_collectives(self):
+        """Each rank's last collectives (Collectives), where the ranks recorded any."""
+        records = flight.read_records(self.flight_dir) if self.flight_dir is not None else {}
+        if records:
+            self.out.send(flight.snapshot(records))
 
     def signal(self, sig):
         """``sig`` to the launcher (or every worker), pinned by its tags: never a recycled pid.
@@ -163,6 +194,7 @@ class Launch:
         if isinstance(self.proc, Workers):
             self.proc.ending()  # the SIGKILL below is ours: not a worker's failure to report
         self.killed = len(kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)["found"])
+        self.send_collectives()  # a rank that died of a collective's timeout left its record
         if code is None and self.proc is not None:
             try:
                 code = self.proc.wait(timeout=KILL_WAIT)

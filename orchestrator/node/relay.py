@@ -36,7 +36,7 @@ class Writer:
         data = frame.encode()
         if type(frame) is wire.Output and frame.rank is not None:
             self.last_output = time.monotonic()
-        if self.journal is None or isinstance(frame, wire.Heartbeat):
+        if self.journal is None or isinstance(frame, (wire.Heartbeat, wire.Arrivals)):
             self.put(data, block)
             return
         with self.journal.lock:  # one order for the file and the stream

@@ -16,14 +16,24 @@ from .procs import catches, find_tagged, read_environ_value, signal_tagged
 
 DUMP_SIGNAL = signal.SIGRTMIN + 7
 PYSPY_TIMEOUT = 20.0  # seconds for one py-spy dump
-DUMP_HOOK = """import faulthandler, importlib.machinery, importlib.util, os, sys
-faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up: stack dump when a job looks hung
-_here = os.path.dirname(os.path.abspath(__file__))
+HOOK_HEAD = "import faulthandler, importlib.machinery, importlib.util, os, sys\n"
+DUMP_LINE = "faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up: stack dump when a job looks hung\n" \
+    % DUMP_SIGNAL
+HOOK_CHAIN = """_here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)  # the one we shadow, if any
 if _spec is not None and _spec.loader is not None:
     _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
-""" % DUMP_SIGNAL
+"""
+
+
+def sitecustomize(dumps, more=""):
+    """The hook's text: the stack dump's handler where ``dumps``, then ``more`` (the Flight
+    Recorder's thread, flight.RECORDER_HOOK), then whatever sitecustomize it shadows."""
+    return HOOK_HEAD + (DUMP_LINE if dumps else "") + more + HOOK_CHAIN
+
+
+DUMP_HOOK = sitecustomize(True)
 
 
 def workers_of(match):

@@ -15,7 +15,8 @@ means the controller is gone, and the agent stops whatever it started.
 
   mode    controller -> agent                       agent -> controller
   run     RunSpec; Heartbeat, Probe, Go, Dump,      Ready or Failed; Heartbeat, Probed, Started,
-          Signal, Stop, Kill                        Output, Dumped, Stopping, Exited
+          Signal, Stop, Kill                        Output, GpuUsage, Arrivals, Dumped,
+                                                    Collectives, Stopping, Exited
   detect  DetectSpec                                Detected
   sweep   SweepSpec                                 Listed, Swept
   sync    SyncSpec; AskShared, File (+ bytes)...,   Needs or Failed; Shared; Copied or Failed
@@ -147,6 +148,7 @@ class RunSpec(Frame):
     heartbeat: float
     stack_dumps: bool
     stop_signal: str = "SIGTERM"  # a stop's first signal to the launcher (and from it to every rank)
+    flight_recorder: bool = False  # every rank records its collectives; the agent reads them (node/flight.py)
     needs_torch: bool = True  # torchrun and legacy; `launcher: none` runs any program, and skips the probe
     detach: bool = False  # the job outlives the controller: journal, record, and the supervisor (see above)
     token: str | None = None  # detach: the secret the job's agents prove to each other
@@ -372,6 +374,25 @@ class GpuUsage(Frame):
     """A sample of the node's GPUs for the dashboard: [[index, util %, used MiB, total MiB]]."""
 
     gpus: list
+
+
+@_frame(TO_CONTROLLER)
+class Collectives(Frame):
+    """Each rank's last collectives, as torch's Flight Recorder keeps them (node/flight.py):
+    {rank: [[group name, group description, sequence number, op, done, input sizes, input dtypes,
+    output sizes, output dtypes, called (ns, wall clock)], ...]}, oldest first. After a stack
+    dump and at an attempt's end. The job's own bytes: the controller checks every field."""
+
+    ranks: dict
+
+
+@_frame(TO_CONTROLLER)
+class Arrivals(Frame):
+    """While the job runs: for collectives every rank of the node called, when the node's last
+    rank called it (wall clock) and which rank that was: [[group name, seq, seconds, rank]].
+    Not journaled (a detached job's straggler view is live only)."""
+
+    times: list
 
 
 # --- one-shot modes -------------------------------------------------------------------------------

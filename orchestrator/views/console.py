@@ -311,6 +311,13 @@ class ConsoleView:
         root = result.root_cause
         if root:
             self.console.print(Text("root cause: ", style="bold red") + Text(safe_text(self.plan.mask(root.render()))))
+        if result.collectives is not None:
+            self.console.print(Text("collectives: ", style="bold red") + Text(safe_text(self.plan.mask(result.collectives.text))))
+        for late in result.lateness:
+            if late.straggler:
+                self.console.print(Text("straggler: ", style="bold yellow") + outside(
+                    f"{result.plan.rank_node(late.rank) if late.rank is not None else late.node} "
+                    f"(node {late.node}, rank {late.rank}): {late.text()}"))
         verdict = "interrupted" if result.interrupted else ("ok" if result.exit_code == 0 else "FAILED")
         elapsed = attempts[-1].ended - attempts[0].started if len(attempts) > 1 else result.elapsed
         tries = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""

@@ -33,9 +33,11 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
                            (f"  out: {', '.join(snap.quarantined)}" if snap.quarantined else "", "red"))
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
     gpus = any(row.gpus for row in snap.nodes)  # the column only where the agents sample GPUs
+    late = any(row.late for row in snap.nodes)  # and only while a node straggles
     for name, justify in (("node", "right"), ("host", "left"), ("ranks", "left"), ("state", "left"),
                           ("up", "right"), ("lines", "right"), ("lines/s", "right"), ("exit", "right"),
-                          *((("gpu", "right"),) if gpus else ()), ("last line", "left")):
+                          *((("gpu", "right"),) if gpus else ()), *((("late", "left"),) if late else ()),
+                          ("last line", "left")):
         table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis",
                          max_width=60 if name == "last line" else None, style="dim" if name == "last line" else None)
     shown, hidden = _pick_rows(snap.nodes, max_rows)
@@ -44,6 +46,7 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
                       Text(row.state, style=STATE_STYLE.get(row.state, "")),
                       "" if row.uptime is None else _duration(row.uptime), str(row.lines),
                       f"{rates.get(row.index, 0.0):.0f}", row.exit, *((row.gpus,) if gpus else ()),
+                      *((Text(row.late, style="yellow"),) if late else ()),
                       Text(safe_text(mask(row.reason or row.last_line))))
     parts: list[RenderableType] = [header, table]
     if hidden:

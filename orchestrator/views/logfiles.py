@@ -211,6 +211,7 @@ class RunLogs:
         """Close the line files and write summary.json with ``exit_code`` (the status ddp-up
         returns; the result's own unless ddp-up ends otherwise, e.g. a setup error)."""
         self.close()
+        self.collective_files(result.collectives)
         summary = self.summary(result, result.exit_code if exit_code is None else exit_code)
         if attempts:
             summary["attempts"] = _masked([a.as_dict(_iso) for a in attempts], self.plan.secrets)
@@ -223,8 +224,20 @@ class RunLogs:
         except OSError as e:
             self._failed(e)  # reported once: a runs dir that failed before fails here too
 
+    def collective_files(self, diagnosis) -> None:
+        """Each rank's last collectives, as ``rank<N>.collectives.json`` beside its log, with the
+        paragraph read from them all (flight.py)."""
+        for rank, entries in sorted(diagnosis.records.items()) if diagnosis is not None and self.broken is None else ():
+            try:
+                with self._open(f"rank{rank}.collectives.json") as f:
+                    json.dump({"rank": rank, "diagnosis": diagnosis.text, "entries": [e._asdict() for e in entries]},
+                              f, indent=1)
+            except OSError as e:
+                self._failed(e)
+
     def summary(self, result, exit_code: int) -> dict:
         root = result.root_cause
+        late = {f.node: f.as_dict() for f in result.lateness}
         return _masked({
             "job_id": self.plan.job_id,
             "master": result.master_text,
@@ -243,7 +256,9 @@ class RunLogs:
                 "node": s.plan.index, "host": s.plan.label, "ranks": [s.plan.ranks.start, s.plan.ranks.stop - 1],
                 "state": s.state, "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,
                 "lines": s.lines, "stop_seconds": s.stop_seconds, "started": _iso(self.node_started.get(s.plan.index)),
-                "ended": _iso(self.node_ended.get(s.plan.index))} for s in result.nodes],
+                "ended": _iso(self.node_ended.get(s.plan.index)),
+                **({"collectives": late[s.plan.index]} if s.plan.index in late else {})} for s in result.nodes],
+            "collectives": None if result.collectives is None else result.collectives.text,
         }, self.plan.secrets)
 
 

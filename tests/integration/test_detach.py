@@ -201,8 +201,11 @@ def test_a_detached_hang_is_detected_dumped_stopped_and_named(cluster, detached)
     assert code == 1, out
     b = re.escape(cluster.nodes[1].addr)
     assert re.search(rf"^{b}\s+r2\s+! .*line \d+ in block_forever$", out, re.M), out
-    assert re.search(rf"root cause: {b} \(node 1, rank 2\): job hung \(no output from any rank for \d+ s\); "
+    a = re.escape(cluster.nodes[0].addr)  # issue 28: the records in the journals say who everyone waits for
+    assert re.search(rf"root cause: {a} \(node 0, rank 0\): job hung \(no output from any rank for \d+ s\); "
+                     r"ranks 0-1 never entered all_reduce #2 on the default group \(Flight Recorder\); "
                      r"rank 2 in all_reduce \(from block_forever\)", out), out
+    assert "collectives: Flight Recorder: on the default group, every rank completed all_reduce #1; " in out, out
 
 
 def test_a_detached_job_restarts_by_itself_and_an_attach_shows_every_attempt(detached):

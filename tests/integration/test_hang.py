@@ -24,9 +24,14 @@ def test_hung_collective_is_detected_dumped_and_stopped(cluster, cluster_file):
     # rank 2's own stack (stderr, attributed to it) shows where it blocks
     assert re.search(rf"^{b}\s+r2\s+! .*line \d+ in block_forever$", out, re.M), out
     assert re.search(r"^\S+\s+r0\s+! .*line \d+ in wait_for_peers$", out, re.M), out
-    assert re.search(rf"root cause: {b} \(node 1, rank 2\): job hung \(no output from any rank for \d+ s\); "
+    # issue 28: the Flight Recorder says who everyone waits for: ranks 0-1 never called it
+    a = re.escape(cluster.nodes[0].addr)
+    assert re.search(rf"root cause: {a} \(node 0, rank 0\): job hung \(no output from any rank for \d+ s\); "
+                     r"ranks 0-1 never entered all_reduce #2 on the default group \(Flight Recorder\); "
                      r"rank 2 in all_reduce \(from block_forever\); the other 2 rank\(s\) not in a collective "
                      r"\(wait_for_peers\)", out), out
+    assert re.search(rf"collectives: Flight Recorder: on the default group, every rank completed all_reduce #1; "
+                     rf"ranks 0-1 \({a}, \.\.\.\) never entered all_reduce #2; rank 2 waits in it\.", out), out
     assert "Error in sitecustomize" not in out
     assert not procs.wait_no_job_processes(None, 10)
 

@@ -20,6 +20,11 @@
   job.py usr1              (no torch) every rank prints "running", then "got SIGUSR1 #n" on each SIGUSR1, and
                           goes on until stopped
   job.py backlog L S DIR  every rank prints L lines, touches DIR/done.RANK, then "live t=..." every 0.5 s for S s
+  job.py collectives HOW STEPS STEP_S [RANK]  every rank: STEPS steps of sleep STEP_S + all_reduce, then exits 0;
+                          rank RANK (the last unless given): HOW "skip" sleeps instead of the all_reduce of step 3
+                          (never entering it), "mismatch" calls all_gather there, "slow" sleeps 0.3 s more each
+                          step, "crafted" prints and writes crafted Flight Recorder records and then skips;
+                          "balanced": nobody differs
 """
 
 import datetime
@@ -149,6 +154,41 @@ def save(prefix):
         time.sleep(0.2)
 
 
+CRAFTED = {"entries": [
+    {"is_p2p": False, "collective_seq_id": 9, "process_group": ["0", "\x1b[2J\x1b]0;pwned\x07"], "retired": False,
+     "profiling_name": "gloo:\x1b[31mall_reduce\x1b[0m", "input_sizes": [[1] * 99], "input_dtypes": "Float",
+     "time_created_ns": -5},
+    {"is_p2p": False, "collective_seq_id": True, "process_group": ["0", "default_pg"]},
+    {"is_p2p": False, "collective_seq_id": 2 ** 80, "process_group": [[[]]], "profiling_name": 7},
+    ["not", "a", "dict"], None, 12]}
+
+
+def collectives(how, steps, step_s, odd):
+    import torch
+
+    dist, rank = init()
+    flight_dir = os.environ.get("DDP_UP_FLIGHT_DIR")
+    print(f"FR_BUFFER={os.environ.get('TORCH_FR_BUFFER_SIZE')} rank={rank}", flush=True)
+    for step in range(steps):
+        print(f"step {step} rank={rank}", flush=True)
+        time.sleep(step_s + (0.3 if how == "slow" and rank == odd else 0.0))
+        if rank == odd and step == 3 and how in ("skip", "crafted"):
+            if how == "crafted":
+                print("\x1b[2J\x1b]0;pwned\x07 " + json.dumps(CRAFTED), flush=True)
+                for _ in range(30):  # over the recorder's own record, again and again
+                    with open(os.path.join(flight_dir, f"fr.{rank}.json"), "w") as f:
+                        json.dump(CRAFTED, f)
+                    time.sleep(1)
+            time.sleep(3600)  # "stuck in data loading": never enters this step's all_reduce
+        if rank == odd and step == 3 and how == "mismatch":
+            dist.all_gather([torch.zeros(4) for _ in range(dist.get_world_size())], torch.ones(4))
+        else:
+            dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    print(f"DONE rank={rank}", flush=True)
+    finish(0)
+
+
 def blob(n: int) -> bytes:
     """n bytes of every value but the newline: C0 and C1 controls, and bytes that are not UTF-8."""
     pattern = bytes(b for b in range(256) if b != 10)
@@ -190,6 +230,9 @@ def main():
         finish(0)
     if mode == "save":
         save(rest[0])
+    if mode == "collectives":
+        odd = int(rest[3]) if len(rest) > 3 else int(os.environ["WORLD_SIZE"]) - 1
+        collectives(rest[0], int(rest[1]), float(rest[2]), odd)
     if mode == "usr1":
         got = []
         signal.signal(signal.SIGUSR1, lambda *_: (got.append(1), print(f"rank {os.environ.get('RANK')} got "

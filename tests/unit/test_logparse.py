@@ -107,3 +107,16 @@ def test_the_workers_torchrun_killed_at_the_end_of_its_shutdown_timeout_are_coun
     assert overran("interrupted (SIGINT)", p.forced, 2.0) == \
         "interrupted (SIGINT); 1 process(es) killed at the end of stop_grace (2 s): a save took longer?"
     assert overran("interrupted (SIGINT)", 0, 2.0) == "interrupted (SIGINT)"
+
+
+def test_stack_report_skips_ddp_ups_recorder_thread():
+    """Issue 28: faulthandler dumps every thread; the Flight Recorder's thread (node/flight.py)
+    may come first, and is not where the rank is."""
+    from orchestrator.logparse import StackReport
+
+    r = StackReport()
+    for rank in range(2):
+        dump(r, rank, [("/tmp/ddp-up-0/j/node0/hooks/sitecustomize.py", "record"), ("/usr/lib/threading.py", "run")])
+        dump(r, rank, [(C10D, "all_reduce"), (LOGGER, "wrapper"), ("/job/train.py", "step")] if rank else
+             [("/job/data.py", "load_batch")])
+    assert r.odd_ones_out() == [0] and r.describe(1) == "in all_reduce (from step)"

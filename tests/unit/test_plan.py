@@ -38,7 +38,7 @@ def test_agent_spec_golden():
         job="20261122-000000-abcdef", node=0, cluster=p.cluster_id, run=p.run_token, workdir="~/proj",
         script="train.py", env={},
         pick_port=False, check_port=29400, orphan_timeout=20.0, stop_grace=10.0, heartbeat=5.0, stack_dumps=False,
-        nproc=1)
+        nproc=1, flight_recorder=True)
     assert p.agent_spec(p.nodes[1]).check_port is None  # only the master checks its port
     assert p.agent_spec(p.nodes[1]).env["NCCL_SOCKET_IFNAME"] == "eth1"
 

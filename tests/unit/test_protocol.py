@@ -26,6 +26,8 @@ EXAMPLES = [
     wire.Needs(dest="/p", need=[0, 2], marker="m"), wire.Shared(sees=[]), wire.Copied(files=1, bytes=2, links=3),
     wire.FollowSpec(job="j", node=1, follow=True), wire.ListSpec(), wire.JournalEnd(running=False),
     wire.Jobs(jobs=[{"job": "j", "node": 0, "state": "done"}]), wire.GpuUsage(gpus=[[0, 87, 61000, 81559]]),
+    wire.Collectives(ranks={"0": [["0", "default_pg", 3, "all_reduce", False, [[4]], ["Float"], [[4]], ["Float"], 1]]}),
+    wire.Arrivals(times=[["0", 3, 1795506773.25, 1]]),
 ]
 PEER_EXAMPLES = [wire.Challenge(nonce="ab"), wire.Join(node=2, proof="cd"), wire.Heartbeat(),
                  wire.NodeState(node=2, state="failed", code=7), wire.Progress(node=2, quiet=1.5), wire.DumpStacks(),

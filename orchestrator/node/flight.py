@@ -1,0 +1,177 @@
+"""The job's collectives as torch's Flight Recorder keeps them: recording on, each rank's record
+read here, and what of it goes to the controller.
+
+Every rank keeps a ring of its last collectives (op, process group, sequence number, sizes,
+dtypes, when it was called, whether it completed) once ``TORCH_FR_BUFFER_SIZE`` (gloo and the
+others; ``TORCH_NCCL_TRACE_BUFFER_SIZE`` for NCCL) is set: ``recording_env`` sets them where the
+job's environment does not. A thread the stack-dump hook starts in each rank (RECORDER_HOOK)
+writes the rank's record as JSON (never torch's pickle) into this attempt's private directory
+every RECORD_EVERY seconds, at the same wall-clock instants on every rank, so that the records
+of all ranks overlap. A rank that hangs wrote its stuck state the moment it got stuck; one that
+dies of a collective timeout leaves its last record behind.
+
+Those files are the job's bytes: read as JSON only, bounded in size, every field checked. Two
+frames carry them on: ``Collectives`` (each rank's last SNAPSHOT entries: after a stack dump and
+at the attempt's end; the controller names the stuck collective from them) and ``Arrivals``
+(while the job runs: when this node's last rank reached each collective; the controller compares
+the nodes and names a straggler).
+"""
+
+import json
+import os
+import re
+
+from . import wire
+
+BUFFER = "256"  # entries each rank keeps: a ring, so its cost does not grow with the run
+RECORD_EVERY = 5.0  # seconds between a rank's records (aligned to the wall clock on every rank)
+SNAPSHOT = 16  # a rank's last entries sent for a diagnosis
+ARRIVALS_MAX = 64  # collectives per Arrivals frame (a sample: a straggler is late at most of them)
+RECORD_MAX = 4 << 20  # bytes of one record file read; a bigger one is not ours
+NAME_MAX = 64  # characters of a name (op, group) kept
+RECORD_FILE = re.compile(r"(fr|nccl)\.(\d{1,7})\.json")
+DIR_VAR = "DDP_UP_FLIGHT_DIR"
+EVERY_VAR = "DDP_UP_FLIGHT_EVERY"
+BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+# Appended to the stack-dump hook (a sitecustomize: runs in every Python process the launcher
+# starts); works only in a worker (RANK set) whose torch.distributed is initialized. Its thread
+# never raises into the job, and a record is replaced whole (a reader never sees half of one).
+RECORDER_HOOK = """
+def _ddp_up_flight_recorder(out, every):
+    import threading, time
+    def record():
+        while True:
+            time.sleep(every - time.time() % every)
+            try:
+                dist = sys.modules.get("torch.distributed")
+                if dist is None or not dist.is_available() or not dist.is_initialized():
+                    continue
+                rank, c10d = dist.get_rank(), sys.modules["torch._C._distributed_c10d"]
+                for kind, dump in (("fr", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json")):
+                    if hasattr(c10d, dump):
+                        data = getattr(c10d, dump)(True, False)
+                        path = os.path.join(out, "%s.%d.json" % (kind, rank))
+                        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                        with os.fdopen(fd, "wb") as f:
+                            f.write(data if isinstance(data, bytes) else data.encode())
+                        os.replace(path + ".tmp", path)
+            except Exception:
+                pass  # a record is never worth a job's failure
+    threading.Thread(target=record, name="ddp-up-flight-recorder", daemon=True).start()
+if os.environ.get("DIR_VAR") and os.environ.get("RANK") is not None:
+    _ddp_up_flight_recorder(os.environ["DIR_VAR"], float(os.environ.get("EVERY_VAR") or 5))
+""".replace("DIR_VAR", DIR_VAR).replace("EVERY_VAR", EVERY_VAR)
+
+
+def recording_env(env, directory):
+    """The job's environment with the Flight Recorder on, where the job did not set it itself
+    (a user's own buffer sizes, or 0 for off, are kept), and this attempt's record directory."""
+    if not any(var in env for var in BUFFER_VARS):
+        for var in BUFFER_VARS:
+            env[var] = BUFFER
+    # NCCL's own dump when its watchdog times out (torch's pickle, for torch's analyzer; never read
+    # here): into the private directory, not /tmp, where another user could plant a link
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(directory, "nccl_trace_rank_"))
+    env.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(directory, "fr_trace_rank_"))
+    env[DIR_VAR] = directory
+    env[EVERY_VAR] = str(RECORD_EVERY)
+    return env
+
+
+def _name(value):
+    return value[:NAME_MAX] if isinstance(value, str) else "?"
+
+
+def _number(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _shapes(value):
+    """Sizes ([[4], [2, 4]]) or dtypes (["Float"]) as JSON-safe, bounded values."""
+    if not isinstance(value, list):
+        return []
+    return [v[:NAME_MAX] if isinstance(v, str) else [d for d in v[:8] if _number(d) is not None]
+            if isinstance(v, list) else None for v in value[:8]]
+
+
+def compact(entry):
+    """One Flight Recorder entry as the frames carry it: [group name, group description, sequence
+    number, op, done, input sizes, input dtypes, output sizes, output dtypes, called (ns, wall
+    clock)]; None for a point-to-point entry or one that is not an entry at all."""
+    if not isinstance(entry, dict) or entry.get("is_p2p") is not False:
+        return None
+    seq = _number(entry.get("collective_seq_id"))
+    group = entry.get("process_group")
+    if seq is None or not isinstance(group, list) or len(group) != 2:
+        return None
+    op = _name(entry.get("profiling_name"))
+    done = entry.get("retired") is True or entry.get("state") == "completed"
+    return [_name(group[0]), _name(group[1]), seq, op.split(":", 1)[-1], done,
+            _shapes(entry.get("input_sizes")), _shapes(entry.get("input_dtypes")),
+            _shapes(entry.get("output_sizes")), _shapes(entry.get("output_dtypes")),
+            _number(entry.get("time_created_ns"))]
+
+
+def read_records(directory):
+    """{rank: [compact entries, oldest first]} from the record files in ``directory``; a file
+    that is not a record (too big, not JSON, odd fields) is left out, never an error."""
+    records = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return records
+    for name in sorted(names):
+        m = RECORD_FILE.fullmatch(name)
+        if m is None:
+            continue
+        entries = read_entries(os.path.join(directory, name))
+        if entries:
+            records.setdefault(int(m.group(2)), []).extend(entries)
+    return records
+
+
+def read_entries(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(RECORD_MAX + 1)
+        record = json.loads(data) if len(data) <= RECORD_MAX else None
+    except (OSError, ValueError, RecursionError):
+        return []
+    entries = record.get("entries") if isinstance(record, dict) else None
+    if not isinstance(entries, list):
+        return []
+    return [c for c in map(compact, entries[-int(BUFFER) * 4:]) if c is not None]
+
+
+def snapshot(records):
+    """The Collectives frame: each rank's last SNAPSHOT entries."""
+    return wire.Collectives(ranks={str(rank): entries[-SNAPSHOT:] for rank, entries in sorted(records.items())})
+
+
+class ArrivalWatch:
+    """What of this node's records the controller has not had yet, as Arrivals: for each
+    collective that every rank here has called, when the last of them did and which rank that
+    was. A collective that some rank here has not called yet waits for the next read."""
+
+    def __init__(self, ranks):
+        self.ranks = ranks  # how many ranks this node has
+        self.sent = {}  # {(group, seq): None}: insertion-ordered, the oldest dropped past a bound
+
+    def arrivals(self, records):
+        if len(records) < self.ranks:
+            return None
+        called = {}  # {(group, seq): {rank: when it called it}}
+        for rank, entries in records.items():
+            for e in entries:
+                if e[9] is not None and (e[0], e[2]) not in self.sent:
+                    called.setdefault((e[0], e[2]), {})[rank] = e[9]
+        new = sorted((key, max((ns, rank) for rank, ns in by_rank.items()))
+                     for key, by_rank in called.items() if len(by_rank) == self.ranks)[-ARRIVALS_MAX:]
+        for key, _ in new:
+            self.sent[key] = None
+        while len(self.sent) > 16 * ARRIVALS_MAX:
+            del self.sent[next(iter(self.sent))]
+        return wire.Arrivals(times=[[group, seq, ns / 1e9, rank] for (group, seq), (ns, rank) in new]) if new else None
