@@ -21,6 +21,9 @@ from typing import Callable, Iterable, NamedTuple
 from .stragglers import Lateness, LateWatch
 
 TIMEOUT = re.compile(r"time[d ]?\s*out|timeout|watchdog", re.IGNORECASE)  # a failure that a collective's wait ended
+# a rank's own word that a collective's wait ended it (gloo's, NCCL's watchdog, c10d's), in its stderr
+TIMED_OUT = re.compile(r"Timed out waiting \d+ ?ms|Watchdog caught collective operation timeout|"
+                       r"DistBackendError.*[Tt]ime ?out")
 # ops whose inputs are the same size on every rank (others, such as all_to_all, may differ by design)
 SAME_SIZES = {"all_reduce", "allreduce", "broadcast", "reduce", "all_gather", "allgather", "_allgather_base",
               "all_gather_into_tensor", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor",
@@ -229,6 +232,13 @@ class FlightLog:
         self.world = world
         self.records: dict[int, list[Entry]] = {}
         self.late = LateWatch(nodes) if nodes > 1 else None
+        self.timed_out = False  # a rank said a collective's wait ended it
+
+    def lines(self, lines: Iterable) -> None:
+        """The ranks' lines (events.LogLine), for their word of a collective's timeout."""
+        if not self.timed_out:
+            self.timed_out = any(line.rank is not None and line.stream == "err" and TIMED_OUT.search(line.text)
+                                 for line in lines)
 
     def collectives(self, ranks: object, allowed: range) -> None:
         self.records.update(parse(ranks, allowed))
@@ -245,7 +255,8 @@ class FlightLog:
     def diagnosis(self, failures: Iterable, where: Callable[[int], str]) -> Diagnosis | None:
         """The paragraph, for a job that hung or whose failure a timeout names (a collective's,
         most likely); None for any other end."""
-        if not any(f.kind == "hung" or TIMEOUT.search(f"{f.what} {f.exception or ''}") for f in failures):
+        if not failures or not (self.timed_out or any(
+                f.kind == "hung" or TIMEOUT.search(f"{f.what} {f.exception or ''}") for f in failures)):
             return None
         return diagnose(self.records, where, self.world)
 

@@ -99,9 +99,8 @@ class NodeReports:
     def arrivals(self, node: int, frame: wire.Arrivals) -> None:
         skew = self.table[node].clock_skew
         for late in self.job.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
-            self.job.view.notice(f"{self.table[late.node].plan.label} is a straggler: rank {late.rank} arrives last "
-                                 f"at {late.share:.0%} of the job's collectives, {late.late * 1000:.0f} ms after the "
-                                 f"others (median)")
+            self.job.view.notice(f"{self.table[late.node].plan.label} is a straggler: rank {late.rank} arrives last at "
+                                 f"{late.share:.0%} of the job's collectives, {late.late * 1e3:.0f} ms after the others")
 
     def ready(self, node: int, frame: wire.Ready) -> None:
         job, status = self.job, self.table[node]
@@ -126,6 +125,7 @@ class NodeReports:
                 if status.slurm_cancel is not None:
                     self.blame_slurm(event.node)
         self.job.hang.lines(event.lines, self.job.clock())
+        self.job.flight.lines(event.lines)
         status.lines += len(event.lines)
         status.last_line = event.lines[-1].text[:LAST_LINE]
         if status.state == "stopping" and self.job.stop.requested:

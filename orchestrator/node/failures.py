@@ -10,7 +10,6 @@ run or unpickled, and every text cut to a length before it travels.
 
 import json
 import os
-import re
 import select
 import threading
 import time
@@ -23,7 +22,6 @@ ERROR_FILE_MOST = 1 << 18  # bytes read of an error file (JSON is read whole, or
 TRACE_LINES = 12  # the last lines of a traceback kept
 LINE_MOST = 400  # characters a traceback line keeps
 TRACEBACK = "Traceback (most recent call last):"
-RANK_PREFIX = re.compile(r"\[rank\d+\]: ?")  # torch.distributed prefixes each line of a rank's uncaught exception so
 
 
 def rank_failures(log_dir, before=float("inf")):
@@ -100,7 +98,7 @@ def from_stderr(where):
     if read is None:
         return None
     text, mtime = read
-    lines = [RANK_PREFIX.sub("", line, count=1) for line in text.splitlines()]
+    lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK)]
     if not starts:
         return None

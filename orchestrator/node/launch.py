@@ -110,7 +110,7 @@ class Launch:
     def write_hooks(self, files):
         """Files of ours the job runs (the dump hook, ddp-check's probe), {name: text}, in this
         node's state directory; that directory, for the job's PYTHONPATH."""
-        hooks = os.path.join(self.dir, "hooks")
+        hooks = os.path.join(self.dir, per_attempt("hooks", self.attempt))  # a detached restart: same state dir
         try:
             os.mkdir(hooks, 0o700)
         except FileExistsError:

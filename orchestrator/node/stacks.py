@@ -19,9 +19,9 @@ PYSPY_TIMEOUT = 20.0  # seconds for one py-spy dump
 HOOK_HEAD = "import faulthandler, importlib.machinery, importlib.util, os, sys\n"
 DUMP_LINE = "faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up: stack dump when a job looks hung\n" \
     % DUMP_SIGNAL
-HOOK_CHAIN = """_here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)  # the one we shadow, if any
+HOOK_CHAIN = """_here = os.path.dirname(os.path.abspath(__file__))  # stays on sys.path: ddp-check's probe is there
+_spec = importlib.machinery.PathFinder.find_spec(  # the sitecustomize we shadow, if any
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
 if _spec is not None and _spec.loader is not None:
     _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 """
