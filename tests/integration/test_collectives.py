@@ -72,8 +72,9 @@ def test_a_rank_that_sleeps_before_each_step_is_named_a_straggler_and_no_one_els
 
 
 def test_a_balanced_job_names_no_straggler(cluster, cluster_file):
+    # 250 steps of 0.05 s: over two of the agents' reads (every 5 s), so that enough collectives are compared
     path = cluster_file([(0, 1), (1, 1), (2, 1)])
-    code, out, _ = ddp_up(str(path), SCRIPT, "collectives", "balanced", "120", "0.05", timeout=180)
+    code, out, _ = ddp_up(str(path), SCRIPT, "collectives", "balanced", "250", "0.05", timeout=180)
     assert code == 0, out
     assert "straggler" not in out, out
     figures = [n["collectives"] for n in summary(out)[1]["nodes"]]
