@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
 from .stragglers import Lateness, LateWatch
+from .views.clean import safe_text
 
-TIMEOUT = re.compile(r"time[d ]?\s*out|timeout|watchdog", re.IGNORECASE)  # a failure that a collective's wait ended
-# a rank's own word that a collective's wait ended it (gloo's, NCCL's watchdog, c10d's), in its stderr
+# a collective's wait ended a rank (gloo's, NCCL's watchdog, c10d's): in its stderr, or its failure's words
 TIMED_OUT = re.compile(r"Timed out waiting \d+ ?ms|Watchdog caught collective operation timeout|"
                        r"DistBackendError.*[Tt]ime ?out")
 # ops whose inputs are the same size on every rank (others, such as all_to_all, may differ by design)
@@ -53,12 +53,6 @@ class Entry(NamedTuple):
     def describe(self) -> str:
         sizes = " ".join(f"[{', '.join(map(str, s))}]" if isinstance(s, tuple) else str(s) for s in self.in_sizes)
         return " ".join(p for p in (self.op, sizes, " ".join(map(str, self.in_dtypes))) if p)
-
-
-def safe_text(text: str) -> str:
-    """A name from a record with no terminal control in it (the views clean again what they show;
-    these also go to summary.json and the run's logs)."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _text(value: object) -> str | None:
@@ -256,7 +250,7 @@ class FlightLog:
         """The paragraph, for a job that hung or whose failure a timeout names (a collective's,
         most likely); None for any other end."""
         if not failures or not (self.timed_out or any(
-                f.kind == "hung" or TIMEOUT.search(f"{f.what} {f.exception or ''}") for f in failures)):
+                f.kind == "hung" or TIMED_OUT.search(f"{f.what} {f.exception or ''}") for f in failures)):
             return None
         return diagnose(self.records, where, self.world)
 

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from .node.flight import RECORDER_FRAME
+
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*)$")
 _ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
 # torchrun, when a worker outlived its shutdown timeout (set to stop_grace) and got SIGKILL
@@ -110,7 +112,7 @@ class StackReport:
             function, path = m.groups()
         else:
             return
-        if path.endswith("sitecustomize.py") and function == "record":  # ddp-up's own recorder thread
+        if path.endswith("sitecustomize.py") and function == RECORDER_FRAME:  # ddp-up's own recorder thread
             del self.collective[rank]  # (node/flight.py): the next thread's dump is the rank's
             return
         if _DISTRIBUTED.search(path):

@@ -32,6 +32,7 @@ NAME_MAX = 64  # characters of a name (op, group) kept
 RECORD_FILE = re.compile(r"(fr|nccl)\.(\d{1,7})\.json")
 DIR_VAR = "DDP_UP_FLIGHT_DIR"
 EVERY_VAR = "DDP_UP_FLIGHT_EVERY"
+RECORDER_FRAME = "record"  # the recorder thread's function: a stack dump shows it, and the stack reader skips it
 BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 # Appended to the stack-dump hook (a sitecustomize: runs in every Python process the launcher
@@ -40,7 +41,7 @@ BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 RECORDER_HOOK = """
 def _ddp_up_flight_recorder(out, every):
     import threading, time
-    def record():
+    def RECORDER_FRAME():
         while True:
             time.sleep(every - time.time() % every)
             try:
@@ -58,10 +59,10 @@ def _ddp_up_flight_recorder(out, every):
                         os.replace(path + ".tmp", path)
             except Exception:
                 pass  # a record is never worth a job's failure
-    threading.Thread(target=record, name="ddp-up-flight-recorder", daemon=True).start()
+    threading.Thread(target=RECORDER_FRAME, name="ddp-up-flight-recorder", daemon=True).start()
 if os.environ.get("DIR_VAR") and os.environ.get("RANK") is not None:
     _ddp_up_flight_recorder(os.environ["DIR_VAR"], float(os.environ.get("EVERY_VAR") or 5))
-""".replace("DIR_VAR", DIR_VAR).replace("EVERY_VAR", EVERY_VAR)
+""".replace("DIR_VAR", DIR_VAR).replace("EVERY_VAR", EVERY_VAR).replace("RECORDER_FRAME", RECORDER_FRAME)
 
 
 def recording_env(env, directory):

@@ -16,6 +16,7 @@ from typing import Callable, TextIO
 from ..events import LogLine
 from ..outcome import JobResult, NodeStatus
 from ..plan import LaunchPlan, NodePlan
+from .clean import safe_text
 from .filters import Collapser, format_ranks
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta",
@@ -23,17 +24,6 @@ PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_c
 STATE_STYLE = {"done": "green", "failed": "bold red", "lost": "bold red", "error": "bold red",
                "stopped": "yellow", "stopping": "yellow", "running": "cyan"}
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}  # stdout, stderr, the node's own diagnostics
-
-
-# A rank's output must not drive the terminal (clear the screen, move the cursor under the
-# dashboard): C0 and C1 controls and DEL are dropped, tabs kept; bytes that were not UTF-8 (kept
-# as surrogates for the log files) show as U+FFFD.
-_CONTROL = {c: None for c in (*range(0, 9), *range(10, 32), *range(127, 160))}
-_CONTROL.update({c: "\ufffd" for c in range(0xDC80, 0xDD00)})
-
-
-def safe_text(text: str) -> str:
-    return text if text.isprintable() else text.translate(_CONTROL)  # the test is C-fast; most lines pass
 
 
 def outside(text: object, style: str | Style = "") -> Text:
@@ -316,8 +306,7 @@ class ConsoleView:
         for late in result.lateness:
             if late.straggler:
                 self.console.print(Text("straggler: ", style="bold yellow") + outside(
-                    f"{result.plan.rank_node(late.rank) if late.rank is not None else late.node} "
-                    f"(node {late.node}, rank {late.rank}): {late.text()}"))
+                    f"{result.plan.rank_node(late.rank)} (node {late.node}, rank {late.rank}): {late.text()}"))
         verdict = "interrupted" if result.interrupted else ("ok" if result.exit_code == 0 else "FAILED")
         elapsed = attempts[-1].ended - attempts[0].started if len(attempts) > 1 else result.elapsed
         tries = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""
