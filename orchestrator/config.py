@@ -106,6 +106,7 @@ class ClusterConfig:
     spares: int = 0  # the last this many nodes stay idle, to replace a node that fails
     min_nodes: int | None = None  # without a free spare, go on with this many nodes or more (None: never fewer)
     flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/flight.py): the stuck collective, stragglers
+    notify: tuple = ()  # notify.Target: who hears of the job's events (a URL's token is a secret)
 
     @property
     def active_count(self) -> int:
@@ -119,7 +120,8 @@ class ClusterConfig:
     def secret_values(self) -> frozenset[str]:
         """Values to mask wherever ddp-up prints (dry-run, logs, dashboard); short ones are left
         alone, since masking "1" everywhere would hide more than it protects."""
-        return frozenset(v for n in self.nodes for k, v in n.env.items() if self.is_secret(k) and len(v) >= 4)
+        env = {v for n in self.nodes for k, v in n.env.items() if self.is_secret(k) and len(v) >= 4}
+        return frozenset(env | {t.value for t in self.notify if len(t.value) >= 4})
 
     @property
     def auto_gpus(self) -> list[NodeConfig]:

@@ -39,13 +39,13 @@ def journal_sessions(follow: bool, tail: int | None = None):
 
 
 def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inbox,
-                    sessions=journal_sessions) -> tuple[Job, list[AttemptRecord]]:
+                    sessions=journal_sessions, shown: frozenset[int] | None = None) -> tuple[Job, list[AttemptRecord]]:
     """Every attempt of a detached job that restarted (``restarts:``), one after the other, as a
     run that restarts shows them: the Job of the last, and a record of each."""
     records: list[AttemptRecord] = []
     last = None
     while True:
-        job = Job(plan, views, sessions=sessions(follow, tail), inbox=inbox)
+        job = Job(plan, views, sessions=sessions(follow, tail), inbox=inbox, shown=shown)
         started = time.time()
         try:
             result = job.follow()

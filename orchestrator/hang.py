@@ -59,6 +59,11 @@ class HangWatch:
                 if self.why and line.stream == "err":
                     self.stacks.feed(line.rank, line.text)
 
+    def moved(self, ranks: Sequence[int], now: float) -> None:
+        """These ranks' progress bars moved: progress, as a line is."""
+        for rank in ranks:
+            self.last_output = self.rank_last[rank] = now
+
     def node_done(self, now: float) -> None:
         self.first_done = self.first_done or now
 

@@ -29,9 +29,11 @@ from .hang import AskStacks, HangWatch, Hung
 from .node import policy, wire
 from .nodetable import NodeTable
 from .outcome import Failure, FailureKind, JobResult, JobSnapshot, NodeStatus
+from .pace import PaceReports
 from .parallel import on_each
 from .phases import Phases
 from .plan import LaunchPlan, NodePlan
+from .progress import Bar
 from .reports import NodeReports
 from .session import NodeSession
 from .signals import INBOX, SignalInbox
@@ -50,6 +52,10 @@ class View(Protocol):
     def lines(self, node: NodePlan, lines: list[LogLine]) -> None: ...
     def node_state(self, status: NodeStatus) -> None: ...
     def notice(self, text: str) -> None: ...
+    def bars(self, node: NodePlan, bars: list[Bar]) -> None:
+        """What the node's ranks draw now (progress bars), each time it changes."""
+    def event(self, kind: str, text: str, **fields) -> None:
+        """Something happened that the user may want to hear of away from the screen (notify.py)."""
     def tick(self, snapshot: Callable[[], JobSnapshot]) -> None:
         """Called often from the job loop; a view that redraws builds the snapshot only when it does."""
 
@@ -118,7 +124,7 @@ class Job:
                  opener: Callable[[list[Session]], None] = start_threads,
                  sweeper: Sweeper | None = None, events: queue.SimpleQueue | None = None,
                  inbox: SignalInbox = INBOX, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time, shown: frozenset[int] | None = None):
         self.plan, self.view, self.preflight = plan, view, preflight
         self.clock, self.wall = clock, wall
         self.events = events if events is not None else queue.SimpleQueue()
@@ -133,6 +139,7 @@ class Job:
         self.phases = Phases(self)
         self.hang = HangWatch(plan.hang_timeout, plan.job_id)
         self.flight = FlightLog(len(plan.nodes), plan.world_size)
+        self.pace = PaceReports(self, shown)  # `shown`: the ranks the console shows (their bars)
         self.master_port = plan.master_port
         self.supervisor_port: int | None = None  # detach: the master node's supervisor
         self.interrupted: int | None = None  # the first signal's number
@@ -218,11 +225,13 @@ class Job:
 
     def snapshot(self) -> JobSnapshot:
         now, late = self.clock(), self.flight.marks()
-        rows = tuple(replace(row, late=late[row.index]) if row.index in late else row for row in self.table.rows(now))
+        cells = self.pace.cells(now)
+        rows = tuple(replace(row, late=late.get(row.index, ""), bar=cells[row.index][0], progress=cells[row.index][1],
+                             slow=cells[row.index][2]) for row in self.table.rows(now))
         return JobSnapshot(self.plan.job_id, f"{self.plan.master_addr}:{self.master_port or 'auto'}",
                            self.plan.world_size, now - self.started,
                            self.table.phase(self.stop.requested, bool(self.interrupted)), rows, now,
-                           self.plan.attempt, self.plan.quarantined)
+                           self.plan.attempt, self.plan.quarantined, self.pace.eta(now))
 
     # --- supervising ---
 
@@ -261,6 +270,7 @@ class Job:
         elif self.interrupted is None:
             self.interrupted = signum
             self.view.notice(f"{name}: stopping all nodes (Ctrl-C again to kill now)")
+            self.view.event("signal", f"job {self.plan.job_id}: {name}: stopping all nodes", signal=name)
             self.stop.request(f"interrupted ({name})")
         elif not self.stop.killing:
             self.view.notice("killing every job process now")
@@ -285,6 +295,7 @@ class Job:
         decision = self.hang.check(now, self.status, self.stop.requested, self.flight.blamed)
         if isinstance(decision, AskStacks):
             self.view.notice(f"job looks hung: {decision.why}; asking every rank for its Python stack")
+            self.view.event("hang", f"job {self.plan.job_id} looks hung: {decision.why}", why=decision.why)
             for node in decision.nodes:
                 self.sessions[node].send(wire.Dump())
         elif isinstance(decision, Hung):

@@ -182,6 +182,9 @@ class NodeRow:
     reason: str | None
     gpus: str = ""  # "87% 61/80G": mean utilization, memory used of total, over the node's GPUs
     late: str = ""  # a straggler: "late 180 ms at 92% of collectives" (stragglers.py)
+    bar: str = ""  # what its chosen rank's progress bar shows now (progress.py)
+    progress: str = ""  # "45% 36.2it/s eta 0:15", read from it
+    slow: str = ""  # "0.61x": its rate against the others' median, where well below it
 
 
 @dataclass(frozen=True)
@@ -195,3 +198,4 @@ class JobSnapshot:
     now: float
     attempt: int = 0
     quarantined: tuple[str, ...] = ()
+    eta: float | None = None  # the job's: its slowest running node's (progress.py)

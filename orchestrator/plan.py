@@ -16,6 +16,7 @@ from .config import ClusterConfig, NodeConfig
 from .errors import UsageError
 from .node import wire
 from .node.launch import TORCHRUN_SIGNALS
+from .node.notify import DETACHED_KINDS
 from .node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .node.state import JOB_ID
 from .node.workers import OWN_LAUNCHER
@@ -83,6 +84,8 @@ class LaunchPlan:
     vetted: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
     restarts: int = 0  # detach: the restarts its supervisor may make (a run that stays makes its own)
     restart_delay: float = 10.0  # detach: see RunSpec.restart_delay
+    notify: tuple = ()  # notify.Target: who hears of the job's events
+    commit: str | None = None  # the local checkout's commit the job ran from (runrecord.py), for ddp-ls
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -149,7 +152,8 @@ class LaunchPlan:
                         ranks=[node.first_rank, node.nproc], hang_timeout=self.hang_timeout,
                         retention=self.retention, restarts=self.restarts, restart_delay=self.restart_delay,
                         master_addr=self.master_addr if is_master else None,
-                        secrets=sorted(self.secrets) or None) if self.detach else {}
+                        secrets=sorted(self.secrets) or None, commit=self.commit,
+                        notify=self._detached_notify(node)) if self.detach else {}
         return wire.RunSpec(
             job=self.job_id, node=node.index, cluster=self.cluster_id, run=self.run_token, workdir=node.workdir,
             script=self.script,
@@ -159,6 +163,14 @@ class LaunchPlan:
             flight_recorder=self.flight_recorder,
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt, **detached)
+
+    def _detached_notify(self, node: NodePlan) -> list | None:
+        """The webhook and command targets, for the master node (its supervisor's events) and one
+        other, the first (it tells when the supervisor is lost for good); no other node has them."""
+        witness = next((n.index for n in self.nodes if n.index != self.master.index), None)
+        if node.index not in (self.master.index, witness):
+            return None
+        return [t.wire() for t in self.notify if t.kind in DETACHED_KINDS] or None
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""
@@ -185,7 +197,7 @@ FIRST = Attempt()
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
               job_id: str, local_cwd: str, hang_timeout: float | None = None,
               run_token: str | None = None, detach: bool = False, allow_busy_gpus: bool = False,
-              attempt: Attempt = FIRST, restarts: int = 0) -> LaunchPlan:
+              attempt: Attempt = FIRST, restarts: int = 0, commit: str | None = None) -> LaunchPlan:
     """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings.
     ``restarts``: with ``detach``, how many times the job's own supervisor may start it again
     (a run that stays makes its own restarts, each attempt a plan of its own)."""
@@ -222,6 +234,8 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         vetted=dict(attempt.vetted),
         restarts=restarts if detach else 0,
         restart_delay=config.restart_delay,
+        notify=config.notify,
+        commit=commit,
     )
 
 
@@ -232,6 +246,19 @@ def mask_secrets(text: str, values) -> str:
         if value in text:
             text = text.replace(value, "***")
     return text
+
+
+def mask_values(value, secrets):
+    """``value`` (JSON-like: strings, lists, dicts) with every secret in every string masked."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        return mask_secrets(value, secrets)
+    if isinstance(value, list):
+        return [mask_values(v, secrets) for v in value]
+    if isinstance(value, dict):
+        return {k: mask_values(v, secrets) for k, v in value.items()}
+    return value
 
 
 def check_job_id(value: str, flag: str) -> str:

@@ -12,7 +12,7 @@ from . import preflight
 from .errors import NodeProblem
 from .events import Closed, Lines, Message, SetupFailed
 from .node import wire
-from .rankfailures import node_clock, own_failures, rank_ends, rank_errors
+from .rankfailures import own_failures, rank_ends, rank_errors
 
 LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 
@@ -82,8 +82,8 @@ class NodeReports:
             self.job.hang.dumped(node, self.job.clock())
         elif isinstance(frame, wire.Collectives):
             self.job.flight.collectives(frame.ranks, status.plan.ranks)
-        elif isinstance(frame, wire.Arrivals):
-            self.arrivals(node, frame)
+        elif isinstance(frame, (wire.Arrivals, wire.Bars)):
+            self.job.pace.frame(node, frame)
         elif isinstance(frame, wire.Stopping):
             self.table.set(node, "stopping", reason=frame.reason)
             if frame.by == "ddp-kill":
@@ -95,12 +95,6 @@ class NodeReports:
         else:
             self.lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
                                 f"while {status.state}")
-
-    def arrivals(self, node: int, frame: wire.Arrivals) -> None:
-        skew = self.table[node].clock_skew
-        for late in self.job.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
-            self.job.view.notice(f"{self.table[late.node].plan.label} is a straggler: rank {late.rank} arrives last at "
-                                 f"{late.share:.0%} of the job's collectives, {late.late * 1e3:.0f} ms after the others")
 
     def ready(self, node: int, frame: wire.Ready) -> None:
         job, status = self.job, self.table[node]
@@ -126,6 +120,7 @@ class NodeReports:
                     self.blame_slurm(event.node)
         self.job.hang.lines(event.lines, self.job.clock())
         self.job.flight.lines(event.lines)
+        self.job.pace.lines(event.node, event.lines)
         status.lines += len(event.lines)
         status.last_line = event.lines[-1].text[:LAST_LINE]
         if status.state == "stopping" and self.job.stop.requested:

@@ -11,6 +11,7 @@ from . import signals
 from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
 from .errors import EXIT_INTERNAL, EXIT_OK, SetupError
 from .job import Job
+from .notify import Notifier
 from .outcome import JobResult
 from .plan import LaunchPlan
 from .views.console import ConsoleView
@@ -20,17 +21,17 @@ from .views.logfiles import RunLogs
 
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
             inbox: signals.SignalInbox = signals.INBOX, cluster_arg: str = "CLUSTER.yaml",
-            restarts: Restarts | None = None) -> int:
+            restarts: Restarts | None = None, notifier: Notifier | None = None) -> int:
     """Run to completion. Signals are the job loop's events: the first stops every node
     gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
     ends once every node runs (exit 0), the job going on under its own agents. With
     ``restarts``, a failed attempt is followed by the next one (attempts.py) until one succeeds or none is left."""
-    views = Fanout(console_view, logs)
+    views = Fanout(console_view, logs, *((notifier,) if notifier else ()))
     records: list[AttemptRecord] = []
     swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
     with console_view, logs:
         while True:
-            job = Job(plan, views, preflight=preflight, inbox=inbox)
+            job = Job(plan, views, preflight=preflight, inbox=inbox, shown=console_view.ranks)
             started = time.time()
             result, cause, unstarted = run_attempt(job, plan, views, logs, records, restarting=restarts is not None)
             swept_later.append(job)
@@ -52,6 +53,9 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             job.report_sweeps()
         logs.finished(result, attempts=records)
         console_view.finished(result, attempts=records)
+        if notifier:
+            notifier.finished(result, attempts=records)
+            notifier.close()
     console_view.notice(f"logs: {logs.dir}")
     return result.exit_code
 
@@ -93,6 +97,9 @@ def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, b
     delay = delay_before(plan.attempt + 1, policy.delay)
     views.notice(f"attempt {plan.attempt} {last.end} ({last.root_cause or 'see above'}); attempt {plan.attempt + 1} "
                  f"({nxt.why}) in {delay:g} s (Ctrl-C stops for good)")
+    views.event("restart", f"job {plan.job_id}: attempt {plan.attempt} {last.end} ({last.root_cause or 'no root cause'}); "
+                           f"attempt {plan.attempt + 1} ({nxt.why}) in {delay:g} s",
+                attempt=plan.attempt + 1, root_cause=last.root_cause)
     signum = wait_for_signal(inbox, delay)
     if signum is not None:
         why = f"{signal.Signals(signum).name} while waiting to restart: no new attempt"

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from .config import (DEFAULT_SECRETS, JOB_SIGNALS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for,
                      default_client, job_signal)
+from . import notify
 from .errors import ConfigError
 from .hostlists import host_problem
 from .node.facts import IFNAME_VARS
@@ -28,7 +29,7 @@ MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo,
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
-            "spares", "min_nodes", "flight_recorder", *SHARED_KEYS)
+            "spares", "min_nodes", "flight_recorder", "notify", *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none")
 TRANSPORTS = ("ssh", "srun", "local")
@@ -235,6 +236,7 @@ class Validator(Checks):
             secrets=(*self.names(top.get("secrets", []), ("secrets",)), *DEFAULT_SECRETS),
             sync=self.sync(top.get("sync")),
             min_nodes=self.min_nodes(top, len(nodes), settings["spares"]),
+            notify=notify.targets(top.get("notify"), lambda at, why: self.error(("notify", *at), why)),
             **settings)
 
     def min_nodes(self, top: dict, count: int, spares: int) -> int | None:

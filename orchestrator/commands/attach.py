@@ -114,7 +114,7 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
         # The journals from their start rewrite the run logs whole; a tail would cut them.
         logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True) if args.tail is None else NoLogs()
         with view, logs:
-            job, records = follow_attempts(plan, Fanout(view, logs), follow, args.tail, inbox)
+            job, records = follow_attempts(plan, Fanout(view, logs), follow, args.tail, inbox, shown=view.ranks)
         result = job.result()
         problems = [s.problem for s in job.status if s.problem is not None]
         if job.interrupted:
@@ -176,6 +176,7 @@ class JobRow:
     nodes: dict  # node index -> its state
     attempt: int = 0  # a job that restarted (restarts:): its latest attempt
     attempts: tuple[str, ...] = ()  # a job that restarted and ended: how each attempt ended, in order
+    commit: str | None = None  # the git commit it ran from (runrecord.py), where ddp-up was run in a checkout
 
     def duration(self, now: float) -> float | None:
         return None if self.started is None else (self.ended or now) - self.started
@@ -206,7 +207,8 @@ def merge_records(records: list[dict]) -> list[JobRow]:
                            None if live else (0 if state == "done" else 1),
                            describe_root(root, labels),
                            {str(k): v for k, v in sorted(states.items(), key=lambda kv: str(kv[0]))},
-                           max(int(r.get("attempt") or 0) for r in recs), attempt_ends(outcome, labels)))
+                           max(int(r.get("attempt") or 0) for r in recs), attempt_ends(outcome, labels),
+                           next((str(r["commit"])[:40] for r in recs if r.get("commit")), None)))
     return rows
 
 
@@ -275,12 +277,13 @@ def job_anywhere(nodes: list, job_id: str) -> bool:
 
 def ls_table(rows: list[JobRow], now: float) -> Table:
     table = Table(title="ddp-ls" + ("" if rows else ": no detached jobs on these nodes"), title_justify="left")
-    for column in ("job", "script", "state", "ranks", "started", "duration", "exit"):
+    commits = any(row.commit for row in rows)  # the column only where some job ran from a checkout
+    for column in ("job", "script", *(("commit",) if commits else ()), "state", "ranks", "started", "duration", "exit"):
         table.add_column(column, no_wrap=True)
     table.add_column("root cause")
     for row in rows:
         duration = row.duration(now)
-        table.add_row(outside(row.job), outside(row.script),
+        table.add_row(outside(row.job), outside(row.script), *((outside((row.commit or "-")[:10]),) if commits else ()),
                       outside(row.state + (f" (attempt {row.attempt})" if row.attempt else "")), str(row.ranks),
                       "-" if row.started is None else time.strftime("%m-%d %H:%M", time.localtime(row.started)),
                       "-" if duration is None else f"{duration:.0f} s",

@@ -44,6 +44,12 @@ class _QuietView:
     def lines(self, node, lines) -> None:
         pass
 
+    def bars(self, node, bars) -> None:
+        pass
+
+    def event(self, kind, text, **fields) -> None:
+        pass
+
     def node_state(self, status) -> None:
         pass
 

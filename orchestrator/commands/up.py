@@ -30,6 +30,8 @@ from ..sync import Tree, human_bytes, scan, sync_all, targets
 from ..validate import LONGEST, MOST_RESTARTS
 from ..views.console import terminal_console
 from ..views.logfiles import RunLogs
+from ..notify import Notifier
+from ..runrecord import RunRecord
 from ..views.transfer import transfer_progress
 from .common import (NODE_SOURCE_FLAGS, add_node_sources, add_view_options, cluster_and_script, interrupted,
                      is_cluster_file, make_view, node_source, report, resolve_nodes, ssh_connections)
@@ -135,6 +137,7 @@ def _up(argv: list[str], inbox: signals.SignalInbox) -> int:
         return report("ddp-up", e)
     ours, script_args = split_argv(argv)
     args = up_parser().parse_args(ours)
+    args.command = ["ddp-up", *argv]  # as typed, for the run's record (runrecord.py)
     console = terminal_console()
     secrets: frozenset[str] = frozenset()  # known once the cluster file is read; masked in every message
     if sbatch_options is not None:
@@ -186,12 +189,13 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
     """Plan the first attempt, copy the workdir if asked, and run (or only print, --dry-run)."""
     job_id = args.job_id or new_job_id()
     limit = config.restarts if args.restarts is None else args.restarts
+    sync = sync_choice(args.sync, config.sync)
+    record = None if args.dry_run else RunRecord.take(args.command, args.cluster, sync.src if sync else os.getcwd())
     restarts = Restarts.of(config, limit, planner=lambda cluster, attempt: make_plan(
         cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
         detach=args.detach, allow_busy_gpus=args.allow_busy_gpus, attempt=attempt,
-        restarts=limit))  # detached, its restarts are its supervisor's (node/detached.py), not this loop's
+        restarts=limit, commit=record and record.commit))  # detached, its restarts are its supervisor's
     plan = restarts.plan(restarts.first_cluster(), 0)
-    sync = sync_choice(args.sync, config.sync)
     if args.dry_run:
         print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None,
                       spares=[n.label for n in restarts.roster.spares])
@@ -200,9 +204,12 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
         copy_workdirs(plan, sync, args.runs_dir, config.path, console)
     view = make_view(plan, console, args)
     inbox.check()
-    return run_job(plan, view, RunLogs(plan, args.runs_dir, warn=view.notice), preflight=args.preflight,
-                   inbox=inbox, cluster_arg=shlex.join(ours_for_attach(args)),
-                   restarts=restarts if restarts.any and not args.detach else None)
+    logs = RunLogs(plan, args.runs_dir, warn=view.notice)
+    logs.record(record)
+    notifier = Notifier(plan.notify, plan.job_id, plan.secrets, view.notice) if plan.notify else None
+    return run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
+                   cluster_arg=shlex.join(ours_for_attach(args)),
+                   restarts=restarts if restarts.any and not args.detach else None, notifier=notifier)
 
 
 def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str], console: Console) -> int:

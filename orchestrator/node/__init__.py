@@ -11,6 +11,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   policy      the decisions both ends make (restart limit and delay, hang, root cause, silence)
   procs       the job's processes: tags, find, signal, kill
   state       private directories, records, journals
+  screen      a worker's stream as a terminal shows it: lines done, and bars still drawn
   relay       the writer that owns stdout, the launcher's pipes and the workers' log files
   failures    what the job's failed ranks left here (error files, tracebacks) and when
   checks      the preflight's probes: torch, GPUs, the master port held until Go
@@ -21,6 +22,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   launch      one attempt's processes here: started, relayed, signalled, ended
   run         run mode, attached (controller watching): preflight, Go, the job's loop and end
   decide      a detached job's decisions, pure
+  notify      an event as JSON, to a webhook or a command (a detached job's, and ddp-up's own)
   supervisor  a detached job's supervisor and every other node's link to it
   detached    run mode, detached: the job on its own, its record and journal, restarts
   replay      follow and list modes: a detached job's journal and records
@@ -29,6 +31,6 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   main        the table from spec frame to mode
 """
 
-SHIPPED = ("wire", "facts", "policy", "procs", "state", "relay", "failures", "checks", "workers", "stacks", "flight", "events", "launch", "run",
-           "decide", "supervisor", "detached", "replay", "oneshot", "sync", "main")
+SHIPPED = ("wire", "facts", "policy", "procs", "state", "screen", "relay", "failures", "checks", "workers", "stacks", "flight", "events", "launch", "run",
+           "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

@@ -24,6 +24,7 @@ import time
 
 from . import decide, events, policy, wire
 from .checks import PortHold
+from .notify import JobNotices
 from .relay import masked
 from .run import Runner
 from .state import JOURNAL, Journal, per_attempt, remove_stale_state, write_record
@@ -71,6 +72,7 @@ class DetachedRun(Runner):
         self.first_go = None  # attempt 0's Go, whose launch line every later attempt reuses
         self.next_go = None  # the Restart of the attempt to start next, between two attempts
         self.draft = None  # the record, written before the job starts; self.record once it runs on its own
+        self.notices = JobNotices(spec, writer)  # the user's webhook and command targets (node/notify.py)
 
     def prepare(self):
         if not (self.spec.check_port or self.spec.pick_port):
@@ -96,7 +98,7 @@ class DetachedRun(Runner):
         return {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label, "script": self.spec.script,
                 "ranks": self.spec.ranks, "pid": os.getpid(), "started": time.time(), "ended": None,
                 "state": "running", "code": None, "reason": None, "retention": self.spec.retention,
-                "attempt": self.attempt, "master": master_of(go.argv)}
+                "attempt": self.attempt, "master": master_of(go.argv), "commit": self.spec.commit}
 
     def on_its_own(self):
         return self.record is not None
@@ -122,6 +124,7 @@ class DetachedRun(Runner):
         while True:
             code = self.supervise()
             if self.next_go is None:
+                self.notices.deliveries.wait()  # bounded: a target's send never holds the node past it
                 return code
             self.begin_attempt(self.next_go)
 

@@ -14,6 +14,7 @@ import threading
 import time
 
 from . import wire
+from .screen import Screen, whole_lines
 
 class Writer:
     """One thread owns stdout, so the main loop never blocks on a stalled connection."""
@@ -26,7 +27,7 @@ class Writer:
         self.last_activity = time.monotonic()  # last line queued or written
         threading.Thread(target=self._loop, name="writer", daemon=True).start()
 
-    journal = None  # detach: a Journal that keeps every frame after Go (heartbeats aside)
+    journal = None  # detach: a Journal that keeps every frame after Go (heartbeats aside; bars thinned)
     last_output = time.monotonic()  # when a rank's line last went out (a detached job's hang watch)
     secrets = ()  # detach: values masked in every frame journaled (and sent with it), longest first
 
@@ -34,14 +35,28 @@ class Writer:
         if self.journal is not None and self.secrets and not isinstance(frame, wire.Heartbeat):
             frame = masked_frame(frame, self.secrets)
         data = frame.encode()
-        if type(frame) is wire.Output and frame.rank is not None:
-            self.last_output = time.monotonic()
-        if self.journal is None or isinstance(frame, (wire.Heartbeat, wire.Arrivals)):
+        if (type(frame) is wire.Output and frame.rank is not None) or type(frame) is wire.Bars:
+            self.last_output = time.monotonic()  # a bar that moves is progress
+        if self.journal is None or isinstance(frame, (wire.Heartbeat, wire.Arrivals)) or not self.journal_bars(frame):
             self.put(data, block)
             return
         with self.journal.lock:  # one order for the file and the stream
             self.journal.append(data)
             self.put(data, block)
+
+    JOURNAL_BARS_EVERY = 10.0  # a detached job's journal keeps its bars at most this often (and each clearing)
+    bars_journaled = float("-inf")
+
+    def journal_bars(self, frame):
+        """Whether a frame goes to the journal: not every Bars (4 a second would grow it by
+        megabytes a day), but one every JOURNAL_BARS_EVERY seconds, and every one that clears."""
+        if type(frame) is not wire.Bars:
+            return True
+        now = time.monotonic()
+        if now - self.bars_journaled >= self.JOURNAL_BARS_EVERY or not any(bar[2] for bar in frame.bars):
+            self.bars_journaled = now
+            return True
+        return False
 
     def put(self, data, block=True):
         self.idle.clear()
@@ -108,18 +123,6 @@ def join_while_moving(thread, writer, stall_timeout):
             return
 
 
-MAX_PIECE = 1 << 20  # a line longer than this goes out in pieces (the controller joins them again)
-
-
-def whole_lines(buffered, flush):
-    """Split ``buffered`` bytes into (what to send now, what to keep): whole lines, all of a line
-    past MAX_PIECE, and everything at the end (``flush``). Nothing is added or dropped."""
-    cut = buffered.rfind(b"\n") + 1
-    if flush or (cut == 0 and len(buffered) >= MAX_PIECE):
-        cut = len(buffered)
-    return buffered[:cut], buffered[cut:]
-
-
 def pump(fd, stream, writer):
     """Relay the launcher's own stream to the controller: the whole lines of each read, one frame."""
     rest = b""
@@ -174,7 +177,8 @@ def worker_logs(log_dir):
 
 
 class Tailer:
-    """Relays the workers' log files to the controller in whole-line chunks, one per read.
+    """Relays the workers' log files to the controller in whole-line chunks, one per read, and
+    what their progress bars show now (Bars, at most BARS_EVERY apart: node/screen.py).
 
     The files are torchrun's ``<log_dir>/<run>/attempt_<n>/<local_rank>/std{out,err}.log``.
     Polled, not watched: inotify is not in the stdlib, and a poll every POLL seconds costs
@@ -185,11 +189,14 @@ class Tailer:
     RESCAN = 0.5  # new attempts (restarts) appear rarely
     CHUNK = 1 << 16
     BACKLOG = 32  # frames queued to the controller before reading pauses (bounds memory)
+    BARS_EVERY = 0.25  # seconds between Bars frames: the dashboard redraws 4 times a second
 
-    def __init__(self, log_dir, writer):
+    def __init__(self, log_dir, writer, clock=time.monotonic):
         self.log_dir = log_dir
         self.out = writer
-        self.files = {}  # path -> [fd, stream, local_rank, partial bytes]
+        self.clock = clock
+        self.files = {}  # path -> [fd, stream, local_rank, Screen]
+        self.bars_sent = 0.0
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, name="tailer", daemon=True)
 
@@ -209,6 +216,7 @@ class Tailer:
                 self.scan()
                 scanned = time.monotonic()
             moved = self.relay_all(flush=last)
+            self.send_bars(last)
             if last:
                 return
             if not moved:
@@ -218,7 +226,7 @@ class Tailer:
         for path, stream, local_rank in worker_logs(self.log_dir):
             if path not in self.files:
                 try:
-                    self.files[path] = [os.open(path, os.O_RDONLY), stream, local_rank, b""]
+                    self.files[path] = [os.open(path, os.O_RDONLY), stream, local_rank, Screen(self.clock)]
                 except OSError:
                     continue
 
@@ -229,7 +237,7 @@ class Tailer:
         return moved
 
     def relay(self, entry, flush):
-        fd, stream, local_rank, partial = entry
+        fd, stream, local_rank, screen = entry
         moved = False
         while True:
             while self.out.items.qsize() > self.BACKLOG and not self.out.broken:
@@ -238,14 +246,22 @@ class Tailer:
             if not data:
                 break
             moved = True
-            send, partial = whole_lines(partial + data, flush=False)
-            if send:
-                self.send(stream, local_rank, send)
-        if flush and partial:
-            self.send(stream, local_rank, partial)  # the unterminated end, as it is
-            partial = b""
-        entry[3] = partial
+            self.send(stream, local_rank, screen.feed(data))
+        self.send(stream, local_rank, screen.end() if flush else screen.settle())
         return moved
 
     def send(self, stream, local_rank, data):
-        self.out.send(wire.Output(stream, local_rank, data))
+        if data:
+            self.out.send(wire.Output(stream, local_rank, data))
+
+    def send_bars(self, last):
+        """The bars that changed, in one frame, at most BARS_EVERY apart (and once at the end, so
+        the controller forgets them)."""
+        now = self.clock()
+        if not last and now - self.bars_sent < self.BARS_EVERY:
+            return
+        bars = [[stream, local_rank, screen.live()] for _, stream, local_rank, screen in self.files.values()
+                if screen.changed]
+        if bars:
+            self.bars_sent = now
+            self.out.send(wire.Bars(bars=bars))

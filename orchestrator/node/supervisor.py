@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 
-from . import decide, events, policy, wire
+from . import decide, events, notify, policy, wire
 from .checks import listen_on
 from .state import ENDED, OUTCOME, write_record
 
@@ -244,6 +244,9 @@ class Supervisor:
             self.finished.clear()
         for node in list(self.links):
             self.send(node, self.restart_frame)
+        root = notify.root_text(self.attempts[-1]["root_cause"])
+        self.runner.notices.send("restart", "job %s: attempt %d ended (%s); attempt %d starts" % (
+            self.spec.job, attempt - 1, root or "no root cause", attempt), attempt=attempt, root_cause=root)
 
     def over(self, reason):
         """No attempt follows: the outcome is recorded and every node told."""
@@ -252,6 +255,7 @@ class Supervisor:
         for node in list(self.links):
             self.send(node, wire.RunOver(reason=reason))
         self.over_event.set()
+        self.runner.notices.ended(last, reason)
 
     def summary(self):
         return decide.attempt_summary(self.attempt, self.states, self.hung, self.halted, self.wall())
@@ -290,6 +294,7 @@ class Supervisor:
             self.halt(why)
             return
         self.hung = (why, now)
+        self.runner.notices.send("hang", "job %s looks hung: %s" % (self.spec.job, why), why=why)
         for node in quiet:
             if node == self.spec.node:
                 self.runner.events.put(events.Dump())
@@ -376,7 +381,9 @@ class PeerLink:
     def beat(self):
         while not self.done.wait(self.spec.heartbeat):
             stop = self.tick(self.clock())
-            if stop is not None:
+            if stop is not None:  # the one node given the targets besides the master's tells (plan.agent_spec)
+                self.runner.notices.send("lost", "job %s: node %d lost its supervisor for good: %s; it stops its part" % (
+                    self.spec.job, self.spec.node, stop.reason), node=self.spec.node)
                 self.runner.events.put(stop)
                 return
 

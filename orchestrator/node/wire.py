@@ -15,7 +15,7 @@ means the controller is gone, and the agent stops whatever it started.
 
   mode    controller -> agent                       agent -> controller
   run     RunSpec; Heartbeat, Probe, Go, Dump,      Ready or Failed; Heartbeat, Probed, Started,
-          Signal, Stop, Kill                        Output, GpuUsage, Arrivals, Dumped,
+          Signal, Stop, Kill                        Output, Bars, GpuUsage, Arrivals, Dumped,
                                                     Collectives, Stopping, Exited
   detect  DetectSpec                                Detected
   sweep   SweepSpec                                 Listed, Swept
@@ -166,6 +166,8 @@ class RunSpec(Frame):
     # detach: the job's secret values (env:, env_file:, forward_env:), masked in its journal and records here,
     # so an attach from a shell or cluster file that does not know them shows none of them
     secrets: list | None = None
+    notify: list | None = None  # detach: [[kind, value, events or None]]: webhook and command targets (node/notify.py)
+    commit: str | None = None  # detach: the commit the job ran from, for its record (ddp-ls)
 
 
 @_frame(TO_AGENT)
@@ -335,6 +337,16 @@ class Output(Frame):
     def lines(self) -> list[str]:
         """The text of each piece (tests and tools; the session keeps ``pieces``)."""
         return [text for text, _ in self.pieces()]
+
+
+@_frame(TO_CONTROLLER)
+class Bars(Frame):
+    """The rows workers are still drawing (progress bars: node/screen.py), for the ones that
+    changed since the last Bars: [[stream, local rank, [row text, ...]]], top row first; no rows:
+    nothing is drawn there now. At most BARS_EVERY apart; not journaled (what a bar shows now is
+    live only: its final state arrives as an Output line)."""
+
+    bars: list
 
 
 @_frame(TO_CONTROLLER)

@@ -16,6 +16,7 @@ from typing import Callable, TextIO
 from ..events import LogLine
 from ..outcome import JobResult, NodeStatus
 from ..plan import LaunchPlan, NodePlan
+from ..progress import BAR_EVERY, Bar, chosen_rank
 from .clean import safe_text
 from .filters import Collapser, format_ranks
 
@@ -176,6 +177,7 @@ class ConsoleView:
         self._prefixes: dict[tuple, str] = {}
         self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
         self._cut: dict[tuple, list] = {}  # (node, rank, stream) of a huge line being shown: [node, characters left out]
+        self._bar_shown: dict[tuple, float] = {}  # (node, stream) -> when its bar was last printed
 
     # A view owns its lifecycle, as rich's Live does: ``with view:`` prints the intro (and starts
     # a live display), leaving gives the terminal back, whatever happened in between.
@@ -204,6 +206,22 @@ class ConsoleView:
             out.add(self._prefix(node, line.rank, line.stream))
             out.add(self._text_ink[line.stream](safe_text(line.text)) + "\n")
         self.emit(out)
+
+    def bars(self, node: NodePlan, bars: list[Bar]) -> None:
+        """A snapshot of the node's bar (its chosen rank's) as a line, at most every BAR_EVERY
+        seconds; its final state comes as the line the rank ends it with."""
+        out, now, chosen = Block(), self.clock(), chosen_rank(node.ranks, self.ranks)
+        for bar in bars:
+            key = (node.index, bar.stream)
+            if bar.rank != chosen or not bar.rows or now - self._bar_shown.get(key, -BAR_EVERY) < BAR_EVERY:
+                continue
+            self._bar_shown[key] = now
+            out.add(self._prefix(node, bar.rank, bar.stream))
+            out.add(self._text_ink[bar.stream](safe_text("  ".join(bar.rows))) + "\n")
+        self.emit(out)
+
+    def event(self, kind: str, text: str, **fields) -> None:
+        pass  # what an event says was noticed on the screen already
 
     def _long_line(self, out: Block, node: NodePlan, line: LogLine, key: tuple) -> None:
         """The start of a huge line (it may arrive in pieces) on a terminal line of its own, then,

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ..outcome import JobResult, JobSnapshot, NodeRow
 from ..plan import LaunchPlan
+from ..progress import duration
 from .console import STATE_STYLE, Block, ConsoleView, Ink, node_color, outside, safe_text
 
 DRAW_INTERVAL = 0.25  # seconds between table redraws (4 Hz)
@@ -27,16 +28,19 @@ ATTENTION = {"failed": 0, "lost": 0, "error": 0, "stopping": 1, "stopped": 1, "c
 def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambda text: text) -> RenderableType:
     """The live table. Cells that hold what nodes said are Text, never markup, and cleaned."""
     header = Text.assemble(("ddp-up ", "bold"), f"job {snap.job_id}  master {snap.master}  "
-                           f"world {snap.world_size}  elapsed {_duration(snap.elapsed)}  ",
+                           f"world {snap.world_size}  elapsed {duration(snap.elapsed)}  ",
                            (snap.phase, PHASE_STYLE.get(snap.phase, "")),
                            f"  attempt {snap.attempt}" if snap.attempt else "",
+                           f"  eta {duration(snap.eta)}" if snap.eta is not None else "",
                            (f"  out: {', '.join(snap.quarantined)}" if snap.quarantined else "", "red"))
     table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
     gpus = any(row.gpus for row in snap.nodes)  # the column only where the agents sample GPUs
     late = any(row.late for row in snap.nodes)  # and only while a node straggles
+    progress = any(row.progress for row in snap.nodes)  # and only where a bar says how far
     for name, justify in (("node", "right"), ("host", "left"), ("ranks", "left"), ("state", "left"),
                           ("up", "right"), ("lines", "right"), ("lines/s", "right"), ("exit", "right"),
                           *((("gpu", "right"),) if gpus else ()), *((("late", "left"),) if late else ()),
+                          *((("progress", "left"),) if progress else ()),
                           ("last line", "left")):
         table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis",
                          max_width=60 if name == "last line" else None, style="dim" if name == "last line" else None)
@@ -44,10 +48,11 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
     for row in shown:
         table.add_row(str(row.index), outside(row.label, style=node_color(row.index)), _ranks(row.ranks),
                       Text(row.state, style=STATE_STYLE.get(row.state, "")),
-                      "" if row.uptime is None else _duration(row.uptime), str(row.lines),
+                      "" if row.uptime is None else duration(row.uptime), str(row.lines),
                       f"{rates.get(row.index, 0.0):.0f}", row.exit, *((row.gpus,) if gpus else ()),
                       *((Text(row.late, style="yellow"),) if late else ()),
-                      Text(safe_text(mask(row.reason or row.last_line))))
+                      *((_progress(row),) if progress else ()),
+                      Text(safe_text(mask(row.reason or row.bar or row.last_line))))
     parts: list[RenderableType] = [header, table]
     if hidden:
         counts: dict[str, int] = {}
@@ -56,6 +61,11 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
         parts.append(Text(f"+{len(hidden)} more nodes: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
                           style="dim"))
     return Group(*parts)
+
+
+def _progress(row: NodeRow) -> Text:
+    """``45% 36.2it/s eta 0:15``, and ``slow 0.61x`` where the node goes well below the others."""
+    return Text(row.progress) + (Text(f" slow {row.slow}", style="bold yellow") if row.slow else Text(""))
 
 
 def _pick_rows(rows: tuple[NodeRow, ...], max_rows: int) -> tuple[list[NodeRow], list[NodeRow]]:
@@ -68,12 +78,6 @@ def _pick_rows(rows: tuple[NodeRow, ...], max_rows: int) -> tuple[list[NodeRow],
 
 def _ranks(ranks: range) -> str:
     return f"{ranks.start}-{ranks.stop - 1}" if len(ranks) > 1 else str(ranks.start)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
-        f"{seconds // 60}:{seconds % 60:02d}"
 
 
 class DashboardView(ConsoleView):
@@ -89,6 +93,9 @@ class DashboardView(ConsoleView):
         self.samples: dict[int, tuple[float, int]] = {}
         self.rates: dict[int, float] = {}
         self.started = False
+
+    def bars(self, node, bars) -> None:
+        pass  # the table shows them, in place
 
     def emit(self, block: Block) -> None:
         self.pending.parts.extend(block.parts)  # printed at the next flush: one Live redraw per batch

@@ -20,7 +20,8 @@ from typing import IO, Callable
 
 from ..events import LogLine
 from ..ownfiles import no_link_open, own_dir
-from ..plan import LaunchPlan, NodePlan, mask_secrets
+from ..plan import LaunchPlan, NodePlan, mask_secrets, mask_values
+from ..progress import BAR_EVERY, Bar
 
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}
 _END = ("\n", "")  # by LogLine.more
@@ -34,6 +35,7 @@ def _iso(wall: float | None) -> str | None:
     return None if wall is None else datetime.fromtimestamp(wall, timezone.utc).isoformat()
 
 
+VERSIONS = ("hostname", "python", "torch", "cuda", "nccl")  # a node's, from its preflight, in summary.json
 HOLD_MOST = 8 << 20  # characters of other lines held while one line arrives in pieces; past it, that line is cut
 
 
@@ -101,9 +103,11 @@ class RunLogs:
         self.started = wall()
         self.node_started: dict[int, float] = {}
         self.node_ended: dict[int, float] = {}
+        self.node_versions: dict[int, dict] = {}  # what each node's agent reported at its preflight
         self.node_files: dict[int, WholeLines] = {}
         self.rank_files: dict[int, WholeLines] = {}
         self.broken: str | None = None  # why line logging stopped (reported once)
+        self.bar_written: dict[tuple, float] = {}  # (rank, stream) -> when its bar was last written
         self.sub = ""  # a restart's files go to attempt<N>/: each attempt's lines apart, none lost
         try:
             own_dir(self.dir)
@@ -137,6 +141,15 @@ class RunLogs:
         # surrogateescape: bytes that were not UTF-8 are written back exactly as the rank printed them
         return os.fdopen(no_link_open(os.path.join(where, name), fresh=self.mode == "w"), self.mode, encoding="utf-8",
                          errors="surrogateescape")
+
+    def record(self, record) -> None:
+        """What ran (runrecord.RunRecord), beside the logs; None: nothing to record (a dry run)."""
+        if record is None or self.broken is not None:
+            return
+        try:
+            record.write(self.dir, self.plan.secrets)
+        except OSError as e:
+            self._failed(e)
 
     def attempt(self, plan: LaunchPlan) -> None:
         """A restart: attempt N's node and rank files in attempt<N>/, beside attempt 0's."""
@@ -178,11 +191,26 @@ class RunLogs:
         for rank, mine in by_rank.items():  # one write per rank and batch, not per line
             self._rank_file(rank).write(mine)
 
+    def bars(self, node: NodePlan, bars: list[Bar]) -> None:
+        """Each rank's bar as lines (a row a line), at most every BAR_EVERY seconds: a long bar
+        leaves a trace of its pace; its final state is the line the rank ends it with."""
+        now = self.wall()
+        due = [bar for bar in bars if bar.rows and now - self.bar_written.get((bar.rank, bar.stream), -BAR_EVERY) >= BAR_EVERY]
+        for bar in due:
+            self.bar_written[(bar.rank, bar.stream)] = now
+        if due:
+            self.lines(node, [LogLine(bar.stream, bar.rank, row) for bar in due for row in bar.rows])
+
+    def event(self, kind: str, text: str, **fields) -> None:
+        pass
+
     def kept_lines(self, node: NodePlan, lines: list[LogLine]) -> None:
         """Lines for the log files only, not the terminal (the launcher's report of a stop)."""
         self.lines(node, lines)
 
     def node_state(self, status) -> None:
+        if status.state == "ready":
+            self.node_versions[status.plan.index] = {k: status.info.get(k) for k in VERSIONS}
         if status.state == "starting":
             self.node_started.setdefault(status.plan.index, self.wall())
         if status.terminal:
@@ -214,7 +242,7 @@ class RunLogs:
         self.collective_files(result.collectives)
         summary = self.summary(result, result.exit_code if exit_code is None else exit_code)
         if attempts:
-            summary["attempts"] = _masked([a.as_dict(_iso) for a in attempts], self.plan.secrets)
+            summary["attempts"] = mask_values([a.as_dict(_iso) for a in attempts], self.plan.secrets)
         try:
             tmp = os.path.join(own_dir(self.dir), ".summary.json.tmp")
             with os.fdopen(no_link_open(tmp, fresh=True), "w", encoding="utf-8") as f:
@@ -238,7 +266,7 @@ class RunLogs:
     def summary(self, result, exit_code: int) -> dict:
         root = result.root_cause
         late = {f.node: f.as_dict() for f in result.lateness}
-        return _masked({
+        return mask_values({
             "job_id": self.plan.job_id,
             "master": result.master_text,
             "world_size": self.plan.world_size,
@@ -257,19 +285,7 @@ class RunLogs:
                 "state": s.state, "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,
                 "lines": s.lines, "stop_seconds": s.stop_seconds, "started": _iso(self.node_started.get(s.plan.index)),
                 "ended": _iso(self.node_ended.get(s.plan.index)),
+                **self.node_versions.get(s.plan.index, {}),
                 **({"collectives": late[s.plan.index]} if s.plan.index in late else {})} for s in result.nodes],
             "collectives": None if result.collectives is None else result.collectives.text,
         }, self.plan.secrets)
-
-
-def _masked(value, secrets):
-    """``value`` with every secret in every string masked (script arguments, reasons, root cause)."""
-    if not secrets:
-        return value
-    if isinstance(value, str):
-        return mask_secrets(value, secrets)
-    if isinstance(value, list):
-        return [_masked(v, secrets) for v in value]
-    if isinstance(value, dict):
-        return {k: _masked(v, secrets) for k, v in value.items()}
-    return value

@@ -10,7 +10,7 @@
   job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
   job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
   job.py env NAME...      every rank prints ENV NAME=value for each (no torch)
-  job.py blob N           every rank prints "start" and one unterminated N-byte binary line (no torch)
+  job.py blob N           every rank prints "start" and one unterminated N-byte binary line, no \r (no torch)
   job.py tick N S [R C [A,B]]  every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2
                           (only in attempts A,B if given: DDP_UP_ATTEMPT) (no torch)
   job.py save FILE        (no torch) every rank prints its TORCH_ELASTIC_SHUTDOWN_TIMEOUT and "running"; on
@@ -190,8 +190,9 @@ def collectives(how, steps, step_s, odd):
 
 
 def blob(n: int) -> bytes:
-    """n bytes of every value but the newline: C0 and C1 controls, and bytes that are not UTF-8."""
-    pattern = bytes(b for b in range(256) if b != 10)
+    """n bytes of every value but the newline and the carriage return: C0 and C1 controls, and
+    bytes that are not UTF-8 (a carriage return makes a line a progress bar, kept as it ends: issue 29)."""
+    pattern = bytes(b for b in range(256) if b not in (10, 13))
     return (pattern * (n // len(pattern) + 1))[:n]
 
 

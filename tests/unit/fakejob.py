@@ -162,9 +162,17 @@ class RecordingView:
         self.notices: list[str] = []
         self.states: list[tuple[str, str]] = []
         self.lines_seen: list[LogLine] = []
+        self.bars_seen: list = []
+        self.events: list[tuple[str, str, dict]] = []
 
     def lines(self, node, lines) -> None:
         self.lines_seen.extend(lines)
+
+    def bars(self, node, bars) -> None:
+        self.bars_seen.extend(bars)
+
+    def event(self, kind: str, text: str, **fields) -> None:
+        self.events.append((kind, text, fields))
 
     def node_state(self, status) -> None:
         self.states.append((status.plan.label, status.state))

@@ -54,7 +54,8 @@ def test_whole_lines_per_rank_and_stream_and_the_unterminated_tail_at_the_end(tm
 def test_a_line_of_several_megabytes_arrives_in_pieces_and_every_byte_of_it(tmp_path: Path):
     attempt = tmp_path / "run" / "attempt_0" / "0"
     attempt.mkdir(parents=True)
-    huge = bytes(range(256)) * 12_000 + b"\x9b[2J\xff"  # 3 MB of every byte value, C1 CSI, bad UTF-8
+    # 3 MB of every byte value but \r (a carriage return makes the line a bar: test_screen.py), C1 CSI, bad UTF-8
+    huge = bytes(b for b in range(256) if b != 13) * 12_000 + b"\x9b[2J\xff"
     (attempt / "stdout.log").write_bytes(b"before\n" + huge + b"\nafter")
     sink = Sink()
     writer = Writer(sink)

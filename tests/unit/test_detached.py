@@ -13,8 +13,10 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+from rich.console import Console
+
 from orchestrator.node import checks, decide, detached, events, replay, state, supervisor, wire
-from orchestrator.commands.attach import merge_records
+from orchestrator.commands.attach import ls_table, merge_records
 from orchestrator.signals import SignalInbox
 from tests.unit.fakejob import Harness
 
@@ -37,6 +39,19 @@ class FakeClock:
         return self.now
 
 
+class RecordedNotices:
+    """node/notify.JobNotices as the supervisor uses it: the events it would send."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def send(self, kind: str, text: str, **fields) -> None:
+        self.sent.append((kind, text))
+
+    def ended(self, summary: dict, reason: str) -> None:
+        self.sent.append(("ended", reason))
+
+
 class FakeRunner:
     """What the supervisor and a link use of an agent's Runner: its spec, events and directory."""
 
@@ -46,6 +61,7 @@ class FakeRunner:
                                     heartbeat=0.2, hang_timeout=hang_timeout, restarts=restarts)
         self.attempt = 0
         self.out = SimpleNamespace(last_output=clock())  # the Writer: when a rank last printed
+        self.notices = RecordedNotices()
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.dir = where
 
@@ -116,6 +132,7 @@ def test_a_failing_node_halts_the_others_and_the_outcome_names_it(tmp_path):
     told = [runner1.events.get_nowait() for _ in range(runner1.events.qsize())]
     assert not any(isinstance(e, events.Halt) for e in told)  # the failed node is not told to stop: it has ended
     assert runner2.events.get_nowait() == events.Over("no restarts set")
+    assert runner0.notices.sent == [("ended", "no restarts set")]  # the job's end, told once, by the master's agent
     sup.listener.close()
 
 
@@ -155,6 +172,7 @@ def test_no_line_from_any_rank_asks_for_stacks_then_halts_as_hung(tmp_path):
     tick_heard(sup, clock, 2.0, 1)
     assert runner1.events.get(timeout=10) == events.Dump()  # every running node dumps its ranks' stacks
     assert runner0.events.get(timeout=10) == events.Dump()
+    assert runner0.notices.sent == [("hang", "job J1 looks hung: no output from any rank for 61 s")]
     tick_heard(sup, clock, decide.HANG_DUMP_WAIT - 1, 1)
     assert runner0.events.empty()  # the stacks get their time to arrive
     tick_heard(sup, clock, 2.0, 1)
@@ -210,6 +228,7 @@ def test_a_silent_supervisor_stops_the_node_it_does_not_answer(tmp_path):
     peer = supervisor.PeerLink(runner, "127.0.0.1", 9, clock=clock)  # never started: no connection
     assert peer.tick(clock.advance(29.0)) is None
     assert peer.tick(clock.advance(2.0)) == events.Stop("no word from the master node's supervisor for 31 s")
+    assert runner.notices.sent == []  # the beat thread tells (PeerLink.beat), not the check
 
 
 def test_attaching_replays_every_node_and_decides_nothing(tmp_path):
@@ -253,18 +272,22 @@ def test_ls_merges_the_nodes_records_into_one_row_a_job():
     def rec(job, node, state, **kw):
         return dict(job=job, node=node, label=f"h{node}", script="train.py", ranks=[node * 2, 2], started=100.0 + node,
                     ended=None if state == "running" else 200.0 + node, state=state, code=kw.get("code"),
-                    outcome=kw.get("outcome"))
+                    outcome=kw.get("outcome"), commit=kw.get("commit"))
 
     root = {"node": 1, "state": "failed", "code": 7, "reason": None, "at": 150.0}
     records = [rec("a", 0, "stopped", outcome={"root_cause": root}), rec("a", 1, "failed", code=7),
                rec("a", 1, "failed", code=7),  # the same node seen twice (nodes sharing a directory)
-               rec("b", 0, "done"), rec("b", 1, "running"), rec("c", 0, "done")]
+               rec("b", 0, "done", commit="0123456789abcdef"), rec("b", 1, "running"), rec("c", 0, "done")]
     rows = {r.job: r for r in merge_records(records)}
     a, b, c = rows["a"], rows["b"], rows["c"]
     assert (a.state, a.ranks, a.exit_status, a.root_cause) == ("failed", 4, 1, "h1 (node 1) failed (exit code 7)")
     assert (b.state, b.exit_status, b.ended, b.duration(400.0)) == ("running", None, None, 300.0)
     assert (c.state, c.exit_status, c.ranks) == ("done", 0, 2)
     assert a.attempts == () and b.attempts == ()  # one attempt: its root cause says it all
+    assert (a.commit, b.commit) == (None, "0123456789abcdef")  # issue 29: the commit it ran from
+    with Console(width=200, record=True) as console:
+        console.print(ls_table(list(rows.values()), 400.0))
+    assert "0123456789 " in console.export_text()  # its column, short
 
 
 def test_ls_says_how_each_attempt_of_a_job_that_restarted_ended():
@@ -326,6 +349,7 @@ def test_with_restarts_left_the_supervisor_starts_the_next_attempt_on_every_node
     assert sup.finished.wait(10) and not sup.over_event.is_set() and sup.why_not_restart() is None
     sup.restart(1, 29511)
     assert runner1.events.get(timeout=10) == events.Restart(wire.Restart(attempt=1, port=29511))
+    assert runner0.notices.sent == [("restart", "job J1: attempt 0 ended (node 1 failed (exit code 7)); attempt 1 starts")]
     runner1.attempt = 1
     sup.report(1, "failed", 7, None, attempt=0)  # attempt 0's word again (a link that reconnected)
     assert sup.states == {}

@@ -114,6 +114,7 @@ def test_a_hang_asks_for_stacks_and_names_the_odd_rank_out():
         n.on_send = lambda f, i=n.index: stacks(i, f)
     result = h.job.run()
     assert any(t.startswith("job looks hung: no output from any rank for 20 s") for t in h.view.notices)
+    assert [kind for kind, _, _ in h.view.events] == ["hang"]  # issue 29: sent, once, as it is found
     assert [n.kinds()[2] for n in h.nodes] == ["Dump", "Dump"]
     root = result.root_cause
     assert (root.node, root.rank) == (1, 3)
@@ -140,6 +141,7 @@ def test_ctrl_c_while_a_node_is_still_connecting_cancels_it_and_stops_the_rest()
     assert h.states() == ["stopped"] * 3 and h.nodes[2].cancelled
     assert all("Go" not in n.kinds() for n in h.nodes)
     assert h.view.notices == ["SIGINT: stopping all nodes (Ctrl-C again to kill now)"]
+    assert [(kind, fields) for kind, _, fields in h.view.events] == [("signal", {"signal": "SIGINT"})]
 
 
 def test_a_signal_before_the_job_loop_first_turns_is_not_lost():
@@ -334,3 +336,33 @@ def test_a_stop_by_ddp_kill_ends_the_run_as_a_sigterm_to_ddp_up_would():
     assert result.interrupted == signal.SIGTERM and result.exit_code == 143 and not result.failures
     assert "h1: stopped by ddp-kill; stopping all nodes" in h.view.notices
     assert h.nodes[0].kinds()[-1] == "Stop"
+
+
+# --- progress bars (issue 29) ----------------------------------------------------------------------
+
+def test_a_moving_bar_is_progress_shown_in_the_rows_and_a_slow_node_is_told_once():
+    h = Harness(2, hang_timeout=20)
+    snaps = []
+    h.view.tick = lambda snapshot: snaps.append(snapshot())
+    for n in h.nodes:
+        n.exit_code, n.run_for = 0, 60.0
+    for t in range(1, 60, 5):  # no line for a minute, but both bars move: node 1 at half the rate
+        for node, rate in ((0, 10), (1, 5)):
+            row = f"train: {t * rate // 10}%|#| {t * rate}/{100 * rate} [00:{t:02d}<00:10, {rate}.00it/s]"
+            h.queue.at(T0 + t, Message(node, wire.Bars(bars=[["err", 0, [row]], ["out", 7, ["not a rank here"]]])))
+    result = h.job.run()
+    assert result.exit_code == 0 and not h.view.events[1:]  # no hang: a moving bar is progress
+    assert [kind for kind, _, _ in h.view.events] == ["straggler"]
+    assert h.view.notices.count("h1 is a straggler: its progress goes at 0.50x the others' median rate") == 1
+    assert [b.rank for b in h.view.bars_seen][:2] == [0, 1]  # global ranks; the bogus local rank is dropped
+    row0, row1 = next(s for s in reversed(snaps) if s.nodes[0].bar and s.nodes[0].state == "running").nodes
+    assert row0.bar.startswith("train: ") and row0.progress.startswith("5") and row1.slow == "0.50x"
+    assert snaps[-1].eta is None or snaps[-1].eta >= 0
+
+
+def test_a_secret_in_a_bar_is_masked_as_in_a_line():
+    h = Harness(1, env="{HF_TOKEN: hf_s3cr3t}")
+    h.nodes[0].exit_code, h.nodes[0].run_for = 0, 3.0
+    h.queue.at(T0 + 1, Message(0, wire.Bars(bars=[["err", 0, ["push to hf_s3cr3t: 10%|#| 1/10"]]])))
+    h.job.run()
+    assert [b.rows for b in h.view.bars_seen] == [("push to ***: 10%|#| 1/10",)]

@@ -1,0 +1,129 @@
+"""``notify:`` in the cluster file: who hears of a job's events away from the screen.
+
+    notify:
+      - ntfy://ntfy.sh/my-runs                  # any Apprise URL: Slack, Discord, email, ntfy, Telegram...
+      - webhook: http://127.0.0.1:8080/ddp      # POST the event's JSON (node/notify.py)
+      - command: ./on-event.sh                  # the event's JSON on stdin
+        on: [ended, hang]                       # only these events (default: all)
+
+Apprise (a well-kept library of 100+ services) sends the URLs; the webhook and the command are
+node/notify.py's, which a detached job's supervisor uses too (Apprise URLs are not sent from
+there: it is stdlib only). A Notifier is one of the job's views: the events the job loop calls
+``event`` with, and the job's end (``finished``). Every payload is masked; every target's URL is
+one of the plan's secrets (a token is often in it), so no message ever shows one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .node import notify as sender
+from .node.notify import EVENTS, Deliveries, event
+from .plan import mask_secrets, mask_values
+
+KINDS = ("url", "webhook", "command")
+_TYPE = {"ended": "success", "restart": "warning", "hang": "failure", "straggler": "warning", "signal": "warning",
+         "lost": "failure"}
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # "url" (Apprise), "webhook", "command"
+    value: str
+    events: tuple[str, ...] | None = None  # None: every event
+
+    def wire(self) -> list:
+        """As node/notify.py takes it (and RunSpec.notify carries it)."""
+        return [self.kind, self.value, None if self.events is None else list(self.events)]
+
+
+def targets(value: Any, error: Callable[[tuple, str], Exception]) -> tuple[Target, ...]:
+    """`notify:`'s targets; ``error(at, why)`` makes the ConfigError for a key below `notify`."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise error((), "must be a list of targets: Apprise URLs, `webhook: URL` or `command: LINE`")
+    return tuple(_target(item, (i,), error) for i, item in enumerate(value))
+
+
+def _target(item: Any, at: tuple, error) -> Target:
+    if isinstance(item, str):
+        item = {"url": item}
+    if not isinstance(item, dict) or len([k for k in KINDS if k in item]) != 1 or set(item) - {*KINDS, "on"}:
+        raise error(at, "must be an Apprise URL, or one of `url:`, `webhook:`, `command:` (and `on:` a list of events)")
+    kind = next(k for k in KINDS if k in item)
+    value = item[kind]
+    if not isinstance(value, str) or not value.strip():
+        raise error(at + (kind,), "must be a non-empty string")
+    if kind == "webhook" and not value.startswith(("http://", "https://")):
+        raise error(at + (kind,), "must be an http:// or https:// URL")
+    if kind == "url" and not apprise_knows(value):
+        scheme = value.partition("://")[0] if "://" in value else value[:12]
+        raise error(at + (kind,), f"Apprise does not know this URL (scheme {scheme!r}); see "
+                                  "https://github.com/caronc/apprise/wiki for the services and their URLs")
+    on = item.get("on")
+    if on is not None and (not isinstance(on, list) or not on or any(e not in EVENTS for e in on)):
+        raise error(at + ("on",), f"must be a list of events out of {', '.join(EVENTS)}")
+    return Target(kind, value, None if on is None else tuple(on))
+
+
+def _apprise():
+    import apprise  # only where a URL is set: its import is a tenth of ddp-up's start
+
+    quiet = logging.getLogger("apprise")  # its failures are told here, masked, once; never on stderr
+    if not quiet.handlers:
+        quiet.addHandler(logging.NullHandler())
+        quiet.propagate = False
+    return apprise
+
+
+def apprise_knows(url: str) -> bool:
+    return bool(_apprise().Apprise().add(url))
+
+
+def send_url(url: str, payload: dict) -> None:
+    """Through Apprise: the event's text, titled; a failure raises with Apprise's own words."""
+    apprise = _apprise()
+    notifier = apprise.Apprise()
+    notifier.add(url)
+    said: list[str] = []
+    ok = notifier.notify(body=payload["text"], title=f"ddp-up {payload['job_id']}: {payload['event']}",
+                         notify_type=_TYPE[payload["event"]] if payload.get("ok") is not False else "failure",
+                         timeout=sender.TIMEOUT, log_callback=lambda entry, _: said.append(entry.message))
+    if not ok:
+        raise OSError(said[-1] if said else "Apprise could not send it")
+
+
+SENDERS = {"url": send_url, **sender.SENDERS}
+
+
+class Notifier:
+    """A view that sends the job's events (``event``) and its end (``finished``) to every target."""
+
+    def __init__(self, targets: tuple[Target, ...], job_id: str, secrets: frozenset[str],
+                 warn: Callable[[str], None], senders: dict | None = None):
+        self.job_id, self.secrets, self.warn = job_id, secrets, warn
+        self.deliveries = Deliveries([t.wire() for t in targets], self._failed, senders or SENDERS)
+
+    def event(self, kind: str, text: str, **fields) -> None:
+        payload = event(kind, self.job_id, text, **fields)
+        self.deliveries.send(mask_values(payload, self.secrets))
+
+    def finished(self, result, attempts=()) -> None:
+        """The job's end: ok, or failed with its root cause; or stopped by a signal."""
+        root = result.root_cause
+        verdict = "interrupted" if result.interrupted else ("ok" if result.exit_code == 0 else "failed")
+        text = f"job {self.job_id} {verdict} after {result.elapsed:.1f} s (exit status {result.exit_code})"
+        if root is not None:
+            text += f"; root cause: {root.render()}"
+        self.event("ended", text, ok=result.exit_code == 0, exit_code=result.exit_code,
+                   root_cause=None if root is None else root.render(), attempts=len(attempts) or 1)
+
+    def close(self) -> None:
+        """Wait for the sends under way (each bounded by node/notify.TIMEOUT)."""
+        self.deliveries.wait()
+
+    def _failed(self, index: int, kind: str, why: str) -> None:
+        self.warn(f"notify[{index}] ({kind}) failed: {mask_secrets(why, self.secrets)}; the job is not affected (told once)")

@@ -1,0 +1,202 @@
+"""How far each node is: what its progress bar says (tqdm's format), its rate, its ETA, and
+whether it goes well below the others' pace. Pure: values in, values out.
+
+A node's bar is its chosen rank's (``chosen_rank``): the first of ``--ranks`` on the node, else
+rank 0 where the node has it, else the node's first rank. Its rows arrive in Bars frames
+(node/screen.py); the first row that reads as progress counts (tqdm's nested bars: the outer one,
+whose end is the job's). A script without tqdm reports progress with a line of its own::
+
+    progress: 450/1000
+
+(``progress`` at the start of the line, then ``N/TOTAL``); ddp-up measures the rate itself.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
+
+BAR_EVERY = 10.0  # seconds between a bar's snapshots as lines (plain console, log files); its end is a line too
+SLOWER = 0.8  # a node at this share of the others' median rate, or less, is marked slow
+RATE_SPAN = 30.0  # seconds of a node's own samples its measured rate is taken over
+
+_SCALE = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_NUM = r"(\d+(?:\.\d+)?)([kMGTP]?)"
+# tqdm's right part: "| 450/1000 [00:12<00:15, 36.20it/s]", "4.50k/10.0k [01:02<?, ?B/s]", "1.23s/it", a postfix
+TQDM = re.compile(_NUM + r"/" + _NUM + r"\s*\[([\d:]+)<([\d:]+|\?)(?:,\s*(?:" + _NUM + r"|\?)\s*([^\s,\]/]*)/([^\s,\]]+))?")
+OWN = re.compile(r"progress:?\s+" + _NUM + r"/" + _NUM + r"\b")
+
+
+class Bar(NamedTuple):
+    """What one rank's stream draws now (its rows, top first; none: nothing drawn there)."""
+
+    stream: str
+    rank: int
+    rows: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One progress figure read from a bar or a line."""
+
+    n: float
+    total: float
+    rate: float | None = None  # items per second, as the bar says
+    unit: str = "it"
+    remaining: float | None = None  # seconds, as the bar says
+
+    @property
+    def share(self) -> float:
+        return self.n / self.total if self.total else 0.0
+
+
+def _number(digits: str, scale: str) -> float:
+    return float(digits) * _SCALE[scale]
+
+
+def _clock(text: str) -> float:
+    seconds = 0.0
+    for part in text.split(":"):
+        seconds = seconds * 60 + float(part)
+    return seconds
+
+
+def read(text: str) -> Reading | None:
+    """The progress a bar's row (tqdm's format) or a ``progress: N/TOTAL`` line says, if any."""
+    m = TQDM.search(text)
+    if m is not None:
+        n, total = _number(m.group(1), m.group(2)), _number(m.group(3), m.group(4))
+        rate, unit = None, m.group(9) or "it"
+        if m.group(7) is not None:
+            rate = _number(m.group(7), m.group(8))
+            if m.group(10) not in ("s", "sec") and unit in ("s", "sec"):  # "1.23s/it": seconds per item
+                rate, unit = (1.0 / rate if rate else None), m.group(10)
+        remaining = None if m.group(6) == "?" else _clock(m.group(6))
+        return Reading(n, total, rate, unit, remaining) if total else None
+    m = OWN.match(text)
+    if m is not None:
+        total = _number(m.group(3), m.group(4))
+        return Reading(_number(m.group(1), m.group(2)), total) if total else None
+    return None
+
+
+def chosen_rank(ranks: range, wanted: frozenset[int] | None) -> int:
+    """The rank whose bar a node shows."""
+    if wanted:
+        mine = sorted(r for r in wanted if r in ranks)
+        if mine:
+            return mine[0]
+    return ranks.start
+
+
+class NodePace:
+    """One node's latest reading, and the samples its rate is measured from."""
+
+    def __init__(self) -> None:
+        self.rows: tuple[str, ...] = ()
+        self.reading: Reading | None = None
+        self.seen = 0.0
+        self.samples: deque[tuple[float, float]] = deque()
+
+    def take(self, reading: Reading, now: float) -> None:
+        if self.reading is not None and (reading.total != self.reading.total or reading.n < self.reading.n):
+            self.samples.clear()  # another bar (the next epoch's): its own pace
+        self.reading, self.seen = reading, now
+        self.samples.append((now, reading.n))
+        while len(self.samples) > 2 and now - self.samples[0][0] > RATE_SPAN:
+            self.samples.popleft()
+
+    def rate(self) -> float | None:
+        if self.reading is not None and self.reading.rate is not None:
+            return self.reading.rate
+        if len(self.samples) < 2 or self.samples[-1][0] - self.samples[0][0] < 1.0:
+            return None
+        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
+        return (n1 - n0) / (t1 - t0)
+
+    def eta(self, now: float) -> float | None:
+        r = self.reading
+        if r is None:
+            return None
+        if r.remaining is not None:
+            return max(0.0, r.remaining - (now - self.seen))
+        rate = self.rate()
+        return max(0.0, (r.total - r.n) / rate - (now - self.seen)) if rate else None
+
+    def text(self, now: float) -> str:
+        """``45% 36.2it/s eta 0:15``."""
+        r = self.reading
+        if r is None:
+            return ""
+        rate, eta = self.rate(), self.eta(now)
+        parts = [f"{r.share:.0%}"]
+        if rate is not None:
+            parts.append(f"{rate:.3g}{r.unit}/s")
+        if eta is not None:
+            parts.append(f"eta {duration(eta)}")
+        return " ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class ProgressBoard:
+    """Every node's bar and pace; ``nodes``: each node's ranks (global), in node order."""
+
+    def __init__(self, nodes: list[range], wanted: frozenset[int] | None = None):
+        self.chosen = {index: chosen_rank(ranks, wanted) for index, ranks in enumerate(nodes)}
+        self.pace = {index: NodePace() for index in range(len(nodes))}
+        self.named: set[int] = set()  # nodes already announced as slow
+
+    def bars(self, node: int, bars: Iterable[Bar], now: float) -> None:
+        for bar in bars:
+            if bar.rank != self.chosen.get(node):
+                continue
+            pace = self.pace[node]
+            if bar.rows or bar.stream == "err" or not pace.rows:  # tqdm draws on stderr: it wins a tie
+                pace.rows = bar.rows
+            for row in bar.rows:
+                reading = read(row)
+                if reading is not None:
+                    pace.take(reading, now)
+                    break
+
+    def line(self, node: int, rank: int | None, text: str, now: float) -> None:
+        """A line of a rank's (the hot path: only ``progress...`` lines of the chosen rank are read)."""
+        if rank == self.chosen.get(node) and text.startswith("progress"):
+            reading = read(text)
+            if reading is not None:
+                self.pace[node].take(reading, now)
+
+    def cells(self, node: int, now: float) -> tuple[str, str]:
+        """(the bar's rows as one line, ``45% 36.2it/s eta 0:15``) for the node's dashboard row."""
+        pace = self.pace[node]
+        return "  ".join(pace.rows), pace.text(now)
+
+    def eta(self, now: float, running: Iterable[int]) -> float | None:
+        """The job's: its slowest running node's."""
+        etas = [e for e in (self.pace[n].eta(now) for n in running) if e is not None]
+        return max(etas) if etas else None
+
+    def slow(self, running: Iterable[int]) -> dict[int, str]:
+        """{node: "0.61x"} for the running nodes well below the others' median rate (same unit)."""
+        rates = {n: (self.pace[n].rate(), self.pace[n].reading) for n in running}
+        rates = {n: (rate, reading.unit) for n, (rate, reading) in rates.items() if rate and reading is not None}
+        found = {}
+        for node, (rate, unit) in rates.items():
+            others = [r for n, (r, u) in rates.items() if n != node and u == unit]
+            if others and rate <= SLOWER * statistics.median(others):
+                found[node] = f"{rate / statistics.median(others):.2f}x"
+        return found
+
+    def newly_slow(self, running: Iterable[int]) -> dict[int, str]:
+        """The slow nodes not announced before (each once)."""
+        new = {n: share for n, share in self.slow(running).items() if n not in self.named}
+        self.named.update(new)
+        return new
