@@ -114,8 +114,7 @@ class Notifier:
     def finished(self, result, attempts=()) -> None:
         """The job's end: ok, or failed with its root cause; or stopped by a signal."""
         root = result.root_cause
-        verdict = "interrupted" if result.interrupted else ("ok" if result.exit_code == 0 else "failed")
-        text = f"job {self.job_id} {verdict} after {result.elapsed:.1f} s (exit status {result.exit_code})"
+        text = result.ending(attempts)
         if root is not None:
             text += f"; root cause: {root.render()}"
         self.event("ended", text, ok=result.exit_code == 0, exit_code=result.exit_code,

@@ -149,6 +149,14 @@ class JobResult:
     def root_cause(self) -> Failure | None:
         return policy.earliest(self.failures, lambda f: f.at, lambda f: f.window, lambda f: f.exception is not None)
 
+    def ending(self, attempts=()) -> str:
+        """``job J ok after 17.0 s in 2 attempts (exit status 0)``: how the run ended, over all its
+        attempts (``attempts``: their records, with ``started`` and ``ended``)."""
+        verdict = "interrupted" if self.interrupted else ("ok" if self.exit_code == 0 else "FAILED")
+        elapsed = attempts[-1].ended - attempts[0].started if len(attempts) > 1 else self.elapsed
+        tries = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""
+        return f"job {self.plan.job_id} {verdict} after {elapsed:.1f} s{tries} (exit status {self.exit_code})"
+
     @property
     def exit_code(self) -> int:
         if self.interrupted:

@@ -59,11 +59,7 @@ class PaceReports:
         self.job.view.event("straggler", f"{label} is a straggler: {how}", node=node, host=label)
 
     def lines(self, node: int, lines: list[LogLine]) -> None:
-        board, chosen, now = self.board, self.board.chosen.get(node), None
-        for line in lines:
-            if line.rank == chosen and line.text.startswith("progress"):
-                now = now or self.job.clock()
-                board.line(node, line.rank, line.text, now)
+        self.board.lines(node, lines, self.job.clock())
 
     def cells(self, now: float) -> dict[int, tuple[str, str, str]]:
         """{node: (bar, progress, slow)} for the dashboard's rows."""

@@ -30,6 +30,20 @@ TQDM = re.compile(_NUM + r"/" + _NUM + r"\s*\[([\d:]+)<([\d:]+|\?)(?:,\s*(?:" + 
 OWN = re.compile(r"progress:?\s+" + _NUM + r"/" + _NUM + r"\b")
 
 
+class Snapshots:
+    """When a bar may be written again as a line (plain console, log files): at most every
+    BAR_EVERY seconds for each key."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple, float] = {}
+
+    def due(self, key: tuple, now: float) -> bool:
+        if now - self.last.get(key, -BAR_EVERY) < BAR_EVERY:
+            return False
+        self.last[key] = now
+        return True
+
+
 class Bar(NamedTuple):
     """What one rank's stream draws now (its rows, top first; none: nothing drawn there)."""
 
@@ -167,12 +181,15 @@ class ProgressBoard:
                     pace.take(reading, now)
                     break
 
-    def line(self, node: int, rank: int | None, text: str, now: float) -> None:
-        """A line of a rank's (the hot path: only ``progress...`` lines of the chosen rank are read)."""
-        if rank == self.chosen.get(node) and text.startswith("progress"):
-            reading = read(text)
-            if reading is not None:
-                self.pace[node].take(reading, now)
+    def lines(self, node: int, lines: Iterable, now: float) -> None:
+        """A node's lines (events.LogLine; the hot path: only ``progress...`` lines of the chosen
+        rank are read)."""
+        chosen = self.chosen.get(node)
+        for line in lines:
+            if line.rank == chosen and line.text.startswith("progress"):
+                reading = read(line.text)
+                if reading is not None:
+                    self.pace[node].take(reading, now)
 
     def cells(self, node: int, now: float) -> tuple[str, str]:
         """(the bar's rows as one line, ``45% 36.2it/s eta 0:15``) for the node's dashboard row."""
@@ -191,8 +208,9 @@ class ProgressBoard:
         found = {}
         for node, (rate, unit) in rates.items():
             others = [r for n, (r, u) in rates.items() if n != node and u == unit]
-            if others and rate <= SLOWER * statistics.median(others):
-                found[node] = f"{rate / statistics.median(others):.2f}x"
+            median = statistics.median(others) if others else None
+            if median and rate <= SLOWER * median:
+                found[node] = f"{rate / median:.2f}x"
         return found
 
     def newly_slow(self, running: Iterable[int]) -> dict[int, str]:

@@ -20,6 +20,10 @@ import subprocess
 import threading
 import time
 
+from . import wire
+from .decide import describe_end
+from .relay import masked
+
 EVENTS = ("ended", "restart", "hang", "straggler", "signal", "lost")
 TIMEOUT = 10.0  # seconds one target may take
 DETACHED_KINDS = ("webhook", "command")  # what a detached job's nodes can send (no Apprise there)
@@ -103,8 +107,6 @@ class Deliveries:
 
 def root_text(root):
     """A detached attempt's root cause (decide.attempt_summary's), in words."""
-    from .decide import describe_end
-
     if not root:
         return None
     where = "node %s" % root["node"] if root.get("node") is not None else "the job"
@@ -119,14 +121,12 @@ class JobNotices:
     gone for good). A target's failure is told once, as a line of the node's in the job's journal."""
 
     def __init__(self, spec, writer):
-        from .relay import masked
-
-        self.spec, self.out, self.masked = spec, writer, masked
+        self.spec, self.out = spec, writer
         self.deliveries = Deliveries([t for t in spec.notify or () if t[0] in DETACHED_KINDS], self._failed)
 
     def send(self, kind, text, **fields):
         if self.deliveries.targets:
-            self.deliveries.send(self.masked(event(kind, self.spec.job, text, **fields), self.out.secrets))
+            self.deliveries.send(masked(event(kind, self.spec.job, text, **fields), self.out.secrets))
 
     def ended(self, summary, reason):
         """The job's end (the supervisor's outcome: attempt_summary's), then a bounded wait for the
@@ -140,7 +140,5 @@ class JobNotices:
         self.deliveries.wait()
 
     def _failed(self, index, kind, why):
-        from . import wire
-
         line = "ddp-up: notify[%d] (%s) failed: %s; the job is not affected (told once)\n" % (index, kind, why)
-        self.out.send(wire.Output("err", None, self.masked(line, self.out.secrets).encode()))
+        self.out.send(wire.Output("err", None, masked(line, self.out.secrets).encode()))

@@ -343,8 +343,8 @@ class Output(Frame):
 class Bars(Frame):
     """The rows workers are still drawing (progress bars: node/screen.py), for the ones that
     changed since the last Bars: [[stream, local rank, [row text, ...]]], top row first; no rows:
-    nothing is drawn there now. At most BARS_EVERY apart; not journaled (what a bar shows now is
-    live only: its final state arrives as an Output line)."""
+    nothing is drawn there now. At most BARS_EVERY apart; a detached job's journal keeps one every
+    Writer.JOURNAL_BARS_EVERY and every clearing (its final state arrives as an Output line)."""
 
     bars: list
 

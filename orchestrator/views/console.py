@@ -16,7 +16,7 @@ from typing import Callable, TextIO
 from ..events import LogLine
 from ..outcome import JobResult, NodeStatus
 from ..plan import LaunchPlan, NodePlan
-from ..progress import BAR_EVERY, Bar, chosen_rank
+from ..progress import Bar, Snapshots, chosen_rank
 from .clean import safe_text
 from .filters import Collapser, format_ranks
 
@@ -177,7 +177,7 @@ class ConsoleView:
         self._prefixes: dict[tuple, str] = {}
         self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
         self._cut: dict[tuple, list] = {}  # (node, rank, stream) of a huge line being shown: [node, characters left out]
-        self._bar_shown: dict[tuple, float] = {}  # (node, stream) -> when its bar was last printed
+        self._bar_shown = Snapshots()  # by (node, stream)
 
     # A view owns its lifecycle, as rich's Live does: ``with view:`` prints the intro (and starts
     # a live display), leaving gives the terminal back, whatever happened in between.
@@ -212,10 +212,8 @@ class ConsoleView:
         seconds; its final state comes as the line the rank ends it with."""
         out, now, chosen = Block(), self.clock(), chosen_rank(node.ranks, self.ranks)
         for bar in bars:
-            key = (node.index, bar.stream)
-            if bar.rank != chosen or not bar.rows or now - self._bar_shown.get(key, -BAR_EVERY) < BAR_EVERY:
+            if bar.rank != chosen or not bar.rows or not self._bar_shown.due((node.index, bar.stream), now):
                 continue
-            self._bar_shown[key] = now
             out.add(self._prefix(node, bar.rank, bar.stream))
             out.add(self._text_ink[bar.stream](safe_text("  ".join(bar.rows))) + "\n")
         self.emit(out)
@@ -325,10 +323,7 @@ class ConsoleView:
             if late.straggler:
                 self.console.print(Text("straggler: ", style="bold yellow") + outside(
                     f"{result.plan.rank_node(late.rank)} (node {late.node}, rank {late.rank}): {late.text()}"))
-        verdict = "interrupted" if result.interrupted else ("ok" if result.exit_code == 0 else "FAILED")
-        elapsed = attempts[-1].ended - attempts[0].started if len(attempts) > 1 else result.elapsed
-        tries = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""
-        self.notice(f"job {result.plan.job_id} {verdict} after {elapsed:.1f} s{tries} (exit status {result.exit_code})")
+        self.notice(result.ending(attempts))
 
 
 def attempt_text(record, mask) -> Text:

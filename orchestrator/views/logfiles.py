@@ -21,7 +21,7 @@ from typing import IO, Callable
 from ..events import LogLine
 from ..ownfiles import no_link_open, own_dir
 from ..plan import LaunchPlan, NodePlan, mask_secrets, mask_values
-from ..progress import BAR_EVERY, Bar
+from ..progress import Bar, Snapshots
 
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}
 _END = ("\n", "")  # by LogLine.more
@@ -107,7 +107,7 @@ class RunLogs:
         self.node_files: dict[int, WholeLines] = {}
         self.rank_files: dict[int, WholeLines] = {}
         self.broken: str | None = None  # why line logging stopped (reported once)
-        self.bar_written: dict[tuple, float] = {}  # (rank, stream) -> when its bar was last written
+        self.bar_written = Snapshots()  # by (rank, stream)
         self.sub = ""  # a restart's files go to attempt<N>/: each attempt's lines apart, none lost
         try:
             own_dir(self.dir)
@@ -195,9 +195,7 @@ class RunLogs:
         """Each rank's bar as lines (a row a line), at most every BAR_EVERY seconds: a long bar
         leaves a trace of its pace; its final state is the line the rank ends it with."""
         now = self.wall()
-        due = [bar for bar in bars if bar.rows and now - self.bar_written.get((bar.rank, bar.stream), -BAR_EVERY) >= BAR_EVERY]
-        for bar in due:
-            self.bar_written[(bar.rank, bar.stream)] = now
+        due = [bar for bar in bars if bar.rows and self.bar_written.due((bar.rank, bar.stream), now)]
         if due:
             self.lines(node, [LogLine(bar.stream, bar.rank, row) for bar in due for row in bar.rows])
 

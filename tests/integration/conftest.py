@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,3 +63,18 @@ def no_leaks(request):
     if "cluster" in request.fixturenames:
         left = procs.wait_no_job_processes(None, timeout=15)
         assert not left, f"job processes left behind: {left}"
+
+
+@pytest.fixture
+def tmux():
+    if not shutil.which("tmux"):
+        pytest.skip("needs tmux (apt-get install tmux)")
+    socket = f"ddp-up-test-{os.getpid()}"
+
+    def run(*args: str, check: bool = True) -> str:
+        return subprocess.run(["tmux", "-L", socket, *args], check=check, capture_output=True, text=True,
+                              timeout=30).stdout
+
+    run.socket = socket
+    yield run
+    run("kill-server", check=False)

@@ -21,7 +21,6 @@ import yaml
 from tests.harness import procs
 from tests.harness.runner import REPO, RUNS_ROOT, UP, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
-from tests.integration.test_views import tmux  # noqa: F401 - the fixture
 
 BARS = str(Path(SCRIPT).with_name("bars.py"))
 pytest.importorskip("tqdm")
@@ -45,7 +44,7 @@ FORMS = {"tqdm": ("train:", r"train: 100%\|\S+\| {n}/{n} \["),  # real tqdm, on 
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_a_bar_moves_in_place_in_the_dashboard(tmp_path, tmux, form):  # noqa: F811
+def test_a_bar_moves_in_place_in_the_dashboard(tmp_path, tmux, form):
     word, final = FORMS[form]
     path = local_cluster(tmp_path)
     env = f"PYTHONPATH={shlex.quote(str(REPO))} COLUMNS= LINES="

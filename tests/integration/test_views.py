@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
-
-import pytest
 
 from tests.harness import procs
 from tests.harness.runner import REPO, RUNS_ROOT, UP, ddp_up, run_dir
@@ -32,21 +27,6 @@ def test_log_files_hold_every_line(cluster, cluster_file):
     assert "step 3 rank=2" not in out and "step 3 rank=0" in out  # the console was filtered, the files not
     summary = json.loads((d / "summary.json").read_text())
     assert [n["state"] for n in summary["nodes"]] == ["done", "done"] and summary["exit_code"] == 0
-
-
-@pytest.fixture
-def tmux():
-    if not shutil.which("tmux"):
-        pytest.skip("needs tmux (apt-get install tmux)")
-    socket = f"ddp-up-test-{os.getpid()}"
-
-    def run(*args: str, check: bool = True) -> str:
-        return subprocess.run(["tmux", "-L", socket, *args], check=check, capture_output=True, text=True,
-                              timeout=30).stdout
-
-    run.socket = socket
-    yield run
-    run("kill-server", check=False)
 
 
 def test_dashboard_in_a_real_terminal(cluster, cluster_file, tmux):

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from orchestrator.errors import ConfigError
+from orchestrator.events import LogLine
 from orchestrator.node import notify as node_notify
 from orchestrator.notify import Notifier, Target, targets
 from orchestrator.progress import Bar, ProgressBoard, chosen_rank, read
@@ -59,7 +60,7 @@ def test_without_the_bars_rate_the_board_measures_it_and_marks_a_slow_node_once(
     board = ProgressBoard([range(0, 1), range(1, 2), range(2, 3)])
     for t in range(0, 12, 2):
         for node, per_s in ((0, 10), (1, 10), (2, 5)):
-            board.line(node, node, f"progress: {per_s * t}/1000", now=float(t))
+            board.lines(node, [LogLine("out", node, f"progress: {per_s * t}/1000")], now=float(t))
     assert board.pace[0].rate() == pytest.approx(10.0)
     assert board.cells(2, 10.0)[1] == "5% 5it/s eta 3:10"
     assert board.slow([0, 1, 2]) == {2: "0.50x"}
