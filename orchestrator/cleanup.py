@@ -12,6 +12,7 @@ from typing import Callable
 
 from .config import NodeConfig
 from .node import wire
+from .node.container import DAEMON_RUNTIMES
 from .node.procs import TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .oneshot import call_agent
 from .parallel import on_each
@@ -29,6 +30,7 @@ class SweepReport:
     error: str | None = None
     removed: list[str] = field(default_factory=list)  # state it removed (--purge): "JOB nodeN"
     signalled: list[int] = field(default_factory=list)  # --signal: the ranks it reached
+    containers: list[str] = field(default_factory=list)  # the job's containers it removed (by label)
 
     @property
     def jobs(self) -> list[str]:
@@ -50,12 +52,15 @@ def sweep_node(node: NodeConfig, match: dict, grace: float, dry_run: bool = Fals
                transport: Transport | None = None, purge: bool = False, signal: str | None = None) -> SweepReport:
     """Run the agent in sweep mode on one node and collect its report (bounded by sweep_limit);
     with ``signal``, that signal to every rank found instead, stopping nothing."""
-    spec = wire.SweepSpec(match=match, grace=grace, dry_run=dry_run, purge=purge, signal=signal)
+    box = node.container
+    runtimes = [box.runtime] if box is not None and box.runtime in DAEMON_RUNTIMES else None
+    spec = wire.SweepSpec(match=match, grace=grace, dry_run=dry_run, purge=purge, signal=signal, runtimes=runtimes)
     reply = call_agent(node, spec, sweep_limit(node, grace), until=wire.Swept, transport=transport)
     listed, swept = reply.frames.get(wire.Listed), reply.frames.get(wire.Swept)
     return SweepReport(node, found=listed.found if listed else [], killed=swept.killed if swept else [],
                        left=swept.left if swept else [], error=reply.error, removed=(swept.removed or []) if swept else [],
-                       signalled=(swept.signalled or []) if swept else [])
+                       signalled=(swept.signalled or []) if swept else [],
+                       containers=(swept.containers or []) if swept else [])
 
 
 def sweep_nodes(nodes: list[NodeConfig], match_of, grace: float, dry_run: bool = False,

@@ -10,7 +10,10 @@ import hashlib
 import os
 import shutil
 from dataclasses import dataclass, field, replace
-from typing import Literal, Mapping
+from typing import TYPE_CHECKING, Literal, Mapping
+
+if TYPE_CHECKING:
+    from .containers import ContainerConfig
 
 Transport = Literal["ssh", "local"]
 
@@ -76,6 +79,7 @@ class NodeConfig:
     ssh: SSHSettings
     line: int | None = None
     setup: tuple[str, ...] = ()  # shell lines run before the agent, in the same bash (see transport)
+    container: ContainerConfig | None = None  # the image the launcher runs in (containers.py)
 
     @property
     def label(self) -> str:

@@ -7,6 +7,7 @@ or its deadline passes.
 from __future__ import annotations
 
 from . import preflight
+from .containers import preflight_allowance
 from .errors import NodeProblem, SetupError
 from .node import wire
 
@@ -21,7 +22,8 @@ class Phases:
 
     def await_ready(self) -> list[NodeProblem]:
         job = self.job
-        deadline = job.clock() + max(n.config.ssh.connect_timeout for n in job.plan.nodes) + SETUP_MARGIN
+        deadline = job.clock() + SETUP_MARGIN + max(n.config.ssh.connect_timeout + preflight_allowance(n.config.container)
+                                                    for n in job.plan.nodes)
         while any(s.state == "connecting" for s in job.status):
             if job.clock() >= deadline:
                 for s in job.status:

@@ -15,6 +15,7 @@ from typing import Mapping
 from .config import ClusterConfig, NodeConfig
 from .errors import UsageError
 from .node import wire
+from .node.container import ENV_FILE, Box
 from .node.launch import TORCHRUN_SIGNALS
 from .node.notify import DETACHED_KINDS
 from .node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
@@ -118,8 +119,9 @@ class LaunchPlan:
             return [OWN_LAUNCHER, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
                     f"--first-rank={node.first_rank}", f"--world-size={self.world_size}",
                     f"--master-addr={self.master_addr}", f"--master-port={port}", self.script, *self.script_args]
+        python = cfg.container.python if cfg.container else cfg.python  # the image's, in a container
         return [
-            cfg.python, "-u", "-m", "torch.distributed.run",
+            python, "-u", "-m", "torch.distributed.run",
             f"--nnodes={len(self.nodes)}",
             f"--nproc-per-node={cfg.gpus}",
             f"--node-rank={node.index}",
@@ -127,7 +129,7 @@ class LaunchPlan:
             f"--master-port={port}",
             "--redirects=3",  # worker output to files on the node, relayed by the agent's tailer
             *self._signals(),
-            *self._entrypoint(cfg.python),
+            *self._entrypoint(python),
             *self.script_args,
         ]
 
@@ -162,7 +164,8 @@ class LaunchPlan:
             stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
             flight_recorder=self.flight_recorder,
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
-            hooks=dict(self.hooks) or None, attempt=self.attempt, **detached)
+            hooks=dict(self.hooks) or None, attempt=self.attempt,
+            container=node.config.container.wire() if node.config.container else None, **detached)
 
     def _detached_notify(self, node: NodePlan) -> list | None:
         """The webhook and command targets, for the master node (its supervisor's events) and one
@@ -176,10 +179,25 @@ class LaunchPlan:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""
         argv = self.launcher_argv(node, port)
         env = {**node.tags(self), **node.env}
+        if node.config.container:
+            return self.mask(self.container_lines(node, argv, env))
         parts = [f"cd {quote_path(node.workdir or '~')}", "&&", "env"]
         parts += [f"{k}={display_quote(v)}" for k, v in env.items()]
         parts += [quote_path(argv[0]), *(display_quote(a) for a in argv[1:])]
         return self.mask(" ".join(parts))
+
+
+    def container_lines(self, node: NodePlan, argv: list[str], env: dict[str, str]) -> str:
+        """The container's run command, as the node's agent builds it (its uid, and the GPUs of a
+        node with NVIDIA GPUs), and the environment it reads from a private file, not a command line."""
+        cfg = node.config
+        state = f"$TMPDIR/ddp-up-$UID/{self.job_id}/node{node.index}"
+        box = Box(cfg.container.wire(), node.tags(self), node.workdir or "~", binds=(state,),
+                  gpus=[str(i) for i in range(node.nproc)], user=("$UID", "$GID"))
+        command = box.run_argv(argv, f"{state}/{ENV_FILE}")
+        return "\n".join([f"# in {state}/{ENV_FILE} (0600), read by the container's first process: "
+                          + " ".join(f"{k}={display_quote(v)}" for k, v in env.items()),
+                          " ".join(display_quote(a) for a in command)])
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 from .config import (DEFAULT_SECRETS, JOB_SIGNALS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for,
                      default_client, job_signal)
 from . import notify
+from .containers import container
 from .errors import ConfigError
 from .hostlists import host_problem
 from .node.facts import IFNAME_VARS
@@ -26,7 +27,7 @@ from .reading import key_path, read_text
 SSH_CLIENTS = ("fabric", "openssh")
 # Keys valid at the top level and overridable per node (and, on a node, `host`, `addr` and `ssh:`'s keys).
 MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo, not a machine
-SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup")
+SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup", "container")
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
             "spares", "min_nodes", "flight_recorder", "notify", *SHARED_KEYS)
@@ -229,6 +230,10 @@ class Validator(Checks):
         nodes = tuple(self.node(i, raw, top, ssh_top) for i, raw in enumerate(raw_nodes))
         self.check_unique(nodes)
         settings = self.apply(RULES, lambda key: (top[key], (key,)) if key in top else None, lambda key: (key,))
+        boxed = next((n for n in nodes if n.container), None)
+        if boxed and settings["launcher"] == "none":
+            raise self.error(("launcher",), f"`none` cannot run in a container (node {boxed.host} has one): use "
+                                            "torchrun, which runs inside the image")
         return ClusterConfig(
             path=self.path, nodes=nodes, cluster_id=cluster_id_for(self.path),
             master_addr=self.string(master["addr"], ("master", "addr")) if "addr" in master else nodes[0].addr,
@@ -282,7 +287,11 @@ class Validator(Checks):
             env=self.env(top.get("env", {}), own.get("env", {}), at),
             ssh=SSHSettings(**ssh, known_hosts_set="known_hosts" in own or "known_hosts" in ssh_top),
             setup=self.strings(*pick("setup", []), "a shell command or a list of them, e.g. "
-                                                   "[source ~/venv/bin/activate]"))
+                                                   "[source ~/venv/bin/activate]"),
+            container=self.container(*pick("container", None), transport))
+
+    def container(self, value: Any, at: tuple, transport: str):
+        return container(value, transport, lambda below, why: self.error(at + below, why))
 
     @staticmethod
     def own_or_top(own: dict, at: tuple, top: dict, top_at: tuple, key: str) -> tuple[Any, tuple] | None:

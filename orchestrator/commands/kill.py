@@ -85,9 +85,11 @@ def main_kill(argv: list[str] | None = None) -> int:
     else:
         console.print(kill_table(reports, args.dry_run))
         for r in reports:
+            verb = "would remove" if args.dry_run else "removed"
             if r.removed:
-                verb = "would remove" if args.dry_run else "removed"
                 console.print(outside(f"{r.node.label}: {verb} the state of {', '.join(r.removed)}"))
+            if r.containers:
+                console.print(outside(f"{r.node.label}: {verb} container(s) {', '.join(r.containers)}"))
     for r in reports:
         if r.error:
             console.print(Text("✗ ", style="bold red") + outside(f"{r.node.label}: {r.error}"))
@@ -115,7 +117,7 @@ def kill_record(r: SweepReport, dry_run: bool) -> dict:
     """One node's sweep, for scripts (--json)."""
     return {"node": r.node.rank, "host": r.node.label, "jobs": list(r.jobs), "found": len(r.found),
             "stopped": 0 if dry_run else len(r.found) - len(r.left), "killed": len(r.killed), "left": len(r.left),
-            "error": r.error, "dry_run": dry_run, "removed": list(r.removed)}
+            "error": r.error, "dry_run": dry_run, "removed": list(r.removed), "containers": list(r.containers)}
 
 
 def kill_table(reports: list[SweepReport], dry_run: bool) -> Table:

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from . import facts, wire
+from . import container, facts, wire
 from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, find_tagged
 from .state import JOB_ID, claim_node_dir, job_in_use
 
@@ -87,6 +87,19 @@ def probe_torch(env):
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
     return info if info.get("torch") else None
+
+
+def versions(spec, env, box, out):
+    """({"torch", "cuda", "nccl"} the job will run, None) or (None, the Failed frame): the host's
+    python's, or, in a container, the image's (container.preflight, its pull's lines on ``out``)."""
+    def say(text):
+        out.send(wire.Output("err", None, (text + "\n").encode("utf-8", "replace")))
+
+    if box is not None:
+        return container.preflight(box, TORCH_PROBE, spec.needs_torch, say)
+    # a process per node, paid N times on a big cluster: only where the launcher needs torch
+    info = probe_torch(env) if spec.needs_torch else {}
+    return (info, None) if info is not None else (None, no_torch())
 
 
 JOB_TMPDIR = "DDP_UP_JOB_TMPDIR"  # TMPDIR as `setup:` left it (transport.setup_script): the job's

@@ -13,13 +13,14 @@ import sys
 import threading
 import time
 
-from . import events, facts, flight, policy, wire
+from . import container, events, facts, flight, policy, wire
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, carries, find_tagged,
-                    kill_tagged, read_tags, signal_ranks, signal_tagged, wait_gone)
+from .procs import (KILL_WAIT, carries, find_tagged, kill_tagged, read_tags, signal_ranks, signal_tagged, spec_tags,
+                    wait_gone)
 from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
-from .state import per_attempt, private_dir, write_private
+from .checks import job_env
+from .state import per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
 
 SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's --shutdown-timeout, read by torchrun and torch.distributed.launch
@@ -27,11 +28,31 @@ TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what torchrun p
 GPU_SAMPLE = 5.0  # seconds between GPU samples for the dashboard (nvidia-smi costs ~50 ms of CPU)
 
 
+def sample_gpus(ended, out):
+    """GPU use for the dashboard, every GPU_SAMPLE seconds until ``ended``: nvidia-smi on its own
+    thread, and a sample dropped rather than queued behind the job's lines."""
+    while not ended.wait(GPU_SAMPLE):
+        usage = facts.query_usage()
+        if usage and not ended.is_set():
+            out.send(wire.GpuUsage(gpus=usage), block=False)
+
+
+def watch_collectives(ended, out, flight_dir, nproc):
+    """Until ``ended``: when this node's ranks reached their collectives (Arrivals), read halfway
+    between two of the ranks' records (they write them at the same instants)."""
+    watch = flight.ArrivalWatch(nproc or 1)
+    every = flight.RECORD_EVERY
+    while not ended.wait(every - (time.time() - every / 2) % every):
+        frame = watch.arrivals(flight.read_records(flight_dir))
+        if frame is not None and not ended.is_set():
+            out.send(frame, block=False)
+
+
 class Launch:
     """Attempt ``attempt`` of the job here, from its Go: started, watched, signalled, ended. Its
     exit goes on ``post`` as an events.Exited of this attempt (a later one's is told apart)."""
 
-    def __init__(self, spec, out, match, state_dir, log_dir, attempt, job_env, post):
+    def __init__(self, spec, out, match, state_dir, log_dir, attempt, job_env, post, box=None):
         self.spec, self.out, self.match = spec, out, match
         self.dir, self.log_dir, self.attempt = state_dir, log_dir, attempt
         self.job_env, self.post = job_env, post  # the job's environment (a dict, copied), the agent's queue
@@ -44,6 +65,9 @@ class Launch:
         self.ends = {}  # {local rank: when it ended}, once the launch is over
         self.killed = 0  # how many of its processes were still there at its end, and got SIGKILL
         self.flight_dir = None  # where the ranks write their Flight Recorder records (flight.py), if they do
+        self.box = box  # the container the launcher runs in (container.Box), if the job has one
+        self.env_file = None  # the job's environment for the container's first process (container.LOADER)
+        self.go_env = {}  # what the Go adds to the job's environment (the network interfaces)
 
     def start(self, go):
         env = self.launch_env(go)
@@ -57,18 +81,19 @@ class Launch:
         self.tailer = Tailer(self.log_dir, self.out)
         self.tailer.start()
         if facts.has_nvidia_gpus():
-            threading.Thread(target=self.sample_gpus, name="gpus", daemon=True).start()
+            threading.Thread(target=sample_gpus, args=(self.ended, self.out), name="gpus", daemon=True).start()
         if self.flight_dir is not None:
-            threading.Thread(target=self.watch_collectives, name="collectives", daemon=True).start()
+            threading.Thread(target=watch_collectives, args=(self.ended, self.out, self.flight_dir, self.spec.nproc),
+                             name="collectives", daemon=True).start()
         proc, attempt = self.proc, self.attempt
         threading.Thread(target=lambda: self.post(events.Exited(attempt, proc.wait())), daemon=True).start()
 
     def launch_env(self, go):
         """The launcher's environment: the job's, the Go's, the tags, and the hooks on its path."""
         env = self.job_env()
-        env.update(go.env or {})
-        env.update({TAG_JOB: self.spec.job, TAG_NODE: str(self.spec.node), TAG_CLUSTER: self.spec.cluster,
-                    TAG_RUN: self.spec.run, TAG_ATTEMPT: str(self.attempt)})
+        self.go_env = go.env or {}
+        env.update(self.go_env)
+        env.update(spec_tags(self.spec, self.attempt))
         env["PET_LOG_DIR"] = self.log_dir  # torchrun --log-dir, kept out of the user's workdir
         # torchrun's own wait between its SIGTERM to the ranks and SIGKILL (30 s unless told): the
         # ranks get the whole stop_grace to save their work, not torchrun's default
@@ -95,7 +120,10 @@ class Launch:
     def start_launcher(self, argv, env):
         # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
         # agent runs under exactly that interpreter, already resolved by the shell that started it.
-        argv = [sys.executable if a == argv[0] else a for a in argv]
+        if self.box is not None:
+            argv, env = self.in_container(argv, env)
+        else:
+            argv = [sys.executable if a == argv[0] else a for a in argv]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.out.send(wire.Started())
@@ -106,6 +134,13 @@ class Launch:
             pipe.close()
             t.start()
             self.pumps.append(t)
+
+    def in_container(self, argv, env):
+        """(the runtime client's argv, its environment): the launcher in this attempt's container,
+        the job's environment in a private file, never on a command line (Box.start_args)."""
+        self.env_file = os.path.join(self.dir, per_attempt(container.ENV_FILE, self.attempt))
+        own = set(self.spec.env or ()) | set(self.go_env) | set(spec_tags(self.spec, 0)) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT}
+        return self.box.start_args(argv, env, job_env(None), own, self.env_file)
 
     def write_hooks(self, files):
         """Files of ours the job runs (the dump hook, ddp-check's probe), {name: text}, in this
@@ -139,24 +174,6 @@ class Launch:
             self.out.send(wire.Dumped(ranks=ranks))
         threading.Thread(target=dump, name="dump", daemon=True).start()
 
-    def sample_gpus(self):
-        """GPU use for the dashboard, every GPU_SAMPLE seconds while the job runs: nvidia-smi on
-        its own thread, and a sample dropped rather than queued behind the job's lines."""
-        while not self.ended.wait(GPU_SAMPLE):
-            usage = facts.query_usage()
-            if usage and not self.ended.is_set():
-                self.out.send(wire.GpuUsage(gpus=usage), block=False)
-
-    def watch_collectives(self):
-        """While the job runs: when this node's ranks reached their collectives (Arrivals), read
-        halfway between two of the ranks' records (they write them at the same instants)."""
-        watch = flight.ArrivalWatch(self.spec.nproc or 1)
-        every = flight.RECORD_EVERY
-        while not self.ended.wait(every - (time.time() - every / 2) % every):
-            frame = watch.arrivals(flight.read_records(self.flight_dir))
-            if frame is not None and not self.ended.is_set():
-                self.out.send(frame, block=False)
-
     def send_collectives(self):
         """Each rank's last collectives (Collectives), where the ranks recorded any."""
         records = flight.read_records(self.flight_dir) if self.flight_dir is not None else {}
@@ -170,6 +187,8 @@ class Launch:
             self.stop_wall = time.time()
         if isinstance(self.proc, Workers):
             self.proc.send_signal(sig)
+        elif self.box is not None and self.box.signal(signal.Signals(sig).name):
+            pass  # the container's first process is the launcher; its client only waits for it
         elif self.proc and self.proc.poll() is None:
             signal_tagged(self.proc.pid, sig, self.match)
 
@@ -194,6 +213,9 @@ class Launch:
         if isinstance(self.proc, Workers):
             self.proc.ending()  # the SIGKILL below is ours: not a worker's failure to report
         self.killed = len(kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)["found"])
+        if self.box is not None:
+            self.box.remove()  # a daemon's container outlives its client: by name, SIGKILL and gone
+        remove_quietly(self.env_file)
         self.send_collectives()  # a rank that died of a collective's timeout left its record
         if code is None and self.proc is not None:
             try:

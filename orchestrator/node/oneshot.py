@@ -5,7 +5,7 @@ controller's for a node it lost).
 
 import signal
 
-from . import wire
+from . import container, wire
 from .checks import count_gpus, job_env
 from .procs import (AGENT_MARK, KILL_WAIT, find_tagged, job_ranks, kill_tagged, signal_ranks, signal_tagged,
                     wait_gone)
@@ -31,7 +31,8 @@ def sweep(spec, writer):
     else:
         result = stop_agents_first(match, spec.grace)
         removed = remove_stale_state(match, purge=spec.purge)
-    writer.send(wire.Swept(killed=result["killed"], left=result["left"], removed=removed))
+    boxes = container.sweep(spec.runtimes, match, spec.dry_run)  # after the agents: they remove their own first
+    writer.send(wire.Swept(killed=result["killed"], left=result["left"], removed=removed, containers=boxes or None))
     writer.drain(5)
     return 0
 

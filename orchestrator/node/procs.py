@@ -17,6 +17,12 @@ TAG_RUN = "DDP_UP_RUN"  # one launch: a job's own cleanup matches it too, so it 
 TAG_ATTEMPT = "DDP_UP_ATTEMPT"  # 0, then 1, 2... as a job restarts (restarts:); a script resumes by it
 TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER, TAG_RUN, TAG_ATTEMPT)
 
+
+def spec_tags(spec, attempt):
+    """The tags every process of attempt ``attempt`` of a RunSpec's launch carries."""
+    return {TAG_JOB: spec.job, TAG_NODE: str(spec.node), TAG_CLUSTER: spec.cluster, TAG_RUN: spec.run,
+            TAG_ATTEMPT: str(attempt)}
+
 # How an agent's command line starts (protocol.BOOTSTRAP begins with this string): ps and
 # /proc/PID/cmdline (cut at 200 characters) name an agent early.
 AGENT_MARK = "'ddp_up_agent';"

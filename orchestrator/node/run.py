@@ -20,6 +20,7 @@ import threading
 import time
 
 from . import checks, events, policy, wire
+from .container import box_for
 from .launch import Launch
 from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name
 from .state import killed_by_ddp_kill, remove_node_dir
@@ -115,10 +116,10 @@ class Runner:
         problem = checks.check_paths(self.spec)
         if problem:
             return problem, None
-        # a process per node, paid N times on a big cluster: only where the launcher needs torch
-        self.torch = checks.probe_torch(self.job_env()) if self.spec.needs_torch else {}
-        if self.torch is None:
-            return checks.no_torch(), None
+        box = box_for(self.spec, self.attempt, None, self.job_env())
+        self.torch, problem = checks.versions(self.spec, self.job_env(), box, self.out)
+        if problem:
+            return problem, None
         self.dir, problem = checks.claim_state(self.spec)
         if problem:
             return problem, None
@@ -190,7 +191,7 @@ class Runner:
         """The attempt's launch, from ``go`` (its processes, relays and samplers: launch.py)."""
         self.before_start(go)
         self.launch = Launch(self.spec, self.out, self.match, self.dir, self.log_dir, self.attempt, self.job_env,
-                             self.events.put)
+                             self.events.put, box_for(self.spec, self.attempt, self.dir, self.job_env()))
         self.launch.start(go)
 
     # --- stopping and ending ----------------------------------------------------------------------

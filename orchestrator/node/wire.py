@@ -168,6 +168,7 @@ class RunSpec(Frame):
     secrets: list | None = None
     notify: list | None = None  # detach: [[kind, value, events or None]]: webhook and command targets (node/notify.py)
     commit: str | None = None  # detach: the commit the job ran from, for its record (ddp-ls)
+    container: dict | None = None  # the image the launcher runs in: runtime, image, pull, mounts, options, python (node/container.py)
 
 
 @_frame(TO_AGENT)
@@ -186,6 +187,7 @@ class SweepSpec(Frame):
     dry_run: bool
     purge: bool = False  # also remove finished detached jobs' records and journals (else kept a while)
     signal: str | None = None  # instead: deliver this signal (SIGUSR1...) to every rank found; stop nothing
+    runtimes: list | None = None  # the container runtimes (docker, podman) whose containers of the match go too
 
 
 @_frame(TO_AGENT)
@@ -427,6 +429,7 @@ class Swept(Frame):
     left: list[int]  # still alive at the end (should be empty)
     removed: list | None = None  # the state it removed ("JOB nodeN"; a dry run: what it would remove)
     signalled: list | None = None  # SweepSpec.signal: the ranks (pids) it reached
+    containers: list | None = None  # the containers it removed (a dry run: would remove), by name
 
 
 @_frame(TO_CONTROLLER)

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from orchestrator import sshmaster
-from orchestrator.node.procs import find_tagged, is_alive
+from orchestrator.node.procs import find_tagged, is_alive, proc_bytes
+
+
+def all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def secret_in_cmdlines(value: str) -> list[int]:
+    """The processes whose command line holds ``value``."""
+    return [pid for pid in all_pids() if value.encode() in (proc_bytes(pid, "cmdline") or b"")]
 
 
 def job_processes(job: str | None = None, **tags: str) -> list[dict]:

@@ -302,7 +302,7 @@ def test_tables_into_a_pipe_keep_every_job_id_and_state_whole(capsys, tmp_path):
     assert main_kill(["--json", "--job", "nothing-runs-under-this-id", str(tmp_path / "c.yaml")]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert rows == [{"node": 0, "host": "a", "jobs": [], "found": 0, "stopped": 0, "killed": 0, "left": 0,
-                     "error": None, "dry_run": False, "removed": []}]
+                     "error": None, "dry_run": False, "removed": [], "containers": []}]
 
 
 def test_a_setup_line_that_is_only_a_comment_runs_and_a_failing_one_is_still_named():

@@ -109,7 +109,7 @@ def test_hello_is_the_sources_and_their_bytecode_then_the_spec():
     assert parts[:n] == [path.read_bytes() for path in protocol.module_paths()]
     codes = [marshal.loads(p) for p in parts[n:]]
     assert [c.co_filename for c in codes] == ["ddp_up_node." + name for name in node.SHIPPED]
-    assert data[at:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true, "purge": false, "signal": null}\n'
+    assert data[at:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true, "purge": false, "signal": null, "runtimes": null}\n'
 
 
 def _run_agent(args, data):

@@ -1,0 +1,331 @@
+"""`container:`: the job's launcher inside an image, its agent outside it, on the host.
+
+The agent keeps the container's whole life: it checks the runtime and the image in preflight
+(pulling it if told to), reads the versions the job will see from inside the image, starts the
+launcher in a container named and labelled after the job, node and attempt, signals it, and
+removes it at every end. A docker or podman container belongs to its daemon (or conmon), not to
+the process that asked for it: killing the client leaves it running, so every stop goes through
+the runtime, by name, and ddp-kill finds leftovers by label. Apptainer, enroot and pyxis (an srun
+step) run the container as the agent's own child process: signalling that child is enough.
+
+The job's environment never reaches a command line, nor the container's configuration (which
+``docker inspect`` shows to anyone who may use the runtime): it goes in a private file in the
+node's state directory, mounted into the container, read by the container's first process
+(LOADER), which then becomes the launcher.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+from . import facts, wire
+from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, TAGS, spec_tags
+
+DAEMON_RUNTIMES = ("docker", "podman")  # the container outlives its client: stopped and removed by name
+CHILD_RUNTIMES = ("apptainer", "singularity", "enroot", "pyxis")  # the container is the client's own process
+RUNTIMES = DAEMON_RUNTIMES + CHILD_RUNTIMES
+PULLS = ("never", "missing", "always")
+LABELS = ((TAG_JOB, "ddp-up.job"), (TAG_NODE, "ddp-up.node"), (TAG_ATTEMPT, "ddp-up.attempt"),
+          (TAG_CLUSTER, "ddp-up.cluster"), (TAG_RUN, "ddp-up.run"))
+ENV_FILE = "container-env.json"
+COMMAND_WAIT = 60.0  # a runtime's quick commands (inspect, kill, rm, ps): a daemon under load is slow
+PULL_WAIT = 1800.0  # an image of 20 GB over a slow link
+PROBE_WAIT = 120.0  # the versions, read in a container of the image (a cold start reads a big image)
+
+# The container's first process: the job's environment from the private file (argv[1]), the
+# workdir (argv[2]), then the launcher (argv[3:]) in its place, so it carries the tags.
+LOADER = ("import json,os,sys;a=sys.argv;f=open(a[1]);os.environ.update(json.load(f));f.close();"
+          "os.chdir(a[2]);os.execvp(a[3],a[3:])")
+
+
+def box_for(spec, attempt, state_dir, env):
+    """The container of attempt ``attempt`` of a RunSpec's job on this node (the agent is in its
+    workdir), or None where the job runs on the host."""
+    if not spec.container:
+        return None
+    return Box(spec.container, spec_tags(spec, attempt), os.getcwd(), binds=(state_dir,),
+               gpus=gpu_ids(env, spec.nproc))
+
+
+def container_name(tags):
+    """``ddp-up-JOB-nN-aA``: one per job, node and attempt (a job id is a plain name: state.JOB_ID)."""
+    return "ddp-up-%s-n%s-a%s" % (tags[TAG_JOB], tags[TAG_NODE], tags.get(TAG_ATTEMPT, "0"))
+
+
+def label_filters(match):
+    """``--filter label=...`` for every tag of ``match`` that containers carry as a label."""
+    names = dict(LABELS)
+    pairs = ["label=%s=%s" % (names[key], value) for key, value in sorted(match.items()) if key in names]
+    return [arg for pair in pairs or ["label=ddp-up.job"] for arg in ("--filter", pair)]  # none: every job's
+
+
+def gpu_ids(env, nproc):
+    """The GPUs this node's job uses, as the runtime names them: the first ``nproc`` of
+    CUDA_VISIBLE_DEVICES (indices or UUIDs), else 0..nproc-1; none where the node has no NVIDIA GPU."""
+    if not facts.has_nvidia_gpus():
+        return []
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    ids = facts.visible_ids(visible) if visible is not None else [str(i) for i in range(nproc or 1)]
+    return ids[:nproc] if nproc else ids
+
+
+def mount_pair(text):
+    """(source, destination, options) of a ``SRC[:DST[:OPTIONS]]`` mount (the controller checked its form)."""
+    parts = text.split(":")
+    return parts[0], parts[1] if len(parts) > 1 and parts[1] else parts[0], ":".join(parts[2:])
+
+
+class Box:
+    """One attempt's container on this node: its commands (run, signal, remove), per runtime.
+    ``conf``: RunSpec.container; ``tags``: the launch's; ``binds``: host directories the job
+    needs at the same path inside (the workdir, the node's state directory)."""
+
+    def __init__(self, conf, tags, workdir, binds=(), gpus=(), user=None):
+        self.runtime, self.image = conf["runtime"], conf["image"]
+        self.python = conf.get("python") or "python3"
+        self.pull = conf.get("pull") or "missing"
+        self.mounts = list(conf.get("mounts") or ())
+        self.options = list(conf.get("options") or ())
+        self.tags, self.workdir = tags, workdir
+        self.binds = [b for b in dict.fromkeys((workdir,) + tuple(binds)) if b]
+        self.gpus = list(gpus)
+        self.user = (os.getuid(), os.getgid()) if user is None else user
+        self.name = container_name(tags)
+        self.exe = "srun" if self.runtime == "pyxis" else self.runtime  # found on the client's PATH
+
+    @property
+    def daemon(self):
+        return self.runtime in DAEMON_RUNTIMES
+
+    def run_argv(self, command, env_file=None, name=None):
+        """The client's argv that runs ``command`` in the image (through LOADER with ``env_file``)."""
+        if env_file is not None:
+            command = [self.python, "-S", "-c", LOADER, env_file, self.workdir] + list(command)
+        build = {"apptainer": self.apptainer, "singularity": self.apptainer, "enroot": self.enroot,
+                 "pyxis": self.pyxis}.get(self.runtime, self.daemon_run)
+        return build(command, name or self.name)
+
+    def daemon_run(self, command, name):
+        argv = [self.exe, "run", "--rm", "--name", name, "--pull=never", "--network=host", "--ipc=host"]
+        argv += ["--label=%s=%s" % (label, self.tags[tag]) for tag, label in LABELS if tag in self.tags]
+        if self.runtime == "podman" and self.user[0] not in (0, "0"):
+            argv.append("--userns=keep-id")  # rootless: the user's own uid inside, so files in the workdir stay theirs
+        else:
+            argv.append("--user=%s:%s" % self.user)
+        if self.gpus:
+            argv += (["--gpus", '"device=%s"' % ",".join(self.gpus)] if self.runtime == "docker" else
+                     ["--device=nvidia.com/gpu=%s" % g for g in self.gpus])  # podman: CDI
+        for path in self.binds:
+            argv.append("--volume=%s:%s" % (path, path))
+        argv += ["--volume=%s" % m for m in self.mounts]
+        argv += ["--workdir=%s" % self.workdir] + self.options
+        return argv + [self.image] + list(command)
+
+    def apptainer(self, command, _name):
+        # no network or IPC namespace unless asked: the host's, as NCCL needs
+        argv = [self.exe, "exec", "--cleanenv", "--pwd", self.workdir]
+        if self.gpus:
+            argv.append("--nv")  # the host's driver; CUDA_VISIBLE_DEVICES (passed in the env file) picks
+        for path in self.binds:
+            argv += ["--bind", path]
+        for m in self.mounts:
+            argv += ["--bind", m]
+        return argv + self.options + [self.image] + list(command)
+
+    def enroot(self, command, _name):
+        argv = [self.exe, "start"]
+        for path in self.binds:
+            argv += ["--mount", "%s:%s" % (path, path)]
+        for m in self.mounts:
+            argv += ["--mount", m]
+        # enroot's NVIDIA hook reads these at start; they are not secrets
+        argv += ["--env", "NVIDIA_VISIBLE_DEVICES=%s" % (",".join(self.gpus) or "void")]
+        return argv + self.options + [self.image] + list(command)
+
+    def pyxis(self, command, name):
+        """A step of the node's own Slurm allocation, in pyxis's container: Slurm keeps its life."""
+        mounts = ["%s:%s" % (p, p) for p in self.binds] + self.mounts
+        argv = [self.exe, "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=%s" % os.environ.get("SLURMD_NODENAME", os.uname()[1]),
+                "--unbuffered", "--quiet", "--job-name=%s" % name, "--container-image=%s" % self.image,
+                "--container-mounts=%s" % ",".join(mounts), "--container-workdir=%s" % self.workdir]
+        return argv + self.options + list(command)
+
+    def start_args(self, argv, env, base, own, env_file):
+        """(the client's argv, its environment) that start the launcher ``argv`` with the job's
+        ``env`` (see inner_env) in ``env_file``; the client gets the agent's own ``base`` (the
+        runtime's settings) and the tags. An earlier attempt's container is gone first."""
+        write_env(env_file, inner_env(env, base, own, self.gpus))
+        self.remove_earlier()
+        return self.run_argv(argv, env_file), dict(base, **{k: env[k] for k in TAGS if k in env})
+
+    # --- the container's life (daemon runtimes; a child runtime's container is its client process)
+
+    def runtime_cmd(self, args, wait=COMMAND_WAIT):
+        """(exit status, stdout, stderr) of ``runtime ARGS``, bounded; (None, "", why) if it could not run."""
+        return run_bounded([self.exe] + args, wait)
+
+    def signal(self, name):
+        """``name`` (SIGTERM...) to the container's first process, the launcher; False if this
+        runtime's container is not the daemon's (then the client process is signalled)."""
+        if not self.daemon:
+            return False
+        self.runtime_cmd(["kill", "--signal=%s" % name, self.name])
+        return True
+
+    def remove(self):
+        """Kill and remove this attempt's container, if it is still there."""
+        if self.daemon:
+            remove_named(self.exe, [self.name])
+
+    def remove_earlier(self):
+        """A restart never meets an earlier attempt's container: any of this job's on this node goes first."""
+        if self.daemon:
+            match = {TAG_JOB: self.tags[TAG_JOB], TAG_NODE: self.tags[TAG_NODE]}
+            remove_named(self.exe, list_labelled(self.exe, match))
+
+
+def run_bounded(argv, wait):
+    """(exit status, stdout, stderr) of ``argv``, bounded by ``wait``; (None, "", why) if it could not run."""
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=wait)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, "", str(e)
+    return done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
+
+
+def remove_named(exe, names):
+    """``rm --force`` (SIGKILL, then removal) of the named containers; those that were there."""
+    if not names:
+        return []
+    podman = os.path.basename(exe) == "podman"  # its --force stops with the image's timeout first, unless told
+    run_bounded([exe, "rm", "--force"] + (["--time=0"] if podman else []) + list(names), COMMAND_WAIT)
+    return names
+
+
+def list_labelled(exe, match):
+    """The names of the containers (running or not) whose labels carry ``match``'s tags."""
+    out = run_bounded([exe, "ps", "--all", "--format", "{{.Names}}"] + label_filters(match), COMMAND_WAIT)[1]
+    return [name for name in out.split() if name.startswith("ddp-up-")]
+
+
+def sweep(runtimes, match, dry_run):
+    """ddp-kill: this node's containers that carry ``match`` (by label), removed unless ``dry_run``."""
+    found = []
+    for runtime in runtimes or ():
+        exe = shutil.which(runtime) if runtime in DAEMON_RUNTIMES else None
+        if exe:
+            names = list_labelled(exe, match)
+            found += names if dry_run else remove_named(exe, names)
+    return found
+
+
+def write_env(path, env):
+    """The job's environment for LOADER: 0600, never through a link or over another file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(env, f)
+
+
+def inner_env(env, base, own, gpus):
+    """What the container gets: every variable the job's environment sets or changes over the
+    agent's own (``base``), and always those named in ``own`` (the cluster file's, the tags,
+    ddp-up's), never the host's PATH or libraries. Behind devices passed by the runtime, GPUs
+    count from 0 again."""
+    inner = {k: v for k, v in env.items() if base.get(k) != v or k in own}
+    if gpus:
+        inner.pop("CUDA_VISIBLE_DEVICES", None)
+    return inner
+
+
+# --- preflight ----------------------------------------------------------------------------------
+
+MISSING_IMAGE = re.compile(r"no such image|image not known|not found|unable to find", re.I)
+
+
+def preflight(box, probe, needs_torch, say):
+    """The runtime, the mounts and the image (pulled as ``pull`` says, its lines through
+    ``say``), then the versions inside it (``probe``, Python code that prints them as JSON):
+    ({"torch", "cuda", "nccl"}, None) or (None, the Failed frame naming the key to fix)."""
+    problem = check_runtime(box) or check_mounts(box) or check_image(box, say)
+    if problem:
+        return None, problem
+    code, out, err = run_bounded(box.run_argv([box.python, "-c", probe], name=box.name + "-probe"), PROBE_WAIT)
+    try:
+        info = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None, wire.Failed("%s in image %s cannot run: %s" % (box.python, box.image,
+                                                                    last_line(err) or "exit %s" % code),
+                                 "set `container: {python: ...}` to the image's interpreter, or check the image")
+    if needs_torch and not info.get("torch"):
+        return None, wire.Failed("torch is not installed for %s in image %s" % (box.python, box.image),
+                                 "use an image with torch, or set `container: {python: ...}` to the interpreter that has it")
+    return info, None
+
+
+def check_runtime(box):
+    if shutil.which(box.exe) is None:
+        what = "srun (pyxis)" if box.runtime == "pyxis" else box.runtime
+        return wire.Failed("container runtime %s is not installed on this node (not on PATH)" % what,
+                           "install it, or set `container: {runtime: ...}` to the one this node has")
+    if box.runtime == "pyxis":
+        code, out, _ = box.runtime_cmd(["--help"])
+        if "--container-image" not in out:
+            return wire.Failed("this cluster's srun has no --container-image (the pyxis plugin is not installed)",
+                               "ask its admins for pyxis, or use `runtime: enroot` or `apptainer`")
+    return None
+
+
+def check_mounts(box):
+    for i, m in enumerate(box.mounts):
+        source = mount_pair(m)[0]
+        if not os.path.exists(source):
+            return wire.Failed("container.mounts[%d]: %s does not exist on this node" % (i, source),
+                               "create it on this node, or fix the mount in the cluster file")
+    return None
+
+
+def check_image(box, say):
+    """None once the image is here (pulled if ``pull`` says so), else the Failed frame."""
+    if not box.daemon:
+        local = box.runtime != "pyxis" and ("/" in box.image or box.image.endswith((".sif", ".sqsh")))
+        if local and "://" not in box.image and not os.path.exists(box.image):
+            return wire.Failed("container.image %s does not exist on this node" % box.image,
+                               "copy the image file there, or give its path on the node")
+        return None
+    pull = box.pull
+    if pull != "always":
+        code, _, err = box.runtime_cmd(["image", "inspect", "--format", "{{.Id}}", box.image])
+        if code == 0:
+            return None
+        if code is None or not MISSING_IMAGE.search(err):
+            return wire.Failed("container runtime %s cannot be used: %s" % (box.runtime, last_line(err)),
+                               "check that `%s info` works for this user on this node" % box.runtime)
+        if pull == "never":
+            return wire.Failed("container.image %s is not on this node, and `pull: never`" % box.image,
+                               "pull or load it there (%s pull/load), or set `pull: missing`" % box.runtime)
+    return pull_image(box, say)
+
+
+def pull_image(box, say):
+    say("pulling %s with %s" % (box.image, box.runtime))
+    try:
+        proc = subprocess.Popen([box.exe, "pull", box.image], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+    except OSError as e:
+        return wire.Failed("cannot run %s pull: %s" % (box.runtime, e), "check the runtime on this node")
+    last = ""
+    for raw in proc.stdout:  # the runtime's progress, a line at a time, for the dashboard
+        last = raw.decode("utf-8", "replace").strip() or last
+        say(last)
+    if proc.wait() != 0:
+        return wire.Failed("container.image %s could not be pulled: %s" % (box.image, last),
+                           "check the image's name and the registry's login on this node, or load it there")
+    return None
+
+
+def last_line(text):
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""

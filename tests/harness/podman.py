@@ -1,0 +1,91 @@
+"""A real container runtime for the tests: podman with a store of its own, and a local image.
+
+Facts measured on these machines (see issue 30): podman runs containers here with runc and the
+cgroupfs manager, and a containers.conf that sets no default ulimits (the sandbox cannot raise
+rlimits; crun refuses the hybrid cgroup layout). No registry is reachable, so the image is
+imported from an empty root filesystem, and the test's Python (with torch) is bind-mounted into it
+read-only. Everything podman keeps (images, containers, run state) is under one directory that the
+session removes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+IMAGE = "localhost/ddp-up-test:1"
+# What the image does not hold, from the host, read-only: the dynamic loader and libraries,
+# and the test's Python with torch in it.
+HOST_MOUNTS = tuple(d for d in ("/usr", "/lib", "/lib64", "/bin", "/etc/alternatives") if os.path.exists(d))
+
+
+def available() -> str | None:
+    """None, or why podman cannot run containers here."""
+    if not shutil.which("podman") or not shutil.which("runc"):
+        return "needs podman and runc (apt-get install podman runc)"
+    return None
+
+
+def python_root() -> str:
+    """The directory that holds this Python and its packages (a venv's base included)."""
+    return os.path.realpath(sys.base_prefix)
+
+
+class Podman:
+    def __init__(self, root: Path):
+        self.root = root
+        self.env = {"CONTAINERS_CONF": str(root / "containers.conf"),
+                    "CONTAINERS_STORAGE_CONF": str(root / "storage.conf")}
+
+    def up(self) -> "Podman":
+        (self.root / "containers.conf").write_text(
+            '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
+            'events_logger = "none"\n')
+        (self.root / "storage.conf").write_text(
+            f'[storage]\ndriver = "vfs"\ngraphroot = "{self.root / "graph"}"\nrunroot = "{self.root / "run"}"\n')
+        self.podman("import", "-", IMAGE, input=empty_rootfs())
+        return self
+
+    def podman(self, *args: str, input: bytes | None = None, check: bool = True) -> str:
+        done = subprocess.run(["podman", *args], input=input, capture_output=True, timeout=120,
+                              env={**os.environ, **self.env})
+        if check and done.returncode:
+            raise RuntimeError(f"podman {' '.join(args)}: {done.stderr.decode(errors='replace')}")
+        return done.stdout.decode(errors="replace")
+
+    def containers(self, job: str | None = None) -> list[str]:
+        """Every container in the store (of ``job``, by its label), running or not."""
+        label = ["--filter", f"label=ddp-up.job={job}"] if job else []
+        return self.podman("ps", "--all", "--format", "{{.Names}}", *label).split()
+
+    def config(self, **more) -> dict:
+        """A cluster file's `container:` for the test image."""
+        mounts = [f"{d}:{d}:ro" for d in (*HOST_MOUNTS, python_root())]
+        return {"runtime": "podman", "image": IMAGE, "pull": "never", "python": sys.executable,
+                "mounts": mounts, **more}
+
+    def down(self) -> None:
+        self.podman("rm", "--all", "--force", "--time=0", check=False)
+        self.podman("rmi", "--all", "--force", check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def empty_rootfs() -> bytes:
+    """A tar of a root filesystem with nothing but the directories a container needs."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, mode in (("tmp", 0o1777), ("etc", 0o755), ("proc", 0o555), ("sys", 0o555), ("dev", 0o755),
+                           ("root", 0o700), ("run", 0o755), ("var", 0o755)):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tar.addfile(info)
+        passwd = b"root:x:0:0:root:/root:/bin/sh\n"
+        info = tarfile.TarInfo("etc/passwd")
+        info.size = len(passwd)
+        tar.addfile(info, io.BytesIO(passwd))
+    return out.getvalue()

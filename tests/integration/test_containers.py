@@ -1,0 +1,148 @@
+"""Issue 30: the job's launcher in a real podman container, and no container outlives its job.
+
+The nodes are `transport: local` (the same agent and controller as over SSH; podman inside a
+node's network namespace needs `nsenter --net`, which the sshd harness does not use). The image
+is imported locally and bind-mounts the test's Python read-only (tests/harness/podman.py).
+Every test ends with zero containers in the store and zero tagged processes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.harness import procs
+from tests.harness.podman import Podman, available
+from tests.harness.runner import KILL, Launch
+
+BOXED = str(Path(__file__).resolve().parents[1] / "scripts" / "boxed.py")
+TOKEN = "s3cr3t-value-42"
+pytestmark = pytest.mark.skipif(available() is not None, reason=available() or "")
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory):
+    p = Podman(tmp_path_factory.mktemp("podman")).up()
+    try:
+        yield p
+    finally:
+        p.down()
+
+
+@pytest.fixture
+def boxed(podman, tmp_path):
+    """(a cluster file of `gpus` per node in containers, more top-level keys), then no container or process left."""
+    def make(gpus=(2, 1), container=None, **top) -> Path:
+        data = {"transport": "local", "python": sys.executable, "workdir": str(tmp_path), "orphan_timeout": 5,
+                "stop_grace": 3, "env": {"OMP_NUM_THREADS": 1, "BOX_TOKEN": TOKEN},
+                "nodes": [{"host": f"box-{i}", "gpus": g} for i, g in enumerate(gpus)],
+                "container": container or podman.config(), **top}
+        path = tmp_path / "cluster.yaml"
+        path.write_text(yaml.safe_dump(data))
+        shutil.copy(BOXED, tmp_path / "boxed.py")  # in the workdir: the one host directory the container sees
+        return path
+
+    yield make
+    left = procs.wait_for(lambda: not podman.containers(), timeout=20, interval=0.2)
+    assert left, f"containers left: {podman.containers()}"
+    assert not procs.wait_no_job_processes(None, timeout=15)
+
+
+def up(podman, path, mode, *more) -> Launch:
+    return Launch(["--no-dashboard", *more, str(path), "boxed.py", str(path.parent), mode], env=podman.env)
+
+
+def wait_ready(launch: Launch, path: Path, ranks: int) -> None:
+    def started():
+        return len(list(path.parent.glob("ready.0.*"))) == ranks or launch.proc.poll() is not None
+
+    assert procs.wait_for(started, timeout=60) and launch.proc.poll() is None, \
+        f"not every rank started: {sorted(p.name for p in path.parent.glob('ready.*'))}\n{launch.output}"
+
+
+def test_a_job_runs_in_named_containers_with_its_secret_in_no_command_line_or_config(podman, boxed):
+    path = boxed()
+    launch = up(podman, path, "wait")
+    wait_ready(launch, path, 3)
+    job = launch.job_id
+    names = podman.containers(job)
+    assert sorted(names) == [f"ddp-up-{job}-n0-a0", f"ddp-up-{job}-n1-a0"]
+    inspected = podman.podman("inspect", *names)
+    labels = [c["Config"]["Labels"] for c in json.loads(inspected)]
+    assert {(lab["ddp-up.job"], lab["ddp-up.node"], lab["ddp-up.attempt"]) for lab in labels} == {(job, "0", "0"),
+                                                                                                (job, "1", "0")}
+    assert TOKEN not in inspected
+    assert procs.secret_in_cmdlines(TOKEN) == []
+    (path.parent / "go").touch()
+    assert launch.wait(60) == 0, launch.output
+    out = launch.output
+    for rank in range(3):
+        assert f"rank {rank} token ok uid 0 in {path.parent}" in out
+        assert f"rank {rank} sum 6" in out
+    assert TOKEN not in out
+
+
+def test_a_restart_starts_fresh_containers_for_the_next_attempt(podman, boxed):
+    path = boxed(gpus=(1, 1), restarts=1, restart_delay=0)
+    launch = up(podman, path, "retry")
+    assert launch.wait(90) == 0, launch.output
+    assert "rank 1 sum 3" in launch.output
+    assert len(list(path.parent.glob("ready.1.*"))) == 2
+
+
+def test_a_failed_rank_stops_every_container_and_a_rank_past_its_grace_is_killed(podman, boxed):
+    path = boxed(stop_grace=1)
+    launch = up(podman, path, "stubborn")
+    assert launch.wait(60) == 1, launch.output
+    assert "exit code 7" in launch.output or "exitcode  : 7" in launch.output, launch.output
+
+
+def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, boxed):
+    path = boxed()
+    launch = up(podman, path, "hold")
+    wait_ready(launch, path, 3)
+    launch.signal(signal.SIGINT)
+    assert launch.wait(60) == 130, launch.output
+    for rank in range(3):
+        assert f"rank {rank} saved on SIGTERM" in launch.output
+
+
+def test_the_controller_killed_its_agents_remove_the_containers(podman, boxed):
+    path = boxed(gpus=(1, 1))
+    launch = up(podman, path, "hold")
+    wait_ready(launch, path, 2)
+    job = launch.job_id
+    launch.signal(signal.SIGKILL)
+    launch.wait(10)
+    gone = procs.wait_for(lambda: not podman.containers(job), timeout=30, interval=0.2)
+    assert gone, f"containers left: {podman.containers(job)}"
+
+
+def test_ddp_kill_removes_a_detached_jobs_containers(podman, boxed):
+    path = boxed(gpus=(1, 1))
+    launch = up(podman, path, "hold", "--detach")
+    assert launch.wait(60) == 0, launch.output
+    assert procs.wait_for(lambda: len(list(path.parent.glob("ready.0.*"))) == 2, timeout=60), launch.output
+    job = launch.job_id
+    assert len(podman.containers(job)) == 2
+    kill = Launch([str(path), "--job", job, "--purge"], code=KILL, env=podman.env)
+    assert kill.wait(60) == 0, kill.output
+    assert not podman.containers(job), kill.output
+
+
+def test_a_missing_image_or_mount_is_named_before_anything_starts(podman, boxed):
+    path = boxed(gpus=(1,), container=podman.config(image="localhost/no-such-image:1"))
+    launch = up(podman, path, "wait")
+    assert launch.wait(60) == 3, launch.output
+    assert "box-0" in launch.output and "localhost/no-such-image:1 is not on this node" in launch.output
+    path = boxed(gpus=(1,), container=podman.config(mounts=["/no/such/dir:/data"]))
+    launch = up(podman, path, "wait")
+    assert launch.wait(60) == 3, launch.output
+    assert "container.mounts[0]: /no/such/dir does not exist" in launch.output
+    assert "Traceback" not in launch.output
