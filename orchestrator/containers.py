@@ -14,8 +14,11 @@ and keeps the container's life (node/container.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Callable
 
+from . import node
 from .node.container import PROBE_WAIT, PULL_WAIT, PULLS, RUNTIMES
 
 KEYS = ("image", "runtime", "pull", "mounts", "options", "python")
@@ -37,6 +40,14 @@ class ContainerConfig:
         """As RunSpec.container carries it to the node (node/container.Box takes it)."""
         return {"runtime": self.runtime, "image": self.image, "pull": self.pull, "mounts": list(self.mounts),
                 "options": list(self.options), "python": self.python}
+
+
+@lru_cache(maxsize=1)
+def workers_code() -> dict[str, str]:
+    """`launcher: none` in a container: the modules its launcher runs in the image (workers.main,
+    and procs, which workers imports), as RunSpec.workers_code carries them."""
+    here = Path(node.__file__).parent
+    return {name: (here / f"{name}.py").read_text() for name in ("procs", "workers")}
 
 
 def preflight_allowance(config: ContainerConfig | None) -> float:

@@ -15,6 +15,7 @@ from typing import Mapping
 from .config import ClusterConfig, NodeConfig
 from .errors import UsageError
 from .node import wire
+from .containers import workers_code
 from .node.container import ENV_FILE, Box
 from .node.launch import TORCHRUN_SIGNALS
 from .node.notify import DETACHED_KINDS
@@ -165,7 +166,8 @@ class LaunchPlan:
             flight_recorder=self.flight_recorder,
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt,
-            container=node.config.container.wire() if node.config.container else None, **detached)
+            container=node.config.container.wire() if node.config.container else None,
+            workers_code=workers_code() if node.config.container and self.launcher == "none" else None, **detached)
 
     def _detached_notify(self, node: NodePlan) -> list | None:
         """The webhook and command targets, for the master node (its supervisor's events) and one

@@ -230,10 +230,6 @@ class Validator(Checks):
         nodes = tuple(self.node(i, raw, top, ssh_top) for i, raw in enumerate(raw_nodes))
         self.check_unique(nodes)
         settings = self.apply(RULES, lambda key: (top[key], (key,)) if key in top else None, lambda key: (key,))
-        boxed = next((n for n in nodes if n.container), None)
-        if boxed and settings["launcher"] == "none":
-            raise self.error(("launcher",), f"`none` cannot run in a container (node {boxed.host} has one): use "
-                                            "torchrun, which runs inside the image")
         return ClusterConfig(
             path=self.path, nodes=nodes, cluster_id=cluster_id_for(self.path),
             master_addr=self.string(master["addr"], ("master", "addr")) if "addr" in master else nodes[0].addr,

@@ -14,9 +14,9 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   screen      a worker's stream as a terminal shows it: lines done, and bars still drawn
   relay       the writer that owns stdout, the launcher's pipes and the workers' log files
   failures    what the job's failed ranks left here (error files, tracebacks) and when
+  workers     `launcher: none`: the agent starts the workers itself (in a container, their own launcher does)
   container   `container:`: the launcher in an image, its container's whole life kept by the agent
   checks      the preflight's probes: torch, GPUs, the master port held until Go
-  workers     `launcher: none`: the agent starts the workers itself
   stacks      every rank's stack on request
   flight      every rank's collectives, as torch's Flight Recorder keeps them
   events      the agent's own events, named once
@@ -32,6 +32,6 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   main        the table from spec frame to mode
 """
 
-SHIPPED = ("wire", "facts", "policy", "procs", "state", "screen", "relay", "failures", "container", "checks", "workers", "stacks", "flight", "events", "launch", "run",
+SHIPPED = ("wire", "facts", "policy", "procs", "state", "screen", "relay", "failures", "workers", "container", "checks", "stacks", "flight", "events", "launch", "run",
            "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

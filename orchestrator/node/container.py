@@ -22,6 +22,7 @@ import subprocess
 
 from . import facts, wire
 from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, TAGS, spec_tags
+from .workers import OWN_LAUNCHER
 
 DAEMON_RUNTIMES = ("docker", "podman")  # the container outlives its client: stopped and removed by name
 CHILD_RUNTIMES = ("apptainer", "singularity", "enroot", "pyxis")  # the container is the client's own process
@@ -33,6 +34,13 @@ ENV_FILE = "container-env.json"
 COMMAND_WAIT = 60.0  # a runtime's quick commands (inspect, kill, rm, ps): a daemon under load is slow
 PULL_WAIT = 1800.0  # an image of 20 GB over a slow link
 PROBE_WAIT = 120.0  # the versions, read in a container of the image (a cold start reads a big image)
+
+# `launcher: none` in a container: the workers' launcher is workers.main, from the package
+# ``BOX_PACKAGE`` (the sources of workers.py and procs.py the controller sent, RunSpec.workers_code)
+# written beside the env file (argv[1]); the Go's options and the script follow.
+BOX_PACKAGE = "ddp_up_box"
+CODE_DIR = ".code"  # the package's directory: the env file's path and this
+WORKERS_MAIN = "import sys;sys.path.insert(0,sys.argv[1]);from ddp_up_box.workers import main;main(sys.argv[2:])"
 
 # The container's first process: the job's environment from the private file (argv[1]), the
 # workdir (argv[2]), then the launcher (argv[3:]) in its place, so it carries the tags.
@@ -101,6 +109,8 @@ class Box:
 
     def run_argv(self, command, env_file=None, name=None):
         """The client's argv that runs ``command`` in the image (through LOADER with ``env_file``)."""
+        if command and command[0] == OWN_LAUNCHER:
+            command = [self.python, "-S", "-c", WORKERS_MAIN, (env_file or "") + CODE_DIR] + list(command[1:])
         if env_file is not None:
             command = [self.python, "-S", "-c", LOADER, env_file, self.workdir] + list(command)
         build = {"apptainer": self.apptainer, "singularity": self.apptainer, "enroot": self.enroot,
@@ -152,11 +162,14 @@ class Box:
                 "--container-mounts=%s" % ",".join(mounts), "--container-workdir=%s" % self.workdir]
         return argv + self.options + list(command)
 
-    def start_args(self, argv, env, base, own, env_file):
+    def start_args(self, argv, env, base, own, env_file, code=None):
         """(the client's argv, its environment) that start the launcher ``argv`` with the job's
         ``env`` (see inner_env) in ``env_file``; the client gets the agent's own ``base`` (the
-        runtime's settings) and the tags. An earlier attempt's container is gone first."""
+        runtime's settings) and the tags. An earlier attempt's container is gone first.
+        ``code``: {module: source} of the workers' package, for OWN_LAUNCHER."""
         write_env(env_file, inner_env(env, base, own, self.gpus))
+        if argv[0] == OWN_LAUNCHER:
+            write_package(env_file + CODE_DIR, code or {})
         self.remove_earlier()
         return self.run_argv(argv, env_file), dict(base, **{k: env[k] for k in TAGS if k in env})
 
@@ -227,6 +240,17 @@ def write_env(path, env):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(env, f)
+
+
+def write_package(where, code):
+    """``where``/BOX_PACKAGE/ with ``code``'s modules, private, for WORKERS_MAIN."""
+    package = os.path.join(where, BOX_PACKAGE)
+    for path in (where, package):
+        os.mkdir(path, 0o700)
+    for name, text in dict(code, __init__="").items():
+        fd = os.open(os.path.join(package, os.path.basename(name) + ".py"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
 
 
 def inner_env(env, base, own, gpus):

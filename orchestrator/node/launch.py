@@ -71,7 +71,7 @@ class Launch:
 
     def start(self, go):
         env = self.launch_env(go)
-        if go.argv[0] == OWN_LAUNCHER:
+        if go.argv[0] == OWN_LAUNCHER and self.box is None:
             self.proc = Workers(parse_launch(go.argv[1:]), env, self.match,
                                 lambda text: self.out.send(wire.Output("err", None, text.encode())))
             self.proc.start(self.log_dir)
@@ -140,7 +140,7 @@ class Launch:
         the job's environment in a private file, never on a command line (Box.start_args)."""
         self.env_file = os.path.join(self.dir, per_attempt(container.ENV_FILE, self.attempt))
         own = set(self.spec.env or ()) | set(self.go_env) | set(spec_tags(self.spec, 0)) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT}
-        return self.box.start_args(argv, env, job_env(None), own, self.env_file)
+        return self.box.start_args(argv, env, job_env(None), own, self.env_file, self.spec.workers_code)
 
     def write_hooks(self, files):
         """Files of ours the job runs (the dump hook, ddp-check's probe), {name: text}, in this

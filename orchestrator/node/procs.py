@@ -83,7 +83,8 @@ def is_alive(pid):
     return stat is not None and stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X", b"")
 
 
-LAUNCHER_MARKS = ("torch.distributed.run", "torch.distributed.launch")  # in a launcher's command line (plan.py's)
+# in a launcher's command line (plan.py's; the last: `launcher: none`'s in a container, container.WORKERS_MAIN)
+LAUNCHER_MARKS = ("torch.distributed.run", "torch.distributed.launch", "ddp_up_box.workers")
 
 
 def parent_of(pid):

@@ -169,6 +169,7 @@ class RunSpec(Frame):
     notify: list | None = None  # detach: [[kind, value, events or None]]: webhook and command targets (node/notify.py)
     commit: str | None = None  # detach: the commit the job ran from, for its record (ddp-ls)
     container: dict | None = None  # the image the launcher runs in: runtime, image, pull, mounts, options, python (node/container.py)
+    workers_code: dict | None = None  # `launcher: none` in a container: {"procs", "workers"} sources, run in the image
 
 
 @_frame(TO_AGENT)

@@ -1,4 +1,5 @@
-"""A real container runtime for the tests: podman with a store of its own, and a local image.
+"""Real container runtimes for the tests, each with a store of its own and a local image: podman,
+and Debian's docker.io daemon, started for the session on a private socket.
 
 Facts measured on these machines (see issue 30): podman runs containers here with runc and the
 cgroupfs manager, and a containers.conf that sets no default ulimits (the sandbox cannot raise
@@ -11,11 +12,13 @@ session removes.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 IMAGE = "localhost/ddp-up-test:1"
@@ -31,12 +34,24 @@ def available() -> str | None:
     return None
 
 
+DOCKERD = "/usr/sbin/dockerd"
+
+
+def docker_available() -> str | None:
+    """None, or why Debian's docker daemon cannot be started here."""
+    if not os.path.exists(DOCKERD) or not shutil.which("docker") or not shutil.which("runc"):
+        return "needs docker.io (apt-get install docker.io)"
+    return None
+
+
 def python_root() -> str:
     """The directory that holds this Python and its packages (a venv's base included)."""
     return os.path.realpath(sys.base_prefix)
 
 
 class Podman:
+    runtime = "podman"
+
     def __init__(self, root: Path):
         self.root = root
         self.env = {"CONTAINERS_CONF": str(root / "containers.conf"),
@@ -52,10 +67,10 @@ class Podman:
         return self
 
     def podman(self, *args: str, input: bytes | None = None, check: bool = True) -> str:
-        done = subprocess.run(["podman", *args], input=input, capture_output=True, timeout=120,
+        done = subprocess.run([self.runtime, *args], input=input, capture_output=True, timeout=120,
                               env={**os.environ, **self.env})
         if check and done.returncode:
-            raise RuntimeError(f"podman {' '.join(args)}: {done.stderr.decode(errors='replace')}")
+            raise RuntimeError(f"{self.runtime} {' '.join(args)}: {done.stderr.decode(errors='replace')}")
         return done.stdout.decode(errors="replace")
 
     def containers(self, job: str | None = None) -> list[str]:
@@ -66,13 +81,64 @@ class Podman:
     def config(self, **more) -> dict:
         """A cluster file's `container:` for the test image."""
         mounts = [f"{d}:{d}:ro" for d in (*HOST_MOUNTS, python_root())]
-        return {"runtime": "podman", "image": IMAGE, "pull": "never", "python": sys.executable,
+        return {"runtime": self.runtime, "image": IMAGE, "pull": "never", "python": sys.executable,
                 "mounts": mounts, **more}
 
     def down(self) -> None:
         self.podman("rm", "--all", "--force", "--time=0", check=False)
         self.podman("rmi", "--all", "--force", check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Docker(Podman):
+    """The docker.io daemon, with its store, socket and run state under ``root`` (no bridge, no
+    iptables: the tests' containers use the host's network), for the session."""
+
+    runtime = "docker"
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.socket = root / "docker.sock"
+        self.env = {"DOCKER_HOST": f"unix://{self.socket}"}
+        self.daemon: subprocess.Popen | None = None
+
+    def up(self) -> "Docker":
+        config = {"storage-driver": "vfs", "iptables": False, "ip6tables": False, "bridge": "none",
+                  "data-root": str(self.root / "data"), "exec-root": str(self.root / "exec"),
+                  "pidfile": str(self.root / "docker.pid"), "hosts": [self.env["DOCKER_HOST"]]}
+        (self.root / "daemon.json").write_text(json.dumps(config))
+        self.daemon = subprocess.Popen([DOCKERD, "--config-file", str(self.root / "daemon.json")],
+                                       stdout=subprocess.DEVNULL, stderr=open(self.root / "dockerd.log", "wb"))
+        deadline = time.monotonic() + 30
+        while subprocess.run(["docker", "info"], capture_output=True, env={**os.environ, **self.env},
+                             timeout=30).returncode and time.monotonic() < deadline:
+            if self.daemon.poll() is not None:
+                raise RuntimeError((self.root / "dockerd.log").read_text()[-2000:])
+            time.sleep(0.1)
+        self.podman("import", "-", IMAGE, input=empty_rootfs())
+        return self
+
+    def down(self) -> None:
+        ids = self.podman("ps", "--all", "--quiet", check=False).split()
+        if ids:
+            self.podman("rm", "--force", *ids, check=False)
+        if self.daemon is not None:
+            self.daemon.terminate()
+            try:
+                self.daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+                self.daemon.wait(10)
+        unmount_below(self.root)  # dockerd leaves its network namespace's mount (exec-root/netns/default)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def unmount_below(root: Path) -> None:
+    """Every mount under ``root``, deepest first."""
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f if line.split()[1].startswith(f"{root}/")]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", point], capture_output=True, timeout=30)
 
 
 def empty_rootfs() -> bytes:

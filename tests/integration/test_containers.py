@@ -1,4 +1,5 @@
-"""Issue 30: the job's launcher in a real podman container, and no container outlives its job.
+"""Issue 30: the job's launcher in a real container (podman; Debian's docker daemon for the runtime's
+own paths: its run line, inspect, the label sweep), and no container outlives its job.
 
 The nodes are `transport: local` (the same agent and controller as over SSH; podman inside a
 node's network namespace needs `nsenter --net`, which the sshd harness does not use). The image
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from tests.harness import procs
-from tests.harness.podman import Podman, available
+from tests.harness.podman import Docker, Podman, available, docker_available
 from tests.harness.runner import KILL, Launch
 
 BOXED = str(Path(__file__).resolve().parents[1] / "scripts" / "boxed.py")
@@ -35,22 +36,43 @@ def podman(tmp_path_factory):
         p.down()
 
 
+@pytest.fixture(scope="module")
+def docker(tmp_path_factory):
+    if docker_available():
+        pytest.skip(docker_available())
+    d = Docker(tmp_path_factory.mktemp("docker")).up()
+    try:
+        yield d
+    finally:
+        d.down()
+
+
+@pytest.fixture(params=["podman", "docker"])
+def runtime(request):
+    """Each runtime the tests run: podman, and Debian's docker daemon."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.fixture
 def boxed(podman, tmp_path):
     """(a cluster file of `gpus` per node in containers, more top-level keys), then no container or process left."""
-    def make(gpus=(2, 1), container=None, **top) -> Path:
+    used = [podman]
+
+    def make(gpus=(2, 1), container=None, runtime=podman, **top) -> Path:
+        used.append(runtime)
         data = {"transport": "local", "python": sys.executable, "workdir": str(tmp_path), "orphan_timeout": 5,
                 "stop_grace": 3, "env": {"OMP_NUM_THREADS": 1, "BOX_TOKEN": TOKEN},
                 "nodes": [{"host": f"box-{i}", "gpus": g} for i, g in enumerate(gpus)],
-                "container": container or podman.config(), **top}
+                "container": container or runtime.config(), **top}
         path = tmp_path / "cluster.yaml"
         path.write_text(yaml.safe_dump(data))
         shutil.copy(BOXED, tmp_path / "boxed.py")  # in the workdir: the one host directory the container sees
         return path
 
     yield make
-    left = procs.wait_for(lambda: not podman.containers(), timeout=20, interval=0.2)
-    assert left, f"containers left: {podman.containers()}"
+    for store in set(used):
+        assert procs.wait_for(lambda: not store.containers(), timeout=20, interval=0.2), \
+            f"{store.runtime}: containers left: {store.containers()}"
     assert not procs.wait_no_job_processes(None, timeout=15)
 
 
@@ -66,14 +88,14 @@ def wait_ready(launch: Launch, path: Path, ranks: int) -> None:
         f"not every rank started: {sorted(p.name for p in path.parent.glob('ready.*'))}\n{launch.output}"
 
 
-def test_a_job_runs_in_named_containers_with_its_secret_in_no_command_line_or_config(podman, boxed):
-    path = boxed()
-    launch = up(podman, path, "wait")
+def test_a_job_runs_in_named_containers_with_its_secret_in_no_command_line_or_config(runtime, boxed):
+    path = boxed(runtime=runtime)
+    launch = up(runtime, path, "wait")
     wait_ready(launch, path, 3)
     job = launch.job_id
-    names = podman.containers(job)
+    names = runtime.containers(job)
     assert sorted(names) == [f"ddp-up-{job}-n0-a0", f"ddp-up-{job}-n1-a0"]
-    inspected = podman.podman("inspect", *names)
+    inspected = runtime.podman("inspect", *names)
     labels = [c["Config"]["Labels"] for c in json.loads(inspected)]
     assert {(lab["ddp-up.job"], lab["ddp-up.node"], lab["ddp-up.attempt"]) for lab in labels} == {(job, "0", "0"),
                                                                                                 (job, "1", "0")}
@@ -96,15 +118,17 @@ def test_a_restart_starts_fresh_containers_for_the_next_attempt(podman, boxed):
     assert len(list(path.parent.glob("ready.1.*"))) == 2
 
 
-def test_a_failed_rank_stops_every_container_and_a_rank_past_its_grace_is_killed(podman, boxed):
-    path = boxed(stop_grace=1)
+@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+def test_a_failed_rank_stops_every_container_and_a_rank_past_its_grace_is_killed(podman, boxed, launcher):
+    path = boxed(stop_grace=1, launcher=launcher)
     launch = up(podman, path, "stubborn")
     assert launch.wait(60) == 1, launch.output
     assert "exit code 7" in launch.output or "exitcode  : 7" in launch.output, launch.output
 
 
-def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, boxed):
-    path = boxed()
+@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, boxed, launcher):
+    path = boxed(launcher=launcher)
     launch = up(podman, path, "hold")
     wait_ready(launch, path, 3)
     launch.signal(signal.SIGINT)
@@ -124,16 +148,16 @@ def test_the_controller_killed_its_agents_remove_the_containers(podman, boxed):
     assert gone, f"containers left: {podman.containers(job)}"
 
 
-def test_ddp_kill_removes_a_detached_jobs_containers(podman, boxed):
-    path = boxed(gpus=(1, 1))
-    launch = up(podman, path, "hold", "--detach")
+def test_ddp_kill_removes_a_detached_jobs_containers(runtime, boxed):
+    path = boxed(gpus=(1, 1), runtime=runtime)
+    launch = up(runtime, path, "hold", "--detach")
     assert launch.wait(60) == 0, launch.output
     assert procs.wait_for(lambda: len(list(path.parent.glob("ready.0.*"))) == 2, timeout=60), launch.output
     job = launch.job_id
-    assert len(podman.containers(job)) == 2
-    kill = Launch([str(path), "--job", job, "--purge"], code=KILL, env=podman.env)
+    assert len(runtime.containers(job)) == 2
+    kill = Launch([str(path), "--job", job, "--purge"], code=KILL, env=runtime.env)
     assert kill.wait(60) == 0, kill.output
-    assert not podman.containers(job), kill.output
+    assert not runtime.containers(job), kill.output
 
 
 def test_a_missing_image_or_mount_is_named_before_anything_starts(podman, boxed):

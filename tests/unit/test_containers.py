@@ -59,9 +59,20 @@ def test_a_bad_container_names_its_key_and_line(text, key, words):
     assert f"c.yaml:4: nodes[0].{key}" in message and words in message, message
 
 
-def test_launcher_none_is_refused_in_a_container():
-    with pytest.raises(ConfigError, match="launcher: `none` cannot run in a container"):
-        parse("launcher: none\ncontainer: img\nnodes: [{host: a, gpus: 1}]\n")
+def test_launcher_none_runs_its_own_launcher_in_the_image_from_the_sources_sent(tmp_path):
+    cfg = parse("launcher: none\ncontainer: img\nnodes: [{host: a, gpus: 2}]\n")
+    plan = make_plan(cfg, "t.py", [], "j1", str(tmp_path))
+    code = plan.agent_spec(plan.nodes[0]).workers_code
+    assert set(code) == {"procs", "workers"} and "def main(argv)" in code["workers"]
+    box = Box(CONF, TAGS, "/work")
+    argv = box.run_argv(plan.launcher_argv(plan.nodes[0], 29500), "/s/env.json")
+    inner = argv[argv.index(CONF["image"]) + 1:]
+    assert inner[6:11] == ["python3", "-S", "-c", container.WORKERS_MAIN, "/s/env.json.code"]
+    assert inner[11:] == ["--nproc-per-node=2", "--node-rank=0", "--first-rank=0", "--world-size=2",
+                          "--master-addr=a", "--master-port=29500", "t.py"]
+    container.write_package(str(tmp_path / "code"), code)
+    assert sorted(p.name for p in (tmp_path / "code" / "ddp_up_box").iterdir()) == ["__init__.py", "procs.py",
+                                                                                     "workers.py"]
 
 
 def test_docker_runs_named_labelled_on_the_host_network_with_the_gpus_and_no_value_on_its_command_line():
