@@ -22,6 +22,7 @@ import subprocess
 
 from . import facts, wire
 from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, TAGS, spec_tags
+from .state import private_dir, state_root, write_private
 from .workers import OWN_LAUNCHER
 
 DAEMON_RUNTIMES = ("docker", "podman")  # the container outlives its client: stopped and removed by name
@@ -276,17 +277,69 @@ def preflight(box, probe, needs_torch, say):
     problem = check_runtime(box) or check_mounts(box) or check_image(box, say)
     if problem:
         return None, problem
-    code, out, err = run_bounded(box.run_argv([box.python, "-c", probe], name=box.name + "-probe"), PROBE_WAIT)
-    try:
-        info = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None, wire.Failed("%s in image %s cannot run: %s" % (box.python, box.image,
-                                                                    last_line(err) or "exit %s" % code),
-                                 "set `container: {python: ...}` to the image's interpreter, or check the image")
+    key = versions_key(box)
+    info = read_versions(key)
+    if info is None:
+        info, problem = probe_image(box, probe)
+        if problem:
+            return None, problem
+        keep_versions(key, info)
     if needs_torch and not info.get("torch"):
         return None, wire.Failed("torch is not installed for %s in image %s" % (box.python, box.image),
                                  "use an image with torch, or set `container: {python: ...}` to the interpreter that has it")
     return info, None
+
+
+def probe_image(box, probe):
+    """(the versions ``probe`` prints in a container of the image, None) or (None, Failed)."""
+    code, out, err = run_bounded(box.run_argv([box.python, "-c", probe], name=box.name + "-probe"), PROBE_WAIT)
+    try:
+        info = json.loads(out.strip().splitlines()[-1])
+        if isinstance(info, dict):
+            return info, None
+    except (ValueError, IndexError):
+        pass
+    return None, wire.Failed("%s in image %s cannot run: %s" % (box.python, box.image, last_line(err) or "exit %s" % code),
+                             "set `container: {python: ...}` to the image's interpreter, or check the image")
+
+
+# The versions an image holds are read once per image and node: a container's start is a second
+# or more (paid per node, per job and per restart), the image's content never changes under its
+# id. The key also holds what else the answer depends on: the interpreter, the mounts, the options.
+def versions_key(box):
+    """A daemon's image: the file name its versions are kept under in the state root; else None."""
+    if not box.daemon:
+        return None
+    code, out, _ = box.runtime_cmd(["image", "inspect", "--format", "{{.Id}}", box.image])
+    if code != 0 or not out.strip():
+        return None
+    import hashlib  # here, not at the top: every agent imports this module, few ever get here
+
+    facts_of = [box.runtime, out.strip(), box.python, box.mounts, box.options]
+    return ".versions-%s.json" % hashlib.sha256(json.dumps(facts_of).encode()).hexdigest()[:32]
+
+
+def read_versions(key):
+    root = state_root()
+    if key is None or private_dir(root, create=False):
+        return None
+    try:
+        fd = os.open(os.path.join(root, key), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def keep_versions(key, info):
+    root = state_root()
+    if key is None or private_dir(root):  # the state root is private, or nothing is kept
+        return
+    try:
+        write_private(os.path.join(root, key), json.dumps(info))
+    except OSError:  # another node of the same host wrote it first
+        pass
 
 
 def check_runtime(box):

@@ -44,6 +44,10 @@ def docker_available() -> str | None:
     return None
 
 
+def tmp_env(tmpdir: Path | None) -> dict:
+    return {"TMPDIR": str(tmpdir)} if tmpdir is not None else {}
+
+
 def python_root() -> str:
     """The directory that holds this Python and its packages (a venv's base included)."""
     return os.path.realpath(sys.base_prefix)
@@ -52,10 +56,11 @@ def python_root() -> str:
 class Podman:
     runtime = "podman"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, tmpdir: Path | None = None):
+        """``tmpdir``: the TMPDIR of the ddp-up runs given ``env`` (their agents' state root goes there)."""
         self.root = root
         self.env = {"CONTAINERS_CONF": str(root / "containers.conf"),
-                    "CONTAINERS_STORAGE_CONF": str(root / "storage.conf")}
+                    "CONTAINERS_STORAGE_CONF": str(root / "storage.conf"), **tmp_env(tmpdir)}
 
     def up(self) -> "Podman":
         (self.root / "containers.conf").write_text(
@@ -96,10 +101,10 @@ class Docker(Podman):
 
     runtime = "docker"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, tmpdir: Path | None = None):
         super().__init__(root)
         self.socket = root / "docker.sock"
-        self.env = {"DOCKER_HOST": f"unix://{self.socket}"}
+        self.env = {"DOCKER_HOST": f"unix://{self.socket}", **tmp_env(tmpdir)}
         self.daemon: subprocess.Popen | None = None
 
     def up(self) -> "Docker":

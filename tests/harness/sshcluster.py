@@ -171,9 +171,11 @@ class SSHCluster:
         self.start_sshd(node, f"127.0.0.1:{port}")
 
     def start_sshd(self, node: Node, listen: str, host_key: Path | None = None,
-                   certificate: Path | None = None) -> None:
+                   certificate: Path | None = None, host_mounts: bool = False) -> None:
         """Another sshd inside ``node`` on ``listen`` (ADDR:PORT), with its own host key and host
-        certificate if given. Stopped by down() with the node."""
+        certificate if given. Stopped by down() with the node. ``host_mounts``: entered with
+        `nsenter --net` only, so the host's mounts stay (/sys, cgroups), as a container runtime
+        needs: `ip netns exec` remounts /sys, and runc then finds no cgroup mount."""
         port = listen.rpartition(":")[2]
         name = f"{node.name}-{listen.replace(':', '-')}"
         config = self.run_dir / f"{name}.sshd_config"
@@ -186,7 +188,12 @@ class SSHCluster:
             text += f"HostCertificate {certificate}\n"
         config.write_text(text)
         _run(SSHD, "-t", "-f", str(config))
-        _run("ip", "netns", "exec", node.name, SSHD, "-f", str(config), "-E", str(self.run_dir / f"{name}.log"))
+        log = self.run_dir / f"{name}.log"
+        if host_mounts:
+            _run("nsenter", f"--net=/run/netns/{node.name}", "unshare", "--uts", "sh", "-c",
+                 f"hostname {node.name} && exec {SSHD} -f {config} -E {log}")
+        else:
+            _run("ip", "netns", "exec", node.name, SSHD, "-f", str(config), "-E", str(log))
         deadline = time.monotonic() + 10
         while "LISTEN" not in _run("ip", "netns", "exec", node.name, "ss", "-ltnH", f"sport = :{port}").stdout:
             if time.monotonic() > deadline:

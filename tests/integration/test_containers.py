@@ -1,8 +1,9 @@
 """Issue 30: the job's launcher in a real container (podman; Debian's docker daemon for the runtime's
 own paths: its run line, inspect, the label sweep), and no container outlives its job.
 
-The nodes are `transport: local` (the same agent and controller as over SSH; podman inside a
-node's network namespace needs `nsenter --net`, which the sshd harness does not use). The image
+The nodes are `transport: local` (the same agent and controller as over SSH), but for one job
+over SSH to two of the sshd cluster's nodes, whose second sshd is entered with `nsenter --net`
+(podman inside a network namespace needs the host's mounts, which `ip netns exec` replaces). The image
 is imported locally and bind-mounts the test's Python read-only (tests/harness/podman.py).
 Every test ends with zero containers in the store and zero tagged processes.
 """
@@ -10,9 +11,11 @@ Every test ends with zero containers in the store and zero tagged processes.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,8 +31,8 @@ pytestmark = pytest.mark.skipif(available() is not None, reason=available() or "
 
 
 @pytest.fixture(scope="module")
-def podman(tmp_path_factory):
-    p = Podman(tmp_path_factory.mktemp("podman")).up()
+def podman(tmp_path_factory, state_tmp):
+    p = Podman(tmp_path_factory.mktemp("podman"), state_tmp).up()
     try:
         yield p
     finally:
@@ -37,10 +40,16 @@ def podman(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def docker(tmp_path_factory):
+def state_tmp(tmp_path_factory):
+    """The agents' TMPDIR, so their state root (and the versions kept there per image) goes with the module."""
+    return tmp_path_factory.mktemp("tmp")
+
+
+@pytest.fixture(scope="module")
+def docker(tmp_path_factory, state_tmp):
     if docker_available():
         pytest.skip(docker_available())
-    d = Docker(tmp_path_factory.mktemp("docker")).up()
+    d = Docker(tmp_path_factory.mktemp("docker"), state_tmp).up()
     try:
         yield d
     finally:
@@ -76,8 +85,9 @@ def boxed(podman, tmp_path):
     assert not procs.wait_no_job_processes(None, timeout=15)
 
 
-def up(podman, path, mode, *more) -> Launch:
-    return Launch(["--no-dashboard", *more, str(path), "boxed.py", str(path.parent), mode], env=podman.env)
+def up(runtime, path, mode, *more) -> Launch:
+    return Launch(["--no-dashboard", *more, str(path), "boxed.py", str(path.parent), mode],
+                  env=runtime.env)
 
 
 def wait_ready(launch: Launch, path: Path, ranks: int) -> None:
@@ -105,7 +115,7 @@ def test_a_job_runs_in_named_containers_with_its_secret_in_no_command_line_or_co
     assert launch.wait(60) == 0, launch.output
     out = launch.output
     for rank in range(3):
-        assert f"rank {rank} token ok uid 0 in {path.parent}" in out
+        assert f"rank {rank} token ok uid 0 in {path.parent} (a container)" in out
         assert f"rank {rank} sum 6" in out
     assert TOKEN not in out
 
@@ -170,3 +180,39 @@ def test_a_missing_image_or_mount_is_named_before_anything_starts(podman, boxed)
     assert launch.wait(60) == 3, launch.output
     assert "container.mounts[0]: /no/such/dir does not exist" in launch.output
     assert "Traceback" not in launch.output
+
+
+SSH_PORT = 2200  # the second sshd of the nodes that can run containers
+
+
+@pytest.fixture(scope="module")
+def boxable(cluster):
+    """Two of the sshd cluster's nodes with an sshd that keeps the host's mounts (once per session)."""
+    nodes = cluster.nodes[2:4]
+    for node in nodes:
+        if not any(f"-{SSH_PORT}.pid" in p.name for p in cluster.run_dir.glob(f"{node.name}-*.pid")):
+            cluster.start_sshd(node, f"{node.addr}:{SSH_PORT}", host_mounts=True)
+    return nodes
+
+
+def test_a_job_over_ssh_runs_in_containers_in_each_nodes_network(cluster, boxable, podman, tmp_path):
+    shutil.copy(BOXED, tmp_path / "boxed.py")
+    (tmp_path / "go").touch()
+    setup = [f"export {k}={v}" for k, v in podman.env.items() if k != "TMPDIR"]  # the test store, on the node
+    path = cluster.cluster_file(tmp_path / "cluster.yaml", [(n, 1) for n in boxable], ssh={"port": SSH_PORT},
+                                python=sys.executable, workdir=str(tmp_path), setup=setup, stop_grace=3,
+                                env={"OMP_NUM_THREADS": 1, "BOX_TOKEN": TOKEN}, container=podman.config())
+    state = Path(tempfile.gettempdir()) / f"ddp-up-{os.getuid()}"
+    kept = set(state.glob(".versions-*"))
+    try:
+        launch = Launch(["--no-dashboard", str(path), "boxed.py", str(tmp_path), "wait"])
+        assert launch.wait(90) == 0, launch.output
+    finally:
+        for path in set(state.glob(".versions-*")) - kept:  # this store's image: gone with it
+            path.unlink()
+    for rank, node in enumerate(boxable):
+        assert f"rank {rank} token ok uid 0 in {tmp_path} (a container)" in launch.output
+        assert f"rank {rank} sum 3" in launch.output
+    assert "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to the interface that reaches the master: eth0" in \
+        launch.output, launch.output
+    assert not podman.containers()

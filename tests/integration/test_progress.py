@@ -171,8 +171,9 @@ def test_a_detached_job_tells_its_end_from_its_node(tmp_path, events):
     ended = next(e for e in got if e["event"] == "ended")
     assert ended["detached"] is True and ended["ok"] is False, ended
     assert "exit code" in ended["root_cause"] and ended["job_id"] == job_of(out)
-    subprocess.run([sys.executable, "-c", "from orchestrator.entry import kill; kill()", str(path), "--job",
-                    job_of(out)], cwd=REPO, capture_output=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", "from orchestrator.entry import kill; kill()", str(path), "--job",
+                           job_of(out), "--purge"], cwd=REPO, capture_output=True, timeout=60)  # its record too
+    assert done.returncode == 0, done.stdout
 
 
 def test_the_run_records_the_command_the_cluster_file_and_the_checkout(tmp_path):

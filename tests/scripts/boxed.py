@@ -22,8 +22,9 @@ where, mode = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 attempt = int(os.environ.get("DDP_UP_ATTEMPT", "0"))
-print("rank %d token %s uid %d in %s" % (rank, "ok" if os.environ.get("BOX_TOKEN") == "s3cr3t-value-42" else "MISSING",
-                                         os.getuid(), os.getcwd()), flush=True)
+boxed = any(os.path.exists(p) for p in ("/run/.containerenv", "/.dockerenv"))  # podman's, docker's
+print("rank %d token %s uid %d in %s%s" % (rank, "ok" if os.environ.get("BOX_TOKEN") == "s3cr3t-value-42" else "MISSING",
+                                           os.getuid(), os.getcwd(), " (a container)" if boxed else ""), flush=True)
 with open(os.path.join(where, "ready.%d.%d" % (attempt, rank)), "w"):
     pass
 

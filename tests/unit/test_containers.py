@@ -3,6 +3,7 @@ node's agent builds them (docker, apptainer, singularity, enroot and pyxis are n
 these machines: their command lines are checked here only)."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,20 @@ def test_dry_run_prints_the_container_command_and_the_masked_environment(tmp_pat
     command = line.splitlines()[-1]
     assert command.startswith("podman run --rm --name ddp-up-j1-n0-a0 ") and " img:1 python3 -S -c " in command
     assert "--device=nvidia.com/gpu=1" in command and command.endswith("--redirects=3 t.py --lr 1")
+
+
+def test_an_images_versions_are_kept_per_image_id_and_what_else_they_depend_on(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(Box, "runtime_cmd", lambda self, args, wait=0: (0, "sha256:abc\n", ""))
+    box = Box(CONF, TAGS, "/work")
+    key = container.versions_key(box)
+    assert key.startswith(".versions-") and key != container.versions_key(Box(dict(CONF, mounts=[]), TAGS, "/work"))
+    assert container.read_versions(key) is None
+    container.keep_versions(key, {"torch": "2.13.0"})
+    assert container.read_versions(key) == {"torch": "2.13.0"}
+    other = tmp_path / "elsewhere.json"
+    other.write_text('{"torch": "9"}')
+    link = Path(container.state_root()) / ".versions-link.json"
+    link.symlink_to(other)
+    assert container.read_versions(link.name) is None  # never through a link
+    assert container.versions_key(Box(dict(CONF, runtime="apptainer"), TAGS, "/work")) is None  # no image id

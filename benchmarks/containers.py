@@ -1,0 +1,115 @@
+"""Container cost: what does ddp-up add to a job that runs in an image?
+
+    python3 -m benchmarks.containers [--repeat 5] [--runtime podman|docker]
+
+Two `transport: local` nodes, one rank each, a gloo all-reduce (torch imported in each rank):
+the test image of tests/harness/podman.py (an empty root filesystem, the test's Python
+bind-mounted read-only). Three ways, interleaved in each repeat:
+  hand     the baseline: the two `RUNTIME run ... torchrun` lines a user types, started together
+  ddp-up   the same job through ddp-up with `container:` (preflight, the versions read from the
+           image once and kept, the containers named, watched and removed)
+  host     the same job through ddp-up without a container, for reference
+Prints each way's median wall time and its ratio to the baseline; the first ddp-up run reads the
+image's versions in a container of its own (later ones find them kept), shown on its own row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.harness.podman import IMAGE, Docker, Podman, available, docker_available
+from tests.harness.runner import REPO, UP, _env
+
+TRAIN = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+assert t.item() == dist.get_world_size()
+dist.destroy_process_group()
+"""
+
+
+def by_hand(store, work: Path, port: int) -> float:
+    """The baseline: each node's container started by hand, both at once."""
+    conf = store.config()
+    mounts = [f"--volume={m}" for m in conf["mounts"]] + [f"--volume={work}:{work}"]
+    lines = [[store.runtime, "run", "--rm", "--network=host", "--ipc=host", *mounts, f"--workdir={work}", IMAGE,
+              conf["python"], "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+              "--master-addr=127.0.0.1", f"--master-port={port}", "train.py"] for rank in (0, 1)]
+    start = time.monotonic()
+    procs = [subprocess.Popen(line, env={**_env(), **store.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for line in lines]
+    codes = [p.wait(300) for p in procs]
+    assert codes == [0, 0], f"the hand-written containers failed: {codes}"
+    return time.monotonic() - start
+
+
+def through_ddp_up(store, cluster: Path, runs: Path) -> float:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", UP, "--runs-dir", str(runs), "--no-dashboard", str(cluster), "train.py"],
+                          cwd=cluster.parent, env={**_env(), "PYTHONPATH": str(REPO), **store.env},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:]
+    return time.monotonic() - start
+
+
+def cluster_file(work: Path, name: str, container: dict | None) -> Path:
+    data = {"transport": "local", "python": sys.executable, "workdir": str(work), "env": {"OMP_NUM_THREADS": 1},
+            "nodes": [{"host": f"local-{i}", "gpus": 1} for i in range(2)]}
+    if container:
+        data["container"] = container
+    path = work / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--runtime", choices=("podman", "docker"), default="podman")
+    args = ap.parse_args()
+    why = available() or (docker_available() if args.runtime == "docker" else None)
+    if why:
+        print(f"cannot run: {why}")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="ddp-up-bench-") as tmp:
+        root = Path(tmp)
+        (root / "store").mkdir()
+        (root / "work").mkdir()
+        (root / "tmp").mkdir()
+        work = root / "work"
+        (work / "train.py").write_text(TRAIN)
+        store = (Docker if args.runtime == "docker" else Podman)(root / "store", root / "tmp").up()
+        try:
+            boxed, host = cluster_file(work, "boxed.yaml", store.config()), cluster_file(work, "host.yaml", None)
+            times: dict[str, list[float]] = {"hand": [], "ddp-up": [], "host": []}
+            first = through_ddp_up(store, boxed, root / "runs")  # reads the versions from the image: kept after
+            for i in range(args.repeat):
+                times["hand"].append(by_hand(store, work, 29400 + i))
+                times["ddp-up"].append(through_ddp_up(store, boxed, root / "runs"))
+                times["host"].append(through_ddp_up(store, host, root / "runs"))
+            left = store.containers()
+        finally:
+            store.down()
+    base = statistics.median(times["hand"])
+    print(f"{args.runtime}, 2 local nodes x 1 rank, gloo all-reduce, {args.repeat} repeats (median wall time)")
+    print(f"{'way':<28} {'seconds':>8} {'vs hand':>8}")
+    rows = [("hand (2 x `run` by hand)", base), ("ddp-up, container", statistics.median(times["ddp-up"])),
+            ("ddp-up, container, 1st run", first), ("ddp-up, host (no container)", statistics.median(times["host"]))]
+    for name, seconds in rows:
+        print(f"{name:<28} {seconds:>8.2f} {seconds / base:>8.2f}")
+    print(f"containers left after the runs: {len(left)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
