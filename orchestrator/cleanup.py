@@ -12,7 +12,6 @@ from typing import Callable
 
 from .config import NodeConfig
 from .node import wire
-from .node.container import DAEMON_RUNTIMES
 from .node.procs import TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .oneshot import call_agent
 from .parallel import on_each
@@ -52,8 +51,7 @@ def sweep_node(node: NodeConfig, match: dict, grace: float, dry_run: bool = Fals
                transport: Transport | None = None, purge: bool = False, signal: str | None = None) -> SweepReport:
     """Run the agent in sweep mode on one node and collect its report (bounded by sweep_limit);
     with ``signal``, that signal to every rank found instead, stopping nothing."""
-    box = node.container
-    runtimes = [box.runtime] if box is not None and box.runtime in DAEMON_RUNTIMES else None
+    runtimes = [node.container.runtime] if node.container is not None else None  # the node picks the daemons'
     spec = wire.SweepSpec(match=match, grace=grace, dry_run=dry_run, purge=purge, signal=signal, runtimes=runtimes)
     reply = call_agent(node, spec, sweep_limit(node, grace), until=wire.Swept, transport=transport)
     listed, swept = reply.frames.get(wire.Listed), reply.frames.get(wire.Swept)

@@ -12,6 +12,8 @@ import shutil
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Mapping
 
+from .node.procs import JOB_SIGNALS  # a stop_signal, or ddp-kill --signal's (the node's launcher: none takes them too)
+
 if TYPE_CHECKING:
     from .containers import ContainerConfig
 
@@ -21,7 +23,6 @@ Transport = Literal["ssh", "local"]
 DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
 
 
-JOB_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")  # a stop_signal, or ddp-kill --signal's
 
 
 def job_signal(text: object) -> str | None:

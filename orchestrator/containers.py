@@ -14,11 +14,9 @@ and keeps the container's life (node/container.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable
 
-from . import node
+from . import node, protocol
 from .node.container import PROBE_WAIT, PULL_WAIT, PULLS, RUNTIMES
 
 KEYS = ("image", "runtime", "pull", "mounts", "options", "python")
@@ -42,12 +40,11 @@ class ContainerConfig:
                 "options": list(self.options), "python": self.python}
 
 
-@lru_cache(maxsize=1)
 def workers_code() -> dict[str, str]:
     """`launcher: none` in a container: the modules its launcher runs in the image (workers.main,
     and procs, which workers imports), as RunSpec.workers_code carries them."""
-    here = Path(node.__file__).parent
-    return {name: (here / f"{name}.py").read_text() for name in ("procs", "workers")}
+    shipped = dict(zip(node.SHIPPED, protocol.sources()))
+    return {name: shipped[name].decode() for name in ("procs", "workers")}
 
 
 def preflight_allowance(config: ContainerConfig | None) -> float:
@@ -78,7 +75,7 @@ def container(value: Any, transport: str, error: Callable[[tuple, str], Exceptio
     if runtime == "pyxis" and transport != "srun":
         raise error(("runtime",), "pyxis is Slurm's: use it under --slurm (transport: srun), or `runtime: enroot`")
     return ContainerConfig(image=value["image"], runtime=runtime, pull=_choice(value, "pull", PULLS, "missing", error),
-                           mounts=_mounts(value.get("mounts", []), runtime, error),
+                           mounts=_mounts(value.get("mounts", []), error),
                            options=_options(value.get("options", []), error), python=value.get("python", "python3"))
 
 
@@ -89,7 +86,7 @@ def _choice(value: dict, key: str, allowed: tuple[str, ...], default: str, error
     return chosen
 
 
-def _mounts(value: Any, runtime: str, error) -> tuple[str, ...]:
+def _mounts(value: Any, error) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise error(("mounts",), "must be a list of SRC[:DST[:ro|rw]], e.g. [/data:/data:ro]")
     for i, mount in enumerate(value):

@@ -80,12 +80,6 @@ def gpu_ids(env, nproc):
     return ids[:nproc] if nproc else ids
 
 
-def mount_pair(text):
-    """(source, destination, options) of a ``SRC[:DST[:OPTIONS]]`` mount (the controller checked its form)."""
-    parts = text.split(":")
-    return parts[0], parts[1] if len(parts) > 1 and parts[1] else parts[0], ":".join(parts[2:])
-
-
 class Box:
     """One attempt's container on this node: its commands (run, signal, remove), per runtime.
     ``conf``: RunSpec.container; ``tags``: the launch's; ``binds``: host directories the job
@@ -238,9 +232,7 @@ def sweep(runtimes, match, dry_run):
 
 def write_env(path, env):
     """The job's environment for LOADER: 0600, never through a link or over another file."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(env, f)
+    write_private(path, json.dumps(env))
 
 
 def write_package(where, code):
@@ -249,9 +241,7 @@ def write_package(where, code):
     for path in (where, package):
         os.mkdir(path, 0o700)
     for name, text in dict(code, __init__="").items():
-        fd = os.open(os.path.join(package, os.path.basename(name) + ".py"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        write_private(os.path.join(package, os.path.basename(name) + ".py"), text)
 
 
 def inner_env(env, base, own, gpus):
@@ -274,10 +264,12 @@ def preflight(box, probe, needs_torch, say):
     """The runtime, the mounts and the image (pulled as ``pull`` says, its lines through
     ``say``), then the versions inside it (``probe``, Python code that prints them as JSON):
     ({"torch", "cuda", "nccl"}, None) or (None, the Failed frame naming the key to fix)."""
-    problem = check_runtime(box) or check_mounts(box) or check_image(box, say)
+    ident, problem = None, check_runtime(box) or check_mounts(box)
+    if problem is None:
+        ident, problem = check_image(box, say)
     if problem:
         return None, problem
-    key = versions_key(box)
+    key = versions_key(box, ident)
     info = read_versions(key)
     if info is None:
         info, problem = probe_image(box, probe)
@@ -306,16 +298,14 @@ def probe_image(box, probe):
 # The versions an image holds are read once per image and node: a container's start is a second
 # or more (paid per node, per job and per restart), the image's content never changes under its
 # id. The key also holds what else the answer depends on: the interpreter, the mounts, the options.
-def versions_key(box):
-    """A daemon's image: the file name its versions are kept under in the state root; else None."""
-    if not box.daemon:
-        return None
-    code, out, _ = box.runtime_cmd(["image", "inspect", "--format", "{{.Id}}", box.image])
-    if code != 0 or not out.strip():
+def versions_key(box, ident):
+    """The file name the versions of the image with id ``ident`` (a daemon's) are kept under in the
+    state root; None without an id."""
+    if not ident:
         return None
     import hashlib  # here, not at the top: every agent imports this module, few ever get here
 
-    facts_of = [box.runtime, out.strip(), box.python, box.mounts, box.options]
+    facts_of = [box.runtime, ident, box.python, box.mounts, box.options]
     return ".versions-%s.json" % hashlib.sha256(json.dumps(facts_of).encode()).hexdigest()[:32]
 
 
@@ -357,33 +347,41 @@ def check_runtime(box):
 
 def check_mounts(box):
     for i, m in enumerate(box.mounts):
-        source = mount_pair(m)[0]
+        source = m.split(":")[0]  # SRC[:DST[:OPTIONS]], as the controller checked it
         if not os.path.exists(source):
             return wire.Failed("container.mounts[%d]: %s does not exist on this node" % (i, source),
                                "create it on this node, or fix the mount in the cluster file")
     return None
 
 
+def image_id(box):
+    """(exit status, the image's id, stderr) of the runtime's ``image inspect``."""
+    code, out, err = box.runtime_cmd(["image", "inspect", "--format", "{{.Id}}", box.image])
+    return code, out.strip(), err
+
+
 def check_image(box, say):
-    """None once the image is here (pulled if ``pull`` says so), else the Failed frame."""
+    """(the image's id where its runtime has one, None) once the image is here (pulled if
+    ``pull`` says so), else (None, the Failed frame)."""
     if not box.daemon:
         local = box.runtime != "pyxis" and ("/" in box.image or box.image.endswith((".sif", ".sqsh")))
         if local and "://" not in box.image and not os.path.exists(box.image):
-            return wire.Failed("container.image %s does not exist on this node" % box.image,
-                               "copy the image file there, or give its path on the node")
-        return None
-    pull = box.pull
-    if pull != "always":
-        code, _, err = box.runtime_cmd(["image", "inspect", "--format", "{{.Id}}", box.image])
+            return None, wire.Failed("container.image %s does not exist on this node" % box.image,
+                                     "copy the image file there, or give its path on the node")
+        return None, None
+    if box.pull != "always":
+        code, ident, err = image_id(box)
         if code == 0:
-            return None
+            return ident, None
         if code is None or not MISSING_IMAGE.search(err):
-            return wire.Failed("container runtime %s cannot be used: %s" % (box.runtime, last_line(err)),
-                               "check that `%s info` works for this user on this node" % box.runtime)
-        if pull == "never":
-            return wire.Failed("container.image %s is not on this node, and `pull: never`" % box.image,
-                               "pull or load it there (%s pull/load), or set `pull: missing`" % box.runtime)
-    return pull_image(box, say)
+            return None, wire.Failed("container runtime %s cannot be used: %s" % (box.runtime, last_line(err)),
+                                     "check that `%s info` works for this user on this node" % box.runtime)
+        if box.pull == "never":
+            return None, wire.Failed("container.image %s is not on this node, and `pull: never`" % box.image,
+                                     "pull or load it there (%s pull/load), or set `pull: missing`" % box.runtime)
+    problem = pull_image(box, say)
+    code, ident, _ = image_id(box) if problem is None else (None, None, "")
+    return (ident if code == 0 else None), problem
 
 
 def pull_image(box, say):

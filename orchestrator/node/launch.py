@@ -15,7 +15,7 @@ import time
 
 from . import container, events, facts, flight, policy, wire
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, carries, find_tagged, kill_tagged, read_tags, signal_ranks, signal_tagged, spec_tags,
+from .procs import (KILL_WAIT, TAGS, carries, find_tagged, kill_tagged, read_tags, signal_ranks, signal_tagged, spec_tags,
                     wait_gone)
 from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
@@ -139,7 +139,7 @@ class Launch:
         """(the runtime client's argv, its environment): the launcher in this attempt's container,
         the job's environment in a private file, never on a command line (Box.start_args)."""
         self.env_file = os.path.join(self.dir, per_attempt(container.ENV_FILE, self.attempt))
-        own = set(self.spec.env or ()) | set(self.go_env) | set(spec_tags(self.spec, 0)) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT}
+        own = set(self.spec.env or ()) | set(self.go_env) | set(TAGS) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT}
         return self.box.start_args(argv, env, job_env(None), own, self.env_file, self.spec.workers_code)
 
     def write_hooks(self, files):

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from .procs import TAGS, signal_tagged
+from .procs import JOB_SIGNALS, TAGS, signal_tagged
 
 # `launcher: none`: the first word of the Go argv that asks this agent to start the workers itself
 # (``OWN_LAUNCHER --name=value... SCRIPT ARGS``), with no launcher process between them.
@@ -182,16 +182,13 @@ class Workers:
         return self.code
 
 
-STOPS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")  # a stop_signal may be any of these
-
-
 def main(argv):
     """`launcher: none` in a container (container.py): this process, the container's first, is
     the launcher; ``argv`` is the Go's, after OWN_LAUNCHER. The agent outside signals it through
     the runtime: a stop_signal goes on to every worker, as the agent's own Workers would send it."""
     workers = Workers(parse_launch(argv), dict(os.environ), {k: os.environ[k] for k in TAGS if k in os.environ},
                       lambda text: (sys.stderr.write(text), sys.stderr.flush()))
-    for name in STOPS:
+    for name in JOB_SIGNALS:  # the stop_signal may be any of them
         signal.signal(getattr(signal, name), lambda sig, _frame: workers.send_signal(sig))
     workers.start(os.environ["PET_LOG_DIR"])
     sys.exit(workers.wait())

@@ -166,10 +166,10 @@ def test_dry_run_prints_the_container_command_and_the_masked_environment(tmp_pat
 
 def test_an_images_versions_are_kept_per_image_id_and_what_else_they_depend_on(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    monkeypatch.setattr(Box, "runtime_cmd", lambda self, args, wait=0: (0, "sha256:abc\n", ""))
     box = Box(CONF, TAGS, "/work")
-    key = container.versions_key(box)
-    assert key.startswith(".versions-") and key != container.versions_key(Box(dict(CONF, mounts=[]), TAGS, "/work"))
+    key = container.versions_key(box, "sha256:abc")
+    assert key.startswith(".versions-") and key != container.versions_key(Box(dict(CONF, mounts=[]), TAGS, "/work"),
+                                                                          "sha256:abc")
     assert container.read_versions(key) is None
     container.keep_versions(key, {"torch": "2.13.0"})
     assert container.read_versions(key) == {"torch": "2.13.0"}
@@ -178,4 +178,4 @@ def test_an_images_versions_are_kept_per_image_id_and_what_else_they_depend_on(t
     link = Path(container.state_root()) / ".versions-link.json"
     link.symlink_to(other)
     assert container.read_versions(link.name) is None  # never through a link
-    assert container.versions_key(Box(dict(CONF, runtime="apptainer"), TAGS, "/work")) is None  # no image id
+    assert container.versions_key(Box(dict(CONF, runtime="apptainer"), TAGS, "/work"), None) is None  # no image id
