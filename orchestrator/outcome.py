@@ -147,7 +147,7 @@ class JobResult:
 
     @property
     def root_cause(self) -> Failure | None:
-        return policy.earliest(self.failures, lambda f: f.at, lambda f: f.window, lambda f: f.exception is not None)
+        return policy.earliest(self.failures, lambda f: f.at, lambda f: f.window, lambda f: f.exception)
 
     def ending(self, attempts=()) -> str:
         """``job J ok after 17.0 s in 2 attempts (exit status 0)``: how the run ended, over all its

@@ -77,7 +77,7 @@ def attempt_summary(attempt, states, hung, halted, wall):
     """One attempt as outcome.json lists it: every node's end, and the root cause (the earliest
     failure, or the hang the supervisor stopped the job for)."""
     failures = [dict(st, node=n) for n, st in states.items() if st["state"] != "done"]
-    first = policy.earliest(failures, lambda f: f["at"], raised=lambda f: f.get("exception") is not None)
+    first = policy.earliest(failures, lambda f: f["at"], exception=lambda f: f.get("exception"))
     if hung is not None and halted and halted.startswith("job hung"):
         first = {"node": None, "state": "hung", "code": None, "reason": halted, "at": wall}
     return {"attempt": attempt, "ended": wall, "root_cause": first, "halted": halted,

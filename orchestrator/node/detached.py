@@ -50,10 +50,12 @@ def master_of(argv):
 
 
 def own_failure(failures, ends, first_rank):
-    """A failed node's earliest failure, for the supervisor: the first rank that raised, else
-    the first rank that ended (its global rank), with its own time; None if neither is known."""
+    """A failed node's earliest failure, for the supervisor: the first rank that raised (by
+    policy.earliest's rule), else the first rank that ended (its global rank), with its own
+    time; None if neither is known."""
     if failures:
-        return dict(failures[0], rank=first_rank + failures[0]["rank"], error_file=None)
+        first = policy.earliest(failures, lambda f: f["at"], exception=lambda f: f.get("exception"))
+        return dict(first, rank=first_rank + first["rank"], error_file=None)
     if ends:
         local, at = min(ends.items(), key=lambda item: item[1])
         return {"rank": first_rank + int(local), "at": at, "exception": None}

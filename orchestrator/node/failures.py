@@ -10,6 +10,7 @@ run or unpickled, and every text cut to a length before it travels.
 
 import json
 import os
+import re
 import select
 import threading
 import time
@@ -91,14 +92,21 @@ def from_error_file(where):
             "error_file": text}
 
 
+# torch prints an uncaught exception of a rank whose process group is up with every line
+# prefixed: "[rank2]: Traceback ...", "[rank2]:   File ...", and its C++ warnings as "[rank2]:[W...]".
+RANK_PREFIX = re.compile(r"\[rank\d{1,7}\]: ?")
+MESSAGE_MORE = 8  # lines of an exception's message after its first kept in the trace (NCCL's "Last error:")
+
+
 def from_stderr(where):
-    """The last traceback in the end of the rank's stderr log: its exception line (the first
-    line after the header that is not indented) and its last lines; None without one."""
+    """The last traceback in the end of the rank's stderr log (torch's ``[rankN]: `` prefix or
+    not): its exception line (the first line after the header that is not indented), the
+    message's own last error where NCCL gives one, and its last lines; None without one."""
     read = read_bounded(os.path.join(where, "stderr.log"), READ_MOST, tail=True)
     if read is None:
         return None
     text, mtime = read
-    lines = text.splitlines()
+    lines = [unprefixed(line) for line in text.splitlines()]
     starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK)]
     if not starts:
         return None
@@ -106,8 +114,35 @@ def from_stderr(where):
     ends = [i for i, line in enumerate(block) if i and line and not line[0].isspace()]
     if not ends:
         return None
-    block = block[:ends[0] + 1]
-    return {"at": mtime, "exception": clip(block[-1]), "trace": last_lines(block), "error_file": None}
+    message = message_lines(block[ends[0]:])
+    block = block[:ends[0]] + message
+    return {"at": mtime, "exception": clip(exception_line(message)), "trace": last_lines(block), "error_file": None}
+
+
+def unprefixed(line):
+    found = RANK_PREFIX.match(line)
+    return line[found.end():] if found else line
+
+
+def message_lines(lines):
+    """The exception's line and the lines its message goes on with, up to a blank line or a log
+    line of torch's own ("[W...]", "[E...]", "W1126 ..."), at most MESSAGE_MORE more."""
+    kept = lines[:1]
+    for line in lines[1:MESSAGE_MORE + 1]:
+        if not line.strip() or line.startswith("[") or re.match(r"[WEI]\d{4} ", line):
+            break
+        kept.append(line)
+    return kept
+
+
+def exception_line(message):
+    """The exception's first line, with the line after NCCL's "Last error:" where it says one
+    (its first line names only the file and the error class; the reason is there)."""
+    text = message[0]
+    for i, line in enumerate(message[1:-1], 1):
+        if line.strip() == "Last error:":
+            return "%s (last error: %s)" % (text, message[i + 1].strip())
+    return text
 
 
 def first_line(text):

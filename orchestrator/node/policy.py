@@ -4,6 +4,7 @@ supervisor makes the same decisions without a controller. Pure and stdlib-only: 
 takes the time it decides at (``now``, monotonic seconds unless it says wall clock).
 """
 
+import re
 import signal
 
 # Signals that are no stop, anywhere: ddp-up passes them on to every rank (a Slurm warning, a
@@ -57,14 +58,35 @@ def silence(now, heard, limit):
     return silent if silent > limit else None
 
 
-def earliest(failures, when, window=lambda failure: 0.0, raised=lambda failure: False):
+# A rank's exception that says a peer went away (gloo's "Connection closed by peer", a reset
+# socket, NCCL's "remote process exited"): what a rank meets when another rank died first, so
+# never the root cause while a rank that raised on its own is near enough in time to be it.
+PEER_LOST = re.compile(r"(connection (reset|closed) by peer|broken pipe|remote process exited|"
+                       r"peer (closed|disconnected|hung up)|ECONNRESET|EPIPE)", re.I)
+PEER_LOST_REACH = 10.0  # seconds after a peer-lost failure in which the failure that caused it is looked for
+
+
+def peer_lost(exception):
+    """Whether a rank's exception text says it lost a peer (bounded: the text is the job's)."""
+    return bool(exception) and PEER_LOST.search(exception[:2000]) is not None
+
+
+def earliest(failures, when, window=lambda failure: 0.0, exception=lambda failure: None):
     """The root cause: the failure that happened first, or None. ``when(failure)``: its time;
     ``window(failure)``: how much later it may really have been (torchrun's report says the
-    second: 1.0; an error file's time is exact: 0). Every failure that may have happened as early
-    as the first ties with it, and a tie goes to a Python exception (``raised``) over a death by
-    a signal: when one rank raises, gloo aborts its peers, and the exception is the cause."""
+    second: 1.0; an error file's time is exact: 0); ``exception(failure)``: the rank's exception
+    text, or None (a death by a signal). Every failure that may have happened as early as the
+    first ties with it, and a tie goes to a rank's own exception, then to a death by a signal,
+    then to an exception that only says a peer went away: when one rank raises, gloo and NCCL
+    abort or disconnect its peers. A first failure that says a peer went away reaches
+    PEER_LOST_REACH seconds further for the failure that caused it (a log's time is its last
+    write, which can come after the peer's own)."""
     if not failures:
         return None
+
+    def order(f):
+        text = exception(f)
+        return (2 if peer_lost(text) else 0 if text else 1), when(f)
     first = min(failures, key=when)
-    tied = [f for f in failures if when(f) <= when(first) + window(first)]
-    return min(tied, key=lambda f: (not raised(f), when(f)))
+    reach = window(first) + (PEER_LOST_REACH if peer_lost(exception(first)) else 0.0)
+    return min((f for f in failures if when(f) <= when(first) + reach), key=order)

@@ -116,3 +116,16 @@ def ddp_kill(*args: str, timeout: float = 60) -> tuple[int, str]:
 def ddp_check(*args: str, timeout: float = 60) -> tuple[int, str]:
     launch = Launch(list(args), code=CHECK)
     return launch.wait(timeout), launch.output
+
+
+def local_cluster(tmp_path: Path, nodes: int = 2, gpus: int = 1, **top) -> Path:
+    """A cluster file of ``nodes`` `transport: local` nodes (the same agent, relay and controller
+    path as over SSH, at a fraction of the cost) in ``tmp_path``; ``top``: more top-level keys."""
+    import yaml
+
+    data = {"transport": "local", "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1},
+            "orphan_timeout": 30,
+            "nodes": [{"host": f"local-{i}", "gpus": gpus} for i in range(nodes)], **top}
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -16,23 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.harness import procs
-from tests.harness.runner import REPO, RUNS_ROOT, UP, ddp_up, run_dir
+from tests.harness.runner import REPO, RUNS_ROOT, UP, ddp_up, local_cluster, run_dir
 from tests.integration.conftest import SCRIPT
 
 BARS = str(Path(SCRIPT).with_name("bars.py"))
 pytest.importorskip("tqdm")
-
-
-def local_cluster(tmp_path: Path, nodes: int = 2, **top) -> Path:
-    data = {"transport": "local", "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1},
-            "orphan_timeout": 30,
-            "nodes": [{"host": f"local-{i}", "gpus": 1} for i in range(nodes)], **top}
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def job_of(out: str) -> str:

@@ -4,7 +4,8 @@
              [--hang] [--checkpoint FILE] [--raise-rank R]   (R fails only in attempts A,B: DDP_UP_ATTEMPT;
              rank 0 keeps the last step done in FILE, and a run resumes after it, saying "resumed at step
              N"; --raise-rank: R raises RuntimeError under torchelastic's @record while every other
-             rank waits in a barrier, which gloo then aborts: they raise a moment later)
+             rank waits in a barrier, which gloo then aborts: they raise a moment later; --raise-plain R:
+             the same without @record or a handler, so that torch prints it as "[rankR]: Traceback ...")
   job.py argv ARGS...     rank 0 prints ARGV <json of ARGS> and exits 0
   job.py hang             last rank blocks in all_reduce (block_forever), others sleep (wait_for_peers)
   job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
@@ -71,7 +72,7 @@ def wait_for_peers():
 
 def run(argv):
     opts = {"steps": 2, "step-time": 0.0, "fail-rank": -1, "exit-code": 3, "fail-attempts": "", "checkpoint": "",
-            "raise-rank": -1}
+            "raise-rank": -1, "raise-plain": -1}
     flags = set()
     it = iter(argv)
     for a in it:
@@ -88,6 +89,11 @@ def run(argv):
         finish(opts["exit-code"])
     if opts["raise-rank"] >= 0:
         raise_in(dist, rank, opts["raise-rank"])
+    if opts["raise-plain"] >= 0:
+        if rank == opts["raise-plain"]:
+            time.sleep(0.5)  # the others are in the barrier by then
+            raise RuntimeError(f"boom from rank {rank}")
+        dist.barrier()  # never completes: gloo aborts it once the raising rank is gone
     first = 0
     if opts["checkpoint"] and os.path.exists(opts["checkpoint"]):
         first = int(open(opts["checkpoint"]).read()) + 1

@@ -94,14 +94,58 @@ def test_a_huge_exception_is_cut_before_it_travels(tmp_path):
 # --- the rule (node/policy.py), both ends -----------------------------------------------------------
 
 def test_the_earliest_failure_wins_and_a_tie_goes_to_an_exception_over_a_signal():
-    exact = lambda name, at, raised: {"n": name, "at": at, "w": 0.0, "raised": raised}  # noqa: E731
-    pick = lambda fs: policy.earliest(fs, lambda f: f["at"], lambda f: f["w"], lambda f: f["raised"])["n"]  # noqa: E731
-    assert pick([exact("peer", T0 + 0.05, True), exact("first", T0, True)]) == "first"
+    exact = lambda name, at, raised: {"n": name, "at": at, "w": 0.0, "e": raised}  # noqa: E731
+    pick = lambda fs: policy.earliest(fs, lambda f: f["at"], lambda f: f["w"], lambda f: f["e"])["n"]  # noqa: E731
+    assert pick([exact("peer", T0 + 0.05, "ValueError: x"), exact("first", T0, "RuntimeError: boom")]) == "first"
     # a signal death known to the second (torchrun's report) may have been as late as the exception
-    signal = {"n": "signal", "at": T0, "w": 1.0, "raised": False}
-    assert pick([signal, exact("exception", T0 + 0.4, True)]) == "exception"
-    assert pick([signal, exact("later", T0 + 1.5, True)]) == "signal"
-    assert pick([exact("signal", T0, False), exact("exception", T0, True)]) == "exception"
+    signal = {"n": "signal", "at": T0, "w": 1.0, "e": None}
+    assert pick([signal, exact("exception", T0 + 0.4, "RuntimeError: boom")]) == "exception"
+    assert pick([signal, exact("later", T0 + 1.5, "RuntimeError: boom")]) == "signal"
+    assert pick([exact("signal", T0, None), exact("exception", T0, "RuntimeError: boom")]) == "exception"
+
+
+GLOO_PEER = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+             "closed by peer [127.0.0.1]:19139. This is typically caused by a remote worker crashing.")
+
+
+@pytest.mark.parametrize("peer", [GLOO_PEER, "RuntimeError: [pair.cc:598] Read error [10.0.0.2]:3: Connection reset by peer",
+                                  "torch.distributed.DistBackendError: NCCL error: remote process exited or there "
+                                  "was a network error, NCCL version 2.28.9"])
+def test_a_peers_lost_connection_never_wins_over_the_rank_that_raised(peer):
+    """The raising rank's log is written last at its exit, after its peers saw the connection
+    close: by the logs' times the peer is first, yet it only says that the raising rank went away."""
+    pick = lambda fs: policy.earliest(fs, lambda f: f["at"], exception=lambda f: f["e"])["n"]  # noqa: E731
+    raised = {"n": "raised", "at": T0 + 0.3, "e": "RuntimeError: boom from rank 1"}
+    assert pick([{"n": "peer", "at": T0, "e": peer}, raised]) == "raised"
+    # nor over a rank killed by a signal (the OOM killer), nor when nothing better is near
+    assert pick([{"n": "peer", "at": T0, "e": peer}, {"n": "killed", "at": T0 + 2, "e": None}]) == "killed"
+    assert pick([{"n": "peer", "at": T0, "e": peer}, dict(raised, at=T0 + policy.PEER_LOST_REACH + 1)]) == "peer"
+    assert pick([{"n": "peer", "at": T0, "e": peer}, {"n": "peer2", "at": T0 + 1, "e": peer}]) == "peer"
+    assert policy.peer_lost(peer) and not policy.peer_lost("RuntimeError: boom") and not policy.peer_lost(None)
+
+
+GPU_DATA = os.path.join(os.path.dirname(__file__), "..", "data", "gpu", "h200")
+
+
+def test_a_traceback_torch_prefixed_with_the_rank_is_read_with_nccls_last_error(tmp_path):
+    """Two ranks on one GPU, on a real H200 (NCCL 2.28.9): every stderr line is "[rank0]: ...", and
+    the reason is on the line after "Last error:", not on the exception's first line."""
+    where = rank_dir(str(tmp_path))
+    with open(os.path.join(GPU_DATA, "shared-gpu-rank0.log")) as f:
+        write(os.path.join(where, "stderr.log"), f.read())
+    [found] = failures.rank_failures(str(tmp_path))
+    assert found["exception"].startswith("torch.distributed.DistBackendError: NCCL error in: ")
+    assert found["exception"].endswith("(last error: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60)")
+    assert found["trace"][-1] == "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60"
+    assert not any(line.startswith("[rank0]") for line in found["trace"])
+
+
+def test_a_prefixed_traceback_ends_at_torchs_own_log_lines(tmp_path):
+    where = rank_dir(str(tmp_path))
+    write(os.path.join(where, "stderr.log"), "".join(f"[rank3]: {line}\n" for line in TRACE) +
+          "[rank3]:[W1126 01:23:47.069248625 ProcessGroupNCCL.cpp:1575] Warning: destroy_process_group() was not called\n")
+    [found] = failures.rank_failures(str(tmp_path))
+    assert found["exception"] == "RuntimeError: boom" and found["trace"] == TRACE
 
 
 # --- the controller: torchrun's report joined with the node's reading -------------------------------

@@ -1,0 +1,42 @@
+"""What a new user meets in the first hour, on real torchrun jobs (`transport: local` nodes: the
+same agent, relay and controller path as over SSH): the rank's exception in the root cause
+without torchelastic's @record, and no warning that ddp-up itself caused."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tests.harness import procs
+from tests.harness.runner import ddp_up, local_cluster, run_dir
+from tests.integration.conftest import SCRIPT
+
+
+def job_of(out: str) -> str:
+    return re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
+
+
+def test_a_rank_that_raises_without_record_is_the_root_cause_with_its_exception(tmp_path):
+    """Rank 1 raises after init_process_group, as most scripts do: no @record, no handler. torch
+    prints its traceback as "[rank1]: ..." lines; its peers' barriers fail with gloo's "Connection
+    closed by peer" a moment later, and their logs may be written first."""
+    path = local_cluster(tmp_path, nodes=2, gpus=2)
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "run", "--raise-plain", "1")
+    assert code == 1, out
+    assert re.search(r"^root cause: local-0 \(node 0, rank 1\): rank 1 exited with code 1: RuntimeError: boom from "
+                     r"rank 1$", out, re.M), out
+    job = job_of(out)
+    summary = json.loads((run_dir(job) / "summary.json").read_text())
+    assert summary["root_cause"]["exception"] == "RuntimeError: boom from rank 1", summary["root_cause"]
+    assert summary["root_cause"]["traceback"][-1] == "RuntimeError: boom from rank 1"
+    assert procs.wait_no_job_processes(job, 15) == []
+
+
+def test_a_plain_run_prints_no_warning_that_ddp_up_caused(tmp_path):
+    """The Flight Recorder's buffer is set under the one name the node's torch reads: both names
+    made torch print a deprecation warning in every rank."""
+    path = local_cluster(tmp_path, nodes=2, gpus=1)
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "run", "--steps", "1")
+    assert code == 0, out
+    assert not re.search(r"warn|deprecat", out, re.I), out
+    assert procs.wait_no_job_processes(job_of(out), 15) == []
