@@ -2,9 +2,9 @@
 read here, and what of it goes to the controller.
 
 Every rank keeps a ring of its last collectives (op, process group, sequence number, sizes,
-dtypes, when it was called, whether it completed) once ``TORCH_FR_BUFFER_SIZE`` (gloo and the
-others; ``TORCH_NCCL_TRACE_BUFFER_SIZE`` for NCCL) is set: ``recording_env`` sets them where the
-job's environment does not. A thread the stack-dump hook starts in each rank (RECORDER_HOOK)
+dtypes, when it was called, whether it completed) once its buffer size is set:
+``recording_env`` sets the one variable the node's torch reads (``buffer_var``), where the job's
+environment sets neither. A thread the stack-dump hook starts in each rank (RECORDER_HOOK)
 writes the rank's record as JSON (never torch's pickle) into this attempt's private directory
 every RECORD_EVERY seconds, at the same wall-clock instants on every rank, so that the records
 of all ranks overlap. A rank that hangs wrote its stuck state the moment it got stuck; one that
@@ -33,7 +33,8 @@ RECORD_FILE = re.compile(r"(fr|nccl)\.(\d{1,7})\.json")
 DIR_VAR = "DDP_UP_FLIGHT_DIR"
 EVERY_VAR = "DDP_UP_FLIGHT_EVERY"
 RECORDER_FRAME = "record"  # the recorder thread's function: a stack dump shows it, and the stack reader skips it
-BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # the name since torch 2.9, the name before
+RENAMED_IN = (2, 9)
 
 # Appended to the stack-dump hook (a sitecustomize: runs in every Python process the launcher
 # starts); works only in a worker (RANK set) whose torch.distributed is initialized. Its thread
@@ -65,12 +66,23 @@ if os.environ.get("DIR_VAR") and os.environ.get("RANK") is not None:
 """.replace("DIR_VAR", DIR_VAR).replace("EVERY_VAR", EVERY_VAR).replace("RECORDER_FRAME", RECORDER_FRAME)
 
 
-def recording_env(env, directory):
+def buffer_var(torch_version):
+    """The buffer variable the node's torch reads. torch 2.9 renamed TORCH_NCCL_TRACE_BUFFER_SIZE
+    to TORCH_FR_BUFFER_SIZE and prints a deprecation warning in every rank that still sets the old
+    name (seen with NCCL on torch 2.11, and with gloo on 2.13), so only one is set: the old name
+    for a torch known to be older, the new one otherwise (``launcher: none`` probes no version)."""
+    found = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    if found and (int(found.group(1)), int(found.group(2))) < RENAMED_IN:
+        return BUFFER_VARS[1]
+    return BUFFER_VARS[0]
+
+
+def recording_env(env, directory, torch_version=None):
     """The job's environment with the Flight Recorder on, where the job did not set it itself
-    (a user's own buffer sizes, or 0 for off, are kept), and this attempt's record directory."""
+    (a user's own buffer size, or 0 for off, under either name, is kept), and this attempt's
+    record directory."""
     if not any(var in env for var in BUFFER_VARS):
-        for var in BUFFER_VARS:
-            env[var] = BUFFER
+        env[buffer_var(torch_version)] = BUFFER
     # NCCL's own dump when its watchdog times out (torch's pickle, for torch's analyzer; never read
     # here): into the private directory, not /tmp, where another user could plant a link
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")

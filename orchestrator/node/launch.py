@@ -52,7 +52,7 @@ class Launch:
     """Attempt ``attempt`` of the job here, from its Go: started, watched, signalled, ended. Its
     exit goes on ``post`` as an events.Exited of this attempt (a later one's is told apart)."""
 
-    def __init__(self, spec, out, match, state_dir, log_dir, attempt, job_env, post, box=None):
+    def __init__(self, spec, out, match, state_dir, log_dir, attempt, job_env, post, box=None, torch=None):
         self.spec, self.out, self.match = spec, out, match
         self.dir, self.log_dir, self.attempt = state_dir, log_dir, attempt
         self.job_env, self.post = job_env, post  # the job's environment (a dict, copied), the agent's queue
@@ -68,6 +68,7 @@ class Launch:
         self.box = box  # the container the launcher runs in (container.Box), if the job has one
         self.env_file = None  # the job's environment for the container's first process (container.LOADER)
         self.go_env = {}  # what the Go adds to the job's environment (the network interfaces)
+        self.torch_version = (torch or {}).get("torch")  # the job's torch, as the preflight read it
 
     def start(self, go):
         env = self.launch_env(go)
@@ -114,7 +115,7 @@ class Launch:
         if private_dir(path) is not None:
             return False
         self.flight_dir = path
-        flight.recording_env(env, path)
+        flight.recording_env(env, path, self.torch_version)
         return True
 
     def start_launcher(self, argv, env):

@@ -191,7 +191,7 @@ class Runner:
         """The attempt's launch, from ``go`` (its processes, relays and samplers: launch.py)."""
         self.before_start(go)
         self.launch = Launch(self.spec, self.out, self.match, self.dir, self.log_dir, self.attempt, self.job_env,
-                             self.events.put, box_for(self.spec, self.attempt, self.dir, self.job_env()))
+                             self.events.put, box_for(self.spec, self.attempt, self.dir, self.job_env()), self.torch)
         self.launch.start(go)
 
     # --- stopping and ending ----------------------------------------------------------------------

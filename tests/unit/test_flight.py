@@ -7,6 +7,8 @@ import json
 import os
 import random
 
+import pytest
+
 from orchestrator import collective, flight
 from orchestrator.hang import HangWatch
 from orchestrator.node import flight as node_flight
@@ -100,8 +102,18 @@ def test_the_users_own_buffer_settings_are_kept():
     assert mine["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in mine
     assert mine["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0" and mine[node_flight.DIR_VAR] == "/d"
     ours = node_flight.recording_env({}, "/d")
-    assert ours["TORCH_FR_BUFFER_SIZE"] == ours["TORCH_NCCL_TRACE_BUFFER_SIZE"] == node_flight.BUFFER
     assert ours["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith("/d/")  # never /tmp's shared name
+
+
+@pytest.mark.parametrize("torch, var", [("2.13.0", "TORCH_FR_BUFFER_SIZE"), ("2.11.0+cu130", "TORCH_FR_BUFFER_SIZE"),
+                                        ("2.9.0", "TORCH_FR_BUFFER_SIZE"), ("10.1", "TORCH_FR_BUFFER_SIZE"),
+                                        (None, "TORCH_FR_BUFFER_SIZE"), ("?", "TORCH_FR_BUFFER_SIZE"),
+                                        ("2.8.1", "TORCH_NCCL_TRACE_BUFFER_SIZE"), ("1.13.1", "TORCH_NCCL_TRACE_BUFFER_SIZE")])
+def test_only_the_buffer_variable_the_nodes_torch_reads_is_set(torch, var):
+    """Both names set made torch 2.11 (NCCL, on an H200) and 2.13 (gloo) warn in every rank that the
+    old one is deprecated; the new one alone records (tests/data/gpu/h200/fr-vars-*.txt)."""
+    env = node_flight.recording_env({}, "/d", torch)
+    assert [v for v in node_flight.BUFFER_VARS if v in env] == [var] and env[var] == node_flight.BUFFER
 
 
 def test_arrivals_wait_until_every_rank_of_the_node_called_the_collective():
