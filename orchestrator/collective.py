@@ -118,7 +118,11 @@ def render(report: dict, labels: list[str]) -> Group:
             reduce.add_row(human_bytes(size), Text("skipped: the smaller size says too slow", style="yellow"), "", "")
             continue
         algbw = size / max(seconds, 1e-9)
-        reduce.add_row(human_bytes(size), f"{seconds * 1e3:.2f} ms", rate(algbw), rate(algbw * 2 * (world - 1) / world))
+        # busbw: what each link carried (NCCL's tests' measure); one rank sends nothing
+        busbw = rate(algbw * 2 * (world - 1) / world) if world > 1 else "-"
+        reduce.add_row(human_bytes(size), f"{seconds * 1e3:.2f} ms", rate(algbw), busbw)
+    if not report["links"]:  # one node: a ring of one has no link to measure (and showed 0 bytes/s)
+        return Group(reduce, Text("one node: no link to another node to measure", style="dim"))
     links = node_links(report)
     median = statistics.median(link.figure for link in links) if links else 0.0
     table = Table(title="each node's link (a ring: to and from two partners)", title_justify="left")
