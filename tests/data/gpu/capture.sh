@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Captures what ddp-up meets on a real NVIDIA GPU, as test data (run on the GPU machine, from the
-# repository's root; everything lands in /tmp/cap, packed to $OUT/cap.tgz). Each step is bounded.
+# repository's root; `capture.sh verify` reruns only the runs that fixes changed). Everything lands
+# in /tmp/cap, packed to $OUT/cap.tgz. Each step is bounded.
 set -u
 export PYTHONUNBUFFERED=1 COLUMNS=120
 C=/tmp/cap; rm -rf $C; mkdir -p $C/torch-dumps $C/records
@@ -14,6 +15,14 @@ step() {  # step NAME SECONDS CMD...: output to $C/NAME.txt, exit status and sec
 }
 Q_GPUS="--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits"
 Q_APPS="--query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv,noheader,nounits"
+
+if [ "${1:-}" = verify ]; then  # after fixes: the runs whose output changed, again
+  step install 240 python3 -m pip install --no-deps --no-build-isolation -e .
+  step job 180 ddp-up --no-dashboard --runs-dir $C/runs configs/local-gpus.yaml examples/train.py --steps 5
+  step shared 120 ddp-up --no-dashboard --no-preflight --runs-dir $C/runs $D/shared.yaml $D/nccl_shared.py
+  step check_collective 180 ddp-check --collective configs/local-gpus.yaml
+  cat $C/steps.txt; exit 0
+fi
 
 # 1. the machine, and the project installed (its dependencies as the image has them)
 step facts 60 bash -c "uname -a; which python3; python3 -V; nvidia-smi; nvidia-smi -L;
