@@ -104,8 +104,11 @@ class NodeOutcome:
 
     @property
     def detail(self) -> str:
-        took = f"stopped in {self.stop_seconds:.1f} s" if self.stop_seconds is not None else ""
-        return "; ".join(part for part in (self.reason, took) if part)
+        """``stopped by ddp-up in 0.6 s``, ``SIGTERM from outside; stopped in 0.6 s``."""
+        took = f"{self.stop_seconds:.1f} s" if self.stop_seconds is not None else ""
+        if took and (self.reason or "").startswith("stopped"):
+            return f"{self.reason} in {took}"
+        return "; ".join(part for part in (self.reason, took and f"stopped in {took}") if part)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from . import notify
 from .containers import container
 from .errors import ConfigError
 from .hostlists import host_problem
+from .keyhints import unknown_key_hint
 from .node.facts import IFNAME_VARS
 from .reading import key_path, read_text
 
@@ -116,9 +117,7 @@ class Checks:
             raise self.error(at, f"must be a mapping, got {_kind(value)}")
         for key in value:
             if key not in allowed:
-                hint = _closest(str(key), allowed)
-                raise self.error(at + (key,), "unknown key" + (f"; did you mean `{hint}`?" if hint else
-                                 f"; allowed here: {', '.join(allowed)}"))
+                raise self.error(at + (key,), "unknown key; " + unknown_key_hint(str(key), at, allowed, tuple(SSH_RULES)))
         return value
 
     def string(self, value: Any, at: tuple) -> str:
@@ -160,23 +159,16 @@ class Checks:
         return value
 
     def positive(self, value: Any, at: tuple, allow_zero: bool = False, most: float = LONGEST) -> float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or value < 0 or (value == 0 and not allow_zero):
-            raise self.error(at, f"must be a number of seconds {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-        if value > most:
+        """Seconds, as a number or with a unit (90, "90s", "5m", "12h", "7d"): every duration takes both."""
+        seconds = parse_duration(value)
+        if seconds is None or seconds < 0 or (seconds == 0 and not allow_zero):
+            raise self.error(at, f"must be a number of seconds {'>= 0' if allow_zero else '> 0'}, or a duration "
+                                 f"such as 90s, 5m, 12h or 7d, got {value!r}")
+        if seconds > most:
             raise self.error(at, f"must be at most {most:.0f} seconds ({most / 86400:g} days), got {value!r}")
-        return float(value)
+        return seconds
 
     def duration(self, value: Any, at: tuple) -> float:
-        """Seconds, as a number or with a unit: 90, "30m", "12h", "7d"."""
-        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-        if isinstance(value, str) and value[-1:] in units:
-            try:
-                value = float(value[:-1]) * units[value[-1]]
-            except ValueError:
-                pass
-        if isinstance(value, str):
-            raise self.error(at, f"must be a duration such as 7d, 12h, 30m or a number of seconds, got {value!r}")
         return self.positive(value, at, allow_zero=True, most=LONGEST_RETENTION)
 
     def file_path(self, value: Any, at: tuple) -> str:
@@ -419,8 +411,19 @@ def _kind(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: f"{value!r}"}.get(type(value), repr(value))
 
 
-def _closest(word: str, options: tuple[str, ...]) -> str | None:
-    import difflib
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
-    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return match[0] if match else None
+
+def parse_duration(value: Any) -> float | None:
+    """Seconds from a number or a string with a unit ("90", "90s", "5m", "1.5h", "7d"); None if
+    it is neither, or not finite."""
+    if isinstance(value, str):
+        text = value.strip()
+        scale = DURATION_UNITS.get(text[-1:].lower(), 0) if text else 0
+        try:
+            value = float(text[:-1] if scale else text) * (scale or 1)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)

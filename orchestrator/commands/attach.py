@@ -22,7 +22,7 @@ from ..plan import LaunchPlan, check_job_id
 from ..views.console import ConsoleView, outside, terminal_console
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
-from .common import (add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report, make_view,
+from .common import (Parser, add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report, make_view,
                      report, ssh_connections, table_console)
 
 LIST_LIMIT = 30.0  # seconds beyond the connect timeout for a node to list its jobs
@@ -35,7 +35,7 @@ def add_tail(p: argparse.ArgumentParser) -> None:
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description)
+    p = Parser(prog=prog, description=description)
     p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="the cluster file the job was started with")
     p.add_argument("job", metavar="JOB", nargs="?", help="the job id (ddp-ls lists them)")
     add_node_sources(p)
@@ -155,7 +155,7 @@ class LinesView(ConsoleView):
 # --- ddp-ls ---------------------------------------------------------------------------------
 
 def ls_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ddp-ls", description="The detached jobs on the cluster's nodes, running and "
+    p = Parser(prog="ddp-ls", description="The detached jobs on the cluster's nodes, running and "
                                                          "finished (kept 7 days, or until ddp-kill --purge).")
     p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="the cluster file")
     add_node_sources(p)
@@ -252,8 +252,10 @@ def main_ls(argv: list[str] | None = None) -> int:
     if args.json:
         for row in rows:
             print(json.dumps(dict(dataclasses.asdict(row), duration=row.duration(now))))
-    else:
+    elif rows:
         console.print(ls_table(rows, now))
+    else:
+        console.print("ddp-ls: no detached jobs on these nodes (ddp-up --detach starts one)", markup=False, highlight=False)
     for r in replies:
         if r.problem is not None:
             console.print(f"ddp-ls: {r.problem.render()} (its jobs are not listed)", markup=False, highlight=False)
@@ -276,7 +278,7 @@ def job_anywhere(nodes: list, job_id: str) -> bool:
 
 
 def ls_table(rows: list[JobRow], now: float) -> Table:
-    table = Table(title="ddp-ls" + ("" if rows else ": no detached jobs on these nodes"), title_justify="left")
+    table = Table(title="ddp-ls", title_justify="left")
     commits = any(row.commit for row in rows)  # the column only where some job ran from a checkout
     for column in ("job", "script", *(("commit",) if commits else ()), "state", "ranks", "started", "duration", "exit"):
         table.add_column(column, no_wrap=True)

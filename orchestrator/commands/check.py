@@ -17,11 +17,12 @@ from ..job import Job
 from ..plan import make_plan, mask_secrets, new_job_id
 from ..preflight import torch_versions
 from ..views.console import outside, safe_text, terminal_console
-from .common import add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections
+from .common import (Parser, add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections,
+                     table_console)
 
 
 def check_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="ddp-check",
         description="Check every node in parallel without starting anything: SSH login and host key, python, "
                     "torch (same version everywhere), workdir and script, master port, a real TCP connection "
@@ -83,6 +84,7 @@ def main_check(argv: list[str] | None = None) -> int:
             job.close()
         if job.interrupted:
             return interrupted("ddp-check", Interrupted(job.interrupted), "while checking; nothing was started")
+    console = table_console()  # into a pipe or a file: every column whole
     console.print(check_table(job.status, problems, job.master_port))
     for p in problems:
         console.print(Text("✗ ", style="bold red") + Text(safe_text(mask_secrets(p.render(), config.secret_values))))

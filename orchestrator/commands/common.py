@@ -4,6 +4,7 @@ and the one way an error or a signal becomes a message and an exit status."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import signal
 from contextlib import contextmanager
@@ -20,9 +21,66 @@ from ..paramiko_ssh import ssh_facts
 from ..plan import LaunchPlan, mask_secrets
 from ..reading import read_text
 from ..sshmaster import CONTROL
-from ..views.console import ConsoleView, safe_text, terminal_console
+from ..validate import parse_duration
+from ..views.clean import safe_lines
+from ..views.console import ConsoleView, terminal_console
 from ..views.dashboard import DashboardView
 from ..views.filters import parse_ranks
+
+
+# What each command's exit status means, at the end of its --help (the README lists them too).
+EXITS = {
+    "ddp-up": "0 ok, 1 job failed, 2 bad config or usage, 3 a node could not be set up (nothing started), "
+              "70 internal error, 128+N killed by signal N",
+    "ddp-kill": "0 every node answered and nothing of the job(s) is left, 1 a node could not be reached or a "
+                "process outlived SIGKILL, 2 bad cluster file or usage, 128+N killed by signal N",
+    "ddp-check": "0 every node is ready, 1 --collective could not run, 2 bad cluster file or usage, 3 a node is "
+                 "not ready (or, with --collective, a link far slower than the others), 128+N killed by signal N",
+    "ddp-ls": "0 listed, 2 bad cluster file or usage, 3 a node could not be asked (the others' jobs are "
+              "listed), 128+N killed by signal N",
+    "ddp-attach": "the job's own status once it has ended (0 ok, 1 failed), 0 when left while it runs, 2 bad "
+                  "cluster file or usage, 3 no such job or a node could not be reached, 128+N killed by signal N",
+    "ddp-logs": "0 printed, 2 bad cluster file or usage, 3 no such job or a node could not be reached, 128+N "
+                "killed by signal N",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, naming the near option for an unknown one (``--dryrun``: did you mean
+    ``--dry-run``?) and ending --help with the command's exit statuses (EXITS)."""
+
+    def __init__(self, prog: str, description: str = "", epilog: str = "", **kwargs):
+        epilog = "\n".join(part for part in (epilog, f"Exit status: {EXITS[prog]}.") if part)
+        super().__init__(prog=prog, description=fill(description), epilog=fill(epilog),
+                         formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+    def error(self, message: str):  # type: ignore[override]
+        words = message.partition("unrecognized arguments: ")[2].split()
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        for word in (w for w in words if w.startswith("-")):
+            near = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6)
+            if near:
+                message += f" (did you mean {near[0]}?)"
+                break
+        super().error(message)
+
+
+def fill(text: str) -> str:
+    """Paragraphs (one a line) wrapped for --help, which keeps the line breaks of an epilog as given."""
+    import textwrap
+
+    return "\n\n".join(textwrap.fill(par, 100) for par in text.split("\n"))
+
+
+def duration_arg(text: str) -> float:
+    """A command-line duration: seconds, or with a unit (90s, 5m, 12h, 7d), as the cluster file takes."""
+    try:
+        return float(text)  # nan and inf too: the command checks the range, and says so
+    except ValueError:
+        seconds = parse_duration(text)
+    if seconds is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (seconds, or 90s, 5m, 12h, 7d)")
+    return seconds
 
 
 def add_view_options(p: argparse.ArgumentParser) -> None:
@@ -136,7 +194,8 @@ def load_or_report(args: argparse.Namespace, prog: str, script_too: bool = False
         if script_too:
             args.cluster, args.script = cluster_and_script(args.cluster, args.script, source is not None)
         if args.cluster is None and source is None:
-            raise UsageError(f"{prog} needs CLUSTER.yaml, or the nodes from --hostfile, -H or --slurm")
+            raise UsageError("which nodes? name a cluster file (CLUSTER.yaml), or give them with "
+                             "--hostfile FILE, -H HOST:N,... or --slurm")
         return load_cluster(args.cluster, source, forward=forward)
     except DdpUpError as e:
         report(prog, e)
@@ -144,8 +203,9 @@ def load_or_report(args: argparse.Namespace, prog: str, script_too: bool = False
 
 
 def report(prog: str, e: DdpUpError, secrets: frozenset[str] = frozenset()) -> int:
-    """The error's one message on stderr (secrets masked, control characters dropped); its exit status."""
-    text = safe_text(mask_secrets(e.render(), secrets))
+    """The error's one message on stderr (secrets masked, control characters dropped, its own
+    line breaks kept); its exit status."""
+    text = safe_lines(mask_secrets(e.render(), secrets))
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]{prog}:[/] {escape(text)}")
     return e.exit_code
 

@@ -16,11 +16,11 @@ from ..config import JOB_SIGNALS, job_signal
 from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
 from ..plan import check_job_id
 from ..views.console import outside
-from .common import add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
+from .common import Parser, add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
 
 
 def kill_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="ddp-kill",
         description="Stop ddp-up job processes on every node, found by the tags ddp-up put in their environment "
                     "(never by name). Default: jobs launched from this cluster file.")

@@ -33,26 +33,28 @@ from ..views.logfiles import RunLogs
 from ..notify import Notifier
 from ..runrecord import RunRecord
 from ..views.transfer import transfer_progress
-from .common import (NODE_SOURCE_FLAGS, add_node_sources, add_view_options, cluster_and_script, interrupted,
+from .common import (NODE_SOURCE_FLAGS, Parser, add_node_sources, duration_arg, add_view_options, cluster_and_script, interrupted,
                      is_cluster_file, make_view, node_source, report, resolve_nodes, ssh_connections)
 
 
 def up_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="ddp-up",
         usage="ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]\n"
               "       ddp-up [options] (--hostfile FILE | -H HOST:N,... | --slurm) [CLUSTER.yaml] SCRIPT [ARGS...]\n"
               "       ddp-up --sbatch [SBATCH OPTIONS] [--] CLUSTER.yaml SCRIPT [ARGS...]   (a batch job running "
               "--slurm)",
         description="Launch a multi-node torchrun job over SSH; every remote process it starts is stopped on exit.",
-        epilog="Everything after SCRIPT is passed to the script verbatim. Exit status: 0 ok, 1 job failed, "
-               "2 bad config or usage, 3 a node could not be set up (nothing started), 70 internal error, "
-               "128+N killed by signal N.")
+        epilog="Everything after SCRIPT is passed to the script verbatim.")
     p.add_argument("cluster", metavar="CLUSTER.yaml", help="cluster file (see configs/); with a node "
                    "option below, optional and used for its other settings")
     p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script, resolved in each node's workdir")
     add_node_sources(p)
     p.add_argument("--dry-run", action="store_true", help="print the command for every node; connect to nothing")
+    p.add_argument("--sbatch", metavar="SBATCH OPTIONS", nargs="?",  # read before argparse (sbatch.split_sbatch)
+                   help="submit the run as a Slurm batch job instead: ddp-up --sbatch -N4 --time=2:00:00 "
+                        "CLUSTER.yaml SCRIPT ... (sbatch's options end at -- or the cluster file); it runs "
+                        "ddp-up --slurm in the allocation")
     sync = p.add_mutually_exclusive_group()
     sync.add_argument("--sync", dest="sync", action="store_true", default=None,
                       help="first copy the cluster file's `sync:` directory, else this directory, to every node's "
@@ -63,7 +65,7 @@ def up_parser() -> argparse.ArgumentParser:
                    help="start the job, then exit once every node runs: the job goes on without ddp-up (its "
                         "nodes stop each other on a failure); watch it with ddp-attach, ddp-logs, ddp-ls")
     add_view_options(p)
-    p.add_argument("--hang-timeout", type=float, metavar="SECONDS",
+    p.add_argument("--hang-timeout", type=duration_arg, metavar="SECONDS",
                    help="declare the job hung after this long without output from any rank (or with some "
                         "nodes finished and others still running): dump every rank's stack, then stop")
     p.add_argument("--restarts", type=int, metavar="N",
@@ -165,6 +167,9 @@ def load_for_up(args: argparse.Namespace, inbox: signals.SignalInbox):
         check_job_id(args.job_id, "--job-id")  # before anything is read or reached
     source = node_source(args)
     args.cluster, args.script = cluster_and_script(args.cluster, args.script, source is not None)
+    if args.script is None and args.cluster is not None and not is_cluster_file(args.cluster):
+        raise UsageError(f"{args.cluster} is not a cluster file: ddp-up CLUSTER.yaml {args.cluster} [ARGS...] "
+                         "(configs/local.yaml runs on this machine; configs/cluster.example.yaml shows the keys)")
     if args.script is None:
         raise UsageError("missing SCRIPT: ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]")
     config = load_cluster(args.cluster, source)

@@ -89,10 +89,13 @@ class Box:
         self.runtime, self.image = conf["runtime"], conf["image"]
         self.python = conf.get("python") or "python3"
         self.pull = conf.get("pull") or "missing"
-        self.mounts = list(conf.get("mounts") or ())
         self.options = list(conf.get("options") or ())
         self.tags, self.workdir = tags, workdir
         self.binds = [b for b in dict.fromkeys((workdir,) + tuple(binds)) if b]
+        # a mount of the workdir onto itself is ours already: a second one is podman's "duplicate
+        # mount destination"; another source at the workdir's path is refused in preflight
+        self.mounts = [m for m in conf.get("mounts") or () if mount_ends(m) not in
+                       [(os.path.normpath(b), os.path.normpath(b)) for b in self.binds]]
         self.gpus = list(gpus)
         self.user = (os.getuid(), os.getgid()) if user is None else user
         self.name = container_name(tags)
@@ -345,12 +348,23 @@ def check_runtime(box):
     return None
 
 
+def mount_ends(mount):
+    """(source, destination) of SRC[:DST[:OPTIONS]] (as the controller checked it), normalized."""
+    parts = mount.split(":")
+    return os.path.normpath(parts[0]), os.path.normpath(parts[1] if len(parts) > 1 and parts[1] else parts[0])
+
+
 def check_mounts(box):
+    ours = [os.path.normpath(b) for b in box.binds]
     for i, m in enumerate(box.mounts):
-        source = m.split(":")[0]  # SRC[:DST[:OPTIONS]], as the controller checked it
+        source, target = mount_ends(m)
         if not os.path.exists(source):
             return wire.Failed("container.mounts[%d]: %s does not exist on this node" % (i, source),
                                "create it on this node, or fix the mount in the cluster file")
+        if target in ours:
+            return wire.Failed("container.mounts[%d]: %s would be mounted at %s, where ddp-up mounts the job's %s"
+                               % (i, source, target, "workdir" if target == ours[0] else "state directory"),
+                               "mount it at another path, or set `workdir:` to it")
     return None
 
 

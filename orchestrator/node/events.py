@@ -85,7 +85,7 @@ class Over(wire.Frame):
     reason: str
 
 
-CONTROLLER_ASKED = "controller asked"
+CONTROLLER_ASKED = "stopped by ddp-up"  # a node's detail: in the words users use
 FROM_CONTROLLER = {  # run mode: every frame the controller may send after the spec but Heartbeat
     wire.Go: Go,
     wire.Probe: Probe,

@@ -57,8 +57,7 @@ class Launch:
         self.dir, self.log_dir, self.attempt = state_dir, log_dir, attempt
         self.job_env, self.post = job_env, post  # the job's environment (a dict, copied), the agent's queue
         self.proc = None
-        self.pumps = []
-        self.tailer = None
+        self.pumps, self.tailer = [], None
         self.ended = threading.Event()  # the job is over here: samplers stop
         self.stop_wall = None  # when it was asked to stop (wall clock)
         self.rank_ends = None  # the launcher's workers' ends (failures.RankEnds)

@@ -126,12 +126,12 @@ class FakeNode:
                 self.queue.at(self.clock() + self.run_for, lambda: self.say(wire.Exited(
                     code=self.exit_code, signal=None, stopped=False, reason=None, failures=self.failures)))
         elif isinstance(frame, wire.Stop):
-            self.say(wire.Stopping(reason="controller asked"))
+            self.say(wire.Stopping(reason="stopped by ddp-up"))
             if self.obeys_stop:
-                self.say(wire.Exited(code=-15, signal="SIGTERM", stopped=True, reason="controller asked",
+                self.say(wire.Exited(code=-15, signal="SIGTERM", stopped=True, reason="stopped by ddp-up",
                                      failures=self.failures))
         elif isinstance(frame, wire.Kill) and self.obeys_kill:
-            self.say(wire.Exited(code=-9, signal="SIGKILL", stopped=True, reason="controller asked"))
+            self.say(wire.Exited(code=-9, signal="SIGKILL", stopped=True, reason="stopped by ddp-up"))
 
     def kinds(self) -> list[str]:
         return [type(f).__name__ for f in self.sent if not isinstance(f, wire.Heartbeat)]

@@ -326,7 +326,7 @@ def test_retention_is_a_duration_and_a_record_expires_by_its_own():
     assert parse_cluster(nodes, "c.yaml").retention == 7 * 86400
     assert parse_cluster("retention: 12h\n" + nodes, "c.yaml").retention == 12 * 3600
     assert parse_cluster("retention: 90\n" + nodes, "c.yaml").retention == 90
-    with pytest.raises(ConfigError, match=r"c.yaml:1: retention: must be a duration such as 7d"):
+    with pytest.raises(ConfigError, match=r"c.yaml:1: retention: must be a number of seconds >= 0, or a duration such as 90s, 5m, 12h or 7d"):
         parse_cluster("retention: soon\n" + nodes, "c.yaml")
     now = 10_000.0
     assert state.expired({"state": "done", "ended": now - 61, "retention": 60}, now)

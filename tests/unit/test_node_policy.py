@@ -88,8 +88,8 @@ def test_the_attempt_summary_names_the_earliest_failure_or_the_hang():
 
 def test_every_frame_the_agent_takes_becomes_one_named_event():
     assert events.from_controller(wire.Go(argv=["x"])) == events.Go(wire.Go(argv=["x"]))
-    assert events.from_controller(wire.Stop()) == events.Stop("controller asked")
-    assert events.from_controller(wire.Kill()) == events.Stop("controller asked", True)
+    assert events.from_controller(wire.Stop()) == events.Stop("stopped by ddp-up")
+    assert events.from_controller(wire.Kill()) == events.Stop("stopped by ddp-up", True)
     assert events.from_controller(wire.Dump()) == events.Dump()
     assert events.from_controller(wire.Heartbeat()) is None
     assert events.from_controller(wire.Restart(attempt=1, port=2)) == events.Stop(
@@ -109,7 +109,7 @@ def test_the_controllers_frames_are_read_into_events_until_the_stream_ends():
     heard: list = []
     stream = io.BytesIO(wire.Heartbeat().encode() + wire.Go(argv=["x"]).encode() + wire.Stop().encode())
     events.read_controller(stream, got.append, lambda: heard.append(1))
-    assert got == [events.Go(wire.Go(argv=["x"])), events.Stop("controller asked"),
+    assert got == [events.Go(wire.Go(argv=["x"])), events.Stop("stopped by ddp-up"),
                    events.ControllerGone("controller connection closed")]
     assert len(heard) == 3  # every frame, the heartbeat too, keeps the dead-man switch quiet
     got.clear()

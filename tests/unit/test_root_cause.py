@@ -191,7 +191,7 @@ def test_a_failure_reported_after_the_stop_is_still_the_root_cause_when_it_came_
     h.nodes[1].failures = [failed(0, T0 + 4.85, "RuntimeError: Connection closed by peer")]
     h.nodes[0].failures = [failed(0, T0 + 4.8, "RuntimeError: boom")]  # in its stopped Exited
     result = h.job.run()
-    assert h.states() == ["failed", "failed"]  # node 0's own rank failed: not "stopped, controller asked"
+    assert h.states() == ["failed", "failed"]  # node 0's own rank failed: not "stopped, stopped by ddp-up"
     root = result.root_cause
     assert (root.node, root.rank, root.exception) == (0, 0, "RuntimeError: boom")
     assert root.render() == "h0 (node 0, rank 0): rank 0 raised: RuntimeError: boom"
@@ -204,7 +204,7 @@ def test_a_node_stopped_with_no_failure_of_its_own_stays_stopped():
     assert h.states() == ["stopped", "failed"] and result.root_cause.node == 1
     # issue 27, item 1: how long each node took to stop (a failed one was not asked to)
     assert [n.stop_seconds for n in result.nodes] == [0.0, None]
-    assert result.nodes[0].detail == "controller asked; stopped in 0.0 s"
+    assert result.nodes[0].detail == "stopped by ddp-up in 0.0 s"
 
 
 def test_the_root_cause_its_exception_and_the_error_files_reach_summary_json(tmp_path):
