@@ -25,34 +25,32 @@ ATTENTION = {"failed": 0, "lost": 0, "error": 0, "stopping": 1, "stopped": 1, "c
              "starting": 2, "done": 3, "running": 4}
 
 
-def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambda text: text) -> RenderableType:
-    """The live table. Cells that hold what nodes said are Text, never markup, and cleaned."""
+def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambda text: text,
+           width: int | None = None) -> RenderableType:
+    """The live table. Cells that hold what nodes said are Text, never markup, and cleaned.
+    ``width``: the terminal's; where it is narrow, the least needed columns go (DROPPED_FIRST)
+    and the last line and progress are cut, while node, host, ranks and state stay whole."""
     header = Text.assemble(("ddp-up ", "bold"), f"job {snap.job_id}  master {snap.master}  "
                            f"world {snap.world_size}  elapsed {duration(snap.elapsed)}  ",
                            (snap.phase, PHASE_STYLE.get(snap.phase, "")),
                            f"  attempt {snap.attempt}" if snap.attempt else "",
                            f"  eta {duration(snap.eta)}" if snap.eta is not None else "",
                            (f"  out: {', '.join(snap.quarantined)}" if snap.quarantined else "", "red"))
-    table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
-    gpus = any(row.gpus for row in snap.nodes)  # the column only where the agents sample GPUs
-    late = any(row.late for row in snap.nodes)  # and only while a node straggles
-    progress = any(row.progress for row in snap.nodes)  # and only where a bar says how far
-    for name, justify in (("node", "right"), ("host", "left"), ("ranks", "left"), ("state", "left"),
-                          ("up", "right"), ("lines", "right"), ("lines/s", "right"), ("exit", "right"),
-                          *((("gpu", "right"),) if gpus else ()), *((("late", "left"),) if late else ()),
-                          *((("progress", "left"),) if progress else ()),
-                          ("last line", "left")):
-        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis",
-                         max_width=60 if name == "last line" else None, style="dim" if name == "last line" else None)
     shown, hidden = _pick_rows(snap.nodes, max_rows)
-    for row in shown:
-        table.add_row(str(row.index), outside(row.label, style=node_color(row.index)), _ranks(row.ranks),
-                      Text(row.state, style=STATE_STYLE.get(row.state, "")),
-                      "" if row.uptime is None else duration(row.uptime), str(row.lines),
-                      f"{rates.get(row.index, 0.0):.0f}", row.exit, *((row.gpus,) if gpus else ()),
-                      *((Text(row.late, style="yellow"),) if late else ()),
-                      *((_progress(row),) if progress else ()),
-                      Text(safe_text(mask(row.reason or row.bar or row.last_line))))
+    columns = _columns(snap.nodes, shown, rates, mask)
+    for name in DROPPED_FIRST:
+        if width is None or _fixed_width(columns) <= width - LAST_LINE_LEAST:
+            break
+        columns.pop(name, None)
+    table = Table(box=None, pad_edge=False, expand=False, show_edge=False)
+    for name, (justify, _) in columns.items():
+        # rich narrows the columns that may wrap first: only those that give way may, and their
+        # cells never wrap (one_line), so they are cut with an ellipsis
+        cut = name in GIVES_WAY
+        table.add_column(one_line(name) if cut else name, justify=justify, no_wrap=not cut, overflow="ellipsis",
+                         max_width=60 if name == "last line" else None, style="dim" if name == "last line" else None)
+    for i in range(len(shown)):
+        table.add_row(*(cells[i] for _, cells in columns.values()))
     parts: list[RenderableType] = [header, table]
     if hidden:
         counts: dict[str, int] = {}
@@ -63,9 +61,50 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
     return Group(*parts)
 
 
+GIVES_WAY = ("progress", "last line")  # the columns cut to fit a narrow terminal; the rest stay whole
+DROPPED_FIRST = ("lines/s", "lines", "up", "late", "gpu", "exit")  # in a narrow terminal, in this order
+LAST_LINE_LEAST = 30  # columns the last line (and progress) keep before another column goes
+
+
+def _columns(nodes, shown, rates, mask) -> dict[str, tuple[str, list]]:
+    """{column: (justify, its cells for the rows shown)}, in order; gpu, late and progress only
+    where some node has them (the agents sample GPUs, a node straggles, a bar says how far)."""
+    columns = {
+        "node": ("right", [str(r.index) for r in shown]),
+        "host": ("left", [outside(r.label, style=node_color(r.index)) for r in shown]),
+        "ranks": ("left", [_ranks(r.ranks) for r in shown]),
+        "state": ("left", [Text(r.state, style=STATE_STYLE.get(r.state, "")) for r in shown]),
+        "up": ("right", ["" if r.uptime is None else duration(r.uptime) for r in shown]),
+        "lines": ("right", [str(r.lines) for r in shown]),
+        "lines/s": ("right", [f"{rates.get(r.index, 0.0):.0f}" for r in shown]),
+        "exit": ("right", [r.exit for r in shown]),
+        "gpu": ("right", [r.gpus for r in shown]),
+        "late": ("left", [Text(r.late, style="yellow") for r in shown]),
+        "progress": ("left", [_progress(r) for r in shown]),
+        "last line": ("left", [one_line(safe_text(mask(r.reason or r.bar or r.last_line))) for r in shown]),
+    }
+    for name, field in (("gpu", "gpus"), ("late", "late"), ("progress", "progress")):
+        if not any(getattr(r, field) for r in nodes):
+            del columns[name]
+    return columns
+
+
+def _fixed_width(columns) -> int:
+    """What the columns that stay whole take: their widest cell or name, and a space between."""
+    return sum(max([len(name)] + [len(str(c)) for c in cells]) + 2
+               for name, (_, cells) in columns.items() if name not in GIVES_WAY)
+
+
+def one_line(text: str | Text) -> Text:
+    """A cell of a column that gives way: cut with an ellipsis, never wrapped onto a second line."""
+    cell = Text(text) if isinstance(text, str) else text
+    cell.no_wrap, cell.overflow = True, "ellipsis"
+    return cell
+
+
 def _progress(row: NodeRow) -> Text:
     """``45% 36.2it/s eta 0:15``, and ``slow 0.61x`` where the node goes well below the others."""
-    return Text(row.progress) + (Text(f" slow {row.slow}", style="bold yellow") if row.slow else Text(""))
+    return one_line(Text(row.progress) + (Text(f" slow {row.slow}", style="bold yellow") if row.slow else Text("")))
 
 
 def _pick_rows(rows: tuple[NodeRow, ...], max_rows: int) -> tuple[list[NodeRow], list[NodeRow]]:
@@ -126,7 +165,7 @@ class DashboardView(ConsoleView):
                 self.rates[row.index] = (row.lines - n0) / (snap.now - t0) if snap.now > t0 else 0.0
                 self.samples[row.index] = (snap.now, row.lines)
         max_rows = max(4, self.console.size.height // 2 - 4)
-        self.live.update(render(snap, self.rates, max_rows, self.plan.mask), refresh=True)
+        self.live.update(render(snap, self.rates, max_rows, self.plan.mask, self.console.size.width), refresh=True)
 
     def _flush(self) -> None:
         self.last_flush = time.monotonic()

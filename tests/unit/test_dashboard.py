@@ -44,3 +44,35 @@ def test_a_gpu_column_appears_only_where_the_agents_sample_gpus():
     snap = replace(snap, nodes=(replace(snap.nodes[0], gpus="87% 61/80G"), snap.nodes[1]))
     lines = text_of(render(snap, {}, max_rows=10)).splitlines()
     assert lines[1].split()[8] == "gpu" and "87% 61/80G" in lines[2]
+
+
+def wide_snapshot():
+    from dataclasses import replace
+
+    bar = "Epoch 3: 45%|████▌     | 450/1000 [01:02<01:15, 7.30it/s, loss=0.31, v_num=0]"
+    snap = snapshot(3, {1: "failed"})
+    return replace(snap, nodes=tuple(replace(n, label=f"10.213.129.{n.index + 1}", gpus="87% 61/80G", last_line=bar,
+                                             progress="45% 7.3it/s eta 1:15") for n in snap.nodes))
+
+
+def shown_at(width: int) -> list[str]:
+    out = io.StringIO()
+    Console(file=out, width=width, height=60, color_system=None).print(render(wide_snapshot(), {}, 10, width=width))
+    return out.getvalue().splitlines()
+
+
+def test_in_80_columns_host_ranks_and_state_stay_whole_and_the_last_line_is_cut():
+    lines = shown_at(80)
+    assert all(len(line) <= 80 for line in lines) and len(lines) == 5  # no row wraps onto a second line
+    assert lines[1].split()[:4] == ["node", "host", "ranks", "state"]
+    for i, state in enumerate(("running", "failed", "running")):
+        assert lines[2 + i].split()[:4] == [str(i), f"10.213.129.{i + 1}", f"{2 * i}-{2 * i + 1}", state], lines
+    assert "…" in lines[3] and "rank 3 exit" in lines[3]  # the failure's reason, cut
+    assert "lines/s" not in lines[1]  # the least needed columns went first
+
+
+def test_in_200_columns_every_column_and_the_whole_reason_show():
+    lines = shown_at(200)
+    assert lines[1].split() == ["node", "host", "ranks", "state", "up", "lines", "lines/s", "exit", "gpu", "progress",
+                                "last", "line"]
+    assert "rank 3 exited with code 1" in lines[3] and "45% 7.3it/s eta 1:15" in lines[2]
