@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .logparse import FailureReportParser
+from .node import policy
 from .outcome import Failure
 
 SKEW_TRUSTED = 0.5  # a node clock's measured offset past this is corrected; below it, the measure is mostly latency
@@ -68,7 +69,7 @@ def own_failures(node: int, label: str, report: FailureReportParser, errors: lis
     for rank in sorted(report.failed) if report.failed else sorted(by_rank):
         entry, error = report.failed.get(rank), by_rank.get(rank)
         code = entry.exit_code if entry is not None else None
-        what = f"rank {rank} exited with code {code}" if code is not None else f"rank {rank} raised"
+        what = f"rank {rank} {policy.exit_words(code)}" if code is not None else f"rank {rank} raised"
         if error is not None or rank in ends:
             at, window = node_clock(error.at if error is not None else ends[rank], skew), 0.0
         else:

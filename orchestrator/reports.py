@@ -194,8 +194,8 @@ class NodeReports:
         own = [] if frame.code == 0 and not frame.stopped else own_failures(
             node, status.plan.label, status.report, status.rank_errors, ends, status.clock_skew)
         how = f"signal {frame.signal}" if frame.signal else f"code {frame.code}"
-        if own:
-            self.table.set(node, "failed", reason=f"launcher exited with {how}")
+        if own:  # the ranks' own ends, not only torchrun's 1
+            self.table.set(node, "failed", reason=ranks_ended(own, f"launcher exited with {how}"))
             for failure in own:
                 job.record(failure)
         elif job.stop.requested and (frame.stopped or frame.code != 0):
@@ -235,3 +235,11 @@ class NodeReports:
             job.following.absent.add(node)
         elif not frame.running and not status.terminal:
             self.table.set(node, "lost", reason="its journal ends before the job's end there (its agent was killed?)")
+
+
+def ranks_ended(own: list, launcher: str) -> str:
+    """A failed node's detail: its first failed rank's own end, how many more, then the launcher's
+    (``rank 2 exited with code 3 (+1 more rank; launcher exited with code 1)``)."""
+    first = min(own, key=lambda f: float("inf") if f.at is None else f.at)
+    more = f"+{len(own) - 1} more rank{'s' if len(own) > 2 else ''}; " if len(own) > 1 else ""
+    return f"{first.what} ({more}{launcher})"

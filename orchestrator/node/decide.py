@@ -69,7 +69,8 @@ def node_end(state, code, reason, final, failure, wall):
 
 def describe_end(state, code, reason):
     if state == "failed":
-        return "failed (exit code %s)" % code
+        killed = isinstance(code, int) and code < 0
+        return "failed (%s)" % (policy.exit_words(code) if killed else "exit code %s" % code)
     return "%s (%s)" % (state, reason) if reason else state
 
 

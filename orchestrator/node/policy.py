@@ -13,6 +13,19 @@ import signal
 NOT_A_STOP = (signal.SIGUSR1, signal.SIGUSR2)
 
 
+def exit_words(code, signal_name=None):
+    """How a process ended, in words: ``exited with code 3``, ``was killed by SIGKILL`` (a
+    negative code is Python's for a signal, as torchrun reports its workers)."""
+    if signal_name:
+        return "was killed by %s" % signal_name
+    if isinstance(code, int) and code < 0:
+        try:
+            return "was killed by %s" % signal.Signals(-code).name
+        except ValueError:
+            return "was killed by signal %d" % -code
+    return "exited with code %s" % code
+
+
 def restarts_left(attempt, limit):
     """Whether attempt ``attempt`` (0, 1, ...) may be followed by another under ``restarts: limit``."""
     return attempt < limit

@@ -39,7 +39,7 @@ def test_worker_sigkill_fails_fast_and_names_rank(cluster, cluster_file):
     os.kill(procs.worker_pid(job, 5), signal.SIGKILL)
     assert launch.wait(60) == 1, launch.output
     node2 = re.escape(cluster.nodes[2].addr)
-    assert re.search(rf"root cause: {node2} \(node 2, rank 5\): rank 5 exited with code -9", launch.output), \
+    assert re.search(rf"root cause: {node2} \(node 2, rank 5\): rank 5 was killed by SIGKILL", launch.output), \
         launch.output
     assert_clean(job)
 

@@ -135,3 +135,16 @@ def test_a_mount_of_the_workdir_onto_itself_is_dropped_and_another_source_there_
     assert failed.what == f"container.mounts[0]: {other} would be mounted at {tmp_path}, where ddp-up mounts the " \
                           "job's workdir"
     assert failed.fix == "mount it at another path, or set `workdir:` to it"
+
+
+def test_a_rank_killed_by_a_signal_says_so_and_a_failed_node_names_its_ranks_own_codes():
+    from orchestrator.node import policy
+    from orchestrator.outcome import Failure
+    from orchestrator.reports import ranks_ended
+
+    assert policy.exit_words(-9) == "was killed by SIGKILL" and policy.exit_words(3) == "exited with code 3"
+    assert policy.exit_words(None, "SIGTERM") == "was killed by SIGTERM" and policy.exit_words(-99).endswith("signal 99")
+    own = [Failure(1, "b", 5, 3, "rank 5 exited with code 3", 10.0), Failure(1, "b", 4, -9, "rank 4 was killed by SIGKILL", 11.0)]
+    assert ranks_ended(own, "launcher exited with code 1") == \
+        "rank 5 exited with code 3 (+1 more rank; launcher exited with code 1)"
+    assert ranks_ended(own[1:], "launcher exited with code 1") == "rank 4 was killed by SIGKILL (launcher exited with code 1)"
