@@ -98,6 +98,7 @@ class ClusterConfig:
     stop_signal: str = "SIGTERM"  # what every rank gets first on a stop (the signal its script saves on)
     cluster_id: str = field(default="")
     hang_timeout: float | None = None  # off unless set
+    startup_timeout: float | None = None  # launch to every rank's process group up (hang.py's default unless set)
     # "legacy": torchrun, passing --local_rank=N as torch.distributed.launch did; "none": no
     # torchrun, ddp-up starts the workers itself with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_* set
     launcher: str = "torchrun"

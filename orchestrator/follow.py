@@ -26,7 +26,8 @@ from .transports import transport_for
 def follow_plan(config, job_id: str) -> LaunchPlan:
     """The plan a journal is read against: the cluster's nodes and ranks (as launched from this
     cluster file), no hang watch of its own (the job's agents have theirs)."""
-    return dataclasses.replace(make_plan(config, "(detached)", [], job_id, os.getcwd()), hang_timeout=None)
+    return dataclasses.replace(make_plan(config, "(detached)", [], job_id, os.getcwd()), hang_timeout=None,
+                               startup_timeout=None)
 
 
 def journal_sessions(follow: bool, tail: int | None = None):

@@ -67,6 +67,7 @@ class LaunchPlan:
     orphan_timeout: float
     stop_grace: float
     hang_timeout: float | None = None
+    startup_timeout: float | None = None  # config.ClusterConfig's
     stop_signal: str = "SIGTERM"  # a stop's first signal to every rank (config.ClusterConfig's)
     flight_recorder: bool = True  # every rank records its collectives (node/flight.py)
     launcher: str = "torchrun"
@@ -162,7 +163,8 @@ class LaunchPlan:
             script=self.script,
             env=dict(node.env), pick_port=is_master and self.master_port is None,
             check_port=self.master_port if is_master else None, orphan_timeout=self.orphan_timeout,
-            stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat, stack_dumps=self.hang_timeout is not None,
+            stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat,
+            stack_dumps=self.hang_timeout is not None or self.startup_timeout is not None,
             flight_recorder=self.flight_recorder,
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt,
@@ -242,6 +244,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         stop_signal=config.stop_signal,
         flight_recorder=config.flight_recorder,
         hang_timeout=hang_timeout if hang_timeout is not None else config.hang_timeout,
+        startup_timeout=config.startup_timeout,
         launcher=config.launcher,
         secrets=config.secret_values,
         run_token=run_token if run_token is not None else secrets.token_hex(6),

@@ -84,6 +84,9 @@ class NodeReports:
             self.job.flight.collectives(frame.ranks, status.plan.ranks)
         elif isinstance(frame, (wire.Arrivals, wire.Bars)):
             self.job.pace.frame(node, frame)
+        elif isinstance(frame, wire.RanksUp):  # the node's own ranks only: the list is the job's to plant
+            ranks = status.plan.ranks
+            self.job.hang.ranks_up([r for r in frame.ranks[:len(ranks)] if type(r) is int and r in ranks], self.job.clock())
         elif isinstance(frame, wire.Stopping):
             self.table.set(node, "stopping", reason=frame.reason)
             if frame.by == "ddp-kill":

@@ -29,7 +29,8 @@ SSH_CLIENTS = ("fabric", "openssh")
 # Keys valid at the top level and overridable per node (and, on a node, `host`, `addr` and `ssh:`'s keys).
 MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo, not a machine
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup", "container")
-TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "launcher", "env_file",
+TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "startup_timeout",
+            "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
             "spares", "min_nodes", "flight_recorder", "notify", *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
@@ -65,6 +66,7 @@ RULES = {  # top-level settings that are one checked value each
     "stop_grace": rule("positive", 10, allow_zero=True),
     "stop_signal": rule("signal_name", "SIGTERM"),
     "hang_timeout": rule("positive"),
+    "startup_timeout": rule("positive"),
     "launcher": rule("choice", "torchrun", allowed=LAUNCHERS),
     "retention": rule("duration", "7d"),
     "restarts": rule("integer", 0, low=0, high=MOST_RESTARTS),

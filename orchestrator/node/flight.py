@@ -30,6 +30,7 @@ ARRIVALS_MAX = 64  # collectives per Arrivals frame (a sample: a straggler is la
 RECORD_MAX = 4 << 20  # bytes of one record file read; a bigger one is not ours
 NAME_MAX = 64  # characters of a name (op, group) kept
 RECORD_FILE = re.compile(r"(fr|nccl)\.(\d{1,7})\.json")
+UP_FILE = re.compile(r"up\.(\d{1,7})")  # an empty file: that rank's process group is up (its hang clock starts)
 DIR_VAR = "DDP_UP_FLIGHT_DIR"
 EVERY_VAR = "DDP_UP_FLIGHT_EVERY"
 RECORDER_FRAME = "record"  # the recorder thread's function: a stack dump shows it, and the stack reader skips it
@@ -43,13 +44,18 @@ RECORDER_HOOK = """
 def _ddp_up_flight_recorder(out, every):
     import threading, time
     def RECORDER_FRAME():
+        up = False  # until the rank's process group is up, looked for twice a second (UP_FILE)
         while True:
-            time.sleep(every - time.time() % every)
+            time.sleep(every - time.time() % every if up else 0.5)
             try:
                 dist = sys.modules.get("torch.distributed")
                 if dist is None or not dist.is_available() or not dist.is_initialized():
                     continue
                 rank, c10d = dist.get_rank(), sys.modules["torch._C._distributed_c10d"]
+                if not up:
+                    up = True
+                    os.close(os.open(os.path.join(out, "up.%d" % rank), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+                    continue
                 for kind, dump in (("fr", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json")):
                     if hasattr(c10d, dump):
                         data = getattr(c10d, dump)(True, False)
@@ -157,6 +163,18 @@ def read_entries(path):
     if not isinstance(entries, list):
         return []
     return [c for c in map(compact, entries[-int(BUFFER) * 4:]) if c is not None]
+
+
+def ranks_up(directory, seen):
+    """The ranks whose process group came up since ``seen`` (a set, updated): names only, never
+    a file opened (the directory is the ranks' to write)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    found = {int(m.group(1)) for m in map(UP_FILE.fullmatch, names) if m} - seen
+    seen.update(found)
+    return sorted(found)
 
 
 def snapshot(records):

@@ -37,9 +37,18 @@ def sample_gpus(ended, out):
             out.send(wire.GpuUsage(gpus=usage), block=False)
 
 
+UP_EVERY = 0.5  # seconds between looks for the ranks whose process group came up, until all have
+
+
 def watch_collectives(ended, out, flight_dir, nproc):
-    """Until ``ended``: when this node's ranks reached their collectives (Arrivals), read halfway
-    between two of the ranks' records (they write them at the same instants)."""
+    """Until ``ended``: which of this node's ranks have their process group up (RanksUp: their hang
+    clocks start), then when they reached their collectives (Arrivals), read halfway between two
+    of the ranks' records (they write them at the same instants)."""
+    up = set()
+    while len(up) < (nproc or 1) and not ended.wait(UP_EVERY):
+        found = flight.ranks_up(flight_dir, up)
+        if found:
+            out.send(wire.RanksUp(ranks=found), block=False)
     watch = flight.ArrivalWatch(nproc or 1)
     every = flight.RECORD_EVERY
     while not ended.wait(every - (time.time() - every / 2) % every):

@@ -15,7 +15,7 @@ means the controller is gone, and the agent stops whatever it started.
 
   mode    controller -> agent                       agent -> controller
   run     RunSpec; Heartbeat, Probe, Go, Dump,      Ready or Failed; Heartbeat, Probed, Started,
-          Signal, Stop, Kill                        Output, Bars, GpuUsage, Arrivals, Dumped,
+          Signal, Stop, Kill                        Output, Bars, GpuUsage, RanksUp, Arrivals, Dumped,
                                                     Collectives, Stopping, Exited
   detect  DetectSpec                                Detected
   sweep   SweepSpec                                 Listed, Swept
@@ -399,6 +399,14 @@ class Collectives(Frame):
     dump and at an attempt's end. The job's own bytes: the controller checks every field."""
 
     ranks: dict
+
+
+@_frame(TO_CONTROLLER)
+class RanksUp(Frame):
+    """These ranks' process groups are up (global ranks, as the Flight Recorder's hook saw them):
+    the controller starts their hang clocks (hang.py). At most once per rank and attempt."""
+
+    ranks: list
 
 
 @_frame(TO_CONTROLLER)

@@ -40,3 +40,22 @@ def test_a_plain_run_prints_no_warning_that_ddp_up_caused(tmp_path):
     assert code == 0, out
     assert not re.search(r"warn|deprecat", out, re.I), out
     assert procs.wait_no_job_processes(job_of(out), 15) == []
+
+
+def test_a_slow_start_is_no_hang_and_a_rank_that_never_starts_is_named(tmp_path):
+    """Rank 1 takes 8 s before init_process_group (a loaded node importing torch from NFS), with
+    hang_timeout 4: the job runs, since each rank's hang clock starts when its process group is
+    up or at its first line. Then rank 1 never gets there: start-up's own limit names it, and rank
+    0, which waits for it inside init_process_group, is not blamed."""
+    env = {"OMP_NUM_THREADS": 1, "JOB_SLOW_RANK": 1, "JOB_INIT_DELAY": 8}
+    path = local_cluster(tmp_path, nodes=2, gpus=1, hang_timeout=4, env=env)
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "run", "--steps", "1")
+    assert code == 0 and "looks hung" not in out, out
+    path = local_cluster(tmp_path, nodes=2, gpus=1, hang_timeout=4, startup_timeout=6,
+                         env=dict(env, JOB_INIT_DELAY=300))
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "run", "--steps", "1")
+    assert code == 1, out
+    assert re.search(r"^root cause: local-1 \(node 1, rank 1\): job did not start: rank 1 has not reached "
+                     r"init_process_group after \d+ s \(its stack is in init\); rank 0 waits for it in \S+ \(from "
+                     r"init\); stacks in", out, re.M), out
+    assert procs.wait_no_job_processes(job_of(out), 15) == []

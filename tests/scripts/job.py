@@ -47,7 +47,9 @@ def init():
     import torch
     import torch.distributed as dist
 
-    time.sleep(float(os.environ.get("JOB_INIT_DELAY", "0")))  # keeps peers waiting in rendezvous
+    # keeps peers waiting in rendezvous: every rank, or only JOB_SLOW_RANK's (a slow import, a stuck data load)
+    if os.environ.get("JOB_SLOW_RANK", os.environ.get("RANK")) == os.environ.get("RANK"):
+        time.sleep(float(os.environ.get("JOB_INIT_DELAY", "0")))
     # 60 s unless told: at 64 ranks on 2 cores the last rank can finish importing torch a minute late
     timeout = float(os.environ.get("JOB_PG_TIMEOUT", "60"))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))

@@ -184,6 +184,7 @@ def test_a_hang_names_the_rank_the_records_blame_over_the_stacks():
                                (lambda: None, 0, "quietest ranks first")):
         watch = HangWatch(60, "J1")
         watch.started(0.0)
+        watch.ranks_up(range(4), 0.0)
         assert watch.check(61.0, statuses, stopping=False)
         hung = watch.check(61.0 + 10, statuses, stopping=False, blamed=blamed)
         assert hung.rank == rank and hung.node == rank // 2 and says in hung.what, hung

@@ -99,6 +99,8 @@ def test_a_hang_asks_for_stacks_and_names_the_odd_rank_out():
     h = Harness(2, gpus=2, hang_timeout=20)
     h.queue.at(T0 + 1, h.lines(0, "step 1", rank=0))
     h.queue.at(T0 + 1, h.lines(1, "step 1", rank=3))
+    h.queue.at(T0 + 1, Message(0, wire.RanksUp(ranks=[0, 1])))  # ranks 1 and 2 print nothing: their process
+    h.queue.at(T0 + 1, Message(1, wire.RanksUp(ranks=[2, 3])))  # groups are up, so their clocks run
 
     def stacks(node: int, frame: wire.Frame) -> None:
         if isinstance(frame, wire.Dump):
@@ -366,3 +368,34 @@ def test_a_secret_in_a_bar_is_masked_as_in_a_line():
     h.queue.at(T0 + 1, Message(0, wire.Bars(bars=[["err", 0, ["push to hf_s3cr3t: 10%|#| 1/10"]]])))
     h.job.run()
     assert [b.rows for b in h.view.bars_seen] == [("push to ***: 10%|#| 1/10",)]
+
+
+def test_importing_torch_for_longer_than_hang_timeout_is_no_hang():
+    """A loaded node or a venv on NFS: 30 s of imports before the first line, hang_timeout 12."""
+    h = Harness(2, hang_timeout=12)
+    for n in range(2):
+        h.queue.at(T0 + 30, h.lines(n, "step 0", rank=n))
+        h.queue.at(T0 + 31, lambda n=n: h.nodes[n].say(wire.Exited(code=0, signal=None, stopped=False, reason=None)))
+    result = h.job.run()
+    assert result.exit_code == 0 and not h.view.events, h.view.notices
+
+
+def test_a_rank_that_never_reaches_init_process_group_is_named_with_its_own_limit():
+    h = Harness(2, gpus=2, hang_timeout=12, startup_timeout=60)
+    h.queue.at(T0 + 5, Message(0, wire.RanksUp(ranks=[0, 1, 7])))  # 7 is not node 0's: ignored
+    h.queue.at(T0 + 8, h.lines(1, "loading data", rank=2))  # a line starts a rank's clock too
+    for n in h.nodes:
+        n.on_send = lambda f, i=n.index: isinstance(f, wire.Dump) and h.nodes[i].say(wire.Dumped(ranks=[]))
+    result = h.job.run()
+    assert any(t.startswith("job looks hung: rank 3 has not reached init_process_group after 6") for t in h.view.notices)
+    root = result.root_cause
+    assert (root.node, root.rank) == (1, 3)
+    assert root.what.startswith("job did not start: rank 3 has not reached init_process_group after 6")
+    assert root.at < T0 + 70  # not hang_timeout's 12 s after the first line, nor a default of minutes
+
+
+def test_start_up_is_given_at_least_ten_minutes_unless_told():
+    from orchestrator.hang import STARTUP_LEAST, HangWatch
+
+    assert HangWatch(12, "J").startup == STARTUP_LEAST == 600 and HangWatch(900, "J").startup == 900
+    assert HangWatch(None, "J").startup is None and HangWatch(12, "J", startup=30).startup == 30
