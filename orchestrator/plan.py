@@ -25,8 +25,8 @@ from .node.workers import OWN_LAUNCHER
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its
 # arguments, as torch.distributed.launch passed it (scripts parse `--local_rank`, underscore).
-LEGACY_SHIM = ("import os, sys; os.execv(sys.executable, [sys.executable, '-u', sys.argv[1], "
-               "'--local_rank=' + os.environ['LOCAL_RANK'], *sys.argv[2:]])")
+LEGACY_SHIM = ("import os, sys; n = 3 if sys.argv[1] == '-m' else 2; os.execv(sys.executable, [sys.executable, "
+               "'-u', *sys.argv[1:n], '--local_rank=' + os.environ['LOCAL_RANK'], *sys.argv[n:]])")
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,9 @@ def options_end(argv: list[str]) -> int:
     return min(i, len(argv))
 
 
+MODULE = "-m"  # the script word that makes the first script argument a module: `ddp-up c.yaml -m pkg.train`
+
+
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """Our options and our positionals (cluster file and script: one of them may be left out when
     a node option comes first), then the script's arguments untouched."""
@@ -115,6 +118,11 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
             ours.pop()
             ours.extend(argv[i + 1:i + 1 + wanted - positionals])
             i += 1 + wanted - positionals
+            break
+        no_file = positionals == 0 and any(names_nodes(a) for a in ours[:-1])  # -H a:8 -m pkg.train: no cluster file
+        if arg == MODULE and (positionals == wanted - 1 or no_file):  # `-m pkg.train ARGS`: the script is a module,
+            ours[-1:] = ["--", MODULE]  # named by its first argument (python -m's and torchrun -m's form)
+            i += 1
             break
         if arg in TAKES_VALUE and i + 1 < len(argv):
             ours.append(argv[i + 1])
@@ -172,6 +180,7 @@ def load_for_up(args: argparse.Namespace, inbox: signals.SignalInbox):
                          "(configs/local.yaml runs on this machine; configs/cluster.example.yaml shows the keys)")
     if args.script is None:
         raise UsageError("missing SCRIPT: ddp-up [options] CLUSTER.yaml SCRIPT [SCRIPT ARGS...]")
+
     config = load_cluster(args.cluster, source)
     if args.hang_timeout is not None and not 0 < args.hang_timeout <= LONGEST:
         raise UsageError(f"--hang-timeout must be a number of seconds > 0 and at most {LONGEST:.0f} (30 days)")
@@ -192,6 +201,8 @@ def load_for_up(args: argparse.Namespace, inbox: signals.SignalInbox):
 def launch(args: argparse.Namespace, script_args: list[str], config, console: Console,
            inbox: signals.SignalInbox) -> int:
     """Plan the first attempt, copy the workdir if asked, and run (or only print, --dry-run)."""
+    if args.script == MODULE and not script_args:
+        raise UsageError("-m needs a module: ddp-up [options] CLUSTER.yaml -m PACKAGE.MODULE [ARGS...]")
     job_id = args.job_id or new_job_id()
     limit = config.restarts if args.restarts is None else args.restarts
     sync = sync_choice(args.sync, config.sync)

@@ -136,7 +136,7 @@ def check_paths(spec):
         return wire.Failed("workdir %s does not exist" % workdir,
                            "create it on this node, or set `workdir:` in the cluster file")
     os.chdir(workdir)
-    if spec.script and not os.path.isfile(spec.script):
+    if spec.script and spec.script != "-m" and not os.path.isfile(spec.script):  # -m: a module, found when it runs
         return wire.Failed("script %s not found in %s" % (spec.script, workdir),
                            "copy it to this node, or set `workdir:` to the directory that holds it")
     return None

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from tests.harness import procs
 from tests.harness.runner import ddp_up, local_cluster, run_dir
 from tests.integration.conftest import SCRIPT
@@ -59,3 +61,18 @@ def test_a_slow_start_is_no_hang_and_a_rank_that_never_starts_is_named(tmp_path)
                      r"init_process_group after \d+ s \(its stack is in init\); rank 0 waits for it in \S+ \(from "
                      r"init\); stacks in", out, re.M), out
     assert procs.wait_no_job_processes(job_of(out), 15) == []
+
+
+@pytest.mark.parametrize("launcher, local_rank", [("torchrun", []), ("legacy", ["--local_rank=0"]), ("none", [])])
+def test_a_module_target_runs_under_every_launcher(tmp_path, launcher, local_rank):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "train.py").write_text(
+        "import json, os, sys\nprint('MODULE', os.environ['RANK'], json.dumps(sys.argv[1:]), flush=True)\n")
+    path = local_cluster(tmp_path, nodes=2, gpus=1, launcher=launcher)
+    code, out, _ = ddp_up("--no-dashboard", str(path), "-m", "mypkg.train", "--lr", "0.1")
+    assert code == 0, out
+    for rank, node in ((0, "local-0"), (1, "local-1")):
+        assert re.search(rf"^{node} r{rank} \| MODULE {rank} (.*)$", out, re.M), out
+        args = re.search(rf"^{node} r{rank} \| MODULE {rank} (.*)$", out, re.M).group(1)
+        assert json.loads(args) == [*local_rank, "--lr", "0.1"]

@@ -89,3 +89,22 @@ def test_detach_takes_restarts_but_refuses_spares_before_connecting(tmp_path, ca
         assert main_up(["--detach", "--job-id", "J", str(c), "t.py"]) == 2
         err = capsys.readouterr().err
         assert "--detach: spares and min_nodes need ddp-up to stay" in err and "`restarts:` alone works detached" in err
+
+
+@pytest.mark.parametrize("argv,ours,script_args", [
+    (["c.yaml", "-m", "pkg.train", "--lr", "1"], ["c.yaml", "--", "-m"], ["pkg.train", "--lr", "1"]),
+    (["--dry-run", "c.yaml", "-m", "pkg.train"], ["--dry-run", "c.yaml", "--", "-m"], ["pkg.train"]),
+    (["-H", "a:1", "-m", "pkg.train"], ["-H", "a:1", "--", "-m"], ["pkg.train"]),
+    (["c.yaml", "t.py", "-m", "x"], ["c.yaml", "t.py"], ["-m", "x"]),  # after the script: the script's
+])
+def test_a_module_is_the_script_as_python_dash_m_takes_it(argv, ours, script_args):
+    assert split_argv(argv) == (ours, script_args)
+
+
+def test_a_module_runs_under_torchrun_as_torchrun_dash_m(tmp_path, capsys):
+    c = tmp_path / "c.yaml"
+    c.write_text("nodes: [{host: 192.0.2.1, gpus: 2}]\n")  # TEST-NET: never dialed
+    assert main_up(["--dry-run", "--job-id", "J", str(c), "-m", "pkg.train", "--lr", "1"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("--redirects=3 -m pkg.train --lr 1")
+    assert main_up([str(c), "-m"]) == 2
+    assert "-m needs a module: ddp-up [options] CLUSTER.yaml -m PACKAGE.MODULE" in capsys.readouterr().err
