@@ -6,6 +6,9 @@ or its deadline passes.
 
 from __future__ import annotations
 
+import os
+import re
+
 from . import preflight
 from .containers import preflight_allowance
 from .errors import NodeProblem, SetupError
@@ -46,7 +49,8 @@ class Phases:
         busy, busy_notices = preflight.busy_gpus(job.status, job.plan.allow_busy_gpus)
         problems = preflight.cross_node_problems(job.status, job.plan.master.index,
                                                  f"{job.plan.master_addr}:{job.master_port}", busy)
-        notices = preflight.skew_notices(job.status) + busy_notices
+        notices = preflight.skew_notices(job.status) + busy_notices + \
+            preflight.accelerate_notices(job.status, job.plan.script, job.plan.launcher, uses_accelerate(job.plan.script))
         for text in notices + ([] if problems else preflight.interface_notices(job.status)):
             job.view.notice(text)
         return problems
@@ -75,3 +79,17 @@ class Phases:
                    if s.started and st.state in ("done", "failed", "stopped")]  # a lost node's, we closed
         while job.clock() < deadline and any(i not in job.channel_ended for i in waiting):
             job.turn(deadline)
+
+
+ACCELERATE_IMPORT = re.compile(rb"^[ \t]*(from|import)[ \t]+accelerate\b", re.M)
+SCRIPT_READ = 1 << 18  # bytes of a script read to see whether it uses Accelerate
+
+
+def uses_accelerate(script: str) -> bool:
+    """Whether the script, where it is readable here too (a synced or shared checkout), imports
+    Accelerate: the start of a regular file, read bounded, never run."""
+    try:
+        with open(script, "rb") as f:
+            return os.path.isfile(script) and ACCELERATE_IMPORT.search(f.read(SCRIPT_READ)) is not None
+    except OSError:
+        return False

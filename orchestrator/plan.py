@@ -21,6 +21,7 @@ from .node.launch import TORCHRUN_SIGNALS
 from .node.notify import DETACHED_KINDS
 from .node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .node.state import JOB_ID
+from .node.launch import ACCELERATE_NODE_OPTIONS
 from .node.workers import OWN_LAUNCHER
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its
@@ -122,6 +123,11 @@ class LaunchPlan:
                     f"--first-rank={node.first_rank}", f"--world-size={self.world_size}",
                     f"--master-addr={self.master_addr}", f"--master-port={port}", self.script, *self.script_args]
         python = cfg.container.python if cfg.container else cfg.python  # the image's, in a container
+        if self.launcher == "accelerate":  # `accelerate launch`: it runs torchrun in its own process
+            return [python, "-u", "-m", "accelerate.commands.launch", f"--num_machines={len(self.nodes)}",
+                    f"--machine_rank={node.index}", f"--num_processes={self.world_size}",
+                    f"--main_process_ip={self.master_addr}", f"--main_process_port={port}", "--same_network",
+                    ACCELERATE_NODE_OPTIONS, *self._entrypoint(python), *self.script_args]
         return [
             python, "-u", "-m", "torch.distributed.run",
             f"--nnodes={len(self.nodes)}",
@@ -223,6 +229,9 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
     """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings.
     ``restarts``: with ``detach``, how many times the job's own supervisor may start it again
     (a run that stays makes its own restarts, each attempt a plan of its own)."""
+    if config.launcher == "accelerate" and len({cfg.gpus for cfg in config.nodes}) > 1:
+        raise UsageError("launcher: accelerate starts the same number of processes on every node (accelerate "
+                         "launch takes their total): give every node the same `gpus:`, or use `launcher: torchrun`")
     nodes = []
     first = 0
     for cfg in config.nodes:

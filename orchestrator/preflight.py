@@ -151,3 +151,16 @@ def cross_node_problems(statuses: list[NodeStatus], master_index: int, target: s
     """Everything above that stops a launch, in a stable order (``busy``: busy_gpus' problems)."""
     return (torch_mismatches(statuses, master_index) + gpu_shortfalls(statuses) + list(busy)
             + unreachable_master(statuses, target) + interface_problems(statuses))
+
+
+def accelerate_notices(statuses: list[NodeStatus], script: str, launcher: str, accelerate: bool) -> list[str]:
+    """An Accelerate script (``accelerate``: phases.uses_accelerate) under torchrun on nodes
+    without GPUs trains alone in every rank (DistributedType.NO, exit 0) unless ACCELERATE_USE_CPU
+    is set: said before it starts."""
+    cpu_only = statuses and all(not s.info.get("gpus") for s in statuses)
+    unset = all("ACCELERATE_USE_CPU" not in s.plan.env for s in statuses)
+    if launcher == "accelerate" or not cpu_only or not unset or not accelerate:
+        return []
+    return [f"{script} uses Accelerate and these nodes have no GPU: without ACCELERATE_USE_CPU=1 in `env:` each "
+            "rank trains alone (Accelerate's DistributedType.NO) and still exits 0; set it, or use "
+            "`launcher: accelerate`, which sets it on nodes without GPUs"]

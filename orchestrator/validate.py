@@ -34,7 +34,7 @@ TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_sign
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
             "spares", "min_nodes", "flight_recorder", "notify", *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
-LAUNCHERS = ("torchrun", "legacy", "none")
+LAUNCHERS = ("torchrun", "legacy", "none", "accelerate")
 TRANSPORTS = ("ssh", "srun", "local")
 MASTER_KEYS = ("addr", "port")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always with fullmatch: `$` would accept "NAME\n"

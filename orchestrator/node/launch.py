@@ -37,6 +37,10 @@ def sample_gpus(ended, out):
             out.send(wire.GpuUsage(gpus=usage), block=False)
 
 
+# `launcher: accelerate`: the word in the Go's argv where this node's own options for `accelerate
+# launch` go (accelerate_options): where torchrun's per-rank logs are, and --multi_gpu unless the
+# node has an accelerate config of its own.
+ACCELERATE_NODE_OPTIONS = "--ddp-up-node-options"
 UP_EVERY = 0.5  # seconds between looks for the ranks whose process group came up, until all have
 
 
@@ -55,6 +59,39 @@ def watch_collectives(ended, out, flight_dir, nproc):
         frame = watch.arrivals(flight.read_records(flight_dir))
         if frame is not None and not ended.is_set():
             out.send(frame, block=False)
+
+
+def accelerate_options(argv, env, log_dir, stop_signal):
+    """`launcher: accelerate`: the Go's argv with this node's options for `accelerate launch`, and
+    ``env`` completed. accelerate passes its own --log_dir (None unless given) to torchrun over
+    torchrun's PET_LOG_DIR, so it is given; torchrun's other settings come through PET_ variables
+    (its per-rank log files, the stop signals). Without a config file (--config_file, or
+    accelerate's default one on this node), --multi_gpu: else one GPU a node runs alone. A node
+    without GPUs sets ACCELERATE_USE_CPU: else every rank trains by itself."""
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    configured = any(a.startswith("--config_file") for a in argv) or \
+        os.path.isfile(os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml"))
+    env.setdefault("PET_REDIRECTS", "3")
+    if stop_signal not in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
+        env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT," + stop_signal)
+    if not facts.has_nvidia_gpus():
+        env.setdefault("ACCELERATE_USE_CPU", "true")
+    mine = ["--log_dir=" + log_dir] + ([] if configured else ["--multi_gpu"])
+    i = argv.index(ACCELERATE_NODE_OPTIONS)
+    return argv[:i] + mine + argv[i + 1:]
+
+
+def write_hooks(state_dir, attempt, files):
+    """Files of ours the job runs (the dump hook, ddp-check's probe), {name: text}, in this
+    node's state directory; that directory, for the job's PYTHONPATH."""
+    hooks = os.path.join(state_dir, per_attempt("hooks", attempt))  # a detached restart: same state dir
+    try:
+        os.mkdir(hooks, 0o700)
+    except FileExistsError:
+        pass
+    for name, text in files.items():
+        write_private(os.path.join(hooks, os.path.basename(name)), text)  # a name, never a path
+    return hooks
 
 
 class Launch:
@@ -112,7 +149,7 @@ class Launch:
         if self.spec.stack_dumps or recorder:
             hooks["sitecustomize.py"] = sitecustomize(self.spec.stack_dumps, flight.RECORDER_HOOK if recorder else "")
         if hooks:
-            where = self.write_hooks(hooks)
+            where = write_hooks(self.dir, self.attempt, hooks)
             env["PYTHONPATH"] = where + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
@@ -129,6 +166,8 @@ class Launch:
     def start_launcher(self, argv, env):
         # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
         # agent runs under exactly that interpreter, already resolved by the shell that started it.
+        if ACCELERATE_NODE_OPTIONS in argv:
+            argv = accelerate_options(argv, env, self.log_dir, self.spec.stop_signal)
         if self.box is not None:
             argv, env = self.in_container(argv, env)
         else:
@@ -150,18 +189,6 @@ class Launch:
         self.env_file = os.path.join(self.dir, per_attempt(container.ENV_FILE, self.attempt))
         own = set(self.spec.env or ()) | set(self.go_env) | set(TAGS) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT}
         return self.box.start_args(argv, env, job_env(None), own, self.env_file, self.spec.workers_code)
-
-    def write_hooks(self, files):
-        """Files of ours the job runs (the dump hook, ddp-check's probe), {name: text}, in this
-        node's state directory; that directory, for the job's PYTHONPATH."""
-        hooks = os.path.join(self.dir, per_attempt("hooks", self.attempt))  # a detached restart: same state dir
-        try:
-            os.mkdir(hooks, 0o700)
-        except FileExistsError:
-            pass
-        for name, text in files.items():
-            write_private(os.path.join(hooks, os.path.basename(name)), text)  # a name, never a path
-        return hooks
 
     def answer(self, event):
         """What the job's processes are asked while they run: their stacks (events.Dump), or a

@@ -76,3 +76,31 @@ def test_a_module_target_runs_under_every_launcher(tmp_path, launcher, local_ran
         assert re.search(rf"^{node} r{rank} \| MODULE {rank} (.*)$", out, re.M), out
         args = re.search(rf"^{node} r{rank} \| MODULE {rank} (.*)$", out, re.M).group(1)
         assert json.loads(args) == [*local_rank, "--lr", "0.1"]
+
+
+ACCELERATE_SCRIPT = """
+import torch
+from accelerate import Accelerator
+
+acc = Accelerator()
+total = acc.reduce(torch.tensor([float(acc.process_index + 1)], device=acc.device), reduction="sum")
+print(f"ACC rank={acc.process_index} of {acc.num_processes} {acc.distributed_type.value} sum={total.item():.0f}", flush=True)
+"""
+
+
+def test_launcher_accelerate_runs_one_job_across_the_nodes_and_torchrun_says_what_cpu_needs(tmp_path):
+    """`accelerate launch` with ddp-up's machine rank, machines, main process address and port:
+    one job of 4 ranks on CPU (ACCELERATE_USE_CPU set for nodes without GPUs). Under torchrun the
+    same script would train alone in every rank: a notice says so before it starts."""
+    pytest.importorskip("accelerate")
+    (tmp_path / "acc.py").write_text(ACCELERATE_SCRIPT)
+    path = local_cluster(tmp_path, nodes=2, gpus=2, launcher="accelerate")
+    code, out, _ = ddp_up("--no-dashboard", str(path), "acc.py")
+    assert code == 0, out
+    for rank, node in ((0, "local-0"), (1, "local-0"), (2, "local-1"), (3, "local-1")):
+        assert re.search(rf"^{node} r{rank} \| ACC rank={rank} of 4 MULTI_CPU sum=10$", out, re.M), out
+    path = local_cluster(tmp_path, nodes=2, gpus=1, launcher="torchrun")
+    code, out, _ = ddp_up("--no-dashboard", str(path), str(tmp_path / "acc.py"))  # readable here too: read
+    assert code == 0 and "ACC rank=0 of 1 NO sum=1" in out, out
+    assert f"{tmp_path / 'acc.py'} uses Accelerate and these nodes have no GPU: without ACCELERATE_USE_CPU=1 in `env:` each " \
+           "rank trains alone" in out

@@ -86,7 +86,7 @@ BROKEN = [
     ("nodes: [{host: a, gpus: 1}]\norphan_timeout: 0\n", "c.yaml:2: orphan_timeout: must be a number of seconds > 0, or a duration such as 90s, 5m, 12h or 7d, got 0"),
     ("nodes: [{host: a, gpus: 1}]\nhang_timeout: -5\n", "c.yaml:2: hang_timeout: must be a number of seconds > 0, or a duration such as 90s, 5m, 12h or 7d, got -5"),
     ("nodes: [{host: a, gpus: 1}]\nlauncher: mpirun\n",
-     "c.yaml:2: launcher: must be one of `torchrun`, `legacy`, `none`, got 'mpirun'"),
+     "c.yaml:2: launcher: must be one of `torchrun`, `legacy`, `none`, `accelerate`, got 'mpirun'"),
     ("nodes: [{host: a, gpus: 1, transport: rsh}]\n", "c.yaml:1: nodes[0].transport: must be `ssh`, `srun` (inside a Slurm allocation) or `local`, got 'rsh'"),
     ("nodes:\n  - host: a\n    gpus: 1\n    gpus: 2\n", "c.yaml:4: nodes[0].gpus: duplicate key (first set on line 3)"),
     ("nodes: 3\n", "c.yaml:1: nodes: must be a non-empty list of nodes"),

@@ -1,3 +1,5 @@
+import pytest
+
 from orchestrator.clusterfile import parse_cluster
 from orchestrator.node import wire
 from orchestrator.plan import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path
@@ -110,3 +112,27 @@ def test_stop_signal_is_checked_and_torchrun_is_told_to_pass_on_one_it_does_not_
     with pytest.raises(ConfigError, match="stop_signal: must be one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, "
                                           "SIGUSR2 .*got 'SIGKILL'"):
         parse_cluster("stop_signal: SIGKILL\n" + nodes)
+
+
+def test_launcher_accelerate_passes_ddp_ups_ranks_and_the_node_adds_its_own_options(tmp_path, monkeypatch):
+    from orchestrator.errors import UsageError
+    from orchestrator.node import launch
+
+    config = parse_cluster("launcher: accelerate\nnodes: [{host: a, gpus: 2}, {host: b, gpus: 2}]\n", "c.yaml")
+    plan = make_plan(config, "train.py", ["--lr", "1"], "J", "/w")
+    argv = plan.launcher_argv(plan.nodes[1], 29500)
+    assert argv[3:] == ["accelerate.commands.launch", "--num_machines=2", "--machine_rank=1", "--num_processes=4",
+                        "--main_process_ip=a", "--main_process_port=29500", "--same_network",
+                        launch.ACCELERATE_NODE_OPTIONS, "train.py", "--lr", "1"]
+    monkeypatch.setattr(launch.facts, "has_nvidia_gpus", lambda: False)
+    env = {"HF_HOME": str(tmp_path)}
+    mine = launch.accelerate_options(argv, env, "/state/logs", "SIGUSR1")
+    assert mine[10:12] == ["--log_dir=/state/logs", "--multi_gpu"] and mine[12:] == ["train.py", "--lr", "1"]
+    assert env["ACCELERATE_USE_CPU"] == "true" and env["PET_REDIRECTS"] == "3"
+    assert env["PET_SIGNALS_TO_HANDLE"].endswith(",SIGUSR1")
+    (tmp_path / "accelerate").mkdir()
+    (tmp_path / "accelerate" / "default_config.yaml").write_text("distributed_type: FSDP\n")  # the user's config rules
+    assert "--multi_gpu" not in launch.accelerate_options(argv, env, "/state/logs", "SIGTERM")
+    uneven = parse_cluster("launcher: accelerate\nnodes: [{host: a, gpus: 2}, {host: b, gpus: 1}]\n", "c.yaml")
+    with pytest.raises(UsageError, match="launcher: accelerate starts the same number of processes on every node"):
+        make_plan(uneven, "train.py", [], "J", "/w")
