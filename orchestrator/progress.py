@@ -13,6 +13,7 @@ whose end is the job's). A script without tqdm reports progress with a line of i
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import deque
@@ -24,10 +25,17 @@ SLOWER = 0.8  # a node at this share of the others' median rate, or less, is mar
 RATE_SPAN = 30.0  # seconds of a node's own samples its measured rate is taken over
 
 _SCALE = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-_NUM = r"(\d+(?:\.\d+)?)([kMGTP]?)"
+# Every repeat is bounded: a run of 20,000 digits took the unbounded pattern ~50 s (each start in
+# the run tried the whole run); bounded, and tried only where a number starts, a row is read in
+# time linear in its length. A rank's
+# text is the job's: whatever it prints, reading it never raises (read() says None instead).
+_NUM = r"(\d{1,15}(?:\.\d{1,15})?)([kMGTP]?)"
+_CLOCK = r"(\d{1,6}(?::\d{1,2}){0,2})"
 # tqdm's right part: "| 450/1000 [00:12<00:15, 36.20it/s]", "4.50k/10.0k [01:02<?, ?B/s]", "1.23s/it", a postfix
-TQDM = re.compile(_NUM + r"/" + _NUM + r"\s*\[([\d:]+)<([\d:]+|\?)(?:,\s*(?:" + _NUM + r"|\?)\s*([^\s,\]/]*)/([^\s,\]]+))?")
-OWN = re.compile(r"progress:?\s+" + _NUM + r"/" + _NUM + r"\b")
+TQDM = re.compile(r"(?<![\d.])" + _NUM + r"/" + _NUM + r"\s{0,4}\[" + _CLOCK + r"<(" + _CLOCK[1:-1] + r"|\?)(?:,\s{0,4}(?:" + _NUM +
+                  r"|\?)\s{0,4}([^\s,\]/]{0,16})/([^\s,\]]{1,16}))?")
+OWN = re.compile(r"progress:?\s{1,4}" + _NUM + r"/" + _NUM + r"\b")
+ROW_READ = 4096  # characters of a row read for progress: tqdm's figures are within them
 
 
 class Snapshots:
@@ -79,7 +87,19 @@ def _clock(text: str) -> float:
 
 
 def read(text: str) -> Reading | None:
-    """The progress a bar's row (tqdm's format) or a ``progress: N/TOTAL`` line says, if any."""
+    """The progress a bar's row (tqdm's format) or a ``progress: N/TOTAL`` line says, if any;
+    None for anything else, whatever it is."""
+    try:
+        reading = _read(text[:ROW_READ])
+    except (ValueError, ArithmeticError):
+        return None
+    if reading is None or not all(map(math.isfinite, (reading.n, reading.total, reading.rate or 0.0,
+                                                         reading.remaining or 0.0))):
+        return None
+    return reading
+
+
+def _read(text: str) -> Reading | None:
     m = TQDM.search(text)
     if m is not None:
         n, total = _number(m.group(1), m.group(2)), _number(m.group(3), m.group(4))
@@ -154,8 +174,11 @@ class NodePace:
         return " ".join(parts)
 
 
+LONGEST_SHOWN = 100 * 365 * 86400.0  # an ETA past this (a bar's own, or a crawl) shows as this
+
+
 def duration(seconds: float) -> str:
-    seconds = int(seconds)
+    seconds = int(min(seconds, LONGEST_SHOWN)) if seconds == seconds else 0
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
         f"{seconds // 60}:{seconds % 60:02d}"
 

@@ -4,6 +4,7 @@ job's events (notify.py): pure parts, fake clock and fake senders."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
 import pytest
@@ -12,6 +13,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.events import LogLine
 from orchestrator.node import notify as node_notify
 from orchestrator.notify import Notifier, Target, targets
+from orchestrator import progress
 from orchestrator.progress import Bar, ProgressBoard, chosen_rank, read
 
 
@@ -138,3 +140,24 @@ def test_a_long_diff_is_cut_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(runrecord, "DIFF_MAX", 1000)
     state = runrecord.git_state(str(tmp_path))
     assert state.dirty and state.diff_cut and len(state.diff) == 1000 and state.diff.startswith(b"diff --git")
+
+
+HOSTILE_ROWS = ["progress 1/2 [0<:]", "1/2 [::::<:::]", "1/2 [0<0, :it/s]", "9" * 400 + "/1 [00:01<00:02]",
+                "1/" + "9" * 400 + " [00:01<00:02]", "1/2 [" + "9" * 400 + "<" + "9" * 400 + ", 1it/s]",
+                "1/2 [00:01<00:02, " + "9" * 400 + "it/s]", "1/2 [00:01<00:02, 0.00s/it]", "1" * 20_000,
+                "1/2 [" * 5_000, "1.5.5/2 [00:01<00:02]", "progress: " + "1/" * 10_000, "0/0 [00:00<00:00]",
+                "1e308/1e308 [00:01<00:02]", "\x00/\x00 [\x00<\x00]", "１/２ [00:01<00:02]"]
+
+
+@pytest.mark.parametrize("row", HOSTILE_ROWS, ids=range(len(HOSTILE_ROWS)))
+def test_whatever_a_rank_draws_reading_it_never_raises_and_the_figures_are_finite(row):
+    """A rank's bar is the job's text: a bad clock, a 400-digit ETA, a 20,000-digit run are read
+    as no progress (or finite figures), never an exception in the controller."""
+    reading = progress.read(row)
+    if reading is not None:
+        assert all(math.isfinite(x) for x in (reading.n, reading.total, reading.rate or 0, reading.remaining or 0))
+    pace = progress.NodePace()
+    if reading is not None:
+        pace.take(reading, 0.0)
+    assert isinstance(pace.text(1.0), str)
+    assert progress.duration(float("inf")) == progress.duration(1e300) == "876000:00:00"
