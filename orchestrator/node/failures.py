@@ -16,7 +16,7 @@ import threading
 import time
 
 from .procs import carries, children, read_environ_value, read_tags
-from .relay import attempt_dirs, rank_dirs
+from .relay import attempt_dirs, open_regular, rank_dirs
 
 READ_MOST = 1 << 16  # bytes read of the end of a stderr log
 ERROR_FILE_MOST = 1 << 18  # bytes read of an error file (JSON is read whole, or not at all), kept for the run's logs
@@ -55,14 +55,11 @@ def latest_ranks(log_dir):
 def read_bounded(path, most, tail):
     """(text, mtime) of at most ``most`` bytes of a regular file (its end if ``tail``), or None.
     Never follows a link: the job's directory is the job's to write."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
+    fd = open_regular(path)
+    if fd is None:
         return None
     try:
         st = os.fstat(fd)
-        if not (st.st_mode & 0o170000 == 0o100000):
-            return None
         if tail and st.st_size > most:
             os.lseek(fd, st.st_size - most, os.SEEK_SET)
         data = os.read(fd, most)

@@ -22,6 +22,7 @@ import os
 import re
 
 from . import wire
+from .relay import open_regular
 
 BUFFER = "256"  # entries each rank keeps: a ring, so its cost does not grow with the run
 RECORD_EVERY = 5.0  # seconds between a rank's records (aligned to the wall clock on every rank)
@@ -152,8 +153,10 @@ def read_records(directory):
 
 
 def read_entries(path):
+    fd = open_regular(path)  # the ranks' directory: a FIFO or a link there is not a record
+    if fd is None:
+        return []
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as f:
             data = f.read(RECORD_MAX + 1)
         record = json.loads(data) if len(data) <= RECORD_MAX else None

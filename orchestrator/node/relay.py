@@ -10,6 +10,7 @@ spends no per-line work (torchrun's ``--tee`` re-prints every line from a Python
 import errno
 import os
 import queue
+import stat
 import threading
 import time
 
@@ -163,6 +164,23 @@ def rank_dirs(attempt):
     return {int(os.path.basename(rank)): rank for rank in ranks}
 
 
+def open_regular(path):
+    """A file in a directory the job can write, opened to read: never through a link, never
+    blocking (a FIFO planted under a log's or a record's name would hold the reader forever), and
+    only if it is a regular file. The descriptor, or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
 def worker_logs(log_dir):
     """(path, stream, local rank) of every ``<run>/attempt_<n>/<local_rank>/std{out,err}.log``
     under log_dir."""
@@ -225,10 +243,9 @@ class Tailer:
     def scan(self):
         for path, stream, local_rank in worker_logs(self.log_dir):
             if path not in self.files:
-                try:
-                    self.files[path] = [os.open(path, os.O_RDONLY), stream, local_rank, Screen(self.clock)]
-                except OSError:
-                    continue
+                fd = open_regular(path)
+                if fd is not None:
+                    self.files[path] = [fd, stream, local_rank, Screen(self.clock)]
 
     def relay_all(self, flush):
         moved = False
