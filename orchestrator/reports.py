@@ -213,8 +213,8 @@ class NodeReports:
             self.table.set(node, "done")
             job.hang.node_done(job.clock())
         else:
-            self.table.set(node, "failed", reason=f"launcher exited with {how}")
-            job.fail(node, None, frame.code, status.reason)
+            self.table.set(node, "failed", reason=frame.reason or f"launcher exited with {how}")
+            job.fail(node, None, frame.code, frame.reason or status.reason)
 
     def closed(self, event: Closed) -> None:
         status = self.table[event.node]

@@ -269,6 +269,11 @@ class Launch:
             self.tailer.finish(stall)
         return code
 
+    @property
+    def relay_died(self):
+        """Why the relay of the ranks' output stopped, if it did (relay.Tailer.died)."""
+        return self.tailer.died if self.tailer is not None else None
+
     def failures(self, stopped):
         """(what the ranks that failed by themselves left (failures.py), when each rank ended),
         for the Exited; if the attempt was stopped, only what came before the stop."""

@@ -215,6 +215,7 @@ class Tailer:
         self.clock = clock
         self.files = {}  # path -> [fd, stream, local_rank, Screen]
         self.bars_sent = 0.0
+        self.died = None  # why the relay stopped, if it did (run.finish makes it the node's failure)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, name="tailer", daemon=True)
 
@@ -227,6 +228,15 @@ class Tailer:
         join_while_moving(self.thread, self.out, stall_timeout)
 
     def run(self):
+        """The relay's loop; should anything in it fail (a bug: the job's bytes never raise), it
+        says so in the node's output and on ``died``, and the run counts as failed (run.finish)."""
+        try:
+            self.loop()
+        except Exception as e:  # noqa: BLE001 - whatever it is, it must not pass in silence
+            self.died = "the relay of this node's rank output stopped (%s: %s)" % (type(e).__name__, str(e)[:200])
+            self.out.send(wire.Output("err", None, ("ddp-up: %s; the run counts as failed\n" % self.died).encode()))
+
+    def loop(self):
         scanned = 0.0
         while True:
             last = self.done.is_set()  # read before the final pass, so nothing written before it is missed

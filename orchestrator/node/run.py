@@ -41,13 +41,10 @@ class Runner:
         self.last_heard = clock()
         self.held = None  # the master port, held from preflight to Go (checks.PortHold)
         self.torch = None  # {"torch", "cuda", "nccl"} once probed
-        self.dir = None  # this node's private state directory, once claimed
-        self.log_dir = None
+        self.dir = self.log_dir = None  # this node's private state directory (and its logs), once claimed
         self.launch = None  # the current attempt's processes (launch.Launch), from Go on
         self.attempt = spec.attempt
-        # stopped for good, no restart: a signal to this agent (ddp-kill, a shutdown), the
-        # controller's Stop, or the end it answers to gone silent; a Halt is not
-        self.for_good = False
+        self.for_good = False  # no restart: a signal to this agent, the controller's Stop or silence; not a Halt
 
     # --- hooks a detached run overrides ---------------------------------------------------------
 
@@ -220,6 +217,8 @@ class Runner:
         """The job's end here: what is left of it killed, every line relayed, then its Exited
         (``graceful``: a stop whose grace ran out for what it killed)."""
         code = self.launch.end(code)
+        if self.launch.relay_died and not stopped:  # ranks' lines were lost: never an "ok"
+            code, reason = code or 1, self.launch.relay_died
         failures, ends = self.launch.failures(stopped)
         self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason,
                                   gpu_left=self.launch.gpu_left(), failures=failures, ends=ends,

@@ -78,3 +78,27 @@ def test_nothing_to_relay_without_log_files(tmp_path: Path):
     tailer.start()
     tailer.finish(stall_timeout=5)
     assert not tailer.thread.is_alive() and frames(sink) == []
+
+
+def test_a_relay_that_dies_says_so_and_is_never_silent(tmp_path: Path, monkeypatch):
+    """Whatever fails inside the relay (a bug: the job's bytes never raise), the node's output
+    says so and ``died`` makes the run's end a failure (run.finish), not an "ok" without logs."""
+    from orchestrator.node import relay
+
+    attempt = tmp_path / "run" / "attempt_0" / "0"
+    attempt.mkdir(parents=True)
+    (attempt / "stdout.log").write_bytes(b"a line\n")
+
+    def broken(self, data):
+        raise ValueError("a bug")
+    monkeypatch.setattr(relay.Screen, "feed", broken)
+    sink = Sink()
+    writer = Writer(sink)
+    tailer = Tailer(str(tmp_path), writer)
+    tailer.start()
+    tailer.finish(stall_timeout=5)
+    assert writer.drain(5)
+    assert tailer.died == "the relay of this node's rank output stopped (ValueError: a bug)"
+    said = [f.data for f in frames(sink) if isinstance(f, wire.Output) and f.rank is None]
+    assert said == [b"ddp-up: the relay of this node's rank output stopped (ValueError: a bug); the run counts as "
+                    b"failed\n"]
