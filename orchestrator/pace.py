@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .events import LogLine
 from .node import wire
-from .progress import Bar, ProgressBoard
+from .progress import Bar, ProgressBoard, read
 from .rankfailures import node_clock
 
 
@@ -28,6 +28,7 @@ class PaceReports:
     def __init__(self, job, shown: frozenset[int] | None = None):
         self.job = job  # the Job they report to (job.py imports this module)
         self.board = ProgressBoard([n.ranks for n in job.plan.nodes], shown)
+        self.counts: dict[tuple[int, str], tuple] = {}  # (rank, stream) -> the counts its bars said last
 
     def frame(self, node: int, frame: wire.Frame) -> None:
         if isinstance(frame, wire.Arrivals):
@@ -46,12 +47,23 @@ class PaceReports:
         job, plan = self.job, self.job.table[node].plan
         bars = bars_of(frame, plan.ranks.start, plan.nproc, job.plan.mask if job.plan.secrets else lambda text: text)
         now = job.clock()
-        job.hang.moved([bar.rank for bar in bars if bar.rows], now)  # a bar that moves is progress
+        job.hang.moved(self.moved(bars), now)
         self.board.bars(node, bars, now)
         job.view.bars(plan, bars)
         running = [s.plan.index for s in job.status if s.state == "running"]
         for slow, share in self.board.newly_slow(running).items():
             self.behind(slow, f"its progress goes at {share} the others' median rate")
+
+    def moved(self, bars: list[Bar]) -> list[int]:
+        """The ranks whose bars' counts moved: progress, as a line is. A bar redrawn as it was (rich
+        and Lightning redraw on a timer while a collective is stuck), or one with no count, is not."""
+        ranks = []
+        for bar in bars:
+            counts = tuple((r.n, r.total) for r in map(read, bar.rows) if r is not None)
+            if counts and counts != self.counts.get((bar.rank, bar.stream)):
+                ranks.append(bar.rank)
+            self.counts[(bar.rank, bar.stream)] = counts
+        return ranks
 
     def behind(self, node: int, how: str) -> None:
         label = self.job.table[node].plan.label

@@ -362,6 +362,20 @@ def test_a_moving_bar_is_progress_shown_in_the_rows_and_a_slow_node_is_told_once
     assert snaps[-1].eta is None or snaps[-1].eta >= 0
 
 
+def test_a_bar_redrawn_without_its_count_moving_is_no_progress_and_the_hang_is_found():
+    """rich and Lightning redraw a bar on a timer while a collective is stuck: its elapsed time
+    changes, its count does not. Only a count that moves is progress."""
+    h = Harness(1, hang_timeout=6)
+    h.queue.at(T0 + 1, h.lines(0, "step 0", rank=0))
+    for t in range(2, 40):
+        row = f"train:  10%|#| 1/10 [00:{t:02d}<01:30, 0.50it/s]"  # the same count, redrawn every second
+        h.queue.at(T0 + t, Message(0, wire.Bars(bars=[["err", 0, [row]]])))
+    h.nodes[0].on_send = lambda f: isinstance(f, wire.Dump) and h.nodes[0].say(wire.Dumped(ranks=[0]))
+    result = h.job.run()
+    assert any(t.startswith("job looks hung: no output from any rank for") for t in h.view.notices), h.view.notices
+    assert result.root_cause.what.startswith("job hung") and result.root_cause.at < T0 + 12
+
+
 def test_a_secret_in_a_bar_is_masked_as_in_a_line():
     h = Harness(1, env="{HF_TOKEN: hf_s3cr3t}")
     h.nodes[0].exit_code, h.nodes[0].run_for = 0, 3.0
