@@ -51,6 +51,8 @@ def targets(value: Any, error: Callable[[tuple, str], Exception]) -> tuple[Targe
 def _target(item: Any, at: tuple, error) -> Target:
     if isinstance(item, str):
         item = {"url": item}
+    if isinstance(item, dict) and True in item and "on" not in item:  # YAML 1.1 reads an unquoted `on:` as true
+        item = {"on" if key is True else key: value for key, value in item.items()}
     if not isinstance(item, dict) or len([k for k in KINDS if k in item]) != 1 or set(item) - {*KINDS, "on"}:
         raise error(at, "must be an Apprise URL, or one of `url:`, `webhook:`, `command:` (and `on:` a list of events)")
     kind = next(k for k in KINDS if k in item)

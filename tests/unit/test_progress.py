@@ -161,3 +161,10 @@ def test_whatever_a_rank_draws_reading_it_never_raises_and_the_figures_are_finit
         pace.take(reading, 0.0)
     assert isinstance(pace.text(1.0), str)
     assert progress.duration(float("inf")) == progress.duration(1e300) == "876000:00:00"
+
+
+def test_an_unquoted_on_key_which_yaml_reads_as_true_is_taken():
+    from orchestrator.clusterfile import parse_cluster
+
+    config = parse_cluster("nodes: [{host: a, gpus: 1}]\nnotify:\n  - command: ./on-event.sh\n    on: [ended, hang]\n", "c.yaml")
+    assert config.notify[0].on == ("ended", "hang")
