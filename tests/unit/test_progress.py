@@ -167,4 +167,4 @@ def test_an_unquoted_on_key_which_yaml_reads_as_true_is_taken():
     from orchestrator.clusterfile import parse_cluster
 
     config = parse_cluster("nodes: [{host: a, gpus: 1}]\nnotify:\n  - command: ./on-event.sh\n    on: [ended, hang]\n", "c.yaml")
-    assert config.notify[0].on == ("ended", "hang")
+    assert config.notify[0].events == ("ended", "hang")
