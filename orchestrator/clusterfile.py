@@ -7,11 +7,15 @@ so a typo is fixed in seconds instead of showing up as a hang at rendezvous.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Mapping
 
+import yaml
+
 from .config import ClusterConfig, NodeSource
 from .errors import ConfigError
+from .plan import mask_values
 from .reading import load_yaml, read_text
 from .validate import Validator
 
@@ -37,7 +41,7 @@ def parse_cluster(text: str, path: str = "<cluster>", source: NodeSource | None 
     data, lines = load_yaml(text, path)
     if source is not None:
         data = _with_source(data, lines, path, source)
-    return Validator(path, lines, environ, local_files).cluster(data)
+    return dataclasses.replace(Validator(path, lines, environ, local_files).cluster(data), source_text=text)
 
 
 def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource) -> Any:
@@ -57,3 +61,11 @@ def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSour
         master = data.get("master") if isinstance(data.get("master"), dict) else {}
         data["master"] = {**master, "port": source.master_port}
     return data
+
+
+def masked_copy(text: str, secrets) -> str:
+    """The cluster file for the run's record: what was parsed, with every secret masked as data
+    (a secret written as a YAML escape, or folded over lines, is one string once parsed), dumped
+    as YAML again. Its comments are not kept; its values are, where no secret is in them."""
+    data, _ = load_yaml(text, "<cluster>")
+    return yaml.safe_dump(mask_values(data, secrets), sort_keys=False, allow_unicode=True)

@@ -113,6 +113,8 @@ class ClusterConfig:
     min_nodes: int | None = None  # without a free spare, go on with this many nodes or more (None: never fewer)
     flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/flight.py): the stuck collective, stragglers
     notify: tuple = ()  # notify.Target: who hears of the job's events (a URL's token is a secret)
+    # the cluster file's text as it was read and parsed, once: the run's record is made from it
+    source_text: str = field(default="", repr=False, compare=False)
 
     @property
     def active_count(self) -> int:

@@ -9,20 +9,31 @@ import os
 import stat
 
 
-def own_dir(path: str) -> str:
+def own_dir(path: str, private: bool = False) -> str:
     """``path``, made if missing, and a real directory: a runs directory shared with other users
     may hold a link planted where a job's directory goes (writing through it would put the job's
-    files, or overwrite others, wherever it points)."""
-    os.makedirs(path, exist_ok=True)
-    if not stat.S_ISDIR(os.lstat(path).st_mode):
+    files, or overwrite others, wherever it points). ``private``: a job's own directory, made 0700
+    and refused unless it is this user's (one another user made first would see every log)."""
+    if private:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    else:
+        os.makedirs(path, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
         raise OSError(errno.ELOOP, "a symbolic link is in the way, not a directory", path)
+    if private and st.st_uid != os.getuid():
+        raise OSError(errno.EPERM, "the directory belongs to another user (uid %d)" % st.st_uid, path)
     return path
 
 
-def no_link_open(path: str, fresh: bool, mode: int = 0o666) -> int:
+def no_link_open(path: str, fresh: bool, mode: int = 0o600) -> int:
     """A file of ours, never through a link: ``fresh``, a new file in place of what was there (a
-    link is removed, never followed); else appended to, refused if it is a link. ``mode``: before
-    the umask (run logs keep the user's umask; a batch script is private)."""
+    link is removed, never followed); else appended to, refused if it is a link. ``mode``: private
+    unless asked (a run's logs hold what its ranks printed: tokens, paths, data)."""
     if fresh:
         try:
             os.unlink(path)

@@ -4,6 +4,11 @@ name the line), duplicate keys refused, and alias bombs bounded.
 
 from __future__ import annotations
 
+import errno
+import os
+import select
+import stat
+import time
 from typing import Any
 
 import yaml
@@ -13,19 +18,57 @@ from .errors import ConfigError
 MAX_YAML_NODES = 100_000  # a cluster file has hundreds; more is an alias bomb or not a cluster file
 
 
+PIPE_WAIT = 10.0  # seconds a pipe given as a file (`<(...)`, a FIFO) may take to say everything
+TEXT_MOST = 16 << 20  # bytes of a cluster file, hostfile or env file: a larger one is not one
+
+
 def read_text(path: str, what: str) -> str:
-    """A UTF-8 text file, or ConfigError naming the file (and the line of a byte that is not UTF-8)."""
+    """A UTF-8 text file, or ConfigError naming the file (and the line of a byte that is not UTF-8).
+    Read once (what was parsed is what the run records) and never blocking for long: a FIFO
+    nobody writes to, or a pipe that never ends, is an error after PIPE_WAIT seconds."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _read_bounded(path)
     except OSError as e:
         raise ConfigError(path, None, "", f"cannot read {what}: {e.strerror}") from None
+    if data is None:
+        raise ConfigError(path, None, "", f"cannot read {what}: the pipe did not end within {PIPE_WAIT:.0f} s "
+                                          "(nothing writes to it?)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
         raise ConfigError(path, line, "", f"{what} is not UTF-8 text (byte 0x{data[e.start]:02x}); "
                                           "save it as UTF-8") from None
+
+
+def _read_bounded(path: str) -> bytes | None:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            if st.st_size > TEXT_MOST:
+                _too_big(path)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return f.read(TEXT_MOST)
+        chunks, deadline = [], time.monotonic() + PIPE_WAIT
+        while sum(map(len, chunks)) <= TEXT_MOST:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+        _too_big(path)
+    finally:
+        os.close(fd)
+
+
+def _too_big(path: str) -> None:
+    raise OSError(errno.EFBIG, f"larger than {TEXT_MOST >> 20} MB: not a settings file", path)
 
 
 def load_yaml(text: str, path: str) -> tuple[Any, dict[tuple, int]]:

@@ -70,7 +70,7 @@ def submit(sbatch_options: list[str], ddp_up_argv: list[str], job_id: str, runs_
                          "sbatch passes on: leave out --export, or let the script read the secret from a variable "
                          "(forward_env: in the cluster file)")
     try:
-        path = os.path.join(own_dir(os.path.join(runs_dir, job_id)), "sbatch.sh")
+        path = os.path.join(own_dir(os.path.join(runs_dir, job_id), private=True), "sbatch.sh")
         with os.fdopen(no_link_open(path, fresh=True, mode=0o600), "w", encoding="utf-8") as f:  # private
             f.write(text)
     except OSError as e:

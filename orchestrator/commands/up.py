@@ -206,7 +206,8 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
     job_id = args.job_id or new_job_id()
     limit = config.restarts if args.restarts is None else args.restarts
     sync = sync_choice(args.sync, config.sync)
-    record = None if args.dry_run else RunRecord.take(args.command, args.cluster, sync.src if sync else os.getcwd())
+    record = None if args.dry_run else RunRecord.take(args.command, args.cluster, sync.src if sync else os.getcwd(),
+                                                      config.source_text)
     restarts = Restarts.of(config, limit, planner=lambda cluster, attempt: make_plan(
         cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
         detach=args.detach, allow_busy_gpus=args.allow_busy_gpus, attempt=attempt,

@@ -110,7 +110,7 @@ class RunLogs:
         self.bar_written = Snapshots()  # by (rank, stream)
         self.sub = ""  # a restart's files go to attempt<N>/: each attempt's lines apart, none lost
         try:
-            own_dir(self.dir)
+            own_dir(self.dir, private=True)
         except OSError as e:
             self._failed(e)
 
@@ -137,7 +137,7 @@ class RunLogs:
                       f"and its output still reaches this terminal")
 
     def _open(self, name: str) -> IO[str]:
-        where = own_dir(os.path.join(self.dir, self.sub))
+        where = own_dir(os.path.join(self.dir, self.sub), private=True)
         # surrogateescape: bytes that were not UTF-8 are written back exactly as the rank printed them
         return os.fdopen(no_link_open(os.path.join(where, name), fresh=self.mode == "w"), self.mode, encoding="utf-8",
                          errors="surrogateescape")
@@ -242,7 +242,7 @@ class RunLogs:
         if attempts:
             summary["attempts"] = mask_values([a.as_dict(_iso) for a in attempts], self.plan.secrets)
         try:
-            tmp = os.path.join(own_dir(self.dir), ".summary.json.tmp")
+            tmp = os.path.join(own_dir(self.dir, private=True), ".summary.json.tmp")
             with os.fdopen(no_link_open(tmp, fresh=True), "w", encoding="utf-8") as f:
                 json.dump(summary, f, indent=2)
                 f.write("\n")

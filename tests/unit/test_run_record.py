@@ -1,0 +1,104 @@
+"""The run's record keeps no secret and runs nothing of the checkout's: the cluster file's copy
+is made from what was parsed (a YAML escape or a folded scalar is masked too), every file is
+private, git.diff holds no binary patch and no file named like a secret, and the checkout's own
+fsmonitor, hooks and textconv never run. A pipe as the cluster file is read once, bounded."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+import pytest
+
+from orchestrator import reading, runrecord
+from orchestrator.clusterfile import load_cluster
+from orchestrator.errors import ConfigError
+
+SECRET = "hf_Abcdefgh1234"
+CLUSTER = f"""\
+nodes: [{{host: a, gpus: 1}}]
+env:
+  HF_TOKEN: "hf_\\x41bcdefgh1234"     # the secret, written as a YAML escape
+  NOTE: plain
+  FOLDED: hf_Abcdefgh1234
+forward_env: []
+"""
+
+
+def checkout(path):
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (path / "train.py").write_text("print(1)\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    return git
+
+
+def test_the_copy_is_what_was_parsed_masked_as_data_and_every_file_is_private(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(CLUSTER)
+    config = load_cluster(str(path))
+    path.write_text("nodes: [{host: changed-since, gpus: 1}]\n")  # never read again
+    record = runrecord.RunRecord.take(["ddp-up", str(path), "t.py"], str(path), str(tmp_path), config.source_text)
+    record.write(str(tmp_path / "runs" / "J"), config.secret_values)
+    copy = (tmp_path / "runs" / "J" / "cluster.yaml").read_text()
+    assert SECRET not in copy and "x41" not in copy and "HF_TOKEN: '***'" in copy and "NOTE: plain" in copy
+    assert "changed-since" not in copy
+    run = tmp_path / "runs" / "J"
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in run.iterdir())
+
+
+def test_git_diff_keeps_no_binary_patch_and_no_secret_file_and_runs_nothing_of_the_checkout(tmp_path):
+    git = checkout(tmp_path)
+    (tmp_path / ".gitattributes").write_text("*.py diff=text\n")
+    (tmp_path / "train.py").write_text("print(2)\n")
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "prod.env").write_text(f"HF_TOKEN={SECRET}\n")
+    (tmp_path / "aws_credentials.json").write_text(f'{{"key": "{SECRET}"}}\n')
+    subprocess.run([*git, "add", "blob.bin", "prod.env", "aws_credentials.json", ".gitattributes"], check=True)  # staged
+    pwned = tmp_path.parent / f"{tmp_path.name}-pwned"  # what the tree's own configuration would run
+    subprocess.run([*git, "config", "core.fsmonitor", f"touch {pwned}; false"], check=True)
+    subprocess.run([*git, "config", "diff.text.textconv", f"touch {pwned}; cat"], check=True)
+    subprocess.run([*git, "config", "diff.external", f"touch {pwned}"], check=True)
+    state = runrecord.git_state(str(tmp_path), budget=10)
+    diff = state.diff.decode()
+    assert "+print(2)" in diff and "GIT binary patch" not in diff and "Binary files" in diff
+    assert SECRET not in diff and sorted(state.left_out) == ["aws_credentials.json", "prod.env"]
+    assert not pwned.exists(), "the checkout's own fsmonitor or textconv ran"
+    assert state.as_dict()["diff_left_out"] == ["aws_credentials.json", "prod.env"]
+
+
+def test_a_slow_git_is_given_its_budget_and_the_launch_goes_on(tmp_path, monkeypatch):
+    checkout(tmp_path)
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "git").write_text("#!/bin/sh\nsleep 30\n")
+    (slow / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{slow}{os.pathsep}{os.environ['PATH']}")
+    assert runrecord.git_state(str(tmp_path), budget=0.5) is None  # and it returned within the budget
+
+
+def test_a_pipe_as_the_cluster_file_is_read_once_and_a_fifo_nobody_writes_is_an_error(tmp_path, monkeypatch):
+    r, w = os.pipe()
+    os.write(w, b"nodes: [{host: a, gpus: 1}]\n")
+    os.close(w)
+    config = load_cluster(f"/dev/fd/{r}")  # what `<(...)` gives
+    os.close(r)
+    assert config.source_text == "nodes: [{host: a, gpus: 1}]\n"
+    os.mkfifo(tmp_path / "c.yaml")
+    monkeypatch.setattr(reading, "PIPE_WAIT", 0.3)
+    with pytest.raises(ConfigError, match="cannot read cluster file: the pipe did not end within 0 s"):
+        load_cluster(str(tmp_path / "c.yaml"))
+
+
+def test_a_runs_directory_another_user_made_is_refused(tmp_path):
+    from orchestrator.ownfiles import own_dir
+
+    theirs = tmp_path / "J"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(OSError, match="belongs to another user"):
+        own_dir(str(theirs), private=True)
