@@ -226,13 +226,14 @@ class FlightLog:
         self.world = world
         self.records: dict[int, list[Entry]] = {}
         self.late = LateWatch(nodes) if nodes > 1 else None
-        self.timed_out = False  # a rank said a collective's wait ended it
+        self.timed_out: set[int] = set()  # the ranks that said a collective's wait ended them
 
     def lines(self, lines: Iterable) -> None:
         """The ranks' lines (events.LogLine), for their word of a collective's timeout."""
-        if not self.timed_out:
-            self.timed_out = any(line.rank is not None and line.stream == "err" and TIMED_OUT.search(line.text)
-                                 for line in lines)
+        for line in lines:
+            if line.rank is not None and line.stream == "err" and len(self.timed_out) < self.world \
+                    and line.rank not in self.timed_out and TIMED_OUT.search(line.text[:2000]):
+                self.timed_out.add(line.rank)
 
     def collectives(self, ranks: object, allowed: range) -> None:
         self.records.update(parse(ranks, allowed))
@@ -248,9 +249,10 @@ class FlightLog:
 
     def diagnosis(self, failures: Iterable, where: Callable[[int], str]) -> Diagnosis | None:
         """The paragraph, for a job that hung or whose failure a timeout names (a collective's,
-        most likely); None for any other end."""
-        if not failures or not (self.timed_out or any(
-                f.kind == "hung" or TIMED_OUT.search(f"{f.what} {f.exception or ''}") for f in failures)):
+        most likely: in its words, or in what the failed rank itself printed); None for any
+        other end (a rank that merely printed the words does not make a failure a timeout)."""
+        if not failures or not any(f.kind == "hung" or f.rank in self.timed_out or
+                                   TIMED_OUT.search(f"{f.what} {f.exception or ''}") for f in failures):
             return None
         return diagnose(self.records, where, self.world)
 

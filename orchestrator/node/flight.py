@@ -105,7 +105,8 @@ def _name(value):
 
 
 def _number(value):
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """An int as JSON gives it, within 64 bits: a 400-digit one is not torch's (and broke arithmetic)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63 else None
 
 
 def _shapes(value):

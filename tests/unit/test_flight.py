@@ -188,3 +188,24 @@ def test_a_hang_names_the_rank_the_records_blame_over_the_stacks():
         assert watch.check(61.0, statuses, stopping=False)
         hung = watch.check(61.0 + 10, statuses, stopping=False, blamed=blamed)
         assert hung.rank == rank and hung.node == rank // 2 and says in hung.what, hung
+
+
+def test_a_400_digit_time_is_no_time_and_the_arrival_watch_goes_on():
+    entry = fr_entry(1) | {"time_created_ns": 10 ** 400}
+    assert node_flight.compact(entry)[9] is None
+    watch = node_flight.ArrivalWatch(1)
+    assert watch.arrivals({0: [node_flight.compact(entry), node_flight.compact(fr_entry(2, called=1.0))]}) is not None
+
+
+def test_a_rank_that_merely_prints_timed_out_does_not_make_another_failure_a_collectives_one():
+    from orchestrator.events import LogLine
+    from orchestrator.outcome import Failure
+
+    log = flight.FlightLog(nodes=1, world=4)
+    log.collectives({str(r): [node_flight.compact(fr_entry(1)), node_flight.compact(fr_entry(2, done=r != 3))]
+                     for r in range(4)}, range(4))
+    log.lines([LogLine("err", 3, "retrying: Timed out waiting 5000ms for the data server")])
+    unrelated = Failure(0, "a", 1, 1, "rank 1 exited with code 1", 5.0, "ValueError: bad batch")
+    assert log.diagnosis([unrelated], str) is None
+    own = Failure(0, "a", 3, 1, "rank 3 exited with code 1", 5.0, "RuntimeError: something")
+    assert log.diagnosis([own], str) is not None  # the rank that said it is the one that failed
