@@ -26,8 +26,9 @@ DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*A
 
 
 def job_signal(text: object) -> str | None:
-    """One of JOB_SIGNALS by its full name (``USR1``, ``usr1`` and ``SIGUSR1`` alike), or None."""
-    name = text.upper() if isinstance(text, str) else ""
+    """One of JOB_SIGNALS by its full name (``USR1``, ``usr1`` and ``SIGUSR1`` alike), or None.
+    ASCII only: Unicode's case folding makes ``ſigusr1`` (long s) and ``ınt`` (dotless i) match."""
+    name = text.upper() if isinstance(text, str) and text.isascii() else ""
     name = name if name.startswith("SIG") else "SIG" + name
     return name if name in JOB_SIGNALS else None
 

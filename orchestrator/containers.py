@@ -22,7 +22,9 @@ from .node.container import PROBE_WAIT, PULL_WAIT, PULLS, RUNTIMES
 KEYS = ("image", "runtime", "pull", "mounts", "options", "python")
 MOUNT_OPTIONS = ("ro", "rw")
 # What ddp-up sets itself: the container's name, labels, life and its first process's streams.
-OWN_OPTIONS = ("--name", "--rm", "-d", "--detach", "--label", "-l", "--init", "-i", "--interactive", "-t", "--tty")
+OWN_OPTIONS = ("--name", "--rm", "-d", "--detach", "--label", "-l", "--label-file", "--init", "-i", "--interactive",
+               "-t", "--tty")
+OWN_SHORT = "dlit"  # the one-letter ones, also where bundled: -dt, -itd
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ def container(value: Any, transport: str, error: Callable[[tuple, str], Exceptio
             raise error((key,), "must be a non-empty string without surrounding spaces")
     if "image" not in value:
         raise error((), "missing `image:` (e.g. nvcr.io/nvidia/pytorch:25.01-py3, or an image file's path on the nodes)")
+    if value["image"].startswith("-"):
+        raise error(("image",), "must be an image's name or path, not an option (it starts with -)")
     runtime = _choice(value, "runtime", RUNTIMES, "docker", error)
     if runtime == "pyxis" and transport != "srun":
         raise error(("runtime",), "pyxis is Slurm's: use it under --slurm (transport: srun), or `runtime: enroot`")
@@ -103,7 +107,9 @@ def _options(value: Any, error) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(o, str) and o for o in value):
         raise error(("options",), "must be a list of the runtime's options, e.g. [--ulimit=memlock=-1]")
     for i, option in enumerate(value):
-        if option.split("=", 1)[0] in OWN_OPTIONS:
-            raise error(("options", i), f"{option.split('=', 1)[0]} is ddp-up's own: it names, labels, starts "
-                                        "and removes every container itself")
+        name = option.split("=", 1)[0]
+        bundled = name[:1] == "-" and name[1:2] != "-" and name[1:].isalpha() and any(c in OWN_SHORT for c in name[1:])
+        if name in OWN_OPTIONS or bundled:
+            raise error(("options", i), f"{name} is ddp-up's own: it names, labels, starts and removes every "
+                                        "container itself")
     return tuple(value)

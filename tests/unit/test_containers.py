@@ -2,6 +2,7 @@
 node's agent builds them (docker, apptainer, singularity, enroot and pyxis are not installed on
 these machines: their command lines are checked here only)."""
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -179,3 +180,17 @@ def test_an_images_versions_are_kept_per_image_id_and_what_else_they_depend_on(t
     link.symlink_to(other)
     assert container.read_versions(link.name) is None  # never through a link
     assert container.versions_key(Box(dict(CONF, runtime="apptainer"), TAGS, "/work"), None) is None  # no image id
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{image: -v}", "container.image: must be an image's name or path, not an option"),
+    ("{image: i, options: [-dt]}", "container.options[0]: -dt is ddp-up's own"),
+    ("{image: i, options: [--rm, -itd]}", "container.options[0]: --rm is ddp-up's own"),
+    ("{image: i, options: [-itd]}", "container.options[0]: -itd is ddp-up's own"),
+    ("{image: i, options: ['--label-file=/x']}", "container.options[0]: --label-file is ddp-up's own"),
+])
+def test_an_image_that_is_an_option_and_bundled_or_file_labels_are_refused(text, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        parse_cluster(f"nodes: [{{host: a, gpus: 1}}]\ncontainer: {text}\n", "c.yaml")
+    assert parse_cluster("nodes: [{host: a, gpus: 1}]\ncontainer: {image: i, options: [-v/a:/b, -eFOO=1, -it2]}\n",
+                         "c.yaml").nodes[0].container.options == ("-v/a:/b", "-eFOO=1", "-it2")

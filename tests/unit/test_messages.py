@@ -148,3 +148,10 @@ def test_a_rank_killed_by_a_signal_says_so_and_a_failed_node_names_its_ranks_own
     assert ranks_ended(own, "launcher exited with code 1") == \
         "rank 5 exited with code 3 (+1 more rank; launcher exited with code 1)"
     assert ranks_ended(own[1:], "launcher exited with code 1") == "rank 4 was killed by SIGKILL (launcher exited with code 1)"
+
+
+@pytest.mark.parametrize("name", ["ſigusr1", "ınt", "SIGUSR1\u0131", "usr１"])
+def test_a_signal_name_matches_in_ascii_only(name):
+    from orchestrator.config import job_signal
+
+    assert job_signal(name) is None and job_signal("usr1") == "SIGUSR1" and job_signal("int") == "SIGINT"
