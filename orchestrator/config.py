@@ -130,7 +130,7 @@ class ClusterConfig:
         """Values to mask wherever ddp-up prints (dry-run, logs, dashboard); short ones are left
         alone, since masking "1" everywhere would hide more than it protects."""
         env = {v for n in self.nodes for k, v in n.env.items() if self.is_secret(k) and len(v) >= 4}
-        return frozenset(env | {t.value for t in self.notify if len(t.value) >= 4})
+        return frozenset(env | {part for t in self.notify for part in t.secrets()})
 
     @property
     def auto_gpus(self) -> list[NodeConfig]:

@@ -16,6 +16,8 @@ one of the plan's secrets (a token is often in it), so no message ever shows one
 from __future__ import annotations
 
 import logging
+import re
+from urllib.parse import parse_qsl, unquote, urlsplit
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,6 +39,23 @@ class Target:
     def wire(self) -> list:
         """As node/notify.py takes it (and RunSpec.notify carries it)."""
         return [self.kind, self.value, None if self.events is None else list(self.events)]
+
+    def secrets(self) -> set[str]:
+        """The parts of the target that are secrets, masked wherever ddp-up prints (not the whole
+        target: `command: true` would mask every "true" in every log). A URL's password, query
+        values and path segments, and for an Apprise URL its host part too (tgram://BOT_TOKEN/...);
+        in a command, the words that look like tokens."""
+        if self.kind == "command":
+            words = re.split(r"[\s='\":]+", self.value)
+            return {w for w in words if len(w) >= 12 and re.search(r"\d", w) and re.search(r"[A-Za-z]", w)}
+        parts = urlsplit(self.value)
+        segments = {unquote(p) for p in parts.path.split("/")} | set(parts.path.split("/"))
+        found = {parts.password or "", parts.fragment, *(v for _, v in parse_qsl(parts.query))}
+        if parts.scheme in ("http", "https"):  # a webhook: its tokens are in its path, not its host
+            found |= {p for p in segments if len(p) >= 20 or (len(p) >= 8 and re.search(r"\d", p))}
+        else:  # Apprise's: tgram://BOT:TOKEN/CHAT, slack://A/B/C, ntfy://host/topic (not a domain's name)
+            found |= segments | {p for p in re.split(r"[:@]", parts.netloc) if "." not in p}
+        return {p for p in found if len(p) >= 6}
 
 
 def targets(value: Any, error: Callable[[tuple, str], Exception]) -> tuple[Target, ...]:
@@ -62,7 +81,7 @@ def _target(item: Any, at: tuple, error) -> Target:
     if kind == "webhook" and not value.startswith(("http://", "https://")):
         raise error(at + (kind,), "must be an http:// or https:// URL")
     if kind == "url" and not apprise_knows(value):
-        scheme = value.partition("://")[0] if "://" in value else value[:12]
+        scheme = value.partition("://")[0][:20] if "://" in value else "none"  # never the rest: a token
         raise error(at + (kind,), f"Apprise does not know this URL (scheme {scheme!r}); see "
                                   "https://github.com/caronc/apprise/wiki for the services and their URLs")
     on = item.get("on")

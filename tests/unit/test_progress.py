@@ -168,3 +168,21 @@ def test_an_unquoted_on_key_which_yaml_reads_as_true_is_taken():
 
     config = parse_cluster("nodes: [{host: a, gpus: 1}]\nnotify:\n  - command: ./on-event.sh\n    on: [ended, hang]\n", "c.yaml")
     assert config.notify[0].events == ("ended", "hang")
+
+
+@pytest.mark.parametrize("kind, value, masked, shown", [
+    ("command", "true", [], ["true"]),
+    ("command", 'curl -H "Authorization: Bearer xoxb1234567890abcdef" https://x', ["xoxb1234567890abcdef"], ["curl"]),
+    ("url", "tgram://123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/12345", ["AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"], []),
+    ("webhook", "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+     ["XXXXXXXXXXXXXXXXXXXXXXXX", "B00000000"], ["hooks.slack.com", "services"]),
+    ("url", "mailto://user:hunter2pass@gmail.com", ["hunter2pass"], ["gmail.com"]),
+])
+def test_a_targets_secret_parts_are_masked_not_the_whole_target(kind, value, masked, shown):
+    """`command: true` masked every "true" in every log; a URL's token is masked wherever it shows,
+    also in part (an error message that quotes only the path)."""
+    secrets = Target(kind, value).secrets()
+    assert all(m in secrets for m in masked) and not any(s in secrets for s in shown), secrets
+    text = f"failed: {value.split('//')[-1]} said no"
+    from orchestrator.plan import mask_secrets
+    assert not any(m in mask_secrets(text, frozenset(secrets)) for m in masked)
