@@ -45,20 +45,37 @@ def post(url, payload, timeout=TIMEOUT):
         answer.read(65536)
 
 
+STDERR_KEPT = 4096  # bytes of a command's stderr kept for its failure's words
+
+
 def run(command, payload, timeout=TIMEOUT):
     """Run ``command`` (the user's own shell line, from their cluster file) with the event's JSON
     on stdin; in a session of its own, so a timeout kills all of it. Raises OSError on a failure."""
     env = dict(os.environ, DDP_UP_EVENT=payload.get("event", ""), DDP_UP_JOB=payload.get("job_id", ""))
     proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True, env=env)
+    tail = bytearray()  # the end of what it says on stderr: bounded, however much it says
+
+    def drain():
+        for chunk in iter(lambda: proc.stderr.read(1 << 16), b""):
+            tail[:] = (tail + chunk)[-STDERR_KEPT:]
+    reader = threading.Thread(target=drain, name="notify-stderr", daemon=True)
+    reader.start()
     try:
-        _, err = proc.communicate(json.dumps(payload).encode() + b"\n", timeout=timeout)
+        proc.stdin.write(json.dumps(payload).encode() + b"\n")
+        proc.stdin.close()
+    except OSError:
+        pass  # it does not read its stdin: its choice
+    try:
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise OSError("it ran past %g s and was killed" % timeout) from None
+    finally:
+        reader.join(1.0)
     if proc.returncode != 0:
-        last = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        last = bytes(tail).decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
         raise OSError("it exited with %d%s" % (proc.returncode, (": " + last[0][:200]) if last[0] else ""))
 
 
