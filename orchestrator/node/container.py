@@ -63,11 +63,17 @@ def container_name(tags):
     return "ddp-up-%s-n%s-a%s" % (tags[TAG_JOB], tags[TAG_NODE], tags.get(TAG_ATTEMPT, "0"))
 
 
+UID_LABEL = "ddp-up.uid"  # the user who started it: a shared docker daemon holds every user's containers
+
+
 def label_filters(match):
-    """``--filter label=...`` for every tag of ``match`` that containers carry as a label."""
+    """``--filter label=...`` for every tag of ``match`` that containers carry as a label, and
+    always this user's uid: a ddp-kill of a cluster file that several users share removes only
+    the containers of the user who runs it."""
     names = dict(LABELS)
     pairs = ["label=%s=%s" % (names[key], value) for key, value in sorted(match.items()) if key in names]
-    return [arg for pair in pairs or ["label=ddp-up.job"] for arg in ("--filter", pair)]  # none: every job's
+    pairs = (pairs or ["label=ddp-up.job"]) + ["label=%s=%d" % (UID_LABEL, os.getuid())]  # no tag: every job's
+    return [arg for pair in pairs for arg in ("--filter", pair)]
 
 
 def gpu_ids(env, nproc):
@@ -118,6 +124,7 @@ class Box:
     def daemon_run(self, command, name):
         argv = [self.exe, "run", "--rm", "--name", name, "--pull=never", "--network=host", "--ipc=host"]
         argv += ["--label=%s=%s" % (label, self.tags[tag]) for tag, label in LABELS if tag in self.tags]
+        argv.append("--label=%s=%d" % (UID_LABEL, os.getuid()))
         if self.runtime == "podman" and self.user[0] not in (0, "0"):
             argv.append("--userns=keep-id")  # rootless: the user's own uid inside, so files in the workdir stay theirs
         else:

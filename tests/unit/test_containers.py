@@ -2,6 +2,7 @@
 node's agent builds them (docker, apptainer, singularity, enroot and pyxis are not installed on
 these machines: their command lines are checked here only)."""
 
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -138,9 +139,11 @@ def test_the_container_gets_the_jobs_variables_not_the_hosts_and_its_gpus_count_
 
 
 def test_containers_are_found_by_the_labels_of_the_tags_given():
+    mine = ["--filter", f"label=ddp-up.uid={os.getuid()}"]  # a shared docker daemon: this user's alone
     assert label_filters({"DDP_UP_JOB": "j1", "DDP_UP_NODE": "0"}) == [
-        "--filter", "label=ddp-up.job=j1", "--filter", "label=ddp-up.node=0"]
-    assert label_filters({}) == ["--filter", "label=ddp-up.job"]  # ddp-kill --all: every job's
+        "--filter", "label=ddp-up.job=j1", "--filter", "label=ddp-up.node=0", *mine]
+    assert label_filters({}) == ["--filter", "label=ddp-up.job", *mine]  # ddp-kill --all: every job of this user's
+    assert f"--label=ddp-up.uid={os.getuid()}" in Box(CONF, TAGS, "/work").run_argv(["true"])
 
 
 def test_the_env_file_is_private_and_never_replaces_another(tmp_path):
