@@ -156,7 +156,7 @@ def claim_state(spec):
     others = find_tagged({TAG_JOB: job, TAG_NODE: str(node), TAG_ATTEMPT: str(spec.attempt)})
     if others:
         return None, job_in_use(job, "pid %d carries its tags" % others[0]["pid"])
-    return claim_node_dir(job, node, spec.attempt)
+    return claim_node_dir(job, node, spec.attempt, spec.cluster)
 
 
 def hold_port(spec):

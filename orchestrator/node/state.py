@@ -23,7 +23,7 @@ import threading
 import time
 
 from . import wire
-from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, find_tagged, read_tags
+from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, find_tagged, read_tags
 
 # A job id names directories here and on the controller: a plain name, never a path.
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -100,9 +100,12 @@ def parse_node_dir(entry):
     return tags
 
 
-def claim_node_dir(job, node, attempt=0):
+CLUSTER_FILE = "cluster"  # the cluster id of the job a node directory is of (ddp-kill CLUSTER touches only its own)
+
+
+def claim_node_dir(job, node, attempt=0, cluster=None):
     """(the node's state directory, None), or (None, Failed): the job's id is in use here, or
-    the state root is not private."""
+    the state root is not private. ``cluster``: the job's cluster id, kept in it (CLUSTER_FILE)."""
     root = state_root()
     for path in (root, os.path.join(root, job)):
         why = private_dir(path)
@@ -115,7 +118,19 @@ def claim_node_dir(job, node, attempt=0):
         return None, job_in_use(job, "its state directory %s exists" % path)
     except OSError as e:
         return None, unsafe_state(path, "cannot be created (%s)" % (e.strerror or e))
+    if cluster:
+        write_private(os.path.join(path, CLUSTER_FILE), cluster)
     return path, None
+
+
+def cluster_of(node_dir):
+    """The cluster id a node directory was claimed for, or None (an older one, or unreadable)."""
+    try:
+        fd = os.open(os.path.join(node_dir, CLUSTER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            return f.read(64).decode("ascii", "replace")
+    except OSError:
+        return None
 
 
 def job_in_use(job, why):
@@ -312,6 +327,8 @@ def remove_stale_state(match, purge=False, records_only=False, dry_run=False):
             tags = parse_node_dir(entry)
             if tags is None:
                 continue
+            if TAG_CLUSTER in match and cluster_of(os.path.join(job_dir, entry)) != match[TAG_CLUSTER]:
+                continue  # another cluster file's job (a shared /tmp, an NFS TMPDIR): not this sweep's
             record = read_record(os.path.join(job_dir, entry))  # first: a /proc scan is the costly part
             if record is None and not purge and os.path.lexists(os.path.join(job_dir, entry, RECORD)):
                 continue  # a detached job's record, damaged: its journal stays (ddp-kill --purge removes it)

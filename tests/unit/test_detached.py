@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from orchestrator.node import checks, decide, detached, events, replay, state, supervisor, wire
+from orchestrator.node import checks, decide, detached, events, procs, replay, state, supervisor, wire
 from orchestrator.commands.attach import ls_table, merge_records
 from orchestrator.signals import SignalInbox
 from tests.unit.fakejob import Harness
@@ -540,3 +540,16 @@ def test_a_damaged_record_outcome_or_journal_hides_nothing_else(tmp_path, monkey
     journal = b"".join(f.encode() for f in frames[:2]) + b"Garbage {}\n" + frames[2].encode()
     got, damage = replay.decoded(wire.Decoder(wire.TO_CONTROLLER), journal)
     assert got == frames[:2] and "unexpected frame" in damage
+
+
+def test_ddp_kill_of_one_cluster_file_touches_no_state_of_another_clusters_job(tmp_path, monkeypatch):
+    """Nodes that share one /tmp (an NFS TMPDIR): `ddp-kill CLUSTER` said it removed the state of
+    a job launched from another cluster file. A node directory keeps its job's cluster id."""
+    monkeypatch.setattr(state.tempfile, "tempdir", str(tmp_path))
+    mine, _ = state.claim_node_dir("20261126-010000-aaaaaa", 0, cluster="c1")
+    theirs, _ = state.claim_node_dir("20261126-010000-bbbbbb", 0, cluster="c2")
+    older, _ = state.claim_node_dir("20261126-010000-cccccc", 0)  # before cluster ids were kept
+    assert state.cluster_of(mine) == "c1" and state.cluster_of(older) is None
+    assert state.remove_stale_state({procs.TAG_CLUSTER: "c1"}) == ["20261126-010000-aaaaaa node0"]
+    assert os.path.isdir(theirs) and os.path.isdir(older)
+    assert sorted(state.remove_stale_state({})) == ["20261126-010000-bbbbbb node0", "20261126-010000-cccccc node0"]
