@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import re
-from urllib.parse import parse_qsl, unquote, urlsplit
 from dataclasses import dataclass
 from typing import Any, Callable
+from urllib.parse import parse_qsl, unquote, urlsplit
 
+from .errors import EXIT_INTERNAL
 from .node import notify as sender
 from .node.notify import EVENTS, Deliveries, event
 from .plan import mask_secrets, mask_values
@@ -140,6 +141,15 @@ class Notifier:
             text += f"; root cause: {root.render()}"
         self.event("ended", text, ok=result.exit_code == 0, exit_code=result.exit_code,
                    root_cause=None if root is None else root.render(), attempts=len(attempts) or 1)
+
+    def unstarted(self, error: Exception) -> None:
+        """The run ended before a job's end could be told: a node not ready (exit 3), a signal
+        before the start, an internal error (70). Still an ``ended`` event, then the sends' end."""
+        code = getattr(error, "exit_code", None) or (128 + error.signum if hasattr(error, "signum") else EXIT_INTERNAL)
+        why = error.render() if hasattr(error, "render") else f"internal error in ddp-up ({type(error).__name__})"
+        self.event("ended", f"job {self.job_id} did not run (exit status {code}): {why}", ok=False, exit_code=code,
+                   root_cause=None, attempts=0)
+        self.close()
 
     def close(self) -> None:
         """Wait for the sends under way (each bounded by node/notify.TIMEOUT)."""

@@ -224,9 +224,14 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
     logs = RunLogs(plan, args.runs_dir, warn=view.notice)
     logs.record(record)
     notifier = Notifier(plan.notify, plan.job_id, plan.secrets, view.notice) if plan.notify else None
-    return run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
-                   cluster_arg=shlex.join(ours_for_attach(args)),
-                   restarts=restarts if restarts.any and not args.detach else None, notifier=notifier)
+    try:
+        return run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
+                       cluster_arg=shlex.join(ours_for_attach(args)),
+                       restarts=restarts if restarts.any and not args.detach else None, notifier=notifier)
+    except Exception as e:  # a node not ready (exit 3), a signal before the start, a bug (70): said, then raised
+        if notifier is not None:
+            notifier.unstarted(e)
+        raise
 
 
 def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str], console: Console) -> int:

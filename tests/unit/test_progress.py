@@ -186,3 +186,18 @@ def test_a_targets_secret_parts_are_masked_not_the_whole_target(kind, value, mas
     text = f"failed: {value.split('//')[-1]} said no"
     from orchestrator.plan import mask_secrets
     assert not any(m in mask_secrets(text, frozenset(secrets)) for m in masked)
+
+
+def test_a_run_that_never_started_still_sends_its_ended_event():
+    """A node not ready (exit 3) or an internal error (70) sent no `ended` event: the user waiting
+    for one heard nothing."""
+    from orchestrator.errors import NodeProblem, SetupError
+
+    sent = []
+    notifier = Notifier((Target("command", "cat"),), "J1", frozenset(), warn=lambda text: None,
+                        senders={"command": lambda value, payload: sent.append(payload)})
+    notifier.unstarted(SetupError([NodeProblem("gpu-b", "script train.py not found", "copy it")]))
+    notifier.unstarted(RuntimeError("a bug"))
+    assert [(p["event"], p["exit_code"], p["ok"]) for p in sent] == [("ended", 3, False), ("ended", 70, False)]
+    assert sent[0]["text"].startswith("job J1 did not run (exit status 3): 1 node(s) not ready; nothing was started")
+    assert sent[1]["text"] == "job J1 did not run (exit status 70): internal error in ddp-up (RuntimeError)"
