@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 from . import facts, wire
 from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, TAGS, spec_tags
@@ -327,12 +328,18 @@ def read_versions(key):
         fd = os.open(os.path.join(root, key), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd) as f:
             info = json.load(f)
+            os.utime(f.fileno())  # used now: keep_versions forgets only those unused for VERSIONS_KEPT
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) else None
 
 
-def keep_versions(key, info):
+VERSIONS_KEPT = 30 * 86400.0  # seconds an image's versions are kept unread: images come and go
+
+
+def keep_versions(key, info, now=None):
+    """Keep ``info`` under ``key``; and forget the versions of images not used for VERSIONS_KEPT
+    (each file is a few hundred bytes, but a node that sees an image a day would keep them all)."""
     root = state_root()
     if key is None or private_dir(root):  # the state root is private, or nothing is kept
         return
@@ -340,6 +347,14 @@ def keep_versions(key, info):
         write_private(os.path.join(root, key), json.dumps(info))
     except OSError:  # another node of the same host wrote it first
         pass
+    now = time.time() if now is None else now
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        try:
+            if name.startswith(".versions-") and now - os.lstat(path).st_mtime > VERSIONS_KEPT:
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 def check_runtime(box):

@@ -5,6 +5,7 @@ these machines: their command lines are checked here only)."""
 import os
 import re
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,19 @@ def test_an_image_that_is_an_option_and_bundled_or_file_labels_are_refused(text,
         parse_cluster(f"nodes: [{{host: a, gpus: 1}}]\ncontainer: {text}\n", "c.yaml")
     assert parse_cluster("nodes: [{host: a, gpus: 1}]\ncontainer: {image: i, options: [-v/a:/b, -eFOO=1, -it2]}\n",
                          "c.yaml").nodes[0].container.options == ("-v/a:/b", "-eFOO=1", "-it2")
+
+
+def test_an_images_versions_unused_for_a_month_are_forgotten(tmp_path, monkeypatch):
+    from orchestrator.node import state
+
+    monkeypatch.setattr(state.tempfile, "tempdir", str(tmp_path))
+    root = Path(state.state_root())
+    root.mkdir(mode=0o700)
+    container.keep_versions(".versions-old.json", {"torch": "2.1"})
+    container.keep_versions(".versions-used.json", {"torch": "2.2"})
+    month = time.time() - container.VERSIONS_KEPT - 60
+    for name in (".versions-old.json", ".versions-used.json"):
+        os.utime(root / name, (month, month))
+    assert container.read_versions(".versions-used.json") == {"torch": "2.2"}  # read: used now
+    container.keep_versions(".versions-new.json", {"torch": "2.3"})
+    assert sorted(p.name for p in root.iterdir()) == [".versions-new.json", ".versions-used.json"]
