@@ -83,7 +83,8 @@ def _timestamp(text: str) -> float | None:
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')  # faulthandler
 _SPY_FRAME = re.compile(r"^\s+(\S+) \(([^()]+):\d+\)$")  # py-spy dump: "    func (path/file.py:12)"
 _SPY_MAIN = re.compile(r'^Thread \d+ \(\w+\): "MainThread"')
-_DISTRIBUTED = re.compile(r"(^|/)torch/distributed/")
+# torch.distributed, and DDP's own collectives (its bucket rebuild is a broadcast, its sync a reduce)
+_DISTRIBUTED = re.compile(r"(^|/)torch/(distributed/|nn/parallel/distributed\.py)")
 _TORCH = re.compile(r"(^|/)torch/")
 
 

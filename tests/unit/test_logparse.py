@@ -120,3 +120,23 @@ def test_stack_report_skips_ddp_ups_recorder_thread():
         dump(r, rank, [(C10D, "all_reduce"), (LOGGER, "wrapper"), ("/job/train.py", "step")] if rank else
              [("/job/data.py", "load_batch")])
     assert r.odd_ones_out() == [0] and r.describe(1) == "in all_reduce (from step)"
+
+
+def test_a_rank_stuck_in_ddps_bucket_rebuild_is_in_a_collective():
+    """Accelerate's test_distributed_data_loop.py (uneven inputs, gloo on CPU, torch 2.13): rank 0
+    waits in DDP's _rebuild_buckets (a broadcast), rank 1 in a barrier. Both are in collectives;
+    rank 0 read as "not in a collective" before DDP's own frames counted. (The Flight Recorder's
+    paragraph for the same hang: "at #5 the ranks called different collectives: rank 0 broadcast
+    [3] Int; rank 1 barrier".)"""
+    from pathlib import Path
+
+    from orchestrator.logparse import StackReport
+
+    data = Path(__file__).resolve().parents[1] / "data" / "ddp_join_hang"
+    report = StackReport()
+    for rank in (0, 1):
+        for line in (data / f"rank{rank}.stack.txt").read_text().splitlines():
+            report.feed(rank, line)
+    assert report.describe(0) == "in DistributedDataParallel._pre_forward (from test_can_join_uneven_inputs)"
+    assert report.describe(1) == "in barrier (from PartialState.wait_for_everyone)"  # the innermost frame outside torch
+    assert "rank 0 (a) broadcast [3] Int; rank 1 (b) barrier" in (data / "rank0.collectives.json").read_text()
