@@ -185,6 +185,24 @@ CASES = [
          "setup command 1 `echo *** >&2; false` failed with status 1: ***",
          {"c.yaml": "setup: 'echo k3y-very-secret >&2; false'\nenv: {API_KEY: k3y-very-secret}\n" + LOCAL},
          absent="k3y-very-secret"),
+    # --- what a newcomer or a hostile file brings (the first hour, hardening round 4) ---
+    Case("a script for a cluster file", ["train.py"], 2, "train.py is not a cluster file"),
+    Case("-m with no module", ["{c}", "-m"], 2, "-m needs a module", {"c.yaml": LOCAL}),
+    Case("a duration in words", ["{c}", "t.py"], 2, "{c}:1: hang_timeout: must be a number of seconds > 0, or a "
+         "duration such as 90s, 5m, 12h or 7d, got '5 minutes'", {"c.yaml": "hang_timeout: 5 minutes\n" + LOCAL}),
+    Case("a signal name through case folding", ["{c}", "t.py"], 2, "{c}:1: stop_signal:",
+         {"c.yaml": "stop_signal: ſigusr1\n" + LOCAL}),
+    Case("an image named like an option", ["{c}", "t.py"], 2, "container.image: must be an image's name or path",
+         {"c.yaml": "container: {image: --privileged}\n" + LOCAL}),
+    Case("bundled own container flags", ["{c}", "t.py"], 2, "container.options[0]: -itd is ddp-up's own",
+         {"c.yaml": "container: {image: i, options: [-itd]}\n" + LOCAL}),
+    Case("accelerate with uneven nodes", ["{c}", "t.py"], 2, "launcher: accelerate starts the same number of "
+         "processes on every node", {"c.yaml": "launcher: accelerate\ntransport: local\nnodes: [{host: a, gpus: 2}, "
+                                     "{host: b, gpus: 1}]\n"}),
+    Case("a key of torchrun's", ["{c}", "t.py"], 2, "{c}:1: nproc_per_node: unknown key; `nproc_per_node` is "
+         "`gpus:` here", {"c.yaml": "nproc_per_node: 8\n" + LOCAL}),
+    Case("a mistyped option", ["--dryrun", "{c}", "t.py"], 2, "unrecognized arguments: --dryrun (did you mean "
+         "--dry-run?)", {"c.yaml": LOCAL}),
 ]
 
 
