@@ -43,10 +43,9 @@ class Hung:
 
 
 class HangWatch:
-    def __init__(self, timeout: float | None, job_id: str, world: int = 0, startup: float | None = None):
+    def __init__(self, timeout: float | None, job_id: str, startup: float | None = None):
         self.timeout = timeout
         self.job_id = job_id
-        self.world = world  # ranks in the job: start-up is over once every running one has begun
         self.startup = startup if startup is not None else max(timeout, STARTUP_LEAST) if timeout else None
         self.launched: float | None = None  # when the job was started; None until go
         self.begun: dict[int, float] = {}  # rank -> when its clock started (process group up, or first line)

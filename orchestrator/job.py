@@ -137,7 +137,7 @@ class Job:
         self.stop = StopPath(plan, self.sessions, self.table, view, self.sweeper, clock)
         self.reports = NodeReports(self)
         self.phases = Phases(self)
-        self.hang = HangWatch(plan.hang_timeout, plan.job_id, plan.world_size, plan.startup_timeout)
+        self.hang = HangWatch(plan.hang_timeout, plan.job_id, plan.startup_timeout)
         self.flight = FlightLog(len(plan.nodes), plan.world_size)
         self.pace = PaceReports(self, shown)  # `shown`: the ranks the console shows (their bars)
         self.master_port = plan.master_port

@@ -17,11 +17,10 @@ from .errors import UsageError
 from .node import wire
 from .containers import workers_code
 from .node.container import ENV_FILE, Box
-from .node.launch import TORCHRUN_SIGNALS
 from .node.notify import DETACHED_KINDS
 from .node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .node.state import JOB_ID
-from .node.launch import ACCELERATE_NODE_OPTIONS
+from .node.launch import ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS
 from .node.workers import OWN_LAUNCHER
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its

@@ -72,8 +72,8 @@ def accelerate_options(argv, env, log_dir, stop_signal):
     configured = any(a.startswith("--config_file") for a in argv) or \
         os.path.isfile(os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml"))
     env.setdefault("PET_REDIRECTS", "3")
-    if stop_signal not in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
-        env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT," + stop_signal)
+    if stop_signal not in TORCHRUN_SIGNALS:  # as plan.LaunchPlan._signals tells torchrun itself
+        env.setdefault("PET_SIGNALS_TO_HANDLE", ",".join((*TORCHRUN_SIGNALS, stop_signal)))
     if not facts.has_nvidia_gpus():
         env.setdefault("ACCELERATE_USE_CPU", "true")
     mine = ["--log_dir=" + log_dir] + ([] if configured else ["--multi_gpu"])

@@ -45,7 +45,7 @@ def test_silence_past_the_limit_counts_and_the_root_cause_is_the_earliest():
 
 
 def test_the_controllers_hang_watch_and_the_supervisor_say_the_same():
-    watch = hang.HangWatch(60, "J1", world=1)
+    watch = hang.HangWatch(60, "J1")
     watch.started(T0 - 5)
     watch.ranks_up([0], T0)  # its process group up: its clock starts
     statuses = [outcome.NodeStatus(type("NodePlan", (), {"index": 0, "ranks": range(0, 1)})(), state="running")]
