@@ -25,6 +25,15 @@ DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*A
 
 
 
+NOT_SECRET = {"true", "false", "yes", "no", "on", "off", "none", "null", "auto", "disabled", "enabled"}
+
+
+def maskable(value: str) -> bool:
+    """Whether a value named like a secret is one to mask everywhere: not a short one, a number
+    or a switch (TOKENIZERS_PARALLELISM matches *TOKEN*: masking its "false" hid every "false")."""
+    return len(value) >= 4 and value.lower() not in NOT_SECRET and not value.replace(".", "", 1).isdigit()
+
+
 def job_signal(text: object) -> str | None:
     """One of JOB_SIGNALS by its full name (``USR1``, ``usr1`` and ``SIGUSR1`` alike), or None.
     ASCII only: Unicode's case folding makes ``ſigusr1`` (long s) and ``ınt`` (dotless i) match."""
@@ -129,7 +138,7 @@ class ClusterConfig:
     def secret_values(self) -> frozenset[str]:
         """Values to mask wherever ddp-up prints (dry-run, logs, dashboard); short ones are left
         alone, since masking "1" everywhere would hide more than it protects."""
-        env = {v for n in self.nodes for k, v in n.env.items() if self.is_secret(k) and len(v) >= 4}
+        env = {v for n in self.nodes for k, v in n.env.items() if self.is_secret(k) and maskable(v)}
         return frozenset(env | {part for t in self.notify for part in t.secrets()})
 
     @property

@@ -155,3 +155,13 @@ def test_a_signal_name_matches_in_ascii_only(name):
     from orchestrator.config import job_signal
 
     assert job_signal(name) is None and job_signal("usr1") == "SIGUSR1" and job_signal("int") == "SIGINT"
+
+
+def test_a_switch_or_a_number_named_like_a_secret_is_not_masked_everywhere():
+    """TOKENIZERS_PARALLELISM (every HF Trainer user sets it) matches *TOKEN*: its "false" was
+    masked in every line ("this warning may be a *** positive")."""
+    from orchestrator.clusterfile import parse_cluster
+
+    config = parse_cluster("nodes: [{host: a, gpus: 1}]\nenv: {TOKENIZERS_PARALLELISM: 'false', MAX_TOKENS: '4096', "
+                           "HF_TOKEN: hf_abcdef123}\n", "c.yaml")
+    assert config.secret_values == frozenset({"hf_abcdef123"})
