@@ -1,0 +1,45 @@
+"""The code users bring: a Lightning, an Accelerate and a Hugging Face Trainer script
+(examples/, tiny models built from configs, nothing downloaded), each at 2 nodes of the sshd
+cluster with `restarts: 1`. In the first attempt one rank fails (killed by SIGKILL under
+Lightning; raising under the other two); the run names it, starts again, the script resumes from
+its own checkpoint and trains to the end, and its progress bar is shown."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.harness.runner import ddp_up
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+TRAINERS = {
+    "lightning": ("lightning", "lightning_train.py", ["--epochs", "3", "--fail-epoch", "1", "--kill"], "torchrun",
+                  "rank 1 was killed by SIGKILL", "resuming from last.ckpt", r"Epoch 2: 100%\|", "last.ckpt"),
+    "accelerate": ("accelerate", "accelerate_train.py", ["--epochs", "3", "--fail-epoch", "1"], "accelerate",
+                   "rank 1 exited with code 1: RuntimeError: injected failure in epoch 1", "resuming at epoch 1",
+                   r"epoch 2: 100%\|", "epoch.json"),
+    "hf_trainer": ("transformers", "hf_trainer_train.py", ["--steps", "12", "--fail-step", "6"], "torchrun",
+                   "rank 1 exited with code 1: RuntimeError: injected failure at step 6", "resuming from checkpoint-4",
+                   r"100%\|\S+\| 12/12", "checkpoint-12"),
+}
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_progress(cluster, cluster_file,
+                                                                                          tmp_path, name):
+    module, script, args, launcher, cause, resumed, bar, checkpoint = TRAINERS[name]
+    pytest.importorskip(module)
+    out_dir = tmp_path / "ckpt"
+    path = cluster_file([(0, 1), (1, 1)], launcher=launcher, restarts=1, restart_delay=0.5,
+                        env={"OMP_NUM_THREADS": 1, "TOKENIZERS_PARALLELISM": "false"})
+    code, out, _ = ddp_up("--no-dashboard", str(path), str(EXAMPLES / script), "--out", str(out_dir), *args,
+                          timeout=240)
+    assert code == 0, out
+    assert re.search(rf"^attempt 0: \S+ \(node 1, rank 1\): {re.escape(cause)}", out, re.M), out
+    assert re.search(rf"\| {re.escape(resumed)}$", out, re.M), out  # from its own checkpoint, in attempt 1
+    assert re.search(bar, out), out  # the bar, as its final state
+    assert "ok after" in out and "in 2 attempts" in out
+    assert (out_dir / checkpoint).exists()
