@@ -5,9 +5,8 @@ model, a checkpoint every epoch (`last.ckpt`), and a resume from it when the job
     ddp-up cluster.yaml examples/lightning_train.py --out ckpt-pl --epochs 3
 
 --fail-epoch N makes rank --fail-rank raise in epoch N of the first attempt only (DDP_UP_ATTEMPT);
---kill makes it die of SIGKILL instead. Lightning's default bar is Rich's where rich is installed
-(ddp-up depends on it), which draws only at the end when its output is not a terminal: this
-script asks for the tqdm bar, which ddp-up shows live.
+--kill makes it die of SIGKILL instead. Lightning's bar is its default, Rich's where rich is
+installed: ddp-up shows it live, as a terminal would.
 """
 
 import argparse
@@ -16,7 +15,7 @@ import signal
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class Tiny(L.LightningModule):
@@ -53,7 +52,7 @@ def main():
     nodes = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     trainer = L.Trainer(num_nodes=nodes, devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), accelerator="cpu",
                         strategy="ddp", max_epochs=args.epochs, logger=False, enable_model_summary=False,
-                        callbacks=[ModelCheckpoint(dirpath=args.out, save_last=True), TQDMProgressBar(refresh_rate=1)])
+                        callbacks=[ModelCheckpoint(dirpath=args.out, save_last=True)])
     last = os.path.join(args.out, "last.ckpt")
     resume = last if os.path.exists(last) else None
     if resume and trainer.global_rank == 0:

@@ -1,5 +1,6 @@
-"""How far each node is: what its progress bar says (tqdm's format), its rate, its ETA, and
-whether it goes well below the others' pace. Pure: values in, values out.
+"""How far each node is: what its progress bar says (tqdm's format, or Rich's as Lightning's
+RichProgressBar draws it), its rate, its ETA, and whether it goes well below the others' pace.
+Pure: values in, values out.
 
 A node's bar is its chosen rank's (``chosen_rank``): the first of ``--ranks`` on the node, else
 rank 0 where the node has it, else the node's first rank. Its rows arrive in Bars frames
@@ -35,6 +36,9 @@ _CLOCK = r"(\d{1,6}(?::\d{1,2}){0,2})"
 TQDM = re.compile(r"(?<![\d.])" + _NUM + r"/" + _NUM + r"\s{0,4}\[" + _CLOCK + r"<(" + _CLOCK[1:-1] + r"|\?)(?:,\s{0,4}(?:" + _NUM +
                   r"|\?)\s{0,4}([^\s,\]/]{0,16})/([^\s,\]]{1,16}))?")
 OWN = re.compile(r"progress:?\s{1,4}" + _NUM + r"/" + _NUM + r"\b")
+# Rich's, as Lightning's RichProgressBar draws it: "Epoch 3/9 ━━━━ 12/40 0:00:01 • 0:00:03 9.87it/s"
+RICH = re.compile(r"(?<![\d.])(\d{1,15})/(\d{1,15})\s{1,4}\d{1,6}:\d\d:\d\d\s{1,4}\u2022\s{1,4}"
+                  r"(\d{1,6}:\d\d:\d\d|-:--:--)(?:\s{1,4}(\d{1,15}(?:\.\d{1,15})?)it/s)?")
 ROW_READ = 4096  # characters of a row read for progress: tqdm's figures are within them
 
 
@@ -110,6 +114,12 @@ def _read(text: str) -> Reading | None:
                 rate, unit = (1.0 / rate if rate else None), m.group(10)
         remaining = None if m.group(6) == "?" else _clock(m.group(6))
         return Reading(n, total, rate, unit, remaining) if total else None
+    m = RICH.search(text)
+    if m is not None:
+        total = float(m.group(2))
+        remaining = None if m.group(3).startswith("-") else _clock(m.group(3))
+        return Reading(float(m.group(1)), total, float(m.group(4)) if m.group(4) else None, "it", remaining) \
+            if total else None
     m = OWN.match(text)
     if m is not None:
         total = _number(m.group(3), m.group(4))

@@ -41,6 +41,11 @@ def sample_gpus(ended, out):
 # launch` go (accelerate_options): where torchrun's per-rank logs are, and --multi_gpu unless the
 # node has an accelerate config of its own.
 ACCELERATE_NODE_OPTIONS = "--ddp-up-node-options"
+# Rich (Lightning's default bar where rich is installed) draws live only on what it takes for an
+# interactive terminal; a rank's output is a file, so it drew once, at the end. These make it draw
+# as on a terminal (\r, erase, colors), which the node's Screen reads as a terminal does. tqdm
+# needs nothing. A job that sets either keeps its own value.
+TERMINAL_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
 UP_EVERY = 0.5  # seconds between looks for the ranks whose process group came up, until all have
 
 
@@ -136,7 +141,7 @@ class Launch:
 
     def launch_env(self, go):
         """The launcher's environment: the job's, the Go's, the tags, and the hooks on its path."""
-        env = self.job_env()
+        env = dict(TERMINAL_ENV, **self.job_env())  # the job's own settings win
         self.go_env = go.env or {}
         env.update(self.go_env)
         env.update(spec_tags(self.spec, self.attempt))
@@ -187,7 +192,7 @@ class Launch:
         """(the runtime client's argv, its environment): the launcher in this attempt's container,
         the job's environment in a private file, never on a command line (Box.start_args)."""
         self.env_file = os.path.join(self.dir, per_attempt(container.ENV_FILE, self.attempt))
-        own = set(self.spec.env or ()) | set(self.go_env) | set(TAGS) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT}
+        own = set(self.spec.env or ()) | set(self.go_env) | set(TAGS) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT, *TERMINAL_ENV}
         return self.box.start_args(argv, env, job_env(None), own, self.env_file, self.spec.workers_code)
 
     def answer(self, event):

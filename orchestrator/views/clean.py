@@ -1,6 +1,8 @@
 """What of a job's text may reach a terminal: its own module, so that code that only reads a
 job's words (flight.py) can clean them without importing the views."""
 
+import re
+
 # A rank's output must not drive the terminal (clear the screen, move the cursor under the
 # dashboard): C0 and C1 controls and DEL are dropped, tabs kept; bytes that were not UTF-8 (kept
 # as surrogates for the log files) show as U+FFFD.
@@ -8,8 +10,15 @@ _CONTROL = {c: None for c in (*range(0, 9), *range(10, 32), *range(127, 160))}
 _CONTROL.update({c: "\ufffd" for c in range(0xDC80, 0xDD00)})
 
 
+# Whole escape sequences (colors, cursor moves, a title: CSI and OSC, each bounded) go before the
+# controls do: dropping only their ESC left "[32m" in the text of every colored line.
+_ESCAPES = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,4}[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|\x9b[0-?]{0,32}[ -/]{0,4}[@-~]")
+
+
 def safe_text(text: str) -> str:
-    return text if text.isprintable() else text.translate(_CONTROL)  # the test is C-fast; most lines pass
+    if text.isprintable():  # the test is C-fast; most lines pass
+        return text
+    return _ESCAPES.sub("", text).translate(_CONTROL)
 
 
 def safe_lines(text: str) -> str:

@@ -11,6 +11,7 @@ import shlex
 import pytest
 
 from orchestrator.node.screen import Screen
+from orchestrator.views.clean import safe_lines
 
 tqdm = pytest.importorskip("tqdm").tqdm
 
@@ -66,7 +67,22 @@ def hand(out):
     print("\x1b[32mgreen\x1b[0m and plain", file=out)
 
 
-SAMPLES = {"lightning": lightning, "hf_trainer": hf_trainer, "nested": nested, "hand": hand}
+def rich_bars(out):
+    """Rich's live progress, as Lightning's RichProgressBar draws it on a terminal (a rank's,
+    under node/launch.TERMINAL_ENV): "\\r" and erase-line each refresh, colors, the cursor hidden."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    console = Console(file=out, force_terminal=True, force_interactive=True, width=100, color_system="standard")
+    with Progress(TextColumn("Epoch 0"), BarColumn(), MofNCompleteColumn(), console=console, auto_refresh=False) as bars:
+        task = bars.add_task("train", total=5)
+        for _ in range(5):
+            bars.update(task, advance=1)
+            bars.refresh()
+    console.print("[bold]fit done[/bold]")
+
+
+SAMPLES = {"lightning": lightning, "hf_trainer": hf_trainer, "nested": nested, "hand": hand, "rich": rich_bars}
 
 
 def drawn(write) -> bytes:
@@ -88,7 +104,7 @@ def screen_lines(data: bytes, chunk: int) -> list[str]:
         now[0] += 0.0005  # a read every half millisecond: a bar drawn in several reads stays one draw
         out.append(screen.settle())
     out.append(screen.end())
-    text = b"".join(out).decode("utf-8", "replace").replace("\x1b[32m", "").replace("\x1b[0m", "")
+    text = safe_lines(b"".join(out).decode("utf-8", "replace"))  # as the console shows it: no escape
     return [line.rstrip() for line in text.splitlines() if line.strip()]
 
 

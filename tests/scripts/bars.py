@@ -5,6 +5,8 @@
   bars.py hand STEPS STEP_S     the same drawn by hand: "\\r step i/STEPS [eta, rate]" on stderr, then a newline
   bars.py nested OUTER INNER STEP_S   tqdm's nested bars (outer epochs, inner steps: cursor-up), then "done"
   bars.py own STEPS STEP_S      no bar: "progress: i/STEPS" lines on stdout (ddp-up's own form)
+  bars.py rich STEPS STEP_S     a Rich progress bar on stdout, as Lightning's RichProgressBar draws it
+                                ("train ━━━ 12/40 0:00:01 • 0:00:03 9.87it/s"), then "done"
   bars.py flood N [PREFIX]      every rank draws N "\\r" updates as fast as it can (flushed each, as tqdm
                                 does), then a newline, to stderr or to PREFIX.<rank>; then its own timing:
                                 "FLOOD rank=R updates=N seconds=S" on stdout
@@ -45,6 +47,23 @@ def nested(outer, inner, step_s):
             time.sleep(step_s)
 
 
+def rich(steps, step_s):
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+    from rich.text import Text
+
+    class Speed(ProgressColumn):  # Lightning's ProcessingSpeedColumn: "9.87it/s"
+        def render(self, task):
+            return Text("%.2fit/s" % (task.speed or 0))
+
+    with Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("•"),
+                  TimeRemainingColumn(), Speed(), refresh_per_second=10) as bars:
+        task = bars.add_task("train", total=steps)
+        for _ in range(steps):
+            time.sleep(step_s)
+            bars.update(task, advance=1)
+
+
 def own(steps, step_s):
     for i in range(1, steps + 1):
         time.sleep(step_s)
@@ -66,7 +85,7 @@ def flood(n, prefix=None):
 
 def main():
     mode, args = sys.argv[1], [a if "/" in a else float(a) if "." in a else int(a) for a in sys.argv[2:]]
-    {"tqdm": real_tqdm, "hand": hand, "nested": nested, "own": own, "flood": flood}[mode](*args)
+    {"tqdm": real_tqdm, "hand": hand, "nested": nested, "own": own, "flood": flood, "rich": rich}[mode](*args)
     print("done rank=%d" % RANK, flush=True)
 
 

@@ -201,3 +201,17 @@ def test_a_run_that_never_started_still_sends_its_ended_event():
     assert [(p["event"], p["exit_code"], p["ok"]) for p in sent] == [("ended", 3, False), ("ended", 70, False)]
     assert sent[0]["text"].startswith("job J1 did not run (exit status 3): 1 node(s) not ready; nothing was started")
     assert sent[1]["text"] == "job J1 did not run (exit status 70): internal error in ddp-up (RuntimeError)"
+
+
+def test_richs_bar_as_lightning_draws_it_is_read():
+    assert read("Epoch 3/9 ━━━━━━━━━ 12/40 0:00:01 • 0:00:03 9.87it/s v_num: 0") == \
+        progress.Reading(12.0, 40.0, 9.87, "it", 3.0)
+    assert read("Epoch 0/9 ━━━ 0/40 0:00:00 • -:--:-- 0.00it/s").remaining is None
+    assert read("Epoch 0/9 ━━━━━━━━━") is None  # no count yet
+
+
+def test_colors_and_other_escapes_go_whole_from_what_the_console_shows():
+    from orchestrator.views.clean import safe_text
+
+    assert safe_text("\x1b[32mgreen\x1b[0m, \x1b]0;a title\x07plain\x1b[?25h \x9b31mx\x1b[2K") == "green, plain x"
+    assert safe_text("\x1b[" + "9" * 100 + "m") == "[" + "9" * 100 + "m"  # too long to be one: its ESC goes
