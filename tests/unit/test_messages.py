@@ -26,7 +26,7 @@ def test_an_error_of_several_nodes_keeps_one_node_a_line_and_fix_on_its_own(caps
         "ddp-up: 2 node(s) not ready; nothing was started:",
         "  local-a: script trian.py not found in /w",
         "    fix: copy it to this node",
-        "  local-b: script trian.py not found in /w[2J",  # each line still cleaned: no escape reaches the terminal
+        "  local-b: script trian.py not found in /w",  # each line still cleaned: no escape reaches the terminal
         "    fix: copy it to this node"]
 
 
