@@ -36,11 +36,11 @@ import time
 SETTLE = 0.15  # seconds the cursor stays below a row before it counts as done
 MAX_ROWS = 16
 MAX_PIECE = 1 << 20  # a line longer than this goes out in pieces (the controller joins them again)
-# the tokens a screen acts on: a newline, a carriage return, a CSI escape (bounded: at most four
-# digits and one parameter separator; anything longer is not read as one), or a run of text
-_TOKENS = re.compile(r"\n|\r|\x1b\[[?]?(\d{0,4})(?:;\d{0,4})?([A-Za-z])|\x1b|[^\n\r\x1b]+")
+# the tokens a screen acts on: a newline, a carriage return, a CSI escape (bounded: at most 32
+# digits and separators, "38;5;197" for a 256-color; anything longer is not read as one), or text
+_TOKENS = re.compile(r"\n|\r|\x1b\[([?]?)([0-9;]{0,32})([@-~])|\x1b|[^\n\r\x1b]+")
 _UP = re.compile(rb"\x1b\[[0-9]{0,4}A")
-_PARTIAL = re.compile(r"\x1b(\[[?]?[0-9;]{0,9})?\Z")  # an escape the read cut short: kept for the next one
+_PARTIAL = re.compile(r"\x1b(\[[?]?[0-9;]{0,32})?\Z")  # an escape the read cut short: kept for the next one
 _SCREEN = re.compile(rb"\r|\x1b\[[0-9]{0,4}[AB]")  # what takes a stream off the fast path: a bar, a cursor move
 
 
@@ -124,14 +124,15 @@ class Screen:
             self.column = 0
             self.rows[self.cursor].touched = True
         elif text.startswith("\x1b"):
-            self.escape(token.group(1), token.group(2), text)
+            first = (token.group(2) or "").split(";")[0][:4]  # the first parameter: a count, a mode
+            self.escape(first, token.group(3), text)
         else:
             self.draw(text, out)
 
     def escape(self, number, final, text):
         n = int(number or 1)
         row = self.rows[self.cursor]
-        if final == "A" and not text.startswith("\x1b[?"):
+        if final == "A" and not text.startswith("\x1b[?"):  # a cursor move, not a private mode
             self.up(n)
         elif final == "B":
             for _ in range(min(n, MAX_ROWS)):

@@ -73,7 +73,7 @@ def rich_bars(out):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    console = Console(file=out, force_terminal=True, force_interactive=True, width=100, color_system="standard")
+    console = Console(file=out, force_terminal=True, force_interactive=True, width=100, color_system="256")
     with Progress(TextColumn("Epoch 0"), BarColumn(), MofNCompleteColumn(), console=console, auto_refresh=False) as bars:
         task = bars.add_task("train", total=5)
         for _ in range(5):

@@ -17,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 TRAINERS = {
     "lightning": ("lightning", "lightning_train.py", ["--epochs", "3", "--fail-epoch", "1", "--kill"], "torchrun",
-                  "rank 1 was killed by SIGKILL", "resuming from last.ckpt", r"Epoch 2/2 \S+ 16/16", "last.ckpt"),
+                  "rank 1 was killed by SIGKILL", "resuming from last.ckpt", r"Epoch 2/2\s+\S+\s+8/8", "last.ckpt"),
     "accelerate": ("accelerate", "accelerate_train.py", ["--epochs", "3", "--fail-epoch", "1"], "accelerate",
                    "rank 1 exited with code 1: RuntimeError: injected failure in epoch 1", "resuming at epoch 1",
                    r"epoch 2: 100%\|", "epoch.json"),

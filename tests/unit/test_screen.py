@@ -129,3 +129,10 @@ def test_the_unterminated_end_of_a_plain_stream_stays_unterminated():
     screen = Screen(clock)
     assert screen.feed(b"\rbar\nno newline") == b"bar\n"
     assert screen.end() == b"no newline"
+
+
+def test_a_256_color_escape_takes_no_room_and_leaves_no_text():
+    """Rich draws with ESC[38;5;197m: read as one escape, not as ESC and then "[38;5;197m" text."""
+    screen = Screen(clock=lambda: 0.0)
+    out = screen.feed(b"\r\x1b[2Ktrain \x1b[38;5;197m\xe2\x94\x81\x1b[0m 1/4\r\x1b[2Ktrain \x1b[38;5;70m\xe2\x94\x81\xe2\x94\x81 4/4\n")
+    assert out + screen.end() == "train ━━ 4/4\n".encode()
