@@ -51,19 +51,24 @@ def test_whole_lines_per_rank_and_stream_and_the_unterminated_tail_at_the_end(tm
     assert not chunks[-1].data.endswith(b"\n") or chunks[-1].stream == "err"  # nothing added at the end
 
 
-def test_a_line_of_several_megabytes_arrives_in_pieces_and_every_byte_of_it(tmp_path: Path):
-    attempt = tmp_path / "run" / "attempt_0" / "0"
+def relay_whole(root: Path, stdout: bytes) -> tuple[Tailer, list]:
+    """Rank 0's stdout.log holding ``stdout``, relayed to its end: the tailer, and its Output frames."""
+    attempt = root / "run" / "attempt_0" / "0"
     attempt.mkdir(parents=True)
-    # 3 MB of every byte value but \r (a carriage return makes the line a bar: test_screen.py), C1 CSI, bad UTF-8
-    huge = bytes(b for b in range(256) if b != 13) * 12_000 + b"\x9b[2J\xff"
-    (attempt / "stdout.log").write_bytes(b"before\n" + huge + b"\nafter")
+    (attempt / "stdout.log").write_bytes(stdout)
     sink = Sink()
     writer = Writer(sink)
-    tailer = Tailer(str(tmp_path), writer)
+    tailer = Tailer(str(root), writer)
     tailer.start()
     tailer.finish(stall_timeout=5)
     assert writer.drain(5)
-    chunks = [f for f in frames(sink) if isinstance(f, wire.Output)]
+    return tailer, [f for f in frames(sink) if isinstance(f, wire.Output)]
+
+
+def test_a_line_of_several_megabytes_arrives_in_pieces_and_every_byte_of_it(tmp_path: Path):
+    # 3 MB of every byte value but \r (a carriage return makes the line a bar: test_screen.py), C1 CSI, bad UTF-8
+    huge = bytes(b for b in range(256) if b != 13) * 12_000 + b"\x9b[2J\xff"
+    _, chunks = relay_whole(tmp_path, b"before\n" + huge + b"\nafter")
     assert b"".join(c.data for c in chunks) == b"before\n" + huge + b"\nafter"
     assert max(len(c.data) for c in chunks) <= 2 << 20  # pieces, not one 3 MB frame
     pieces = [p for c in chunks for p in c.pieces()]
@@ -85,20 +90,11 @@ def test_a_relay_that_dies_says_so_and_is_never_silent(tmp_path: Path, monkeypat
     says so and ``died`` makes the run's end a failure (run.finish), not an "ok" without logs."""
     from orchestrator.node import relay
 
-    attempt = tmp_path / "run" / "attempt_0" / "0"
-    attempt.mkdir(parents=True)
-    (attempt / "stdout.log").write_bytes(b"a line\n")
-
     def broken(self, data):
         raise ValueError("a bug")
     monkeypatch.setattr(relay.Screen, "feed", broken)
-    sink = Sink()
-    writer = Writer(sink)
-    tailer = Tailer(str(tmp_path), writer)
-    tailer.start()
-    tailer.finish(stall_timeout=5)
-    assert writer.drain(5)
+    tailer, chunks = relay_whole(tmp_path, b"a line\n")
     assert tailer.died == "the relay of this node's rank output stopped (ValueError: a bug)"
-    said = [f.data for f in frames(sink) if isinstance(f, wire.Output) and f.rank is None]
+    said = [f.data for f in chunks if f.rank is None]
     assert said == [b"ddp-up: the relay of this node's rank output stopped (ValueError: a bug); the run counts as "
                     b"failed\n"]
