@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
+from .backlog import BacklogOrder
 from .cleanup import LostNodeSweeper, sweep_notices
 from .errors import NodeProblem, SetupError
 from .events import WAKE, LogLine, Wake
@@ -99,6 +100,7 @@ class Following:
     started: float | None = None  # the job's own start and end (wall clock), by its nodes' records
     ended: float | None = None
     master: str | None = None  # its master, addr:port, as the master node's record says
+    order: BacklogOrder | None = None  # the nodes' journals, merged in time order
 
     def result(self, result: JobResult) -> JobResult:
         """The replay's result, with the job's own times and master rather than the attach's."""
@@ -174,7 +176,7 @@ class Job:
         events, states and views as a run this loop started. The job's own agents decide everything
         (node/detached.py), so nothing is sent to them; a signal detaches. Ends when every node's
         journal has ended (its JournalEnd, after the attempt's Exited), or cannot be read on."""
-        self.following = following = Following()
+        self.following = following = Following(order=BacklogOrder(len(self.plan.nodes)))
         self.hang.why = "replayed"  # keep the stacks ranks print: a hung job's journal has them
         with self.inbox.waking(lambda: self.events.put(WAKE)):
             self.opener(self.sessions)
@@ -254,7 +256,8 @@ class Job:
         except queue.Empty:
             event = None
         if event is not None and not isinstance(event, Wake):
-            self.reports.handle(event)
+            for each in self.following.order.take(event) if self.following else (event,):
+                self.reports.handle(each)
         while self.signals_seen < len(self.inbox.received):
             self.signals_seen += 1
             self._on_signal(self.inbox.received[self.signals_seen - 1])

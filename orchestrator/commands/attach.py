@@ -73,7 +73,7 @@ def main_attach(argv: list[str] | None = None) -> int:
 
 def logs_parser() -> argparse.ArgumentParser:
     p = _parser("ddp-logs", "Print a detached job's lines from the logs its nodes keep: every line of every rank "
-                            "once, in order per rank. Exit status: 0, 2 usage, 3 no such job on some node.")
+                            "once, in time order across nodes (by their clocks). Exit status: 0, 2 usage, 3 no such job on some node.")
     p.add_argument("--ranks", metavar="LIST", help="only these ranks' lines, e.g. 0,3-5")
     p.add_argument("-f", "--follow", action="store_true", help="go on printing new lines until the job ends")
     p.add_argument("--runs-dir", default="runs", metavar="DIR", help="where the job's logs are written (DIR/<job>/)")

@@ -27,7 +27,7 @@ from .checks import PortHold
 from .notify import JobNotices
 from .relay import masked
 from .run import Runner
-from .state import JOURNAL, Journal, per_attempt, remove_stale_state, write_record
+from .state import BARS, JOURNAL, Journal, per_attempt, remove_stale_state, write_record
 from .supervisor import PeerLink, Supervisor, listen_for_peers
 
 
@@ -91,7 +91,8 @@ class DetachedRun(Runner):
         self.out.secrets = tuple(sorted(self.spec.secrets or (), key=len, reverse=True))
         if self.out.journal is not None:
             self.out.journal.close()  # the attempt before's is complete
-        self.out.journal = Journal(os.path.join(self.dir, per_attempt(JOURNAL, self.attempt)))
+        self.out.journal = Journal(os.path.join(self.dir, per_attempt(JOURNAL, self.attempt)),
+                                   os.path.join(self.dir, per_attempt(BARS, self.attempt)))
         if self.draft is None:  # written before Started goes out: once ddp-up says the job runs, ddp-attach finds it
             self.draft = self.new_record(go)
             write_record(self.dir, self.draft)
@@ -120,6 +121,24 @@ class DetachedRun(Runner):
     def keeps_logs(self):
         return True
 
+    def arrived(self, frame):
+        """This node's Arrivals, to the supervisor's straggler watch (the master node's own, or over
+        the link: never blocking the writer long, as PeerLink.send takes a lock, not a wait)."""
+        if self.supervisor is not None:
+            self.supervisor.arrived(self.spec.node, frame)
+        elif self.link is not None:
+            self.link.send(frame)
+
+    def stop(self, reason, force, by=None):
+        if by == "signal":  # anyone's but ddp-kill's (ddp-up, attached, sends this event itself)
+            self.signalled(reason)
+        return Runner.stop(self, reason, force, by)
+
+    def signalled(self, reason):
+        self.notices.send("signal", "job %s: %s (node %d) %s: its part stops, and with it the job" % (
+            self.spec.job, self.spec.label, self.spec.node, reason), signal=reason.rpartition(" ")[2],
+            node=self.spec.node, host=self.spec.label)
+
     def run_job(self, go):
         self.start(go)
         self.detach(go)
@@ -133,6 +152,7 @@ class DetachedRun(Runner):
     def detach(self, go):
         """From now on the job needs no controller."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.out.peers = self.arrived
         self.out.last_output = self.clock()  # the hang watch counts from the start, as ddp-up's does
         self.first_go = go
         self.record = self.draft

@@ -32,17 +32,27 @@ class Writer:
     last_output = time.monotonic()  # when a rank's line last went out (a detached job's hang watch)
     secrets = ()  # detach: values masked in every frame journaled (and sent with it), longest first
 
+    peers = None  # detach: a callable that gets every Arrivals too (the supervisor's straggler watch)
+
     def send(self, frame, block=True):
+        if self.peers is not None and type(frame) is wire.Arrivals:
+            self.peers(frame)
         if self.journal is not None and self.secrets and not isinstance(frame, wire.Heartbeat):
             frame = masked_frame(frame, self.secrets)
         data = frame.encode()
         if (type(frame) is wire.Output and frame.rank is not None) or type(frame) is wire.Bars:
             self.last_output = time.monotonic()  # a bar that moves is progress
-        if self.journal is None or isinstance(frame, (wire.Heartbeat, wire.Arrivals)) or not self.journal_bars(frame):
+        journal = self.journal
+        if journal is None or isinstance(frame, (wire.Heartbeat, wire.Arrivals)):
             self.put(data, block)
             return
-        with self.journal.lock:  # one order for the file and the stream
-            self.journal.append(data)
+        with journal.lock:  # one order for the file and the stream
+            if type(frame) is not wire.Bars:
+                journal.append(data)
+            elif self.journal_bars(frame):
+                journal.append(data, is_bars=True)
+            if type(frame) is wire.Bars:
+                journal.keep_bars(frame.bars)  # after its journaling: the bars file counts it
             self.put(data, block)
 
     JOURNAL_BARS_EVERY = 10.0  # a detached job's journal keeps its bars at most this often (and each clearing)

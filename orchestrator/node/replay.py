@@ -6,7 +6,8 @@ import os
 import time
 
 from . import wire
-from .state import JOURNAL, job_node_dir, live_state, per_attempt, read_record, recorded_jobs, remove_stale_state
+from .state import (BARS, JOURNAL, job_node_dir, live_state, per_attempt, read_bars, read_record, recorded_jobs,
+                    remove_stale_state)
 
 def follow(spec, writer):
     """Follow mode: the journal of one attempt of the job on this node, frame by frame, from its
@@ -20,15 +21,9 @@ def follow(spec, writer):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
-        if spec.attempt and read_record(where or "") is not None:
-            writer.send(wire.JournalEnd(running=False, absent=True))  # the job ended before it restarted
-        else:
-            writer.send(wire.Failed("no detached job %s on this node" % spec.job,
-                                    "ddp-ls CLUSTER.yaml lists the jobs on the cluster's nodes"))
-        writer.drain(5)
-        return 3 if not spec.attempt else 0
+        return no_journal(spec, where, writer)
     decoder = wire.Decoder(wire.TO_CONTROLLER)
-    beat, record = time.monotonic(), {}
+    beat, record, bars = time.monotonic(), {}, LiveBars(os.path.join(where or "", per_attempt(BARS, spec.attempt)))
     with os.fdopen(fd, "rb", buffering=0) as f:
         skip = backlog_to_skip(f, spec.tail) if spec.tail is not None else {}
         while not writer.broken:
@@ -39,6 +34,7 @@ def follow(spec, writer):
             if data:
                 frames, damage = decoded(decoder, data)
                 for frame in frames:
+                    bars.journaled += type(frame) is wire.Bars
                     frame = skip_lines(frame, skip) if skip else frame
                     if frame is not None:
                         writer.send(frame)
@@ -48,14 +44,49 @@ def follow(spec, writer):
                                                       "before is shown, nothing after\n" % damage).encode()))
                 running = False
                 break
+            if not bars.replayed:
+                bars.replayed = True
+                writer.send(wire.Replayed())
             if not (spec.follow and running):
                 break
+            bars.send_new(writer)
             if time.monotonic() - beat > spec.heartbeat:
                 writer.send(wire.Heartbeat(), block=False)
                 beat = time.monotonic()
             time.sleep(0.1)
     later = current > spec.attempt or (spec.follow and state == "restarting" and current == spec.attempt)
     return journal_end(writer, running, later, record)
+
+
+def no_journal(spec, where, writer):
+    """The attempt's journal is not here: the job ended before it restarted, or is not here at all."""
+    if spec.attempt and read_record(where or "") is not None:
+        writer.send(wire.JournalEnd(running=False, absent=True))
+    else:
+        writer.send(wire.Failed("no detached job %s on this node" % spec.job,
+                                "ddp-ls CLUSTER.yaml lists the jobs on the cluster's nodes"))
+    writer.drain(5)
+    return 3 if not spec.attempt else 0
+
+
+class LiveBars:
+    """A live follower's bars: the journal keeps them every 10 s; the bars file beside it (the
+    ranks' bars now) is sent each time it changes, unless the journal has a later Bars."""
+
+    def __init__(self, path):
+        self.path, self.journaled, self.replayed, self.seen = path, 0, False, None
+
+    def send_new(self, writer):
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return
+        if (st.st_mtime_ns, st.st_size, st.st_ino) == self.seen:
+            return
+        self.seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        frame = read_bars(self.path, self.journaled)
+        if frame is not None:
+            writer.send(frame)
 
 
 def journal_end(writer, running, later, record):

@@ -5,7 +5,9 @@
       node<N>/                       created exclusively: a job id already in use here is refused
         hooks/                       files the job runs (stack-dump hook, launcher), 0600
         logs/                        torchrun's per-worker log files, relayed by the Tailer
-        journal                      a detached job: every frame after Go, as the controller was sent it
+        journal                      a detached job: every frame after Go, as the controller was sent it,
+                                     with the time (Stamp) every STAMP_EVERY seconds
+        bars                         a detached job: its ranks' bars now (a live attach shows them)
         record.json                  a detached job: what ddp-ls shows (script, ranks, state, times, code)
         outcome.json                 a detached job's master node: every node's end, the root cause
 
@@ -28,6 +30,7 @@ from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, find_tagged, rea
 # A job id names directories here and on the controller: a plain name, never a path.
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 JOURNAL = "journal"
+BARS = "bars"
 RECORD = "record.json"
 OUTCOME = "outcome.json"
 ENDED = ("done", "failed", "stopped", "lost")
@@ -180,14 +183,31 @@ def killed_by_ddp_kill():
 
 
 class Journal:
-    """Appends encoded frames to the journal file (created here, 0600, never through a link)."""
+    """Appends encoded frames to the journal file (created here, 0600, never through a link),
+    each run of them after a Stamp of the node's wall clock, and keeps the ranks' bars now in a
+    file beside it (``bars``): the journal keeps them only every so often."""
 
-    def __init__(self, path):
+    STAMP_EVERY = 0.2  # seconds: what ddp-logs can order the nodes' lines by
+    BARS_EVERY = 1.0  # the bars file is written at most this often
+
+    def __init__(self, path, bars_path=None):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         self.lock = threading.Lock()
         self.failed = False
+        self.stamped = float("-inf")  # the last Stamp's time: stamps never go back (a clock stepped back)
+        self.bars_path, self.bars, self.bars_written, self.bars_journaled = bars_path, {}, float("-inf"), 0
 
-    def append(self, data):
+    def append(self, data, is_bars=False):
+        """``data`` (one frame) after a Stamp where the last is STAMP_EVERY old; ``is_bars``: a
+        Bars frame (counted: a bars file older than the journal's last is not shown)."""
+        now = time.time()
+        if now - self.stamped >= self.STAMP_EVERY:
+            self.stamped = max(now, self.stamped)
+            data = wire.Stamp(at=round(self.stamped, 3)).encode() + data
+        self.bars_journaled += is_bars
+        self.write(data)
+
+    def write(self, data):
         if self.failed:
             return
         try:
@@ -197,10 +217,44 @@ class Journal:
         except OSError:
             self.failed = True  # a full disk: the job goes on; its journal is cut here
 
+    def keep_bars(self, bars):
+        """A Bars frame's rows merged into the bars now; the file rewritten if BARS_EVERY has passed
+        (a clearing at once: a stale bar must not come back)."""
+        for stream, rank, rows in bars:
+            if rows:
+                self.bars[(stream, rank)] = rows
+            else:
+                self.bars.pop((stream, rank), None)
+        now = time.monotonic()
+        cleared = not all(rows for _, _, rows in bars)
+        if self.bars_path is None or self.failed or not (cleared or now - self.bars_written >= self.BARS_EVERY):
+            return
+        self.bars_written = now
+        rows = [[stream, rank, kept] for (stream, rank), kept in self.bars.items()]
+        write_record(os.path.dirname(self.bars_path), {"journaled": self.bars_journaled, "bars": rows},
+                     os.path.basename(self.bars_path))
+
     def close(self):
         with self.lock:
             os.close(self.fd)
             self.failed = True  # nothing more goes here
+
+
+def read_bars(path, journaled):
+    """The bars file's rows, as a Bars frame, if it is no older than the journal's ``journaled``-th
+    Bars (a reader saw that many): else None, as for a missing or damaged file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            kept = json.loads(f.read(1 << 20).decode("utf-8"))
+        if kept["journaled"] < journaled:
+            return None
+        return wire.Bars(bars=[[str(s), None if r is None else int(r), [str(t) for t in rows]]
+                               for s, r, rows in kept["bars"]])
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        return None
 
 
 def write_record(where, record, name=RECORD):

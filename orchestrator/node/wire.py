@@ -22,7 +22,8 @@ means the controller is gone, and the agent stops whatever it started.
   sync    SyncSpec; AskShared, File (+ bytes)...,   Needs or Failed; Shared; Copied or Failed
           EndOfFiles
   follow  FollowSpec                                a detached job's journal: Started, Output,
-                                                    Stopping, Exited (as run sent them); Heartbeat;
+                                                    Stopping, Exited (as run sent them), Stamp;
+                                                    Replayed, then live Bars; Heartbeat;
                                                     JournalEnd or Failed
   list    ListSpec                                  Jobs
 
@@ -409,7 +410,7 @@ class RanksUp(Frame):
     ranks: list
 
 
-@_frame(TO_CONTROLLER)
+@_frame(TO_CONTROLLER, PEER)
 class Arrivals(Frame):
     """While the job runs: for collectives every rank of the node called, when the node's last
     rank called it (wall clock) and which rank that was: [[group name, seq, seconds, rank]].
@@ -495,6 +496,20 @@ class JournalEnd(Frame):
     started: float | None = None
     ended: float | None = None
     master: str | None = None
+
+
+@_frame(TO_CONTROLLER)
+class Stamp(Frame):
+    """In a detached job's journal: the node's wall clock when the frames after it were written
+    (at most Writer.STAMP_EVERY apart, never going back), so that a reader can put the nodes'
+    lines in time order."""
+
+    at: float
+
+
+@_frame(TO_CONTROLLER)
+class Replayed(Frame):
+    """Follow mode: every frame the journal held was sent; what follows is live."""
 
 
 @_frame(TO_CONTROLLER)

@@ -92,6 +92,11 @@ def test_a_detached_job_runs_to_its_end_without_ddp_up_and_every_line_is_shown_o
     assert re.search(r"│ 1\s+│ \S+\s+│ 1-2\s+│ done\s+│ 0", out), out
     logged = (run_dir(job) / "rank2.log").read_text().splitlines()
     assert logged == [f"tick {i} rank=2" for i in range(16)]  # the run logs, completed from the nodes
+    code, out = run(LOGS, str(path), job, "--runs-dir", RUNS_ROOT)
+    assert code == 0, out
+    seen = [i for _, i in ticks(out)]  # in time order across nodes (a tick a second), not node by node
+    assert sorted(seen) == sorted(i for i in range(16) for _ in range(3)), out
+    assert all(max(seen[:at + 1]) - i <= 1 for at, i in enumerate(seen)), out
     code, out = run(LOGS, str(path), job, "--ranks", "1", "--runs-dir", RUNS_ROOT)
     assert code == 0, out
     assert ticks(out) == [(1, i) for i in range(16)], out

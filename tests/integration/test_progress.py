@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import procs
-from tests.harness.runner import REPO, RUNS_ROOT, UP, ddp_up, local_cluster, run_dir
+from tests.harness.runner import REPO, RUNS_ROOT, UP, ddp_kill, ddp_up, local_cluster, run_dir
 from tests.integration.conftest import SCRIPT
 
 BARS = str(Path(SCRIPT).with_name("bars.py"))
@@ -198,3 +198,31 @@ def test_the_run_records_the_command_the_cluster_file_and_the_checkout(tmp_path)
     nodes = json.loads((d / "summary.json").read_text())["nodes"]
     assert all(n["python"] and n["torch"] for n in nodes)
     assert (work / "train.py").read_text() == "print('v2')\n"  # the job ran the tree as it was, diff and all
+
+
+def test_an_attach_shows_a_detached_jobs_bar_moving_between_the_journals_snapshots(tmp_path, tmux):
+    """The journal keeps a bar every 10 s; a live attach shows the bars file beside it, rewritten
+    every second, so the dashboard moves as for a job ddp-up runs."""
+    path = local_cluster(tmp_path, nodes=1, launcher="none", stop_grace=3)
+    code, out, _ = ddp_up("--detach", str(path), BARS, "hand", "60", "0.25", timeout=60)
+    assert code == 0, out
+    job = job_of(out)
+    try:
+        env = f"PYTHONPATH={shlex.quote(str(REPO))} COLUMNS= LINES="
+        attach = "from orchestrator.entry import attach; attach()"
+        cmd = (f"cd {shlex.quote(str(tmp_path))} && env {env} {shlex.quote(sys.executable)} -c {shlex.quote(attach)} "
+               f"--runs-dir {shlex.quote(RUNS_ROOT)} {path} {job}; sleep 60")
+        tmux("new-session", "-d", "-s", "attach", "-x", "200", "-y", "40", cmd)
+        seen: set[str] = set()
+        row = re.compile(r"^\s*0\s+local-0\s+0\s+running\s.*?step\s+(\d+)%", re.M)
+
+        def moving():
+            found = row.search(tmux("capture-pane", "-p", "-t", "attach"))
+            if found:
+                seen.add(found.group(1))
+            return len(seen) >= 3  # three values within 10 s: not the journal's one snapshot
+
+        assert procs.wait_for(moving, timeout=10, interval=0.2), (seen, tmux("capture-pane", "-p", "-t", "attach"))
+    finally:
+        code, out = ddp_kill(str(path), "--all", "--purge")
+        assert code == 0, out

@@ -24,7 +24,7 @@ EXAMPLES = [
     wire.Stopping(reason="asked"), wire.Exited(code=-9, signal="SIGKILL", stopped=False, reason=None),
     wire.Detected(gpus=8), wire.Listed(found=[{"pid": 1, "tags": {}, "cmd": "x"}]), wire.Swept(killed=[], left=[2]),
     wire.Needs(dest="/p", need=[0, 2], marker="m"), wire.Shared(sees=[]), wire.Copied(files=1, bytes=2, links=3),
-    wire.FollowSpec(job="j", node=1, follow=True), wire.ListSpec(), wire.JournalEnd(running=False),
+    wire.FollowSpec(job="j", node=1, follow=True), wire.ListSpec(), wire.JournalEnd(running=False), wire.Stamp(at=1.5), wire.Replayed(),
     wire.Jobs(jobs=[{"job": "j", "node": 0, "state": "done"}]), wire.GpuUsage(gpus=[[0, 87, 61000, 81559]]),
     wire.Collectives(ranks={"0": [["0", "default_pg", 3, "all_reduce", False, [[4]], ["Float"], [[4]], ["Float"], 1]]}),
     wire.Arrivals(times=[["0", 3, 1795506773.25, 1]]),
@@ -34,7 +34,7 @@ EXAMPLES = [
 PEER_EXAMPLES = [wire.Challenge(nonce="ab"), wire.Join(node=2, proof="cd"), wire.Heartbeat(),
                  wire.NodeState(node=2, state="failed", code=7), wire.Progress(node=2, quiet=1.5), wire.DumpStacks(),
                  wire.Halt(reason="node 2 failed (exit code 7)"), wire.Restart(attempt=1, port=29501),
-                 wire.RunOver(reason="every node done")]
+                 wire.RunOver(reason="every node done"), wire.Arrivals(times=[["0", 3, 1.25, 1]])]
 
 
 def test_every_frame_kind_has_an_example_and_one_meaning():
@@ -48,7 +48,7 @@ def test_a_detached_jobs_agents_speak_frames_of_their_own():
     import io
 
     assert set(wire.PEER.values()) == {type(f) for f in PEER_EXAMPLES}
-    assert set(wire.PEER) & (set(wire.TO_AGENT) | set(wire.TO_CONTROLLER)) == {b"Heartbeat"}
+    assert set(wire.PEER) & (set(wire.TO_AGENT) | set(wire.TO_CONTROLLER)) == {b"Heartbeat", b"Arrivals"}
     stream = io.BytesIO(b"".join(f.encode() for f in PEER_EXAMPLES))
     assert [wire.read_frame(stream, wire.PEER) for _ in PEER_EXAMPLES] == PEER_EXAMPLES
     with pytest.raises(wire.ProtocolError, match="unexpected frame"):  # a controller's frame is not a peer's
