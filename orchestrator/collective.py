@@ -22,7 +22,7 @@ from rich.text import Text
 
 from .config import ClusterConfig
 from .plan import LaunchPlan, make_plan
-from .stragglers import Lateness, LateWatch
+from .node.stragglers import Lateness, LateWatch
 from .sync import human_bytes
 from .views.console import outside
 

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
-from .stragglers import Lateness, LateWatch
+from .node.stragglers import Lateness, LateWatch
 from .views.clean import safe_text
 
 # a collective's wait ended a rank (gloo's, NCCL's watchdog, c10d's): in its stderr, or its failure's words

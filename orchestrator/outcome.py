@@ -15,7 +15,7 @@ from .plan import LaunchPlan, NodePlan
 
 if TYPE_CHECKING:
     from .flight import Diagnosis
-    from .stragglers import Lateness
+    from .node.stragglers import Lateness
 
 State = Literal["connecting", "ready", "starting", "running", "stopping",
                 "done", "failed", "stopped", "lost", "error"]

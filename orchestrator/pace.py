@@ -40,8 +40,7 @@ class PaceReports:
         job = self.job
         skew = job.table[node].clock_skew
         for late in job.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
-            self.behind(late.node, f"rank {late.rank} arrives last at {late.share:.0%} of the job's collectives, "
-                                   f"{late.late * 1e3:.0f} ms after the others")
+            self.behind(late.node, late.how())
 
     def bars(self, node: int, frame: wire.Bars) -> None:
         job, plan = self.job, self.job.table[node].plan

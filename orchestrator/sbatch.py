@@ -20,6 +20,7 @@ from .ownfiles import no_link_open, own_dir
 
 MARK = "--sbatch"
 SUBMIT_TIMEOUT = 60.0
+SBATCH_SCRIPT = "sbatch.sh"  # in the run's directory: the one file there before the batch job runs
 
 
 def split_sbatch(argv: list[str], options_end: int | None = None) -> tuple[list[str] | None, list[str]]:
@@ -70,7 +71,7 @@ def submit(sbatch_options: list[str], ddp_up_argv: list[str], job_id: str, runs_
                          "sbatch passes on: leave out --export, or let the script read the secret from a variable "
                          "(forward_env: in the cluster file)")
     try:
-        path = os.path.join(own_dir(os.path.join(runs_dir, job_id), private=True), "sbatch.sh")
+        path = os.path.join(own_dir(os.path.join(runs_dir, job_id), private=True), SBATCH_SCRIPT)
         with os.fdopen(no_link_open(path, fresh=True, mode=0o600), "w", encoding="utf-8") as f:  # private
             f.write(text)
     except OSError as e:

@@ -25,7 +25,7 @@ from ..node.facts import IFNAME_VARS
 from ..parallel import interruptible
 from ..plan import LaunchPlan, check_job_id, make_plan, new_job_id
 from ..runloop import run_job
-from ..sbatch import split_sbatch, submit
+from ..sbatch import SBATCH_SCRIPT, split_sbatch, submit
 from ..sync import Tree, human_bytes, scan, sync_all, targets
 from ..validate import LONGEST, MOST_RESTARTS
 from ..views.console import terminal_console
@@ -173,6 +173,7 @@ def load_for_up(args: argparse.Namespace, inbox: signals.SignalInbox):
     ConfigError (exit 2) before anything is reached."""
     if args.job_id is not None:
         check_job_id(args.job_id, "--job-id")  # before anything is read or reached
+        check_fresh_run_dir(os.path.join(args.runs_dir, args.job_id))
     source = node_source(args)
     args.cluster, args.script = cluster_and_script(args.cluster, args.script, source is not None)
     if args.script is None and args.cluster is not None and not is_cluster_file(args.cluster):
@@ -196,6 +197,21 @@ def load_for_up(args: argparse.Namespace, inbox: signals.SignalInbox):
                          "this command; to run without a terminal, submit it: ddp-up --sbatch [SBATCH OPTIONS] "
                          "CLUSTER.yaml SCRIPT ... (or set `transport: ssh`)")
     return config
+
+
+def check_fresh_run_dir(path: str) -> None:
+    """A --job-id names one run: a runs/JOB that already holds one (its logs, summary.json) would
+    get a second run's lines mixed into the first's. A batch job's (--sbatch wrote its script
+    there) is its own: Slurm's requeue runs it again there."""
+    try:
+        held = sorted(os.listdir(path))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UsageError(f"--job-id: cannot read {path} ({e.strerror or e}): choose another --job-id") from None
+    if held and SBATCH_SCRIPT not in held:
+        raise UsageError(f"--job-id: {path} already holds a run ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}); "
+                         f"a job id names one run: choose another --job-id, or remove {path}")
 
 
 def launch(args: argparse.Namespace, script_args: list[str], config, console: Console,

@@ -9,6 +9,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   wire        the protocol: every frame, both directions, every mode (shared with the controller)
   facts       what the node's network and GPUs look like (interfaces, routes, nvidia-smi)
   policy      the decisions both ends make (restart limit and delay, hang, root cause, silence)
+  stragglers  which node arrives last at the collectives (ddp-up's, and a detached job's supervisor's)
   procs       the job's processes: tags, find, signal, kill
   state       private directories, records, journals
   screen      a worker's stream as a terminal shows it: lines done, and bars still drawn
@@ -32,6 +33,6 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   main        the table from spec frame to mode
 """
 
-SHIPPED = ("wire", "facts", "policy", "procs", "state", "screen", "relay", "failures", "workers", "container", "checks", "stacks", "flight", "events", "launch", "run",
+SHIPPED = ("wire", "facts", "policy", "stragglers", "procs", "state", "screen", "relay", "failures", "workers", "container", "checks", "stacks", "flight", "events", "launch", "run",
            "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

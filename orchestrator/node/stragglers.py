@@ -7,17 +7,15 @@ median of the others it came. A node is a straggler when it was the last, and at
 late, at SHARE or more of the last WINDOW collectives (LEAST at the fewest): in a balanced job
 the last one changes from one collective to the next and is late by little, so no one is named.
 
-The times are the nodes' wall clocks, corrected by the offset measured at preflight where it is
+Shared by ddp-up and a detached job's supervisor (node/supervisor.py), so stdlib only. The times
+are the nodes' wall clocks; ddp-up corrects them by the offset measured at preflight where it is
 large (rankfailures.node_clock): a lateness below the clocks' agreement (NTP: a few ms) is not
 told apart from it. Only collectives that every node takes part in are compared. Pure: no I/O.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import Counter, deque
-from dataclasses import dataclass
-from typing import Callable
+from collections import Counter, deque, namedtuple
 
 LATE_MIN = 0.05  # seconds after the others' median: less is noise
 SHARE = 0.6  # of the collectives compared, the share a straggler is late at
@@ -26,15 +24,18 @@ LEAST = 10  # collectives compared before anyone is named
 PENDING_MAX = 4096  # collectives waiting for every node's word; the oldest are dropped past it
 
 
-@dataclass(frozen=True)
-class Lateness:
-    """One node's figures over the collectives compared."""
+def median(values):
+    """The middle value (the mean of the two middle ones), of one or more numbers (no
+    ``statistics``: every node's agent loads this module, and that import would cost its start)."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
-    node: int
-    compared: int
-    late_at: int  # how many of them it was the last to, by LATE_MIN or more
-    late: float  # its median lateness (s) at those
-    rank: int | None  # its rank that arrived last most often there
+
+# One node's figures over the collectives compared: how many it was the last to by LATE_MIN or
+# more (late_at), its median lateness (s) at those, and its rank that arrived last most often there.
+class Lateness(namedtuple("Lateness", "node compared late_at late rank")):
+    __slots__ = ()
 
     @property
     def share(self) -> float:
@@ -45,7 +46,13 @@ class Lateness:
         return self.compared >= LEAST and self.share >= SHARE
 
     def text(self) -> str:
-        return f"late {self.late * 1000:.0f} ms at {self.share:.0%} of collectives"
+        return "late %.0f ms at %.0f%% of collectives" % (self.late * 1000, self.share * 100)
+
+    def how(self) -> str:
+        """Why it is named, for the notice and the ``straggler`` event (ddp-up's and a detached
+        job's supervisor's)."""
+        return "rank %s arrives last at %.0f%% of the job's collectives, %.0f ms after the others" % (
+            self.rank, self.share * 100, self.late * 1e3)
 
     def as_dict(self) -> dict:
         return {"compared": self.compared, "late_at": self.late_at, "late_ms": round(self.late * 1000, 1),
@@ -59,7 +66,7 @@ class LateWatch:
         self.history: dict[int, deque] = {n: deque(maxlen=WINDOW) for n in range(nodes)}  # (late, rank) or None
         self.named: set[int] = set()  # nodes already announced as stragglers
 
-    def arrivals(self, node: int, times: object, clock: Callable[[float], float]) -> list[Lateness]:
+    def arrivals(self, node: int, times: object, clock) -> list[Lateness]:
         """An Arrivals frame's times (untrusted: odd entries are skipped); the nodes that have just
         become stragglers, for a notice (each once)."""
         for item in times if isinstance(times, list) else ():
@@ -79,7 +86,7 @@ class LateWatch:
     def compare(self, arrived: dict[int, tuple[float, int]]) -> None:
         last = max(arrived, key=lambda n: arrived[n][0])
         others = [t for n, (t, _) in arrived.items() if n != last]
-        late = arrived[last][0] - statistics.median(others)
+        late = arrived[last][0] - median(others)
         for node in self.history:
             hit = node == last and late >= LATE_MIN
             self.history[node].append((late, arrived[last][1]) if hit else None)
@@ -89,7 +96,7 @@ class LateWatch:
         for node, seen in self.history.items():
             hits = [h for h in seen if h is not None]
             rank = Counter(r for _, r in hits).most_common(1)[0][0] if hits else None
-            out.append(Lateness(node, len(seen), len(hits), statistics.median(l for l, _ in hits) if hits else 0.0, rank))
+            out.append(Lateness(node, len(seen), len(hits), median(l for l, _ in hits) if hits else 0.0, rank))
         return out
 
     def marks(self) -> dict[int, str]:

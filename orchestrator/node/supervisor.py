@@ -12,6 +12,7 @@ import time
 from . import decide, events, notify, policy, wire
 from .checks import listen_on
 from .state import ENDED, OUTCOME, write_record
+from .stragglers import LateWatch
 
 JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job, in all
 JOIN_MAX = 4096  # bytes of a Join frame: an unauthenticated peer is read no further
@@ -154,6 +155,7 @@ class Supervisor:
         self.attempt = runner.attempt
         self.attempts = []  # the ended attempts before the current one, as outcome.json lists them
         self.restart_frame = None  # the current attempt's Restart, for a node that missed it
+        self.late = LateWatch(self.spec.nodes)  # which node comes last to the collectives (stragglers.py)
         self.over_event = threading.Event()  # no attempt follows: the watch ends
         self.door = Door(listener, self.spec, self.serve)
 
@@ -198,6 +200,17 @@ class Supervisor:
             self.report(node, frame.state, frame.code, frame.reason, frame.attempt, frame.final, frame.failure)
         elif isinstance(frame, wire.Progress) and frame.node == node:
             self.quiet[node] = (frame.quiet, self.heard[node])
+        elif isinstance(frame, wire.Arrivals):
+            self.arrived(node, frame)
+
+    def arrived(self, node, frame):
+        """When ``node``'s ranks reached their collectives (its own, or a peer's Arrivals): a node
+        that has just become a straggler is told of, once, as ddp-up tells of one."""
+        with self.lock:
+            named = self.late.arrivals(node, frame.times, float)
+        for late in named:
+            self.runner.notices.send("straggler", "job %s: node %d is a straggler: %s" % (
+                self.spec.job, late.node, late.how()), node=late.node)
 
     def send(self, node, frame):
         link = self.links.get(node)
@@ -238,6 +251,7 @@ class Supervisor:
             self.attempts.append(self.summary())
             self.attempt = attempt
             self.states, self.quiet, self.halted, self.hung, self.first_done = {}, {}, None, None, None
+            self.late = LateWatch(self.spec.nodes)
             now = self.clock()
             self.heard = {node: now for node in range(self.spec.nodes)}
             self.restart_frame = wire.Restart(attempt=attempt, port=port)

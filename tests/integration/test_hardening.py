@@ -82,12 +82,14 @@ def test_a_state_directory_another_user_made_or_linked_is_refused_and_ours_is_pr
     assert not os.path.exists(os.path.join(root, launch.job_id))  # removed after the job
 
 
-def test_a_job_id_in_use_is_refused_and_the_running_job_is_untouched(cluster, cluster_file):
+def test_a_job_id_in_use_is_refused_and_the_running_job_is_untouched(cluster, cluster_file, tmp_path):
     path = cluster_file([(0, 1), (1, 1)])
     first = Launch(["--job-id", "train-42", str(path), SCRIPT, *LONG_RUN])
     try:
         first.wait_line(r"r1\s+\| step 1 rank=1", 90)
-        code, out, _ = ddp_up("--job-id", "train-42", str(path), SCRIPT, *LONG_RUN)
+        code, out, _ = ddp_up("--job-id", "train-42", str(path), SCRIPT, *LONG_RUN)  # its run directory: refused here
+        assert code == 2 and "already holds a run" in out, out
+        code, out, _ = ddp_up("--runs-dir", str(tmp_path), "--job-id", "train-42", str(path), SCRIPT, *LONG_RUN)
         assert code == 3, out
         assert "job id train-42 is already in use on this node" in out, out
         assert "fix: pick another --job-id, or stop the other one first: ddp-kill CLUSTER.yaml --job train-42" in out

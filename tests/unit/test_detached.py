@@ -553,3 +553,36 @@ def test_ddp_kill_of_one_cluster_file_touches_no_state_of_another_clusters_job(t
     assert state.remove_stale_state({procs.TAG_CLUSTER: "c1"}) == ["20261126-010000-aaaaaa node0"]
     assert os.path.isdir(theirs) and os.path.isdir(older)
     assert sorted(state.remove_stale_state({})) == ["20261126-010000-bbbbbb node0", "20261126-010000-cccccc node0"]
+
+
+def test_a_detached_jobs_supervisor_names_a_straggler_once_from_its_own_and_a_peers_arrivals(tmp_path):
+    """Detached jobs send the straggler event too: each node's Arrivals reach the master node's
+    supervisor (over the link, or its own), which names the node that comes last, once."""
+    from orchestrator.node.stragglers import LEAST
+
+    clock = FakeClock()
+    runner, sup = start_supervisor(tmp_path, 2, clock)
+    peer_runner, peer = link(tmp_path, 1, 2, sup.port, clock)
+    try:
+        wait(lambda: 1 in sup.links)
+        for seq in range(LEAST + 2):  # node 1's rank 3 comes 200 ms after node 0's, every time
+            sup.arrived(0, wire.Arrivals(times=[["0", seq, 100.0 + seq, 0]]))
+            assert peer.send(wire.Arrivals(times=[["0", seq, 100.2 + seq, 3]]))
+        wait(lambda: runner.notices.sent)
+        assert runner.notices.sent == [("straggler", "job J1: node 1 is a straggler: rank 3 arrives last at 100% "
+                                                     "of the job's collectives, 200 ms after the others")]
+    finally:
+        peer.close()
+        sup.listener.close()
+
+
+def test_a_signal_to_a_detached_node_is_told_as_the_signal_event(tmp_path, monkeypatch):
+    sent = []
+    run = detached.DetachedRun.__new__(detached.DetachedRun)  # only what stop's notice uses
+    run.spec = SimpleNamespace(job="J1", label="h1", node=1)
+    run.notices = SimpleNamespace(send=lambda kind, text, **fields: sent.append((kind, text, fields)))
+    monkeypatch.setattr(detached.Runner, "stop", lambda self, reason, force, by=None: 143)
+    assert run.stop("agent got SIGTERM", force=False, by="signal") == 143
+    assert run.stop("stopped by ddp-kill", force=False, by="ddp-kill") == 143  # ddp-kill's is not "signal"
+    assert sent == [("signal", "job J1: h1 (node 1) agent got SIGTERM: its part stops, and with it the job",
+                     {"signal": "SIGTERM", "node": 1, "host": "h1"})]

@@ -12,7 +12,7 @@ import pytest
 from orchestrator import collective, flight
 from orchestrator.hang import HangWatch
 from orchestrator.node import flight as node_flight
-from orchestrator.stragglers import LEAST, LateWatch
+from orchestrator.node.stragglers import LEAST, LateWatch
 
 NS = 1_795_506_773_000_000_000
 

@@ -157,6 +157,9 @@ CASES = [
     Case("job id starting with a dash", ["--job-id=-rf", "{c}", "t.py"], 2, "--job-id '-rf'", {"c.yaml": LOCAL}),
     Case("job id with a newline", ["--job-id", "a\nb", "{c}", "t.py"], 2, "--job-id 'a\\nb'", {"c.yaml": LOCAL}),
     Case("hidden job id", ["--job-id", ".x", "{c}", "t.py"], 2, "--job-id '.x'", {"c.yaml": LOCAL}),
+    Case("job id of a run already there", ["--job-id", "j1", "{c}", "t.py"], 2,
+         "--job-id: runs/j1 already holds a run (rank0.log, summary.json); a job id names one run",
+         {"c.yaml": LOCAL, "runs/j1/summary.json": "{}", "runs/j1/rank0.log": "x\n"}),
     Case("ddp-kill --job path", ["{c}", "--job", "../x"], 2, "--job '../x': a job id is", {"c.yaml": LOCAL},
          tool=main_kill),
     Case("ddp-kill --job glob", ["{c}", "--job", "*"], 2, "--job '*'", {"c.yaml": LOCAL}, tool=main_kill),
@@ -210,6 +213,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_hostile_input(case: Case, tmp_path, capsys, monkeypatch):
     for name, content in case.files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID", "SLURM_JOBID"):
         monkeypatch.delenv(name, raising=False)
