@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from orchestrator import sshmaster
-from orchestrator.node.procs import find_tagged, is_alive, proc_bytes
+from orchestrator.config import cluster_id_for
+from orchestrator.node.procs import TAG_CLUSTER, TAG_JOB, find_tagged, is_alive, proc_bytes
 
 
 def all_pids() -> list[int]:
@@ -21,11 +23,44 @@ def secret_in_cmdlines(value: str) -> list[int]:
     return [pid for pid in all_pids() if value.encode() in (proc_bytes(pid, "cmdline") or b"")]
 
 
+class TestScope:
+    """What the test now running started, so that its leak checks count only that: the job ids its
+    launches named (--job-id, or ddp-up's own words "job <id>"), and the cluster files and
+    hostfiles in its temporary directory (a job's processes carry the id of the file it was
+    launched from). A user's own job, or another test worker's, is none of its business."""
+
+    JOB_WORDS = re.compile(r"\bjob ([A-Za-z0-9][A-Za-z0-9._-]{0,63})")
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.texts: list = []  # callables: each launch's argv and output so far
+
+    def job_ids(self) -> set[str]:
+        return {m for text in self.texts for m in self.JOB_WORDS.findall(text())} | \
+            {word for text in self.texts for word in re.findall(r"--job-id[ =]([^\s']+)", text())}
+
+    def cluster_ids(self) -> set[str]:
+        ids = set()
+        for path in list(self.tmp_path.glob("*")) + list(self.tmp_path.glob("*/*")):
+            if path.is_file() and path.stat().st_size < (1 << 20):
+                ids.add(cluster_id_for(str(path)))
+        return ids
+
+    def owns(self, tags: dict) -> bool:
+        return tags.get(TAG_JOB) in self.job_ids() or tags.get(TAG_CLUSTER) in self.cluster_ids()
+
+
+SCOPE: TestScope | None = None  # set by the suite's autouse fixture for each test (tests/conftest.py)
+
+
 def job_processes(job: str | None = None, **tags: str) -> list[dict]:
+    """Tagged processes: of ``job`` (and ``tags``), or without either, those of the test running."""
     match = {"DDP_UP_JOB": job} if job else {}
     match.update({f"DDP_UP_{k.upper()}": str(v) for k, v in tags.items()})
     found = find_tagged(match)
-    return found if job or tags else [p for p in found if "DDP_UP_JOB" in p["tags"]]
+    if job or tags:
+        return found
+    return [p for p in found if "DDP_UP_JOB" in p["tags"] and (SCOPE is None or SCOPE.owns(p["tags"]))]
 
 
 def wait_no_job_processes(job: str | None, timeout: float) -> list[dict]:

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.harness import procs
+
 REPO = Path(__file__).resolve().parents[2]
 # Run logs of every test launch go here (not into the checkout), removed when the tests end.
 RUNS_ROOT = tempfile.mkdtemp(prefix="ddp-up-test-runs-")
@@ -43,6 +45,8 @@ class Launch:
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=bool(prefix),
                                      stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace")
         self.lines: list[str] = []
+        if procs.SCOPE is not None:  # its jobs are the test's (its leak check counts them)
+            procs.SCOPE.texts.append(lambda: " ".join(map(str, args)) + "\n" + self.output)
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

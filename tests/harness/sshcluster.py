@@ -46,7 +46,9 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 class SSHCluster:
     def __init__(self, size: int, base: Path, tag: int | None = None):
-        tag = (os.getpid() % 200) + 20 if tag is None else tag
+        if tag is None:  # a subnet of its own for each test run, and for each of its workers (pytest-xdist)
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+            tag = 20 + ((os.getpid() % 50) * 4 + (int(worker) % 4 if worker.isdigit() else 0)) % 200
         self.size = size
         self.base = base
         self.tag = tag

@@ -27,7 +27,8 @@ from tests.harness.runner import KILL, Launch
 
 BOXED = str(Path(__file__).resolve().parents[1] / "scripts" / "boxed.py")
 TOKEN = "s3cr3t-value-42"
-pytestmark = pytest.mark.skipif(available() is not None, reason=available() or "")
+pytestmark = [pytest.mark.skipif(available() is not None, reason=available() or ""),
+              pytest.mark.xdist_group("containers")]  # one worker's: the runtimes are set up once, per module
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,8 @@ from tests.harness.runner import CHECK, KILL, REPO, RUNS_ROOT, UP, Launch, _env,
 from tests.harness.slurmcluster import SlurmCluster, available
 from tests.integration.conftest import SCRIPT
 
+pytestmark = pytest.mark.xdist_group("slurm")  # one worker's: one Slurm cluster (its network and ports are fixed)
+
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
