@@ -20,7 +20,6 @@ joins, or a node that was lost, gets the whole preflight.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import Counter
@@ -57,18 +56,9 @@ class AttemptRecord:
                 "end": self.end, "root_cause": self.root_cause, "next": self.next}
 
 
-# Why an attempt ended, and what a new attempt after it costs: the job's own failures use up
-# `restarts:`; a node lost or a stop from outside the job (Slurm's time limit or preemption, a
-# shutdown, a signal to an agent that ddp-up did not send) uses up `recoveries:` instead. After
-# "succeeded" and "stopped" (a signal to ddp-up: someone wants the run over) nothing follows.
 ENDS = ("succeeded", "failed", "hung", "lost", "stopped from outside", "could not start", "stopped")
-BUDGET = {"failed": "restart", "hung": "restart",
-          "lost": "recovery", "stopped from outside": "recovery", "could not start": "recovery"}
 KIND_END = {"own": "failed", "hung": "hung", "lost": "lost", "outside": "stopped from outside"}
 DEFAULT_RECOVERIES = 3
-CRASH_LOOP = 3  # this many attempts in a row failing the same way, none getting further: no more restarts
-PROGRESS = 2.0  # an attempt that ran this many times as long as another of them (+ PROGRESS_SLACK) got further
-PROGRESS_SLACK = 10.0  # seconds: the start of a job (connect, preflight, rendezvous) varies this much
 
 
 def recovery_limit(config: ClusterConfig, restarts: int) -> int:
@@ -94,12 +84,11 @@ def attempt_end(result: JobResult, cause: tuple[str | None, bool], could_not_sta
 
 
 def failure_signature(result: JobResult) -> str | None:
-    """The job's own failure with its numbers left out ("RuntimeError: CUDA out of memory. Tried
-    to allocate # GiB"): two attempts with the same one failed the same way."""
+    """The job's own failure with its numbers left out (policy.failure_signature)."""
     root = result.root_cause
     if root is None or root.kind != "own":
         return None
-    return re.sub(r"\d+", "#", f"exit {root.exit_code}: {root.exception or root.what}")
+    return policy.failure_signature(root.exit_code, root.exception or root.what)
 
 
 def slurm_ended(result: JobResult) -> str | None:
@@ -112,19 +101,13 @@ def slurm_ended(result: JobResult) -> str | None:
 
 
 def crash_loop(records: list[AttemptRecord]) -> str | None:
-    """Why the run stops restarting before `restarts:` runs out, or None: the last CRASH_LOOP
-    attempts failed the same way, and none got much further than another (by how long it ran: a
-    job that fails at step 10 each time fails after about as long). One that ran PROGRESS times as
-    long made progress (it may have failed later on in the data, or resumed from a checkpoint)."""
-    last = records[-CRASH_LOOP:]
-    if len(last) < CRASH_LOOP or last[0].signature is None or any(r.signature != last[0].signature for r in last):
-        return None
-    took = [r.ended - r.started for r in last]
-    if max(took) > PROGRESS * min(took) + PROGRESS_SLACK:
-        return None
-    return (f"crash loop: attempts {last[0].number} to {last[-1].number} failed the same way, each within "
-            f"{max(took):.0f} s of its start; no more restarts (the next would fail the same way): fix the cause "
-            "and run again")
+    """Why the run stops restarting before `restarts:` runs out (policy.crash_loop), or None."""
+    return policy.crash_loop(ran(records))
+
+
+def ran(records: list[AttemptRecord]) -> list[tuple[int, str | None, float]]:
+    """The attempts as the restart decision takes them: (number, signature, seconds it ran)."""
+    return [(r.number, r.signature, r.ended - r.started) for r in records]
 
 
 @dataclass
@@ -288,24 +271,23 @@ class Restarts:
         """Why a failed attempt ends the run whatever restarts are left: its root cause exited
         with a code that `no_restart_on_exit:` lists (a usage error, a bad config: the same again)."""
         root = result.root_cause
-        if root is None or root.kind != "own" or root.exit_code not in self.config.no_restart_on_exit:
+        if root is None or root.kind != "own":
             return None
-        return f"{root.label} rank {root.rank} exited with {root.exit_code}, which no_restart_on_exit lists: no restart"
+        return policy.unfixable_exit(root.exit_code, self.config.no_restart_on_exit, f"{root.label} rank {root.rank}")
 
     def after(self, result: JobResult, records: list[AttemptRecord], cause: tuple[str | None, bool]) -> NextAttempt:
-        """After the failed attempt ``records[-1]`` (its ``result``, and what to blame): the next."""
-        why = self.unfixable(result) or slurm_ended(result) or crash_loop(records)
+        """After the failed attempt ``records[-1]`` (its ``result``, and what to blame): the next
+        (policy.next_attempt decides; the roster then says on which nodes)."""
+        why = slurm_ended(result)
         if why:
             return NextAttempt(None, why)
-        budget = BUDGET[records[-1].end]
-        limit = self.limit if budget == "restart" else self.recoveries
-        if self.used[budget] >= limit:
-            kind = "restarts" if budget == "restart" else "recoveries"
-            return NextAttempt(None, f"no {budget} left ({kind}: {limit})" if limit else f"no {kind} set")
+        budget, why = policy.next_attempt(records[-1].end if records else "failed", ran(records),
+                                          {"restart": self.limit, "recovery": self.recoveries}, self.used,
+                                          self.unfixable(result))
+        if budget is None:
+            return NextAttempt(None, why)
         verdict = self.roster.settle(*cause)
         if not verdict.go_on:
             return NextAttempt(None, verdict.notice, verdict.notice)
         self.used[budget] += 1
-        counted = "" if budget == "restart" else " (not the job's own failure: restarts: untouched)"
-        return NextAttempt(self.roster.cluster(self.config), f"{budget} {self.used[budget]} of {limit}{counted}",
-                           verdict.notice)
+        return NextAttempt(self.roster.cluster(self.config), why, verdict.notice)

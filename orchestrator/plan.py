@@ -86,6 +86,8 @@ class LaunchPlan:
     # part of a preflight), and the cross-node checks use these facts
     vetted: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
     restarts: int = 0  # detach: the restarts its supervisor may make (a run that stays makes its own)
+    recoveries: int = 0  # detach: and the recoveries (attempts.recovery_limit)
+    no_restart_on_exit: tuple[int, ...] = ()  # detach: exit codes no restart can fix
     restart_delay: float = 10.0  # detach: see RunSpec.restart_delay
     notify: tuple = ()  # notify.Target: who hears of the job's events
     commit: str | None = None  # the local checkout's commit the job ran from (runrecord.py), for ddp-ls
@@ -160,6 +162,7 @@ class LaunchPlan:
         detached = dict(detach=True, token=self.peer_token, nodes=len(self.nodes), label=node.label,
                         ranks=[node.first_rank, node.nproc], hang_timeout=self.hang_timeout,
                         retention=self.retention, restarts=self.restarts, restart_delay=self.restart_delay,
+                        recoveries=self.recoveries, no_restart_on_exit=list(self.no_restart_on_exit) or None,
                         master_addr=self.master_addr if is_master else None,
                         secrets=sorted(self.secrets) or None, commit=self.commit,
                         notify=self._detached_notify(node)) if self.detach else {}
@@ -224,7 +227,8 @@ FIRST = Attempt()
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
               job_id: str, local_cwd: str, hang_timeout: float | None = None,
               run_token: str | None = None, detach: bool = False, allow_busy_gpus: bool = False,
-              attempt: Attempt = FIRST, restarts: int = 0, commit: str | None = None) -> LaunchPlan:
+              attempt: Attempt = FIRST, restarts: int = 0, recoveries: int = 0,
+              commit: str | None = None) -> LaunchPlan:
     """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings.
     ``restarts``: with ``detach``, how many times the job's own supervisor may start it again
     (a run that stays makes its own restarts, each attempt a plan of its own)."""
@@ -264,6 +268,8 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         quarantined=attempt.quarantined,
         vetted=dict(attempt.vetted),
         restarts=restarts if detach else 0,
+        recoveries=recoveries if detach else 0,
+        no_restart_on_exit=tuple(config.no_restart_on_exit) if detach else (),
         restart_delay=config.restart_delay,
         notify=config.notify,
         commit=commit,

@@ -219,6 +219,7 @@ def attempt_ends(outcome: dict | None, labels: dict) -> tuple[str, ...]:
     if not isinstance(attempts, list) or len(attempts) < 2:
         return ()
     return tuple(f"attempt {a.get('attempt', i)}: {describe_root(a.get('root_cause'), labels) or 'done'}"
+                 + (f" -> {a['next']}" if isinstance(a.get("next"), str) and a.get("root_cause") else "")
                  for i, a in enumerate(attempts) if isinstance(a, dict))
 
 

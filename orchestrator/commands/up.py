@@ -17,7 +17,7 @@ from functools import partial
 from rich.console import Console
 
 from .. import __version__, signals
-from ..attempts import Restarts
+from ..attempts import Restarts, recovery_limit
 from ..clusterfile import load_cluster
 from ..config import NodeSource, SyncConfig
 from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
@@ -227,7 +227,8 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
     restarts = Restarts.of(config, limit, planner=lambda cluster, attempt: make_plan(
         cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
         detach=args.detach, allow_busy_gpus=args.allow_busy_gpus, attempt=attempt,
-        restarts=limit, commit=record and record.commit))  # detached, its restarts are its supervisor's
+        restarts=limit, recoveries=recovery_limit(config, limit),
+        commit=record and record.commit))  # detached, its restarts are its supervisor's
     plan = restarts.plan(restarts.first_cluster(), 0)
     if args.dry_run:
         print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None,

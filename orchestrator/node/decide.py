@@ -10,21 +10,63 @@ STOPPED_WAITING = "stopped for good while it waited to restart"  # a stop betwee
 HANG_DUMP_WAIT = 8.0  # after a detached job's ranks were asked for their stacks, before it is stopped
 
 
-def why_not_restart(states, attempt, restarts):
-    """Why a detached job whose every node has ended this attempt is not started again, or None:
-    it succeeded, no restart is left, someone stopped it for good (ddp-kill, a shutdown), or a node
-    is lost (the supervisor cannot reach it to start it, and nothing takes its place)."""
+ENDS = {"failed": "failed", "hung": "hung", "stopped": "stopped from outside", "lost": "lost"}
+
+
+def attempt_root(states, hung=None, halted=None):
+    return attempt_summary(0, states, hung, halted, 0.0)["root_cause"]
+
+
+def next_attempt(states, root, attempts, limits, used, listed):
+    """What follows a detached job's attempt whose every node has ended, by policy.next_attempt
+    (the rule ddp-up's restarts follow): (the budget the next attempt takes, its words), or (None,
+    why none follows). Whatever the budgets: not after it succeeded, nor after someone stopped it for
+    good (ddp-kill, a shutdown), nor with a node lost (the supervisor cannot reach it to start it,
+    and nothing takes its place). ``root``: attempt_summary's root cause; ``attempts``: [(number,
+    signature, seconds it ran)] before this one; ``listed``: no_restart_on_exit's codes."""
     if all(st["state"] == "done" for st in states.values()):
-        return "every node done"
-    limit = policy.why_no_restart(attempt, restarts)
-    if limit:
-        return limit
+        return None, "every node done"
     if any(st.get("final") for st in states.values()):
-        return "stopped for good"
+        return None, "stopped for good"
     lost = sorted(n for n, st in states.items() if st["state"] == "lost")
     if lost:
-        return "node %d lost (a detached job restarts only on nodes its supervisor still hears)" % lost[0]
-    return None
+        return None, "node %d lost (a detached job restarts only on nodes its supervisor still hears)" % lost[0]
+    end = ENDS.get((root or {}).get("state"), "failed")
+    unfixable = None
+    if end == "failed" and root.get("node") is not None:
+        who = "node %s rank %s" % (root["node"], root["rank"]) if root.get("rank") is not None else "node %s" % root["node"]
+        unfixable = policy.unfixable_exit(root.get("code"), listed or (), who)
+    return policy.next_attempt(end, attempts, limits, used, unfixable)
+
+
+class RestartBook:
+    """A detached job's restarts, as its supervisor keeps them for next_attempt: the budgets, what
+    each has given, and how every attempt so far failed and how long it ran (a crash loop)."""
+
+    def __init__(self, spec, now):
+        self.limits = {"restart": spec.restarts, "recovery": spec.recoveries}
+        self.listed = tuple(spec.no_restart_on_exit or ())
+        self.used, self.ran, self.began = {}, [], now  # new attempts by budget; (number, signature, seconds)
+        self.budget, self.words, self.pending = None, None, []  # the last decision
+
+    def decide(self, states, root, attempt, now):
+        """next_attempt after ``attempt`` (every node has ended it), kept for begin."""
+        self.pending = self.ran + [(attempt, signature(root), now - self.began)]
+        self.budget, self.words = next_attempt(states, root, self.pending, self.limits, self.used, self.listed)
+        return self.budget, self.words
+
+    def begin(self, now):
+        """The attempt decided on begins: its budget is used."""
+        self.used[self.budget] = self.used.get(self.budget, 0) + 1
+        self.ran, self.began = self.pending, now
+
+
+def signature(root):
+    """A detached attempt's failure, numbers left out (policy.failure_signature), or None: not the
+    job's own failure (a hang, a stop from outside)."""
+    if not root or root.get("state") != "failed":
+        return None
+    return policy.failure_signature(root.get("code"), root.get("exception") or root.get("reason") or "")
 
 
 def lost_peers(now, peers, heard, states, limit):

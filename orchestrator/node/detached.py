@@ -177,7 +177,7 @@ class DetachedRun(Runner):
         state = "failed" if failures else "stopped" if stopped else ("done" if code == 0 else "failed")
         failure = own_failure(failures, ends, (self.spec.ranks or [0])[0]) if state == "failed" else None
         failure = masked(failure, self.out.secrets)  # for the supervisor's outcome, which ddp-ls shows
-        more = policy.restarts_left(self.attempt, self.spec.restarts) and not self.for_good
+        more = self.attempt < self.spec.restarts + self.spec.recoveries and not self.for_good  # may restart
         self.record.update(ended=time.time(), state="restarting" if more else state, code=code, reason=reason)
         write_record(self.dir, self.record)
         go, stopped_waiting = None, None

@@ -26,16 +26,66 @@ def exit_words(code, signal_name=None):
     return "exited with code %s" % code
 
 
-def restarts_left(attempt, limit):
-    """Whether attempt ``attempt`` (0, 1, ...) may be followed by another under ``restarts: limit``."""
-    return attempt < limit
+# Why an attempt ended (summary.json's `end`), and the budget a new attempt after it uses: the
+# job's own failures use up `restarts:`; a node lost or a stop from outside the job (Slurm's time
+# limit or preemption, a shutdown, a signal that ddp-up did not send) use up `recoveries:`. After
+# any other end ("succeeded", "stopped": someone wants the run over) nothing follows.
+BUDGET = {"failed": "restart", "hung": "restart",
+          "lost": "recovery", "stopped from outside": "recovery", "could not start": "recovery"}
+CRASH_LOOP = 3  # this many attempts in a row failing the same way, none getting further: no more restarts
+PROGRESS = 2.0  # an attempt that ran this many times as long as another of them (+ PROGRESS_SLACK) got further
+PROGRESS_SLACK = 10.0  # seconds: the start of a job (connect, preflight, rendezvous) varies this much
 
 
-def why_no_restart(attempt, limit):
-    """Why ``restarts:`` allows no attempt after ``attempt``, or None."""
-    if restarts_left(attempt, limit):
+def next_attempt(end, attempts, limits, used, unfixable=None):
+    """The restart decision, the same for ddp-up and a detached job's supervisor. After an attempt
+    that ended as ``end`` (BUDGET's words), with ``attempts`` so far ([(number, failure signature
+    or None, seconds it ran)], the last this one), ``limits`` and ``used`` ({"restart": n,
+    "recovery": m}: allowed, and taken so far), and ``unfixable`` (why no restart can help, e.g.
+    an exit code that no_restart_on_exit lists, or None): (the budget the next attempt takes,
+    its words: "restart 1 of 3"), or (None, why nothing follows)."""
+    why = unfixable or crash_loop(attempts)
+    if why:
+        return None, why
+    budget = BUDGET.get(end)
+    if budget is None:
+        return None, "the attempt %s" % end
+    limit, taken = limits.get(budget, 0), used.get(budget, 0)
+    kind = "restarts" if budget == "restart" else "recoveries"
+    if taken >= limit:
+        return None, "no %s left (%s: %d)" % (budget, kind, limit) if limit else "no %s set" % kind
+    counted = "" if budget == "restart" else " (not the job's own failure: restarts: untouched)"
+    return budget, "%s %d of %d%s" % (budget, taken + 1, limit, counted)
+
+
+def failure_signature(code, text):
+    """How a job failed by itself, numbers left out ("exit 1: RuntimeError: CUDA out of memory.
+    Tried to allocate # GiB"): two attempts with the same one failed the same way."""
+    return re.sub(r"\d+", "#", "exit %s: %s" % (code, text))
+
+
+def crash_loop(attempts):
+    """Why restarts stop before they run out, or None: the last CRASH_LOOP attempts failed the same
+    way, and none got much further than another (by how long it ran: a job that fails at step 10
+    each time fails after about as long). One that ran PROGRESS times as long made progress (it
+    may have failed later on in the data, or resumed from a checkpoint)."""
+    last = attempts[-CRASH_LOOP:]
+    if len(last) < CRASH_LOOP or last[0][1] is None or any(a[1] != last[0][1] for a in last):
         return None
-    return "no restart left" if limit else "no restarts set"
+    took = [a[2] for a in last]
+    if max(took) > PROGRESS * min(took) + PROGRESS_SLACK:
+        return None
+    return ("crash loop: attempts %d to %d failed the same way, each within %.0f s of its start; no more "
+            "restarts (the next would fail the same way): fix the cause and run again" % (
+                last[0][0], last[-1][0], max(took)))
+
+
+def unfixable_exit(code, listed, who):
+    """Why a failure no restart can fix, or None: ``who`` (its rank) exited with a code that
+    `no_restart_on_exit:` lists (a usage error, a bad config: the same again)."""
+    if code is None or isinstance(code, bool) or code not in listed:
+        return None
+    return "%s exited with %s, which no_restart_on_exit lists: no restart" % (who, code)
 
 
 BACKOFF_FIRST = 0.25  # the least wait before the first restart, whatever restart_delay says (0 too)

@@ -156,6 +156,7 @@ class Supervisor:
         self.attempts = []  # the ended attempts before the current one, as outcome.json lists them
         self.restart_frame = None  # the current attempt's Restart, for a node that missed it
         self.late = LateWatch(self.spec.nodes)  # which node comes last to the collectives (stragglers.py)
+        self.book = decide.RestartBook(self.spec, clock())  # the restarts made so far, and the next's words
         self.over_event = threading.Event()  # no attempt follows: the watch ends
         self.door = Door(listener, self.spec, self.serve)
 
@@ -242,13 +243,17 @@ class Supervisor:
             self.finished.set()  # else the master node's agent restarts the job (DetachedRun.restart_here)
 
     def why_not_restart(self):
-        return decide.why_not_restart(self.states, self.attempt, self.spec.restarts)
+        """Why no attempt follows the one every node has ended, or None (its budget and words are
+        kept for restart): decide.next_attempt, the rule ddp-up's restarts follow."""
+        budget, words = self.book.decide(self.states, self.summary()["root_cause"], self.attempt, self.clock())
+        return None if budget else words
 
     def restart(self, attempt, port):
         """Attempt ``attempt`` begins: every node is told (and any that rejoins later, see
         heard_from); the watch starts afresh."""
         with self.lock:
-            self.attempts.append(self.summary())
+            self.attempts.append(dict(self.summary(), next=self.book.words))
+            self.book.begin(self.clock())
             self.attempt = attempt
             self.states, self.quiet, self.halted, self.hung, self.first_done = {}, {}, None, None, None
             self.late = LateWatch(self.spec.nodes)
@@ -264,7 +269,7 @@ class Supervisor:
 
     def over(self, reason):
         """No attempt follows: the outcome is recorded and every node told."""
-        last = self.summary()
+        last = dict(self.summary(), next=reason)
         write_record(self.runner.dir, dict(last, job=self.spec.job, attempts=self.attempts + [last]), OUTCOME)
         for node in list(self.links):
             self.send(node, wire.RunOver(reason=reason))

@@ -163,6 +163,8 @@ class RunSpec(Frame):
     attempt: int = 0  # a restarted job's attempt (DDP_UP_ATTEMPT); its state directory is its own
     restarts: int = 0  # detach: attempts after the first that the supervisor may start (see node/detached.py)
     restart_delay: float = 10.0  # detach: seconds before attempt 1; attempt N waits N times that
+    recoveries: int = 0  # detach: attempts after a stop from outside the job (policy.next_attempt's budgets)
+    no_restart_on_exit: list | None = None  # detach: exit codes that end the job whatever restarts are left
     master_addr: str | None = None  # detach, the master node: where the peers reach its supervisor (it listens there)
     # detach: the job's secret values (env:, env_file:, forward_env:), masked in its journal and records here,
     # so an attach from a shell or cluster file that does not know them shows none of them

@@ -39,7 +39,7 @@ def detached(cluster_file):
 
     yield make
     for path in made:
-        code, out = ddp_kill(str(path), "--all", "--purge")
+        code, out = ddp_kill(str(path), "--purge")  # its own jobs (--all: a parallel test worker's too)
         assert code == 0, out
 
 
@@ -240,6 +240,23 @@ def test_a_detached_job_restarts_by_itself_and_an_attach_shows_every_attempt(det
     assert code == 0, out
     assert ticks(out) == [(1, i) for i in (0, 1, 2)] + [(1, i) for i in range(6)], out
     assert not procs.wait_no_job_processes(job, timeout=30)
+
+
+def test_a_detached_job_restarts_by_the_rules_an_attached_one_does(detached):
+    """Its supervisor decides by the same rule as ddp-up (policy.next_attempt): an exit code that
+    no_restart_on_exit lists ends it at once, restarts left or not; the same failure three times
+    in a row, each as early, is a crash loop, and no fourth attempt is made. ddp-ls says why."""
+    path = detached([(0, 1), (1, 1)], restarts=5, restart_delay=0.5, no_restart_on_exit=[3])
+    job = detach(path, "tick", "20", "0.2", "1", "3")  # rank 1 exits 3 at its third tick
+    row = wait_state(path, job, ("done", "failed", "stopped", "lost"), 60)
+    assert row["state"] == "failed" and row["attempt"] == 0, row  # no restart: 3 is listed
+    assert row["root_cause"].endswith("failed (exit code 3)"), row
+    loop = detached([(0, 1), (1, 1)], restarts=5, restart_delay=0.5)
+    job = detach(loop, "tick", "20", "0.2", "1", "7")  # the same exit 7 at the same tick, every attempt
+    row = wait_state(loop, job, ("done", "failed", "stopped", "lost"), 90)
+    assert row["state"] == "failed" and row["attempt"] == 2, row  # attempts 0, 1, 2: then the crash loop
+    assert row["attempts"][0].endswith("-> restart 1 of 5") and row["attempts"][1].endswith("-> restart 2 of 5"), row
+    assert "-> crash loop: attempts 0 to 2 failed the same way" in row["attempts"][2], row
 
 
 def test_ddp_kill_while_a_detached_job_waits_to_restart_ends_it_for_good(detached):

@@ -120,7 +120,7 @@ def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_f
     # In one allocation: a job runs, and ddp-kill --slurm, from the same allocation, stops it.
     up = shlex.join([sys.executable, "-c", UP, "--slurm", "--no-dashboard", "--runs-dir", RUNS_ROOT, path, SCRIPT,
                      "tick", "3000", "0.1"])
-    kill = shlex.join([sys.executable, "-c", KILL, "--slurm", path, "--all"])
+    kill = shlex.join([sys.executable, "-c", KILL, "--slurm", path])  # its jobs: not --all, a parallel worker's too
     out = tmp_path / "up.out"
     script = (f"{up} >{out} 2>&1 & job=$!\n"
               f"for i in $(seq 600); do grep -q 'tick 3 rank=2' {out} && break; sleep 0.1; done\n"
@@ -129,9 +129,11 @@ def test_ddp_check_and_ddp_kill_reach_the_nodes_through_steps_too(slurm, slurm_f
     done = subprocess.run(["salloc", "-N3", "--ntasks-per-node=1", "--quiet", "bash", "-c", script], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     report = done.stdout + out.read_text()
-    # (these namespace nodes share one process table: whichever node's sweep runs first stops them all)
-    found = [int(n) for n in re.findall(r"│ \d\s+│ dsl\d\s+│ \S+\s+│ (\d+)", done.stdout)]
-    assert "kill=0" in done.stdout and len(found) == 3 and sum(found) >= 6, report  # 3 agents, 3 workers
+    # Every node's sweep answered through its step. Each sweeps its own node's part of the job (not
+    # --all: these namespace nodes share one process table with a parallel test worker's jobs), and
+    # the first one's stop ends the job everywhere, so later sweeps may find its parts gone.
+    found = [int(n) for n in re.findall(r"│ \d\s+│ dsl\d\s+│ \S+\s+│ (\d+)\s+│ \d+\s+│ \d+\s+│ 0\s+│\s+│", done.stdout)]
+    assert "kill=0" in done.stdout and len(found) == 3 and sum(found) >= 2, report  # an agent and its worker at least
     assert "up=143" in done.stdout and "stopped by ddp-kill" in report, report
     assert not procs.wait_no_job_processes(None, 15)
 

@@ -58,7 +58,8 @@ class FakeRunner:
     def __init__(self, node: int, nodes: int, where: str, clock: FakeClock, orphan_timeout: float = 30.0,
                  hang_timeout: float | None = None, restarts: int = 0):
         self.spec = SimpleNamespace(job="J1", node=node, nodes=nodes, token=TOKEN, orphan_timeout=orphan_timeout,
-                                    heartbeat=0.2, hang_timeout=hang_timeout, restarts=restarts)
+                                    heartbeat=0.2, hang_timeout=hang_timeout, restarts=restarts, recoveries=0,
+                                    no_restart_on_exit=None)
         self.attempt = 0
         self.out = SimpleNamespace(last_output=clock())  # the Writer: when a rank last printed
         self.notices = RecordedNotices()
@@ -299,6 +300,9 @@ def test_ls_says_how_each_attempt_of_a_job_that_restarted_ended():
                   state="done", attempt=1, outcome=outcome)
     row = merge_records([record, dict(record, node=1, label="h1", outcome=None)])[0]
     assert row.attempts == ("attempt 0: h1 (node 1, rank 3) failed (exit code 7)", "attempt 1: done")
+    outcome["attempts"][0]["next"], outcome["attempts"][1]["next"] = "restart 1 of 2", "every node done"
+    row = merge_records([record])[0]  # what the supervisor decided after each, as for an attached run
+    assert row.attempts == ("attempt 0: ? (node 1, rank 3) failed (exit code 7) -> restart 1 of 2", "attempt 1: done")
 
 
 def test_a_tail_keeps_the_last_lines_of_each_rank_and_stream(tmp_path):
@@ -368,15 +372,31 @@ def test_with_restarts_left_the_supervisor_starts_the_next_attempt_on_every_node
 
 
 def test_a_detached_job_restarts_only_after_a_failure_every_node_saw_through():
+    """By the rule ddp-up's restarts follow (policy.next_attempt), with the failure's kind: a node
+    that failed by itself takes a restart, and an exit code no_restart_on_exit lists ends the job."""
     def states(*pairs, **extra):
-        return {n: dict({"state": s}, **extra.get(str(n), {})) for n, s in enumerate(pairs)}
+        return {n: dict({"state": s, "at": float(n), "code": 7 if s == "failed" else None}, **extra.get(str(n), {}))
+                for n, s in enumerate(pairs)}
 
-    assert decide.why_not_restart(states("failed", "stopped"), 0, 2) is None
-    assert decide.why_not_restart(states("done", "done"), 0, 2) == "every node done"
-    assert decide.why_not_restart(states("failed", "stopped"), 2, 2) == "no restart left"
-    assert decide.why_not_restart(states("failed", "stopped"), 0, 0) == "no restarts set"
-    assert decide.why_not_restart(states("stopped", "failed", **{"0": {"final": True}}), 0, 2) == "stopped for good"
-    assert decide.why_not_restart(states("stopped", "lost"), 0, 2).startswith("node 1 lost")
+    def after(st, used=0, restarts=2, recoveries=0, listed=(), ran=()):
+        root = decide.attempt_root(st)
+        return decide.next_attempt(st, root, list(ran), {"restart": restarts, "recovery": recoveries},
+                                   {"restart": used}, listed)
+
+    assert after(states("failed", "stopped")) == ("restart", "restart 1 of 2")
+    assert after(states("done", "done")) == (None, "every node done")
+    assert after(states("failed", "stopped"), used=2) == (None, "no restart left (restarts: 2)")
+    assert after(states("failed", "stopped"), restarts=0) == (None, "no restarts set")
+    assert after(states("stopped", "failed", **{"0": {"final": True}})) == (None, "stopped for good")
+    assert after(states("stopped", "lost"))[1].startswith("node 1 lost")
+    assert after(states("failed", "stopped"), listed=(7,)) == (
+        None, "node 0 exited with 7, which no_restart_on_exit lists: no restart")
+    assert after(states("stopped", "failed"), recoveries=1) == (
+        "recovery", "recovery 1 of 1 (not the job's own failure: restarts: untouched)")  # stopped first: from outside
+    hung = decide.attempt_summary(0, states("stopped", "stopped"), ("no output", 1.0), "job hung (no output)", 9.0)
+    assert decide.next_attempt(states("stopped", "stopped"), hung["root_cause"], [], {"restart": 1}, {}, ())[0] == "restart"
+    loop = [(n, decide.signature(decide.attempt_root(states("failed", "stopped"))), 3.0) for n in range(3)]
+    assert after(states("failed", "stopped"), restarts=9, ran=loop)[1].startswith("crash loop: attempts 0 to 2")
 
 
 def test_a_later_attempt_runs_the_same_launch_line_on_its_own_master_port():

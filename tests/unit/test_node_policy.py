@@ -10,9 +10,19 @@ T0 = 1000.0
 
 
 def test_the_restart_limit_and_delay_are_one_rule_for_both_ends():
-    assert [policy.restarts_left(a, 2) for a in range(4)] == [True, True, False, False]
-    assert policy.why_no_restart(0, 2) is None
-    assert policy.why_no_restart(2, 2) == "no restart left" and policy.why_no_restart(0, 0) == "no restarts set"
+    limits = {"restart": 2, "recovery": 1}
+    assert policy.next_attempt("failed", [], limits, {}) == ("restart", "restart 1 of 2")
+    assert policy.next_attempt("hung", [], limits, {"restart": 2}) == (None, "no restart left (restarts: 2)")
+    assert policy.next_attempt("failed", [], {"restart": 0}, {}) == (None, "no restarts set")
+    assert policy.next_attempt("stopped from outside", [], limits, {"restart": 2}) == (
+        "recovery", "recovery 1 of 1 (not the job's own failure: restarts: untouched)")
+    assert policy.next_attempt("succeeded", [], limits, {})[0] is None
+    assert policy.next_attempt("failed", [], limits, {}, unfixable="rank 3 exited with 2, ...") == (
+        None, "rank 3 exited with 2, ...")
+    same = [(n, "exit #: ValueError", 5.0) for n in range(3)]
+    assert policy.next_attempt("failed", same, {"restart": 9}, {})[1].startswith("crash loop: attempts 0 to 2")
+    assert policy.unfixable_exit(2, (2, 64), "h1 rank 3") == "h1 rank 3 exited with 2, which no_restart_on_exit lists: no restart"
+    assert policy.unfixable_exit(1, (2,), "h1") is None and policy.unfixable_exit(True, (1,), "h1") is None
     assert [policy.restart_delay(a, 10.0) for a in (1, 2, 3)] == [10.0, 20.0, 30.0]
 
 
