@@ -23,7 +23,6 @@ from .logparse import StackReport
 from .node import policy
 from .outcome import NodeStatus
 
-DUMP_WAIT = 5.0  # after asking for stacks, how long to wait for them before stopping the job
 DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the stacks to arrive
 STARTUP_LEAST = 600.0  # start-up's limit unless `startup_timeout` says: at least this, or hang_timeout
 Blamed = Callable[[], "tuple[tuple[int, ...], str] | None"]  # the Flight Recorder's word (flight.FlightLog.blamed)
@@ -114,14 +113,14 @@ class HangWatch:
     def _declare(self, why: str, running: list[NodeStatus], now: float) -> AskStacks:
         self.why = why
         self.pending = {s.plan.index for s in running}
-        self.deadline = now + DUMP_WAIT
+        self.deadline = now + policy.HANG_DUMP_WAIT
         return AskStacks(why, tuple(sorted(self.pending)))
 
     def name_stopped(self, statuses: Sequence[NodeStatus], blamed: Blamed = lambda: None) -> Hung | None:
         """A detached job that its own supervisor stopped as hung (a node's reason says so),
         replayed with the stacks its ranks printed: the ranks to name, among all of them. Known
         only once every node's journal was read."""
-        why = next((s.reason for s in statuses if (s.reason or "").startswith("job hung")), None)
+        why = next((s.reason for s in statuses if policy.is_hung(s.reason)), None)
         if why is None:
             return None
         self.why = why
@@ -164,7 +163,7 @@ class HangWatch:
             stuck = [r for r in recorded[0] if r in running]
             detail = f"{rank_list(recorded[0])} {recorded[1]} (Flight Recorder); {detail}"
         node = next(s.plan.index for s in statuses if stuck[0] in s.plan.ranks)
-        why = self.why if self.why.startswith("job hung") else f"job hung ({self.why})"
+        why = policy.hung_words(self.why)
         return Hung(node, stuck[0], f"{why}; {detail}; "
                                     f"stacks in the log above and in runs/{self.job_id}/")
 

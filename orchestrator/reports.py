@@ -11,8 +11,8 @@ from dataclasses import replace
 from . import preflight
 from .errors import NodeProblem
 from .events import Closed, Lines, Message, SetupFailed
-from .node import wire
-from .rankfailures import own_failures, rank_ends, rank_errors
+from .node import policy, wire
+from .rankfailures import node_clock, own_failures, rank_ends, rank_errors
 
 LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 
@@ -166,8 +166,8 @@ class NodeReports:
         the agent began to stop, before its ranks died and their peers failed of it. Every other
         node stops with its grace at once."""
         status = self.table[node]
-        known = isinstance(frame.at, (int, float)) and not isinstance(frame.at, bool) and status.clock_skew is not None
-        at = frame.at - status.clock_skew if known else None
+        known = isinstance(frame.at, (int, float)) and not isinstance(frame.at, bool)
+        at = node_clock(frame.at, status.clock_skew) if known else None  # the one rule for a node's times
         self.job.fail(node, None, None, status.slurm_cancel or f"stopped on the node: {frame.reason}", kind="outside",
                       at=at)
 
@@ -197,19 +197,21 @@ class NodeReports:
         own = [] if frame.code == 0 and not frame.stopped else own_failures(
             node, status.plan.label, status.report, status.rank_errors, ends, status.clock_skew)
         how = f"signal {frame.signal}" if frame.signal else f"code {frame.code}"
+        asked = job.stop.requested and (frame.stopped or frame.code != 0)  # a stop ddp-up asked for
+        state = policy.node_end(bool(own), frame.stopped or asked, frame.code)  # the node's own rule
         if own:  # the ranks' own ends, not only torchrun's 1
             self.table.set(node, "failed", reason=ranks_ended(own, f"launcher exited with {how}"))
             for failure in own:
                 job.record(failure)
-        elif job.stop.requested and (frame.stopped or frame.code != 0):
+        elif asked:
             cut = (frame.overran if isinstance(frame.overran, int) else 0) + status.report.forced
             self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, cut, job.plan.stop_grace))
-        elif frame.stopped:
+        elif state == "stopped":
             self.table.set(node, "stopped", reason=status.slurm_cancel or frame.reason)
             if not job.following:  # a detached job's nodes stop when another fails: that one is the cause
                 job.fail(node, None, frame.code, status.slurm_cancel or f"stopped on the node: {frame.reason}",
                          kind="outside")
-        elif frame.code == 0:
+        elif state == "done":
             self.table.set(node, "done")
             job.hang.node_done(job.clock())
         else:

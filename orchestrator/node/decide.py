@@ -7,7 +7,6 @@ from . import failures, policy
 from .state import ENDED
 
 STOPPED_WAITING = "stopped for good while it waited to restart"  # a stop between attempts: the job is stopped
-HANG_DUMP_WAIT = 8.0  # after a detached job's ranks were asked for their stacks, before it is stopped
 
 
 ENDS = {"failed": "failed", "hung": "hung", "stopped": "stopped from outside", "lost": "lost"}
@@ -82,12 +81,12 @@ def lost_peers(now, peers, heard, states, limit):
 def hang_step(now, timeout, hung, halted, quiet, first_done):
     """The hang watch at ``now`` (as ddp-up's HangWatch decides it): ("dump", why) when the job
     starts to look hung (every running rank prints its stack, into the journal, where an attach
-    names the odd one out), ("halt", reason) HANG_DUMP_WAIT after that, or None. ``hung``: (why,
+    names the odd one out), ("halt", reason) policy.HANG_DUMP_WAIT after that, or None. ``hung``: (why,
     when) once declared; ``quiet``: {running node: seconds since its ranks last printed}."""
     if not timeout or halted is not None:
         return None
     if hung is not None:
-        return ("halt", "job hung (%s)" % hung[0]) if now - hung[1] > HANG_DUMP_WAIT else None
+        return ("halt", policy.hung_words(hung[0])) if now - hung[1] > policy.HANG_DUMP_WAIT else None
     if not quiet:
         return None
     why = policy.hang_reason(now, now - min(quiet.values()), first_done, timeout, len(quiet))
@@ -121,7 +120,7 @@ def attempt_summary(attempt, states, hung, halted, wall):
     failure, or the hang the supervisor stopped the job for)."""
     failures = [dict(st, node=n) for n, st in states.items() if st["state"] != "done"]
     first = policy.earliest(failures, lambda f: f["at"], exception=lambda f: f.get("exception"))
-    if hung is not None and halted and halted.startswith("job hung"):
+    if hung is not None and policy.is_hung(halted):
         first = {"node": None, "state": "hung", "code": None, "reason": halted, "at": wall}
     return {"attempt": attempt, "ended": wall, "root_cause": first, "halted": halted,
             "nodes": {str(n): st for n, st in states.items()}}

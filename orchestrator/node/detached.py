@@ -174,7 +174,7 @@ class DetachedRun(Runner):
         then waits for every node's end (or loss) and decides: the next attempt (restarts left,
         every node still heard, no one stopped it for good) after its delay, or the job's end,
         recorded. Every other node waits for that word while restarts are left."""
-        state = "failed" if failures else "stopped" if stopped else ("done" if code == 0 else "failed")
+        state = policy.node_end(bool(failures), stopped, code)
         failure = own_failure(failures, ends, (self.spec.ranks or [0])[0]) if state == "failed" else None
         failure = masked(failure, self.out.secrets)  # for the supervisor's outcome, which ddp-ls shows
         more = self.attempt < self.spec.restarts + self.spec.recoveries and not self.for_good  # may restart

@@ -114,6 +114,32 @@ def hang_reason(now, last_output, first_done, timeout, running):
     return None
 
 
+def node_end(ranks_failed, stopped, code):
+    """How a node's part of a job ended, for the node's agent and ddp-up alike: "failed" when its
+    ranks failed by themselves (before any stop, whatever the launcher then did), "stopped" when
+    it ended because a stop was asked for, "done" on a 0, else "failed" (the launcher's own)."""
+    if ranks_failed:
+        return "failed"
+    if stopped:
+        return "stopped"
+    return "done" if code == 0 else "failed"
+
+
+HANG_DUMP_WAIT = 5.0  # after a hung job's ranks were asked for their stacks, before it is stopped (both ends)
+HUNG = "job hung"
+
+
+def hung_words(why):
+    """The words a job stopped as hung is stopped with, from why it looks hung (kept as they are
+    if they already say so): read back by is_hung, here and in a replay of a detached job."""
+    return why if is_hung(why) else "%s (%s)" % (HUNG, why)
+
+
+def is_hung(reason):
+    """Whether a stop's reason is hung_words'."""
+    return isinstance(reason, str) and reason.startswith(HUNG)
+
+
 def silence(now, heard, limit):
     """How long an end has been silent (``heard``: when it last was), if past ``limit`` (the
     orphan timeout: it then counts as lost, or gone), else None."""

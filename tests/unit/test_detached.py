@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from orchestrator.node import checks, decide, detached, events, procs, replay, state, supervisor, wire
+from orchestrator.node import checks, decide, detached, events, policy, procs, replay, state, supervisor, wire
 from orchestrator.commands.attach import ls_table, merge_records
 from orchestrator.signals import SignalInbox
 from tests.unit.fakejob import Harness
@@ -174,7 +174,7 @@ def test_no_line_from_any_rank_asks_for_stacks_then_halts_as_hung(tmp_path):
     assert runner1.events.get(timeout=10) == events.Dump()  # every running node dumps its ranks' stacks
     assert runner0.events.get(timeout=10) == events.Dump()
     assert runner0.notices.sent == [("hang", "job J1 looks hung: no output from any rank for 61 s")]
-    tick_heard(sup, clock, decide.HANG_DUMP_WAIT - 1, 1)
+    tick_heard(sup, clock, policy.HANG_DUMP_WAIT - 1, 1)
     assert runner0.events.empty()  # the stacks get their time to arrive
     tick_heard(sup, clock, 2.0, 1)
     assert runner0.next_stop() == "job hung (no output from any rank for 61 s)"
@@ -214,7 +214,7 @@ def test_the_master_need_not_be_node_0_and_a_node_done_long_before_the_others_is
     runner1.out.last_output = clock.advance(1.5)  # the master's ranks go on printing; node 0 finished
     sup.tick(clock.now)
     assert runner1.events.get(timeout=10) == events.Dump()
-    sup.tick(clock.advance(decide.HANG_DUMP_WAIT + 1))
+    sup.tick(clock.advance(policy.HANG_DUMP_WAIT + 1))
     assert runner1.next_stop() == "job hung (a node finished 2 s ago, 1 still running)"
     sup.report(1, "stopped", -15, "job hung")
     assert sup.finished.wait(10)

@@ -70,8 +70,8 @@ def test_the_supervisor_dumps_then_halts_a_hung_job_in_fake_time():
     quiet = {0: 61.0, 1: 70.0}
     assert decide.hang_step(T0, 60, None, None, quiet, None) == ("dump", "no output from any rank for 61 s")
     hung = ("no output from any rank for 61 s", T0)
-    assert decide.hang_step(T0 + decide.HANG_DUMP_WAIT, 60, hung, None, quiet, None) is None  # stacks' time
-    assert decide.hang_step(T0 + decide.HANG_DUMP_WAIT + 1, 60, hung, None, quiet, None) == \
+    assert decide.hang_step(T0 + policy.HANG_DUMP_WAIT, 60, hung, None, quiet, None) is None  # stacks' time
+    assert decide.hang_step(T0 + policy.HANG_DUMP_WAIT + 1, 60, hung, None, quiet, None) == \
         ("halt", "job hung (no output from any rank for 61 s)")
     assert decide.hang_step(T0 + 100, 60, hung, "node 1 failed", quiet, None) is None  # halted already
     assert decide.hang_step(T0 + 100, None, None, None, quiet, None) is None  # no hang_timeout

@@ -116,16 +116,18 @@ def test_a_path_leaving_the_destination_is_refused_by_the_node(tmp_path):
     assert not (tmp_path / "escape.txt").exists()
 
 
-def test_the_nodes_connect_while_the_tree_is_scanned_and_a_failed_scan_stops_them(tmp_path):
+def test_the_nodes_connect_while_the_tree_is_scanned_and_a_failed_scan_stops_them(tmp_path, monkeypatch):
     """The agent starts during the scan (a connection is most of a small copy's time); a scan
     that fails is the error raised, and the agent that was waiting for the tree ends."""
     import time
 
     from orchestrator.errors import UsageError
 
+    monkeypatch.setenv(MARK, str(tmp_path))  # its agents, not a parallel test's (a local agent inherits it)
+
     def scan_that_fails() -> Tree:
         deadline = time.monotonic() + 30
-        while not agents_running():  # the node's agent is up before the tree is known
+        while not agents_running(tmp_path):  # the node's agent is up before the tree is known
             assert time.monotonic() < deadline, "no agent started during the scan"
             time.sleep(0.01)
         raise UsageError("sync: cannot read /src/secret: Permission denied")
@@ -134,8 +136,8 @@ def test_the_nodes_connect_while_the_tree_is_scanned_and_a_failed_scan_stops_the
     with pytest.raises(UsageError, match="cannot read /src/secret"):
         sync_all(scan_that_fails, syncs, no_bar)
     deadline = time.monotonic() + 10
-    while agents_running():
-        assert time.monotonic() < deadline, agents_running()
+    while agents_running(tmp_path):
+        assert time.monotonic() < deadline, agents_running(tmp_path)
         time.sleep(0.05)
     assert not (tmp_path / "dest").exists()  # the agent never got a spec, so it wrote nothing
 
@@ -205,7 +207,7 @@ def test_ctrl_c_mid_copy_leaves_no_partial_file_and_no_agent(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"transport: local\npython: {sys.executable}\nnodes: [{{host: a, gpus: 1, workdir: {dest}}}]\n"
                    f"sync: {src}\n")
-    launch = Launch([str(cfg), "t.py"])
+    launch = Launch([str(cfg), "t.py"], env={MARK: str(tmp_path)})
     try:
         deadline = time.monotonic() + 60
         while not (dest.exists() and os.listdir(dest)):  # the temp file appears: bytes are moving
@@ -217,17 +219,24 @@ def test_ctrl_c_mid_copy_leaves_no_partial_file_and_no_agent(tmp_path):
         launch.proc.kill()
     assert "SIGINT before the job started; nothing was started" in launch.output
     deadline = time.monotonic() + 10
-    while os.listdir(dest) or agents_running():  # the agent saw its input end, dropped the file, left
-        assert time.monotonic() < deadline, (os.listdir(dest), agents_running())
+    while os.listdir(dest) or agents_running(tmp_path):  # the agent saw its input end, dropped the file, left
+        assert time.monotonic() < deadline, (os.listdir(dest), agents_running(tmp_path))
         time.sleep(0.05)
 
 
-def agents_running() -> list[int]:
-    found = []
+MARK = "SYNC_TEST_MARK"  # in a test's agents' environment: a parallel test's agents are not its own
+
+
+def agents_running(mark) -> list[int]:
+    """The node agents this test started (by MARK), as their command lines show them."""
+    found, mine = [], f"{MARK}={mark}".encode()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if protocol.BOOTSTRAP.encode() in f.read():
+                if protocol.BOOTSTRAP.encode() not in f.read():
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mine in f.read().split(b"\0"):
                     found.append(int(pid))
         except OSError:
             pass
