@@ -195,7 +195,7 @@ def blame_setup(problems: list[NodeProblem]) -> tuple[str | None, bool]:
 
 def vetted_after(earlier: dict[str, dict], statuses: list[NodeStatus]) -> dict[str, dict]:
     """The nodes vetted for the next attempt: those that reported their torch build in this one
-    (or were vetted before it, see Job._ready) and were not lost or unfit in it."""
+    (or were vetted before it: NodeReports.ready keeps the earlier word) and were not lost or unfit in it."""
     vetted = {label: facts for label, facts in earlier.items()
               if not any(s.plan.label == label and s.state in ("lost", "error") for s in statuses)}
     for s in statuses:

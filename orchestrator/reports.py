@@ -1,5 +1,6 @@
 """What the nodes say, for the job loop: their frames, lines and ends, each turned into the state
-change it means (on the job's NodeTable) or a failure for the loop to act on (Job.fail, Job.lost).
+change it means (on the job's NodeTable) or a failure for the loop to act on (Job.fail; a node
+lost: NodeReports.lost).
 """
 
 from __future__ import annotations

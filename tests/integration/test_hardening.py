@@ -121,17 +121,18 @@ def test_a_closed_stdout_does_not_stop_the_job_and_the_summary_says_what_was_ret
     path = cluster_file([(0, 1), (1, 1)])
     args = ["run", "--steps", "30", "--step-time", "0.05"] + (["--fail-rank", "1", "--exit-code", "7"] if fail else [])
     runs = tmp_path / "runs"
-    up = " ".join(map(repr, ["--no-dashboard", "--runs-dir", str(runs), "--job-id", "J", str(path), SCRIPT, *args]))
+    job = f"J{int(fail)}"  # each its own: the two run at once on parallel workers, in one process table
+    up = " ".join(map(repr, ["--no-dashboard", "--runs-dir", str(runs), "--job-id", job, str(path), SCRIPT, *args]))
     command = (f"{sys.executable} -c 'from orchestrator.entry import up; up()' {up} | head -n 1; "
                "echo STATUS=${PIPESTATUS[0]} >&2")
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
     status = int(re.search(r"STATUS=(\d+)", done.stderr).group(1))
     assert status == (1 if fail else 0), done.stderr
     assert "stdout is gone" in done.stderr and "Traceback" not in done.stderr, done.stderr
-    assert json.loads((runs / "J" / "summary.json").read_text())["exit_code"] == status
+    assert json.loads((runs / job / "summary.json").read_text())["exit_code"] == status
     if not fail:
         for rank in (0, 1):
-            steps = re.findall(r"^step (\d+) ", (runs / "J" / f"rank{rank}.log").read_text(), re.M)
+            steps = re.findall(r"^step (\d+) ", (runs / job / f"rank{rank}.log").read_text(), re.M)
             assert steps == [str(i) for i in range(30)]  # the job ran to its end, every line logged
 
 
