@@ -118,6 +118,7 @@ class ClusterConfig:
     restarts: int = 0  # after a failure, start the whole job again up to this many times (see attempts.py)
     restart_delay: float = 10.0  # seconds before the first restart; each later one waits longer
     no_restart_on_exit: tuple[int, ...] = ()  # a root cause's exit code a restart cannot fix: the run ends
+    fetch: tuple[str, ...] = ()  # paths brought back from every node when the job ends (fetch.py)
     recoveries: int | None = None  # new attempts after a lost node or an outside stop (None: attempts.recovery_limit)
     spares: int = 0  # the last this many nodes stay idle, to replace a node that fails
     min_nodes: int | None = None  # without a free spare, go on with this many nodes or more (None: never fewer)

@@ -53,3 +53,7 @@ def logs() -> None:
 def ls() -> None:
     _run("main_ls", "attach")
 
+
+def fetch() -> None:
+    _run("main_fetch", "fetch")
+

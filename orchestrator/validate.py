@@ -32,7 +32,7 @@ SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup", "contai
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "startup_timeout",
             "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
-            "spares", "min_nodes", "flight_recorder", "notify", *SHARED_KEYS)
+            "spares", "min_nodes", "flight_recorder", "notify", "fetch", *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none", "accelerate")
 TRANSPORTS = ("ssh", "srun", "local")
@@ -75,6 +75,7 @@ RULES = {  # top-level settings that are one checked value each
     "recoveries": rule("integer", None, low=0, high=MOST_RESTARTS),
     "spares": rule("integer", 0, low=0),
     "flight_recorder": rule("boolean", True),
+    "fetch": rule("fetch_paths", ()),
 }
 SSH_RULES = {  # `ssh:`, or the same keys on a node
     "user": rule("string"),
@@ -140,6 +141,16 @@ class Checks:
         if not ok:
             raise self.error(at, f"must be a list of exit codes from 1 to 255, e.g. [2, 3], got {value!r}")
         return tuple(value)
+
+    def fetch_paths(self, value: Any, at: tuple) -> tuple[str, ...]:
+        """What to bring back from every node when the job ends: a path or a list of them (each
+        relative to the node's workdir, or absolute), as ddp-fetch takes them."""
+        if isinstance(value, (list, tuple)) and not value:
+            return ()
+        paths = self.strings(value, at, "a path on the nodes or a list of them, e.g. [ckpt, logs/metrics.json]")
+        if any("\0" in p for p in paths):
+            raise self.error(at, NUL_VALUE)
+        return paths
 
     def signal_name(self, value: Any, at: tuple) -> str:
         """A stop signal a script may save its work on: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or

@@ -40,6 +40,8 @@ EXITS = {
               "listed), 128+N killed by signal N",
     "ddp-attach": "the job's own status once it has ended (0 ok, 1 failed), 0 when left while it runs, 2 bad "
                   "cluster file or usage, 3 no such job or a node could not be reached, 128+N killed by signal N",
+    "ddp-fetch": "0 every node's copy is here, 2 bad cluster file or usage, 3 a node could not be read from "
+                 "or its copy written (the others' copies are made), 128+N killed by signal N",
     "ddp-logs": "0 printed, 2 bad cluster file or usage, 3 no such job or a node could not be reached, 128+N "
                 "killed by signal N",
 }

@@ -20,6 +20,7 @@ from .. import __version__, signals
 from ..attempts import Restarts, recovery_limit
 from ..clusterfile import load_cluster
 from ..config import NodeSource, SyncConfig
+from ..fetch import fetch_outputs
 from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
 from ..node.facts import IFNAME_VARS
 from ..parallel import interruptible
@@ -242,13 +243,16 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
     logs.record(record)
     notifier = Notifier(plan.notify, plan.job_id, plan.secrets, view.notice) if plan.notify else None
     try:
-        return run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
+        code = run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
                        cluster_arg=shlex.join(ours_for_attach(args)),
                        restarts=restarts if restarts.any and not args.detach else None, notifier=notifier)
     except Exception as e:  # a node not ready (exit 3), a signal before the start, a bug (70): said, then raised
         if notifier is not None:
             notifier.unstarted(e)
         raise
+    if config.fetch and not args.detach and code < 128:  # a signal: the user wants out, not a copy
+        fetch_outputs(list(restarts.roster.cluster(config).nodes), config.fetch, logs.dir, view.notice)
+    return code
 
 
 def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str], console: Console) -> int:

@@ -30,9 +30,10 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   replay      follow and list modes: a detached job's journal and records
   oneshot     detect and sweep modes
   sync        sync mode: the workdir copy
+  fetch       fetch mode: files back from the node (ddp-fetch)
   main        the table from spec frame to mode
 """
 
 SHIPPED = ("wire", "facts", "policy", "stragglers", "procs", "state", "screen", "relay", "failures", "workers", "container", "checks", "stacks", "flight", "events", "launch", "run",
-           "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "main")
+           "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

@@ -5,6 +5,7 @@ import sys
 
 from . import wire
 from .detached import DetachedRun
+from .fetch import fetch
 from .oneshot import detect, sweep
 from .relay import Writer
 from .replay import follow, list_jobs
@@ -23,6 +24,7 @@ MODES = {  # spec frame -> the mode that answers it: f(spec, writer) -> exit sta
     wire.SyncSpec: lambda spec, writer: receive(spec, writer, sys.stdin.buffer),
     wire.FollowSpec: follow,
     wire.ListSpec: lambda spec, writer: list_jobs(writer),
+    wire.FetchSpec: fetch,
 }
 
 

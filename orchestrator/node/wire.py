@@ -26,6 +26,7 @@ means the controller is gone, and the agent stops whatever it started.
                                                     Replayed, then live Bars; Heartbeat;
                                                     JournalEnd or Failed
   list    ListSpec                                  Jobs
+  fetch   FetchSpec; Want                           Listing or Failed; Chunk (+ bytes)..., Sent
 
 A detached job (RunSpec.detach) also writes every frame after Go to a journal on its node, and
 its agents talk to each other, not to the controller, once it is gone: each node's agent joins
@@ -217,11 +218,26 @@ class FollowSpec(Frame):
 
 
 @_frame(TO_AGENT)
+class FetchSpec(Frame):
+    """List ``path`` (under ``root``, the node's workdir, unless absolute); send what is wanted."""
+
+    root: str
+    path: str
+
+
+@_frame(TO_AGENT)
+class Want(Frame):
+    """Fetch mode: the indices of the Listing's files to send (none: the controller has them all)."""
+
+    indices: list
+
+
+@_frame(TO_AGENT)
 class ListSpec(Frame):
     """Report the detached jobs recorded on this node (running and finished)."""
 
 
-SPECS = (RunSpec, DetectSpec, SweepSpec, SyncSpec, FollowSpec, ListSpec)
+SPECS = (RunSpec, DetectSpec, SweepSpec, SyncSpec, FollowSpec, ListSpec, FetchSpec)
 
 
 # --- run mode -----------------------------------------------------------------------------------
@@ -498,6 +514,37 @@ class JournalEnd(Frame):
     started: float | None = None
     ended: float | None = None
     master: str | None = None
+
+
+@_frame(TO_CONTROLLER)
+class Listing(Frame):
+    """Fetch mode: the absolute path listed, and every regular file and link under it:
+    [[path, size, mtime_ns, mode, link]] (relative, "/"-separated; "" for a file named alone);
+    ``left_out``: what was not listed, each with why (another kind of file, unreadable)."""
+
+    base: str
+    entries: list
+    left_out: list | None = None
+
+
+@_frame(TO_CONTROLLER)
+class Chunk(Frame):
+    """Fetch mode: the next bytes of a wanted file (``end``: its last Chunk, maybe empty)."""
+
+    BODY = "data"
+    index: int
+    end: bool
+    data: bytes
+
+
+@_frame(TO_CONTROLLER)
+class Sent(Frame):
+    """Fetch mode: every wanted file was sent; ``changed``: those that changed (or could not be
+    read) while they were sent."""
+
+    files: int
+    bytes: int
+    changed: list | None = None
 
 
 @_frame(TO_CONTROLLER)

@@ -24,6 +24,7 @@ atexit.register(shutil.rmtree, RUNS_ROOT, True)
 UP = "from orchestrator.entry import up; up()"
 KILL = "from orchestrator.entry import kill; kill()"
 CHECK = "from orchestrator.entry import check; check()"
+FETCH = "from orchestrator.entry import fetch; fetch()"
 
 
 def _env() -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -70,7 +71,8 @@ def no_leaks():
 def tmux():
     if not shutil.which("tmux"):
         pytest.skip("needs tmux (apt-get install tmux)")
-    socket = f"ddp-up-test-{os.getpid()}"
+    # a server of its own per test: the last test's may still be exiting (kill-server does not wait)
+    socket = f"ddp-up-test-{os.getpid()}-{secrets.token_hex(3)}"
 
     def run(*args: str, check: bool = True) -> str:
         return subprocess.run(["tmux", "-L", socket, *args], check=check, capture_output=True, text=True,

@@ -16,6 +16,7 @@ import pytest
 
 from orchestrator.commands.check import main_check
 from orchestrator.commands.kill import main_kill
+from orchestrator.commands.fetch import main_fetch
 from orchestrator.commands.up import main_up
 from orchestrator.plan import mask_secrets
 from tests.harness.runner import REPO
@@ -157,6 +158,11 @@ CASES = [
     Case("job id starting with a dash", ["--job-id=-rf", "{c}", "t.py"], 2, "--job-id '-rf'", {"c.yaml": LOCAL}),
     Case("job id with a newline", ["--job-id", "a\nb", "{c}", "t.py"], 2, "--job-id 'a\\nb'", {"c.yaml": LOCAL}),
     Case("hidden job id", ["--job-id", ".x", "{c}", "t.py"], 2, "--job-id '.x'", {"c.yaml": LOCAL}),
+    Case("fetch not a path", ["{c}", "t.py"], 2, "fetch: must be a path on the nodes or a list of them",
+         {"c.yaml": LOCAL + "fetch: 5\n"}),
+    Case("fetch with a NUL", ["{c}", "t.py"], 2, "fetch: holds a NUL character", {"c.yaml": LOCAL + 'fetch: ["a\\0b"]\n'}),
+    Case("ddp-fetch NUL path", ["{c}", "a\0b", "{d}/out"], 2, "REMOTE_PATH 'a\\x00b'", {"c.yaml": LOCAL},
+         tool=main_fetch),
     Case("job id of a run already there", ["--job-id", "j1", "{c}", "t.py"], 2,
          "--job-id: runs/j1 already holds a run (rank0.log, summary.json); a job id names one run",
          {"c.yaml": LOCAL, "runs/j1/summary.json": "{}", "runs/j1/rank0.log": "x\n"}),

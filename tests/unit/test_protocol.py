@@ -25,6 +25,8 @@ EXAMPLES = [
     wire.Detected(gpus=8), wire.Listed(found=[{"pid": 1, "tags": {}, "cmd": "x"}]), wire.Swept(killed=[], left=[2]),
     wire.Needs(dest="/p", need=[0, 2], marker="m"), wire.Shared(sees=[]), wire.Copied(files=1, bytes=2, links=3),
     wire.FollowSpec(job="j", node=1, follow=True), wire.ListSpec(), wire.JournalEnd(running=False), wire.Stamp(at=1.5), wire.Replayed(),
+    wire.FetchSpec(root="~", path="ckpt"), wire.Want(indices=[0, 2]), wire.Listing(base="/w/ckpt", entries=[["a", 1, 0, 420, None]]),
+    wire.Chunk(index=0, end=True, data=b"x\n"), wire.Sent(files=1, bytes=2),
     wire.Jobs(jobs=[{"job": "j", "node": 0, "state": "done"}]), wire.GpuUsage(gpus=[[0, 87, 61000, 81559]]),
     wire.Collectives(ranks={"0": [["0", "default_pg", 3, "all_reduce", False, [[4]], ["Float"], [[4]], ["Float"], 1]]}),
     wire.Arrivals(times=[["0", 3, 1795506773.25, 1]]),
