@@ -48,7 +48,9 @@ def ssh_opts(cluster: SSHCluster) -> str:
 
 
 def parallel(commands: list[str]) -> list[str]:
-    return ["bash", "-c", " & ".join(f"({c})" for c in commands) + " & wait"]
+    """One command at once per node; fails if any of them does (a bare `wait` would say 0)."""
+    started = "".join(f"({c}) & pids+=($!)\n" for c in commands)
+    return ["bash", "-c", f"pids=()\n{started}rc=0\nfor p in \"${{pids[@]}}\"; do wait $p || rc=1; done\nexit $rc"]
 
 
 def run_size(cluster: SSHCluster, tmp: Path, n: int, repeat: int) -> list[str]:
@@ -70,7 +72,7 @@ def run_size(cluster: SSHCluster, tmp: Path, n: int, repeat: int) -> list[str]:
         b1 = timed(parallel([f"mkdir -p {out}/rsync/{k} && rsync -a -e {shlex.quote(ssh)} "
                              f"root@{node.addr}:{workdirs[k]}/ckpt {out}/rsync/{k}/" for k, node in enumerate(nodes)]),
                    TIMEOUT)
-        b2 = timed(parallel([f"mkdir -p {out}/scp/{k} && scp -q -r -F none -i {cluster.client_key} "
+        b2 = timed(parallel([f"mkdir -p {out}/scp/{k} && scp -q -O -r -F none -i {cluster.client_key} "
                              f"-o UserKnownHostsFile={cluster.known_hosts} -o BatchMode=yes "
                              f"root@{node.addr}:{workdirs[k]}/ckpt {out}/scp/{k}/" for k, node in enumerate(nodes)]),
                    TIMEOUT)

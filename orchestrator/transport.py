@@ -18,9 +18,10 @@ from typing import Mapping
 
 from .config import NodeConfig
 from .errors import NodeProblem
+from .node.sync import widen_pipe
 from .plan import quote_path
 
-CHUNK = 65536
+CHUNK = 1 << 20  # the most one read of the agent's stdout takes (what is there: less)
 
 
 class ConnectFailed(Exception):
@@ -79,6 +80,8 @@ class Transport(ABC):
 class LocalProcess(RemoteProcess):
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
+        if proc.stdout is not None:
+            widen_pipe(proc.stdout.fileno())  # a megabyte a wake-up: files coming back (ddp-fetch), a flood of lines
 
     def read_stdout(self) -> bytes:
         return _read_fd(self.proc.stdout)

@@ -694,7 +694,8 @@ class Decoder:
                     cls, values, size = self.pending
                     if len(self.buf) - pos < size:
                         break
-                    frames.append(build(cls, values, bytes(self.buf[pos:pos + size])))
+                    with memoryview(self.buf) as view:  # one copy of the body, not two (a slice, then bytes)
+                        frames.append(build(cls, values, bytes(view[pos:pos + size])))
                     pos += size
                     self.pending = None
                     continue
