@@ -4,6 +4,7 @@ all_reduce and every node's link."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -32,6 +33,7 @@ def check_parser() -> argparse.ArgumentParser:
     p.add_argument("--collective", action="store_true",
                    help="after the checks, run a short real all_reduce across the nodes (NCCL on GPUs, else gloo) "
                         "and time every node's link; nodes far slower than the median are named (exit 3)")
+    p.add_argument("--json", action="store_true", help="one JSON object per node, for scripts (not with --collective)")
     add_node_sources(p)
     return p
 
@@ -63,7 +65,8 @@ class _QuietView:
 
 def main_check(argv: list[str] | None = None) -> int:
     args = check_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    console = terminal_console()
+    # --json: stdout holds the records alone; the notes on the way go to stderr
+    console = Console(stderr=True, highlight=False, soft_wrap=True) if args.json else terminal_console()
     config = load_or_report(args, "ddp-check", script_too=True)
     if config is None:
         return EXIT_USAGE
@@ -84,6 +87,10 @@ def main_check(argv: list[str] | None = None) -> int:
             job.close()
         if job.interrupted:
             return interrupted("ddp-check", Interrupted(job.interrupted), "while checking; nothing was started")
+    if args.json:
+        for record in check_records(job.status, problems, config.secret_values):
+            print(json.dumps(record))
+        return EXIT_SETUP if problems else EXIT_OK
     console = table_console()  # into a pipe or a file: every column whole
     console.print(check_table(job.status, problems, job.master_port))
     for p in problems:
@@ -146,6 +153,16 @@ def check_collective(config, console: Console, inbox: signals.SignalInbox) -> in
     console.print(f"ddp-check: {result.elapsed:.1f} s in all, {view.report.get('seconds', 0):.1f} s of it measuring "
                   "(the rest: connect, preflight, start, import torch)", markup=False, highlight=False)
     return EXIT_SETUP if slow else EXIT_OK
+
+
+def check_records(statuses, problems, secrets) -> list[dict]:
+    """--json: one object a node, with check_table's columns as values and its problems in words."""
+    return [{"node": s.plan.index, "host": s.plan.label, "ok": not any(p.node == s.plan.label for p in problems),
+             "torch": s.info.get("torch"), "python": s.info.get("python"), "gpus": s.info.get("gpus"),
+             "interface": s.reach.iface if s.reach else None, "clock_skew": s.clock_skew,
+             "disk_free": s.info.get("disk_free"),
+             "problems": [mask_secrets(p.render(), secrets) for p in problems if p.node == s.plan.label]}
+            for s in statuses]
 
 
 def check_table(statuses, problems, master_port) -> Table:

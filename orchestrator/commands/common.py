@@ -7,11 +7,13 @@ import argparse
 import difflib
 import os
 import signal
+import sys
 from contextlib import contextmanager
 
 from rich.console import Console
 from rich.markup import escape as escape_markup
 
+from .. import __version__
 from ..clusterfile import load_cluster
 from ..config import NodeSource
 from ..detect import resolve_auto_gpus
@@ -49,12 +51,17 @@ EXITS = {
 
 class Parser(argparse.ArgumentParser):
     """argparse's parser, naming the near option for an unknown one (``--dryrun``: did you mean
-    ``--dry-run``?) and ending --help with the command's exit statuses (EXITS)."""
+    ``--dry-run``?), ending --help with the command's exit statuses (EXITS), and with --version
+    on every command."""
 
     def __init__(self, prog: str, description: str = "", epilog: str = "", **kwargs):
         epilog = "\n".join(part for part in (epilog, f"Exit status: {EXITS[prog]}.") if part)
         super().__init__(prog=prog, description=fill(description), epilog=fill(epilog),
                          formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.add_argument("--version", action="version", version=f"{prog} {__version__}")
+        self.add_argument("--print-completion", choices=("bash", "zsh"), action=Completion,
+                          help=f"print a completion script, e.g. `{prog} --print-completion bash > "
+                               f"~/.local/share/bash-completion/completions/{prog}`")
 
     def error(self, message: str):  # type: ignore[override]
         words = message.partition("unrecognized arguments: ")[2].split()
@@ -65,6 +72,17 @@ class Parser(argparse.ArgumentParser):
                 message += f" (did you mean {near[0]}?)"
                 break
         super().error(message)
+
+
+class Completion(argparse.Action):
+    """--print-completion SHELL: shtab writes the script from this very parser, so completion never
+    drifts from the options (imported only then: every command's start stays as quick)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import shtab
+
+        print(shtab.complete(parser, shell=values))
+        parser.exit(0)
 
 
 def fill(text: str) -> str:
@@ -101,10 +119,16 @@ def make_view(plan: LaunchPlan, console: Console, args: argparse.Namespace, plai
     """The view the view options ask for: the dashboard on a terminal (or when forced), else
     ``plain`` lines (ConsoleView unless given)."""
     ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
-    dashboard = console.is_terminal if args.dashboard is None else args.dashboard
+    dashboard = interactive(console) if args.dashboard is None else args.dashboard
     if dashboard and not console.is_terminal:
         console = terminal_console(force_terminal=True)
     return (DashboardView if dashboard else plain or ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse)
+
+
+def interactive(console: Console) -> bool:
+    """Whether a live dashboard goes there: a terminal, really (FORCE_COLOR makes Rich color a pipe,
+    as it should, but a pipe gets lines, not a redrawn screen)."""
+    return console.is_terminal and (os.environ.get("FORCE_COLOR") is None or sys.stdout.isatty())
 
 
 PIPED_WIDTH = 10_000  # a table printed to a pipe or a file: as wide as its rows are

@@ -16,7 +16,7 @@ from functools import partial
 
 from rich.console import Console
 
-from .. import __version__, signals
+from .. import signals
 from ..attempts import Restarts, recovery_limit
 from ..clusterfile import load_cluster
 from ..config import NodeSource, SyncConfig
@@ -38,6 +38,14 @@ from .common import (NODE_SOURCE_FLAGS, Parser, add_node_sources, duration_arg, 
                      is_cluster_file, make_view, node_source, report, resolve_nodes, ssh_connections)
 
 
+class PrintSchema(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ..schema import schema_text
+
+        sys.stdout.write(schema_text())
+        parser.exit(0)
+
+
 def up_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="ddp-up",
@@ -51,6 +59,8 @@ def up_parser() -> argparse.ArgumentParser:
                    "option below, optional and used for its other settings")
     p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script, resolved in each node's workdir")
     add_node_sources(p)
+    p.add_argument("--schema", nargs=0, action=PrintSchema,
+                   help="print the cluster file's JSON Schema (for an editor: completion and checks of cluster.yaml)")
     p.add_argument("--dry-run", action="store_true", help="print the command for every node; connect to nothing")
     p.add_argument("--sbatch", metavar="SBATCH OPTIONS", nargs="?",  # read before argparse (sbatch.split_sbatch)
                    help="submit the run as a Slurm batch job instead: ddp-up --sbatch -N4 --time=2:00:00 "
@@ -79,12 +89,12 @@ def up_parser() -> argparse.ArgumentParser:
                    help="start even where other processes hold memory on the job's GPUs (listed as a notice)")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
                    help="where each job's logs and summary.json go (DIR/<job-id>/; default: runs)")
-    p.add_argument("--version", action="version", version=f"ddp-up {__version__}")
     return p
 
 
 # ddp-up's options that take the next word as their value (unless given as --name=VALUE, -HVALUE)
-TAKES_VALUE = frozenset({"--job-id", "--ranks", "--runs-dir", "--hang-timeout", "--hostfile", "-H", "--restarts"})
+TAKES_VALUE = frozenset({"--job-id", "--ranks", "--runs-dir", "--hang-timeout", "--hostfile", "-H", "--restarts",
+                         "--print-completion"})
 
 
 def names_nodes(arg: str) -> bool:

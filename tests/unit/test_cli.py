@@ -108,3 +108,70 @@ def test_a_module_runs_under_torchrun_as_torchrun_dash_m(tmp_path, capsys):
     assert capsys.readouterr().out.rstrip().endswith("--redirects=3 -m pkg.train --lr 1")
     assert main_up([str(c), "-m"]) == 2
     assert "-m needs a module: ddp-up [options] CLUSTER.yaml -m PACKAGE.MODULE" in capsys.readouterr().err
+
+
+def test_every_command_says_its_version(capsys):
+    import pytest
+
+    from orchestrator import __version__
+    from orchestrator.commands.attach import main_attach, main_logs, main_ls
+    from orchestrator.commands.check import main_check
+    from orchestrator.commands.fetch import main_fetch
+    from orchestrator.commands.kill import main_kill
+    from orchestrator.commands.up import main_up
+
+    for prog, main in (("ddp-up", main_up), ("ddp-kill", main_kill), ("ddp-check", main_check), ("ddp-ls", main_ls),
+                       ("ddp-attach", main_attach), ("ddp-logs", main_logs), ("ddp-fetch", main_fetch)):
+        with pytest.raises(SystemExit) as ended:
+            main(["--version"])
+        assert ended.value.code == 0 and capsys.readouterr().out == f"{prog} {__version__}\n"
+
+
+def test_force_color_colors_a_pipe_but_draws_no_dashboard_there_and_no_color_drops_colors(monkeypatch):
+    """FORCE_COLOR and NO_COLOR, as https://no-color.org and https://force-color.org say (Rich reads
+    both): colors in a pipe, but lines there, not a redrawn screen; no colors on a terminal."""
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from orchestrator.commands.common import interactive
+    from orchestrator.views.console import terminal_console
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    piped = terminal_console()  # pytest's captured stdout: not a terminal
+    assert piped.is_terminal and piped.color_system is not None and not interactive(piped)
+    monkeypatch.delenv("FORCE_COLOR")
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = io.StringIO()
+    Console(file=out, force_terminal=True).print(Text("node-a r0 |", style="cyan"))
+    assert "\x1b[36m" not in out.getvalue() and "node-a r0 |" in out.getvalue()
+
+
+def test_ddp_check_json_is_one_object_a_node_and_nothing_else_on_stdout(tmp_path, capsys):
+    import json
+    import sys
+
+    from orchestrator.commands.check import main_check
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"transport: local\npython: {sys.executable}\nworkdir: {tmp_path}\nlauncher: none\n"
+                       "nodes: [{host: a, gpus: 1}, {host: b, gpus: 1}]\n")
+    assert main_check([str(cluster), "missing.py", "--json"]) == 3
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["node"], r["host"], r["ok"]) for r in records] == [(0, "a", False), (1, "b", False)]
+    assert "script missing.py not found" in records[0]["problems"][0]
+
+
+def test_every_command_writes_its_own_completion_for_bash_and_zsh(capsys):
+    import pytest
+
+    from orchestrator.commands.fetch import main_fetch
+    from orchestrator.commands.up import main_up
+
+    for main, option in ((main_up, "--dry-run"), (main_fetch, "--node")):
+        for shell in ("bash", "zsh"):
+            with pytest.raises(SystemExit) as ended:
+                main(["--print-completion", shell])
+            assert ended.value.code == 0 and option in capsys.readouterr().out
