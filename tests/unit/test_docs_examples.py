@@ -13,7 +13,7 @@ import yaml
 from orchestrator.clusterfile import parse_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def examples() -> list[tuple[str, str]]:
@@ -21,7 +21,7 @@ def examples() -> list[tuple[str, str]]:
     for doc in DOCS:
         text = doc.read_text()
         for m in re.finditer(r"```ya?ml\n(.*?)```", text, re.S):
-            found.append((f"{doc.name}:{text[:m.start()].count(chr(10)) + 1}", m.group(1)))
+            found.append((f"{doc.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}", m.group(1)))
     return found
 
 
