@@ -7,7 +7,7 @@ config (YAML -> frozen dataclasses) -> plan (pure launch specs) -> transport (SS
 From Python: ``from orchestrator import launch, JobFailed`` (api.py).
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 __all__ = ["launch", "fetch", "Run", "JobFailed", "LaunchRefused", "Detached"]
 
 

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.markup import escape as escape_markup
 
-from .. import __version__
 from ..clusterfile import load_cluster
 from ..config import NodeSource
 from ..detect import resolve_auto_gpus
@@ -27,6 +26,7 @@ from ..validate import parse_duration
 from ..views.clean import safe_lines
 from ..views.console import ConsoleView, terminal_console
 from ..views.dashboard import DashboardView
+from ..version import __version__
 from ..views.filters import parse_ranks
 
 

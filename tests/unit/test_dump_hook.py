@@ -32,8 +32,10 @@ def test_hook_registers_the_dump_signal_and_chains_to_the_shadowed_sitecustomize
 
 
 def test_a_process_without_the_hook_does_not_catch_it():
+    # SIGINT as a terminal's job has it: a shell's background job (a CI step, `nohup ... &`) starts with
+    # it ignored, and Python then installs no handler of its own
     p = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(30)"],
-                         stdout=subprocess.PIPE)
+                         stdout=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         p.stdout.readline()
         assert not catches(p.pid, DUMP_SIGNAL)
