@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from .schema import MEANING, cluster_schema
+from .schema import EXAMPLE, MEANING, cluster_schema
 from .validate import NODE_KEYS, RULES, SHARED_KEYS, SSH_RULES, TOP_KEYS
 
 # What ddp-up (not torchrun) sets in every rank's environment, and why. A test runs a job and
@@ -48,18 +48,19 @@ def cluster_file_page() -> str:
     out = ["# Cluster file reference", "",
            "Every key the cluster file takes (`ddp-up --schema` prints the same as JSON Schema). Durations take a "
            "number of seconds or a unit (`90`, `90s`, `5m`, `12h`, `7d`).", "",
-           "## Top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+           "## Top level", "", "| key | type | default | meaning | example |", "|---|---|---|---|---|"]
     for key in TOP_KEYS:
         where = " (also per node)" if key in SHARED_KEYS else ""
-        out.append(f"| `{key}`{where} | {kind(props[key])} | {default(key)} | {MEANING.get(key, '')} |")
+        out.append(f"| `{key}`{where} | {kind(props[key])} | {default(key)} | {MEANING.get(key, '')} | {example(key)} |")
     out += ["", "## On a node", "", "Each entry of `nodes:`; a key set here wins over the top level's.", "",
-            "| key | type | meaning |", "|---|---|---|"]
+            "| key | type | meaning | example |", "|---|---|---|---|"]
     for key in NODE_KEYS:
-        out.append(f"| `{key}` | {kind(node_props[key])} | {MEANING.get(key, '')} |")
-    out += ["", "## `ssh:`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        out.append(f"| `{key}` | {kind(node_props[key])} | {MEANING.get(key, '')} | {example(key)} |")
+    out += ["", "## `ssh:`", "", "| key | type | default | meaning | example |", "|---|---|---|---|---|"]
     for key, rule in SSH_RULES.items():
         shown = "-" if rule.default is None or callable(rule.default) else f"`{json.dumps(rule.default)}`"
-        out.append(f"| `{key}` | {kind(props['ssh']['properties'][key])} | {shown} | {MEANING.get(key, '')} |")
+        out.append(f"| `{key}` | {kind(props['ssh']['properties'][key])} | {shown} | {MEANING.get(key, '')} | "
+                   f"{example(key)} |")
     return "\n".join(out) + "\n"
 
 
@@ -79,6 +80,10 @@ def kind(prop: dict) -> str:
     if t == "array":
         return f"list of {kind(prop.get('items', {}))}s"
     return "mapping" if t == "object" else str(t)
+
+
+def example(key: str) -> str:
+    return f"`{key}: {EXAMPLE[key]}`" if key in EXAMPLE else ""
 
 
 def default(key: str) -> str:

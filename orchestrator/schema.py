@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import yaml
+
 from .config import JOB_SIGNALS
 from .validate import MOST_PROCS, NODE_KEYS, RULES, SSH_RULES, TOP_KEYS, TRANSPORTS, Rule
 
@@ -62,6 +64,23 @@ MEANING = {
 }
 
 
+# An example of each key, as it is written in a cluster file (the reference shows these; the
+# schema gives them to an editor; a test loads each through the validator).
+EXAMPLE = {
+    "nodes": "[{host: gpu-a, gpus: 8}, {host: gpu-b, gpus: 8}]", "ssh": "{user: me, identity_file: ~/.ssh/id_ed25519}",
+    "master": "{addr: 10.0.0.1, port: 29500}", "orphan_timeout": "30", "stop_grace": "2m", "stop_signal": "SIGUSR1",
+    "hang_timeout": "10m", "startup_timeout": "20m", "launcher": "accelerate", "env_file": ".env",
+    "forward_env": "[WANDB_*, HF_TOKEN]", "secrets": "[MY_API_KEY]", "sync": "{src: ., exclude: [data/]}",
+    "retention": "3d", "restarts": "3", "restart_delay": "30s", "no_restart_on_exit": "[2]", "recoveries": "5",
+    "spares": "1", "min_nodes": "3", "flight_recorder": "false", "notify": "[ntfy://my-topic]",
+    "fetch": "[ckpt, logs/metrics.json]", "python": "~/venv/bin/python", "workdir": "~/project",
+    "env": "{NCCL_DEBUG: WARN}", "transport": "srun", "gpus": "auto", "setup": "module load cuda/12.4",
+    "container": "{image: nvcr.io/nvidia/pytorch:24.05-py3}", "host": "gpu-a", "addr": "10.0.0.2", "user": "me",
+    "port": "2222", "identity_file": "~/.ssh/id_ed25519", "known_hosts": "~/.ssh/known_hosts",
+    "connect_timeout": "20", "config_file": "~/.ssh/config", "client": "fabric", "max_parallel": "32",
+}
+
+
 def rule_schema(rule: Rule) -> dict[str, Any]:
     """A Checks rule's value as JSON Schema (validate.Checks: the method of that name)."""
     args = dict(rule.args)
@@ -95,7 +114,10 @@ def shared() -> dict[str, Any]:
 
 
 def described(props: dict[str, Any]) -> dict[str, Any]:
-    return {key: dict(value, description=value.get("description") or MEANING.get(key, "")) for key, value in props.items()}
+    """Each property with its meaning and, for an editor's completion, its example's value."""
+    return {key: dict(value, description=value.get("description") or MEANING.get(key, ""),
+                      **({"examples": [yaml.safe_load(f"{key}: {EXAMPLE[key]}")[key]]} if key in EXAMPLE else {}))
+            for key, value in props.items()}
 
 
 def obj(props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -118,7 +140,7 @@ def cluster_schema() -> dict[str, Any]:
         "sync": {"anyOf": [{"type": "string"}, obj({"src": {"type": "string"}, "exclude": dict(STRINGS),
                                                     "gitignore": {"type": "boolean"}})]},
         "min_nodes": {"type": "integer", "minimum": 1},
-        "notify": {"anyOf": [{"type": "string"}, {"type": "array"}, {"type": "object"}]},
+        "notify": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
         **{key: rule_schema(rule) for key, rule in RULES.items()},
         **shared(),
     }

@@ -57,3 +57,40 @@ def test_the_schema_refuses_what_the_validator_refuses():
                 {"nodes": [{"host": "a"}], "restarts": -1}, {"nodes": [{"host": "a"}], "hang_timeout": "soon"}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, cluster_schema())
+
+
+def test_every_key_has_an_example_that_the_schema_takes():
+    jsonschema = pytest.importorskip("jsonschema")
+    from orchestrator.schema import EXAMPLE
+
+    schema = cluster_schema()
+    node = schema["properties"]["nodes"]["items"]["properties"]
+    ssh = schema["properties"]["ssh"]["properties"]
+    for key in set(TOP_KEYS) | set(NODE_KEYS):
+        assert key in EXAMPLE, key
+        value = yaml.safe_load(f"{key}: {EXAMPLE[key]}")[key]
+        prop = schema["properties"].get(key) or node.get(key) or ssh.get(key)
+        jsonschema.validate(value, prop)
+
+
+def test_every_keys_example_is_a_valid_cluster_file_as_the_validator_reads_it(tmp_path, monkeypatch):
+    from orchestrator.clusterfile import parse_cluster
+    from orchestrator.schema import EXAMPLE
+    from orchestrator.validate import SSH_RULES
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("")
+    (tmp_path / ".env").write_text("A=1\n")
+    monkeypatch.chdir(tmp_path)
+    nodes = "nodes: [{host: a, gpus: 1}, {host: b, gpus: 1}, {host: c, gpus: 1}, {host: d, gpus: 1}]\n"
+    for key, example in EXAMPLE.items():
+        if key in SSH_RULES:
+            text = f"{nodes}ssh: {{{key}: {example}}}\n"
+        elif key in ("host", "addr"):
+            text = f"nodes: [{{host: x, gpus: 1, {key}: {example}}}]\n".replace("host: x, gpus: 1, host:", "gpus: 1, host:")
+        elif key == "nodes":
+            text = f"nodes: {example}\n"
+        else:
+            text = f"{nodes}{key}: {example}\n"
+        parse_cluster(text, str(tmp_path / "c.yaml"))  # raises ConfigError, naming the key, if it is not
