@@ -48,6 +48,9 @@ def test_a_detached_job_is_a_handle_ddp_ls_sees(tmp_path):
         assert "tick 2" in job.logs()
     finally:
         job.kill()
+        from orchestrator.commands.kill import main_kill
+
+        main_kill([job.cluster, "--job", job.job_id, "--purge"])  # its record, kept 7 days: the test's own
     assert orchestrator.fetch is not None and orchestrator.__version__
 
 
