@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from .config import NodeConfig
 from .errors import NodeProblem
 from .ownfiles import no_link_open
 from .node import wire
-from .node.sync import safe_relpath
+from .node.sync import link_in_parents, safe_relpath, same_file
 from .oneshot import AgentCall
 from .parallel import on_each
 
@@ -144,7 +143,7 @@ class FetchCall(AgentCall):
             if rel and not safe_relpath(rel):
                 raise OSError(errno.EINVAL, f"the node listed {rel!r}, a path out of the folder")
             path = self.path_of(rel)
-            if link is None and same_file(path, size, mtime_ns, mode):
+            if link is None and self.unchanged(path, size, mtime_ns, mode):
                 self.result.unchanged += 1
             elif link is None:
                 want.append(i)
@@ -154,11 +153,19 @@ class FetchCall(AgentCall):
         """The local path of a listed entry, its folders made (never through a local link)."""
         path = os.path.join(self.dest, rel) if rel else self.dest
         where = os.path.dirname(path)
-        linked = link_in(os.path.dirname(self.dest), where)
+        top = os.path.dirname(self.dest)
+        linked = link_in_parents(top, os.path.relpath(path, top))
         if linked is not None:
             raise OSError(errno.ELOOP, f"{linked} is a symbolic link here, and fetch never writes through one")
         os.makedirs(where, exist_ok=True)
         return path
+
+    @staticmethod
+    def unchanged(path: str, size: int, mtime_ns: int, mode: int) -> bool:
+        try:
+            return same_file(os.lstat(path), size, mtime_ns, mode)
+        except OSError:
+            return False
 
     def _frames(self, frames: list[wire.Frame]) -> None:
         rest = [f for f in frames if not isinstance(f, wire.Chunk)]
@@ -236,27 +243,6 @@ class FetchCall(AgentCall):
                              "no partial file is left)",
                errno.EACCES: "choose a folder you can write to"}.get(e.errno, "")
         return NodeProblem(self.node.label, what, fix)
-
-
-def same_file(path: str, size: int, mtime_ns: int, mode: int) -> bool:
-    """Whether the local file is the node's: sync's rule (size, whole-second mtime, mode bits)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (stat.S_ISREG(st.st_mode) and st.st_size == size and st.st_mtime_ns // 10**9 == mtime_ns // 10**9
-            and stat.S_IMODE(st.st_mode) == mode)
-
-
-def link_in(top: str, where: str) -> str | None:
-    """The first symbolic link among the folders from ``top`` (excluded) down to ``where``, or None."""
-    rel = os.path.relpath(where, top)
-    path = top
-    for part in [] if rel == "." else rel.split(os.sep):
-        path = os.path.join(path, part)
-        if os.path.islink(path):
-            return path
-    return None
 
 
 def fetch_outputs(nodes: list[NodeConfig], paths: tuple[str, ...], run_dir: str, say) -> list[Fetched]:

@@ -8,7 +8,6 @@ planted in a checkpoint folder cannot hold the agent). A file that changes while
 sent as it was read, and named in Sent: the controller says so.
 """
 
-import json
 import os
 import stat
 import sys
@@ -114,8 +113,7 @@ class Direct:
         self.chunk(frame.index, frame.end, memoryview(frame.data))
 
     def chunk(self, index, end, data):
-        header = b"Chunk " + json.dumps({"index": index, "end": end, "size": len(data)}).encode() + b"\n"
-        parts = [header, data]
+        parts = [wire.Chunk(index=index, end=end, data=b"").header(len(data)), data]
         while parts:
             done = os.writev(self.fd, parts)
             while parts and done >= len(parts[0]):

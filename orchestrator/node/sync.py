@@ -29,11 +29,17 @@ def sync_needs(dest, entries):
         if link is not None:
             same = stat.S_ISLNK(st.st_mode) and os.readlink(os.path.join(dest, rel)) == link
         else:
-            same = (stat.S_ISREG(st.st_mode) and st.st_size == size and st.st_mtime_ns // 10**9 == mtime_ns // 10**9
-                    and stat.S_IMODE(st.st_mode) == mode)
+            same = same_file(st, size, mtime_ns, mode)
         if not same:
             need.append(i)
     return need
+
+
+def same_file(st, size, mtime_ns, mode):
+    """Whether ``st`` (an lstat) is a copy of the file described: a regular file of the same size,
+    whole-second mtime (as rsync compares) and permission bits. Sync's rule, and ddp-fetch's."""
+    return (stat.S_ISREG(st.st_mode) and st.st_size == size and st.st_mtime_ns // 10**9 == mtime_ns // 10**9
+            and stat.S_IMODE(st.st_mode) == mode)
 
 
 def safe_relpath(rel):

@@ -118,10 +118,16 @@ class Frame:
         return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % item for item in self.fields().items()))
 
     def encode(self) -> bytes:
-        values = self.fields()
         if self.BODY == "data":
-            values["size"] = len(self.data)
-            return self.KIND + b" " + json.dumps(values).encode() + b"\n" + self.data
+            return self.header(len(self.data)) + self.data
+        return self.header()
+
+    def header(self, size=None) -> bytes:
+        """The frame's header line; ``size``: the length of the body that follows it (a writer
+        that sends the body from a buffer of its own: fetch mode)."""
+        values = self.fields()
+        if size is not None:
+            values["size"] = size
         if not values:
             return self.KIND + b"\n"
         return self.KIND + b" " + json.dumps(values).encode() + b"\n"
