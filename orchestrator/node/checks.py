@@ -56,7 +56,7 @@ PROBE_CLOSE_WAIT = 5.0
 
 # Run in the job's environment (its PYTHONPATH counts), without importing torch (seconds of CPU):
 # the version from its metadata, the CUDA it was built for from torch/version.py (plain text), and
-# NCCL from the pip package CUDA builds depend on.
+# NCCL from the pip package CUDA builds depend on (a CPU build: none).
 TORCH_PROBE = r"""
 import importlib.metadata as m, importlib.util as u, json, os, re
 def version(name):
@@ -73,7 +73,11 @@ if spec is not None:
         info["cuda"] = found.group(1) if found else None
     except (OSError, TypeError):
         info["cuda"] = None
-    info["nccl"] = next(filter(None, map(version, ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"))), None)
+    # a CPU build has no NCCL, whatever wheel an earlier CUDA install left; a CUDA build's is the
+    # package for its CUDA major version first
+    major = (info["cuda"] or "").split(".")[0]
+    names = [f"nvidia-nccl-cu{major}"] + [f"nvidia-nccl-cu{v}" for v in (13, 12, 11) if str(v) != major]
+    info["nccl"] = next(filter(None, map(version, names)), None) if major else None
 print(json.dumps(info))
 """
 

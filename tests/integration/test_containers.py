@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.harness import procs
+from tests.harness.exclusive import one_worker_at_a_time
 from tests.harness.podman import Docker, Podman, available, docker_available
 from tests.harness.runner import KILL, Launch
 
@@ -42,8 +43,11 @@ def podman(tmp_path_factory, state_tmp):
 
 @pytest.fixture(scope="module")
 def state_tmp(tmp_path_factory):
-    """The agents' TMPDIR, so their state root (and the versions kept there per image) goes with the module."""
-    return tmp_path_factory.mktemp("tmp")
+    """The agents' TMPDIR, so their state root (and the versions kept there per image) goes with the module.
+
+    Every runtime fixture takes it, so its lock keeps the daemons on one worker at a time."""
+    with one_worker_at_a_time(tmp_path_factory, "containers"):
+        yield tmp_path_factory.mktemp("tmp")
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import procs
+from tests.harness.exclusive import one_worker_at_a_time
 from tests.harness.runner import CHECK, KILL, REPO, RUNS_ROOT, UP, Launch, _env, run_dir
 from tests.harness.slurmcluster import SlurmCluster, available
 from tests.integration.conftest import SCRIPT
@@ -31,6 +32,11 @@ def slurm(tmp_path_factory):
     reason = available()
     if reason:
         pytest.skip(f"slurm: {reason}")
+    with one_worker_at_a_time(tmp_path_factory, "slurm"):
+        yield from _slurm_cluster(tmp_path_factory)
+
+
+def _slurm_cluster(tmp_path_factory):
     cluster = SlurmCluster(3, tmp_path_factory.mktemp("slurm") / "cluster")
     try:
         try:

@@ -31,3 +31,26 @@ def test_torch_cuda_and_nccl_must_match_the_master_where_known():
 def test_the_torch_probe_reads_versions_without_importing_torch():
     info = checks.probe_torch(dict(os.environ))
     assert info["torch"].startswith("2.13.0") and info["cuda"] is None and info["nccl"] is None  # the CPU wheel
+
+
+def fake_site(root, cuda, nccl_wheels):
+    """A site folder with a torch built for CUDA (None: a CPU build) and NCCL wheels installed."""
+    (root / "torch").mkdir(parents=True)
+    (root / "torch" / "__init__.py").write_text("raise SystemExit('the probe must not import torch')\n")
+    (root / "torch" / "version.py").write_text(f"cuda: Optional[str] = {cuda!r}\n")
+    for name, version in [("torch", "2.9.0")] + nccl_wheels:
+        meta = root / f"{name.replace('-', '_')}-{version}.dist-info"
+        meta.mkdir()
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return {**os.environ, "PYTHONPATH": str(root)}
+
+
+def test_a_cpu_torch_has_no_nccl_whatever_wheel_a_cuda_install_left(tmp_path):
+    # the README's two installs in one venv: the demo's CUDA torch, then the tests' CPU torch
+    info = checks.probe_torch(fake_site(tmp_path, None, [("nvidia-nccl-cu13", "2.30.7")]))
+    assert info == {"torch": "2.9.0", "cuda": None, "nccl": None}
+
+
+def test_a_cuda_torch_reports_the_nccl_wheel_of_its_cuda_major(tmp_path):
+    info = checks.probe_torch(fake_site(tmp_path, "12.8", [("nvidia-nccl-cu13", "2.30.7"), ("nvidia-nccl-cu12", "2.26.2")]))
+    assert info == {"torch": "2.9.0", "cuda": "12.8", "nccl": "2.26.2"}
