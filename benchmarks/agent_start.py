@@ -27,7 +27,10 @@ HERE = Path(__file__).resolve().parents[1]
 HELLO = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-from orchestrator import protocol
+if os.path.exists(os.path.join(sys.argv[1], "orchestrator", "remote", "protocol.py")):
+    from orchestrator.remote import protocol
+else:  # a build from before the stage packages
+    from orchestrator import protocol
 if os.path.exists(os.path.join(sys.argv[1], "orchestrator", "node", "wire.py")):
     from orchestrator.node import wire
 else:  # a build from before the node package (an import attempt could find this checkout's instead)

@@ -35,7 +35,7 @@ from tests.harness import procs
 from tests.harness.runner import KILL, REPO, UP, _env
 from tests.harness.sshcluster import SSHCluster
 
-ATTACH = "from orchestrator.entry import attach; attach()"
+ATTACH = "from orchestrator.commands.entry import attach; attach()"
 TIMEOUT = 300
 COST_WINDOW = 20.0
 # ddp-up as its console entry point runs it, with a view hook that prints when every node runs.
@@ -51,7 +51,7 @@ def node_state(self, status):
             print("ALL-RUNNING", flush=True)
 console.ConsoleView.node_state = node_state
 sys.argv[1:] = sys.argv[2:]
-from orchestrator.entry import up
+from orchestrator.commands.entry import up
 up()
 """
 

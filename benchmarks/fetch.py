@@ -27,7 +27,7 @@ from tests.harness.runner import REPO, _env
 from tests.harness.sshcluster import SSHCluster
 
 TIMEOUT = 900
-FETCH = "from orchestrator.entry import fetch; fetch()"
+FETCH = "from orchestrator.commands.entry import fetch; fetch()"
 
 
 def make_checkpoint(where: Path, files: int, mb: int) -> None:

@@ -13,7 +13,7 @@ import statistics
 import time
 
 from orchestrator.node.screen import Screen
-from orchestrator.progress import read
+from orchestrator.diagnose.progress import read
 
 ROW = 200  # characters a row, as tqdm's bars are at most in a wide terminal
 

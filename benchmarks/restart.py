@@ -23,7 +23,7 @@ from pathlib import Path
 from benchmarks.common import SCRIPT, Watched, cluster_args, spread
 from tests.harness.runner import KILL, REPO, UP, _env
 
-ATTACH = "from orchestrator.entry import attach; attach()"
+ATTACH = "from orchestrator.commands.entry import attach; attach()"
 FAILING = [SCRIPT, "run", "--steps", "0", "--fail-rank", "1", "--fail-attempts", "0"]
 from tests.harness.sshcluster import SSHCluster
 

@@ -33,8 +33,8 @@ TIMEOUT = 600
 DRIVER = """
 import sys
 from rich.console import Console
-from orchestrator.clusterfile import load_cluster
-from orchestrator.plan import make_plan
+from orchestrator.config.clusterfile import load_cluster
+from orchestrator.plan.launch import make_plan
 from orchestrator.commands.common import ssh_connections
 from orchestrator.commands.up import copy_workdirs
 config = load_cluster(sys.argv[1])

@@ -1,10 +1,20 @@
 """ddp-up: launch multi-node torchrun jobs over SSH and clean up exactly what was started.
 
-The package is laid out as the pipeline it implements:
-config (YAML -> frozen dataclasses) -> plan (pure launch specs) -> transport (SSH or local)
--> session (one node agent each) -> job (events, fail-fast, cleanup) -> views (terminal).
+The package is laid out as the pipeline it implements, one package a stage; a stage imports only
+the stages before it (tests/unit/test_shape.py holds the order):
 
-From Python: ``from orchestrator import launch, JobFailed`` (api.py).
+    node      the agent that runs on every node (stdlib only, shipped)
+    config    the cluster file -> frozen, validated values
+    plan      config + script -> one launch spec per node (pure)
+    remote    the nodes reached: transports, the agent's channel, one-shot calls
+    diagnose  what the nodes' words and records say: outcome, root cause, hangs, progress
+    job       one attempt: the job loop, its events, phases, stop path
+    views     the terminal, the dashboard, the log files
+    run       attempts one after another, detached jobs followed, the run's record, notices
+    commands  the command lines and their exit statuses
+
+Leaf modules every stage may use: errors, ownfiles (files in shared folders), clean (a rank's text
+made safe to show), version. From Python: ``from orchestrator import launch, JobFailed`` (api.py).
 """
 
 from .version import __version__
@@ -14,7 +24,7 @@ __all__ = ["launch", "fetch", "Run", "JobFailed", "LaunchRefused", "Detached"]
 def __getattr__(name):
     """The Python API, imported on first use (the commands' start does not pay for it)."""
     if name == "fetch":
-        from .fetch import fetch_all
+        from .remote.fetch import fetch_all
 
         return fetch_all
     if name in __all__:

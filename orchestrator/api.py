@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .ownfiles import no_link_open, own_dir
-from .plan import new_job_id
+from .plan.launch import new_job_id
 
 # Keyword options, as the command line's: name -> (flag, takes a value)
 OPTIONS = {"hang_timeout": ("--hang-timeout", True), "restarts": ("--restarts", True), "ranks": ("--ranks", True),

@@ -12,14 +12,15 @@ import time
 
 from rich.table import Table
 
-from .. import signals
+from ..remote import signals
 from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, NoSuchJob, UsageError
-from ..follow import follow_attempts, follow_plan
+from ..run.follow import follow_attempts, follow_plan
 from ..node import wire
-from ..oneshot import call_agent
-from ..parallel import on_each
-from ..plan import LaunchPlan, check_job_id
-from ..views.console import ConsoleView, outside, terminal_console
+from ..remote.oneshot import call_agent
+from ..remote.parallel import on_each
+from ..plan.launch import LaunchPlan, check_job_id
+from ..views.console import ConsoleView, terminal_console
+from ..clean import outside
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
 from .common import (Parser, add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report, make_view,

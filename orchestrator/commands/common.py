@@ -13,17 +13,18 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.markup import escape as escape_markup
 
-from ..clusterfile import load_cluster
-from ..config import NodeSource
-from ..detect import resolve_auto_gpus
+from ..config.clusterfile import load_cluster
+from ..config.cluster import NodeSource
+from ..remote.detect import resolve_auto_gpus
 from ..errors import DdpUpError, Interrupted, UsageError
-from ..hostlists import parse_host_list, parse_hostfile, slurm_nodes
-from ..paramiko_ssh import ssh_facts
-from ..plan import LaunchPlan, mask_secrets
-from ..reading import read_text
-from ..sshmaster import CONTROL
-from ..validate import parse_duration
-from ..views.clean import safe_lines
+from ..config.hostlists import parse_host_list, parse_hostfile, slurm_nodes
+from ..remote.paramiko_ssh import ssh_facts
+from ..plan.launch import LaunchPlan
+from ..config.masking import mask_secrets
+from ..config.reading import read_text
+from ..remote.sshmaster import CONTROL
+from ..config.validate import parse_duration
+from ..clean import safe_lines
 from ..views.console import ConsoleView, terminal_console
 from ..views.dashboard import DashboardView
 from ..version import __version__

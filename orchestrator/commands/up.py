@@ -16,23 +16,23 @@ from functools import partial
 
 from rich.console import Console
 
-from .. import signals
-from ..attempts import Restarts, recovery_limit
-from ..clusterfile import load_cluster
-from ..config import NodeSource, SyncConfig
-from ..fetch import fetch_outputs
+from ..remote import signals
+from ..run.attempts import Restarts, recovery_limit
+from ..config.clusterfile import load_cluster
+from ..config.cluster import NodeSource, SyncConfig
+from ..remote.fetch import fetch_outputs
 from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
 from ..node.facts import IFNAME_VARS
-from ..parallel import interruptible
-from ..plan import LaunchPlan, check_job_id, make_plan, new_job_id
-from ..runloop import run_job
-from ..sbatch import SBATCH_SCRIPT, split_sbatch, submit
-from ..sync import Tree, human_bytes, scan, sync_all, targets
-from ..validate import LONGEST, MOST_RESTARTS
+from ..remote.parallel import interruptible
+from ..plan.launch import LaunchPlan, check_job_id, make_plan, new_job_id
+from ..run.runloop import run_job
+from ..plan.sbatch import SBATCH_SCRIPT, split_sbatch, submit
+from ..remote.sync import Tree, human_bytes, scan, sync_all, targets
+from ..config.validate import LONGEST, MOST_RESTARTS
 from ..views.console import terminal_console
 from ..views.logfiles import RunLogs
-from ..notify import Notifier
-from ..runrecord import RunRecord
+from ..run.notifier import Notifier
+from ..run.record import RunRecord
 from ..views.transfer import transfer_progress
 from .common import (NODE_SOURCE_FLAGS, Parser, add_node_sources, duration_arg, add_view_options, cluster_and_script, interrupted,
                      is_cluster_file, make_view, node_source, report, resolve_nodes, ssh_connections)
@@ -40,7 +40,7 @@ from .common import (NODE_SOURCE_FLAGS, Parser, add_node_sources, duration_arg, 
 
 class PrintSchema(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
-        from ..schema import schema_text
+        from ..config.schema import schema_text
 
         sys.stdout.write(schema_text())
         parser.exit(0)

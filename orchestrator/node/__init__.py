@@ -1,7 +1,9 @@
-"""The code that runs on the nodes: the node agent, as a stdlib-only package (Python 3.8+).
+"""Stage 0, the code that runs on the nodes: the node agent, as a stdlib-only package (Python 3.8+).
+It imports nothing of the controller's; every stage of the controller may import it (wire, the
+protocol's vocabulary, and policy, the decisions both ends make).
 
 The controller ships these modules to every node over the agent's stdin, as source and as
-bytecode (see protocol.py); the bootstrap builds this package there under the name
+bytecode (see remote/protocol.py); the bootstrap builds this package there under the name
 ``ddp_up_node`` from the names it is given, so the modules' relative imports work the same on
 the controller (``orchestrator.node.*``) and on a node. SHIPPED is the one list of what is
 shipped, in the order the bootstrap runs them: each module comes after every module it imports.

@@ -13,11 +13,11 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from ..events import LogLine
-from ..outcome import JobResult, NodeStatus
-from ..plan import LaunchPlan, NodePlan
-from ..progress import Bar, Snapshots, chosen_rank
-from .clean import safe_text
+from ..job.events import LogLine
+from ..diagnose.outcome import JobResult, NodeStatus
+from ..plan.launch import LaunchPlan, NodePlan
+from ..diagnose.progress import Bar, Snapshots, chosen_rank
+from ..clean import outside, safe_text
 from .filters import Collapser, format_ranks
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta",
@@ -25,13 +25,6 @@ PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_c
 STATE_STYLE = {"done": "green", "failed": "bold red", "lost": "bold red", "error": "bold red",
                "stopped": "yellow", "stopping": "yellow", "running": "cyan"}
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}  # stdout, stderr, the node's own diagnostics
-
-
-def outside(text: object, style: str | Style = "") -> Text:
-    """Text that did not come from ddp-up itself (a host, a tag, a record's field, a script's name,
-    a node's answer), for a table cell or a print: shown as it is, never read as rich markup
-    (``[/x]`` is text, not a crash), with no terminal control in it."""
-    return Text(safe_text(str(text)), style=style)
 
 
 

@@ -9,8 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator import sshmaster
-from orchestrator.config import cluster_id_for
+from orchestrator.remote import sshmaster
+from orchestrator.config.cluster import cluster_id_for
 from orchestrator.node.procs import TAG_CLUSTER, TAG_JOB, find_tagged, is_alive, proc_bytes
 
 

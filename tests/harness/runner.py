@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 RUNS_ROOT = tempfile.mkdtemp(prefix="ddp-up-test-runs-")
 atexit.register(shutil.rmtree, RUNS_ROOT, True)
 # The console entry points, as `ddp-up` runs them (signals recorded before anything is imported).
-UP = "from orchestrator.entry import up; up()"
-KILL = "from orchestrator.entry import kill; kill()"
-CHECK = "from orchestrator.entry import check; check()"
-FETCH = "from orchestrator.entry import fetch; fetch()"
+UP = "from orchestrator.commands.entry import up; up()"
+KILL = "from orchestrator.commands.entry import kill; kill()"
+CHECK = "from orchestrator.commands.entry import check; check()"
+FETCH = "from orchestrator.commands.entry import fetch; fetch()"
 
 
 def _env() -> dict:

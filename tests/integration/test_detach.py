@@ -19,9 +19,9 @@ from tests.harness import procs
 from tests.harness.runner import RUNS_ROOT, Launch, ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
 
-ATTACH = "from orchestrator.entry import attach; attach()"
-LOGS = "from orchestrator.entry import logs; logs()"
-LS = "from orchestrator.entry import ls; ls()"
+ATTACH = "from orchestrator.commands.entry import attach; attach()"
+LOGS = "from orchestrator.commands.entry import logs; logs()"
+LS = "from orchestrator.commands.entry import ls; ls()"
 ORPHAN = 3.0  # the cluster files' orphan_timeout: the controller is gone for many times this
 
 

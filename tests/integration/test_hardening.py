@@ -123,7 +123,7 @@ def test_a_closed_stdout_does_not_stop_the_job_and_the_summary_says_what_was_ret
     runs = tmp_path / "runs"
     job = f"J{int(fail)}"  # each its own: the two run at once on parallel workers, in one process table
     up = " ".join(map(repr, ["--no-dashboard", "--runs-dir", str(runs), "--job-id", job, str(path), SCRIPT, *args]))
-    command = (f"{sys.executable} -c 'from orchestrator.entry import up; up()' {up} | head -n 1; "
+    command = (f"{sys.executable} -c 'from orchestrator.commands.entry import up; up()' {up} | head -n 1; "
                "echo STATUS=${PIPESTATUS[0]} >&2")
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
     status = int(re.search(r"STATUS=(\d+)", done.stderr).group(1))

@@ -167,7 +167,7 @@ def test_a_detached_job_tells_its_end_from_its_node(tmp_path, events):
     ended = next(e for e in got if e["event"] == "ended")
     assert ended["detached"] is True and ended["ok"] is False, ended
     assert "exit code" in ended["root_cause"] and ended["job_id"] == job_of(out)
-    done = subprocess.run([sys.executable, "-c", "from orchestrator.entry import kill; kill()", str(path), "--job",
+    done = subprocess.run([sys.executable, "-c", "from orchestrator.commands.entry import kill; kill()", str(path), "--job",
                            job_of(out), "--purge"], cwd=REPO, capture_output=True, timeout=60)  # its record too
     assert done.returncode == 0, done.stdout
 
@@ -209,7 +209,7 @@ def test_an_attach_shows_a_detached_jobs_bar_moving_between_the_journals_snapsho
     job = job_of(out)
     try:
         env = f"PYTHONPATH={shlex.quote(str(REPO))} COLUMNS= LINES="
-        attach = "from orchestrator.entry import attach; attach()"
+        attach = "from orchestrator.commands.entry import attach; attach()"
         cmd = (f"cd {shlex.quote(str(tmp_path))} && env {env} {shlex.quote(sys.executable)} -c {shlex.quote(attach)} "
                f"--runs-dir {shlex.quote(RUNS_ROOT)} {path} {job}; sleep 60")
         tmux("new-session", "-d", "-s", "attach", "-x", "200", "-y", "40", cmd)

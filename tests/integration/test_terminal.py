@@ -11,7 +11,7 @@ import shlex
 import pytest
 
 from orchestrator.node.screen import Screen
-from orchestrator.views.clean import safe_lines
+from orchestrator.clean import safe_lines
 
 tqdm = pytest.importorskip("tqdm").tqdm
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from orchestrator.node import wire
-from orchestrator.channel import ChannelEnd
-from orchestrator.clusterfile import parse_cluster
-from orchestrator.events import Closed, Lines, LogLine, Message
-from orchestrator.job import Job
-from orchestrator.plan import make_plan
-from orchestrator.signals import SignalInbox
+from orchestrator.remote.channel import ChannelEnd
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.job.events import Closed, Lines, LogLine, Message
+from orchestrator.job.loop import Job
+from orchestrator.plan.launch import make_plan
+from orchestrator.remote.signals import SignalInbox
 
 READY = dict(python="3.11", torch="2.13.0", cuda=None, nccl=None, gpus=0, disk_free=1 << 30)
 HORIZON = 3600.0  # fake seconds: a job loop still running then is stuck, and the test fails

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import signal
 
-from orchestrator.attempts import Restarts, Roster, delay_before, vetted_after, wait_for_signal
-from orchestrator.clusterfile import parse_cluster
-from orchestrator.signals import SignalInbox
+from orchestrator.run.attempts import Restarts, Roster, delay_before, vetted_after, wait_for_signal
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.remote.signals import SignalInbox
 
 
 def cluster(n: int, **top) -> object:
@@ -59,13 +59,13 @@ def test_without_a_spare_the_run_shrinks_only_as_far_as_min_nodes_allows():
 
 
 def failed(kind="own", code=7, exception=None, label="h1", at=1.0):
-    from orchestrator.outcome import Failure, JobResult
+    from orchestrator.diagnose.outcome import Failure, JobResult
     return JobResult(None, (), None, (Failure(1, label, 3, code, f"rank 3 exited with code {code}", at,
                                               exception, kind=kind),))
 
 
 def record(number, result, took=5.0, start=100.0):
-    from orchestrator.attempts import AttemptRecord, attempt_end, failure_signature
+    from orchestrator.run.attempts import AttemptRecord, attempt_end, failure_signature
     return AttemptRecord(number, start, start + took, ("h0", "h1"), 4, result.exit_code, "x",
                          attempt_end(result, ("h1", False)), failure_signature(result))
 
@@ -96,7 +96,7 @@ def test_a_lost_node_or_an_outside_stop_uses_up_recoveries_not_restarts():
 def test_why_an_attempt_ended_tells_the_jobs_failures_from_the_rest():
     from dataclasses import replace
 
-    from orchestrator.attempts import attempt_end
+    from orchestrator.run.attempts import attempt_end
     assert [attempt_end(failed(kind), ("h1", False)) for kind in ("own", "hung", "lost", "outside")] == \
         ["failed", "hung", "lost", "stopped from outside"]
     assert attempt_end(replace(failed(), interrupted=signal.SIGTERM), ("h1", False)) == "stopped"
@@ -105,7 +105,7 @@ def test_why_an_attempt_ended_tells_the_jobs_failures_from_the_rest():
 
 def test_a_crash_loop_stops_restarting_before_restarts_run_out():
     """Three attempts in a row failing the same way (numbers aside), none getting much further."""
-    from orchestrator.attempts import crash_loop
+    from orchestrator.run.attempts import crash_loop
     oom = [failed(exception=f"RuntimeError: CUDA out of memory. Tried to allocate {gib} GiB") for gib in (2, 3, 2)]
     records = [record(n, r, took=t) for n, (r, t) in enumerate(zip(oom, (30.0, 34.0, 29.0)))]
     assert crash_loop(records[:2]) is None  # twice is not a loop: a job may well fail twice, then run
@@ -140,8 +140,8 @@ def test_without_spares_or_min_nodes_every_attempt_runs_on_the_nodes_listed():
 
 
 def test_a_later_attempt_preflights_again_only_a_node_that_was_lost_or_is_new():
-    from orchestrator.outcome import NodeStatus
-    from orchestrator.plan import make_plan
+    from orchestrator.diagnose.outcome import NodeStatus
+    from orchestrator.plan.launch import make_plan
 
     plan = make_plan(cluster(3), "train.py", [], "J1", "/tmp")
     statuses = [NodeStatus(n, state=state, info=info) for n, (state, info) in zip(plan.nodes, [
@@ -159,7 +159,7 @@ def test_a_later_attempt_preflights_again_only_a_node_that_was_lost_or_is_new():
 def test_an_exit_code_a_restart_cannot_fix_ends_the_run_at_once():
     """Issue 27, item 5: `no_restart_on_exit: [2]` with restarts left: a root cause that exited 2
     (a usage error: the same again) is not started again; another code is."""
-    from orchestrator.outcome import JobResult
+    from orchestrator.diagnose.outcome import JobResult
     policy = Restarts.of(cluster(2, restarts=3, no_restart_on_exit="[2, 64]"))
     assert policy.unfixable(failed(code=2)) == "h1 rank 3 exited with 2, which no_restart_on_exit lists: no restart"
     assert policy.unfixable(failed(code=1)) is None and policy.unfixable(JobResult(None, (), None, ())) is None

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.backlog import BacklogOrder
-from orchestrator.events import Closed, Lines, LogLine, Message
-from orchestrator.channel import ChannelEnd
+from orchestrator.job.backlog import BacklogOrder
+from orchestrator.job.events import Closed, Lines, LogLine, Message
+from orchestrator.remote.channel import ChannelEnd
 from orchestrator.node import replay, state, wire
 from tests.unit.fakejob import Harness
 

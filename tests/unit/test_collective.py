@@ -6,8 +6,8 @@ import json
 
 from rich.console import Console
 
-from orchestrator import collective
-from orchestrator.clusterfile import parse_cluster
+from orchestrator.diagnose import collective
+from orchestrator.config.clusterfile import parse_cluster
 
 MB4 = 4 << 20
 

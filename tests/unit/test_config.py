@@ -3,7 +3,7 @@ import textwrap
 
 import pytest
 
-from orchestrator.clusterfile import parse_cluster
+from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.errors import ConfigError
 
 GOOD = """\
@@ -104,7 +104,7 @@ def test_broken_files_name_line_and_key(text, message):
 
 
 def test_unreadable_file(tmp_path):
-    from orchestrator.clusterfile import load_cluster
+    from orchestrator.config.clusterfile import load_cluster
 
     with pytest.raises(ConfigError, match="cannot read cluster file: No such file or directory"):
         load_cluster(str(tmp_path / "missing.yaml"))
@@ -193,15 +193,15 @@ def test_sync_short_and_long_forms_and_their_errors(tmp_path):
 def test_the_shipped_configs_are_valid(name):
     from pathlib import Path
 
-    from orchestrator.clusterfile import load_cluster
+    from orchestrator.config.clusterfile import load_cluster
 
     path = Path(__file__).resolve().parents[2] / "configs" / name
     assert load_cluster(str(path)).nodes
 
 
 def test_slurm_nodes_are_reached_through_srun_unless_the_file_says_otherwise():
-    from orchestrator.clusterfile import load_cluster
-    from orchestrator.config import NodeSource
+    from orchestrator.config.clusterfile import load_cluster
+    from orchestrator.config.cluster import NodeSource
 
     source = NodeSource("--slurm", "", [{"host": "n1", "gpus": 1}, {"host": "n2", "gpus": 1}], transport="srun")
     assert {n.transport for n in load_cluster(None, source).nodes} == {"srun"}

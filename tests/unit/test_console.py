@@ -2,10 +2,10 @@ import io
 
 from rich.console import Console
 
-from orchestrator.clusterfile import parse_cluster
-from orchestrator.events import LogLine
-from orchestrator.outcome import Failure, JobResult, NodeStatus
-from orchestrator.plan import make_plan
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.job.events import LogLine
+from orchestrator.diagnose.outcome import Failure, JobResult, NodeStatus
+from orchestrator.plan.launch import make_plan
 from orchestrator.views.console import ConsoleView
 
 

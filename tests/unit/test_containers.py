@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.clusterfile import parse_cluster
+from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.node import container
 from orchestrator.node.container import LOADER, Box, inner_env, label_filters
-from orchestrator.plan import make_plan
+from orchestrator.plan.launch import make_plan
 
 TAGS = {"DDP_UP_JOB": "j1", "DDP_UP_NODE": "1", "DDP_UP_ATTEMPT": "2", "DDP_UP_CLUSTER": "c", "DDP_UP_RUN": "r"}
 CONF = {"runtime": "docker", "image": "nvcr.io/nvidia/pytorch:25.01-py3", "mounts": ["/data:/data:ro"],

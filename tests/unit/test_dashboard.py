@@ -2,7 +2,7 @@ import io
 
 from rich.console import Console
 
-from orchestrator.outcome import JobSnapshot, NodeRow
+from orchestrator.diagnose.outcome import JobSnapshot, NodeRow
 from orchestrator.views.dashboard import render
 
 

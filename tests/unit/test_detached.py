@@ -17,7 +17,7 @@ from rich.console import Console
 
 from orchestrator.node import checks, decide, detached, events, policy, procs, replay, state, supervisor, wire
 from orchestrator.commands.attach import ls_table, merge_records
-from orchestrator.signals import SignalInbox
+from orchestrator.remote.signals import SignalInbox
 from tests.unit.fakejob import Harness
 
 T0 = 1000.0  # the fake clock's start
@@ -323,7 +323,7 @@ def test_a_tail_keeps_the_last_lines_of_each_rank_and_stream(tmp_path):
 def test_retention_is_a_duration_and_a_record_expires_by_its_own():
     import pytest
 
-    from orchestrator.clusterfile import parse_cluster
+    from orchestrator.config.clusterfile import parse_cluster
     from orchestrator.errors import ConfigError
 
     nodes = "nodes: [{host: a, gpus: 1}]\n"
@@ -400,8 +400,8 @@ def test_a_detached_job_restarts_only_after_a_failure_every_node_saw_through():
 
 
 def test_a_later_attempt_runs_the_same_launch_line_on_its_own_master_port():
-    from orchestrator.clusterfile import parse_cluster
-    from orchestrator.plan import make_plan
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.plan.launch import make_plan
 
     for launcher in ("torchrun", "none"):
         plan = make_plan(parse_cluster(f"launcher: {launcher}\nnodes: [{{host: a, gpus: 2}}, {{host: b, gpus: 2}}]\n"),
@@ -413,7 +413,7 @@ def test_a_later_attempt_runs_the_same_launch_line_on_its_own_master_port():
 def test_an_attach_follows_every_attempt_and_stops_at_one_that_never_began():
     """follow_attempts over fake journals: attempt 0 failed and said a later one follows; in run
     A attempt 1 succeeded, in run B the job was stopped while it waited (every node: absent)."""
-    from orchestrator.follow import follow_attempts
+    from orchestrator.run.follow import follow_attempts
     from orchestrator.views.fanout import Fanout
     from tests.unit.fakejob import Clock, FakeNode, RecordingView
 

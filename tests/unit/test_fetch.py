@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import fetch as fetch_mod
-from orchestrator.clusterfile import parse_cluster
+from orchestrator.remote import fetch as fetch_mod
+from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.commands.fetch import main_fetch
-from orchestrator.fetch import dest_for, fetch_all
+from orchestrator.remote.fetch import dest_for, fetch_all
 from orchestrator.node import fetch as node_fetch
 from orchestrator.node import wire
 

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from orchestrator import collective, flight
-from orchestrator.hang import HangWatch
+from orchestrator.diagnose import collective, flight
+from orchestrator.job.hang import HangWatch
 from orchestrator.node import flight as node_flight
 from orchestrator.node.stragglers import LEAST, LateWatch
 
@@ -173,7 +173,7 @@ def test_the_probe_reports_lateness_in_the_same_words():
 
 
 def test_a_hang_names_the_rank_the_records_blame_over_the_stacks():
-    from orchestrator import outcome
+    from orchestrator.diagnose import outcome
 
     def node(index, ranks):
         return outcome.NodeStatus(type("NodePlan", (), {"index": index, "ranks": ranks})(), state="running")
@@ -198,8 +198,8 @@ def test_a_400_digit_time_is_no_time_and_the_arrival_watch_goes_on():
 
 
 def test_a_rank_that_merely_prints_timed_out_does_not_make_another_failure_a_collectives_one():
-    from orchestrator.events import LogLine
-    from orchestrator.outcome import Failure
+    from orchestrator.job.events import LogLine
+    from orchestrator.diagnose.outcome import Failure
 
     log = flight.FlightLog(nodes=1, world=4)
     log.collectives({str(r): [node_flight.compact(fr_entry(1)), node_flight.compact(fr_entry(2, done=r != 3))]

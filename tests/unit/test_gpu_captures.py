@@ -12,11 +12,11 @@ import shutil
 
 from rich.console import Console
 
-from orchestrator import collective, flight
+from orchestrator.diagnose import collective, flight
 from orchestrator.node import facts
 from orchestrator.node import flight as node_flight
-from orchestrator.outcome import gpu_summary
-from orchestrator.preflight import busy_gpu_text
+from orchestrator.diagnose.outcome import gpu_summary
+from orchestrator.diagnose.preflight import busy_gpu_text
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "gpu", "h200")
 UUID = "GPU-c663400e-6305-ca2a-bb03-947fec416f93"

@@ -18,7 +18,7 @@ from orchestrator.commands.check import main_check
 from orchestrator.commands.kill import main_kill
 from orchestrator.commands.fetch import main_fetch
 from orchestrator.commands.up import main_up
-from orchestrator.plan import mask_secrets
+from orchestrator.config.masking import mask_secrets
 from tests.harness.runner import REPO
 
 LOCAL = "transport: local\nnodes: [{host: a, gpus: 1}]\n"
@@ -310,8 +310,8 @@ def test_the_agent_state_root_is_private(tmp_path, monkeypatch):
 def test_tables_into_a_pipe_keep_every_job_id_and_state_whole(capsys, tmp_path):
     """Issue 26, item 12: ddp-ls and ddp-kill printed into a pipe or a file show full job ids and
     states (no 80-column cut), and ddp-kill has --json as ddp-ls has."""
-    from orchestrator.cleanup import SweepReport
-    from orchestrator.clusterfile import parse_cluster
+    from orchestrator.remote.cleanup import SweepReport
+    from orchestrator.config.clusterfile import parse_cluster
     from orchestrator.commands.attach import JobRow, ls_table
     from orchestrator.commands.common import table_console
     from orchestrator.commands.kill import kill_table
@@ -337,7 +337,7 @@ def test_a_setup_line_that_is_only_a_comment_runs_and_a_failing_one_is_still_nam
     """Issue 26, item 8: `setup: "# later"` made every node fail with bash's syntax error."""
     import subprocess
 
-    from orchestrator.transport import setup_script
+    from orchestrator.remote.transport import setup_script
 
     done = subprocess.run(["bash", "-c", setup_script(("# activate later", "true # and a comment"), None, "echo ran")],
                           capture_output=True, text=True, timeout=30)
@@ -357,14 +357,14 @@ def test_text_not_from_ddp_up_is_printed_as_text_everywhere(text, capsys):
     with exit 70 (for as long as the record was kept). Every table shows it as inert text."""
     from rich.console import Console
 
-    from orchestrator import collective
-    from orchestrator.cleanup import SweepReport
-    from orchestrator.clusterfile import parse_cluster
+    from orchestrator.diagnose import collective
+    from orchestrator.remote.cleanup import SweepReport
+    from orchestrator.config.clusterfile import parse_cluster
     from orchestrator.commands.attach import ls_table, merge_records
     from orchestrator.commands.check import check_table
     from orchestrator.commands.kill import kill_table
-    from orchestrator.outcome import JobResult, NodeStatus
-    from orchestrator.plan import make_plan
+    from orchestrator.diagnose.outcome import JobResult, NodeStatus
+    from orchestrator.plan.launch import make_plan
 
     plan = make_plan(parse_cluster(LOCAL), "train.py", [], "J", "/tmp")
     from dataclasses import replace
@@ -432,7 +432,7 @@ def test_a_setup_that_sets_tmpdir_moves_the_jobs_tmpdir_not_ddp_ups_state(before
     import subprocess
     import sys
 
-    from orchestrator.transport import setup_script
+    from orchestrator.remote.transport import setup_script
     script = tmp_path / "probe.py"
     script.write_text(f"import json, os, sys\nsys.path.insert(0, {str(REPO)!r})\n"
                       "from orchestrator.node.checks import job_env\n"

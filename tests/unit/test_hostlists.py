@@ -4,10 +4,10 @@ import pytest
 
 from orchestrator.commands.common import cluster_and_script
 from orchestrator.commands.up import split_argv
-from orchestrator.clusterfile import parse_cluster
-from orchestrator.config import NodeSource
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.config.cluster import NodeSource
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.hostlists import expand_hostlist, parse_host_list, parse_hostfile, slurm_nodes
+from orchestrator.config.hostlists import expand_hostlist, parse_host_list, parse_hostfile, slurm_nodes
 
 HOSTFILE = """\
 # DeepSpeed / MPI style
@@ -127,7 +127,7 @@ def test_every_form_of_an_option_and_what_follows_the_script_is_the_scripts(argv
 
 def test_sbatch_after_the_script_is_the_scripts(tmp_path, capsys):
     from orchestrator.commands.up import main_up, options_end
-    from orchestrator.sbatch import split_sbatch
+    from orchestrator.plan.sbatch import split_sbatch
 
     assert options_end(["--ranks", "0", "--sbatch", "-p", "gpu", "c.yaml"]) == 4
     assert options_end(["c.yaml", "t.py", "--sbatch"]) == 0

@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator.node import wire
 from orchestrator.errors import SetupError
-from orchestrator.events import Message
-from orchestrator.stoppath import KILL_MARGIN, STOP_MARGIN
+from orchestrator.job.events import Message
+from orchestrator.job.stoppath import KILL_MARGIN, STOP_MARGIN
 from tests.unit.fakejob import Harness
 
 T0 = 1000.0  # the fake clock's start
@@ -409,7 +409,7 @@ def test_a_rank_that_never_reaches_init_process_group_is_named_with_its_own_limi
 
 
 def test_start_up_is_given_at_least_ten_minutes_unless_told():
-    from orchestrator.hang import STARTUP_LEAST, HangWatch
+    from orchestrator.job.hang import STARTUP_LEAST, HangWatch
 
     assert HangWatch(12, "J").startup == STARTUP_LEAST == 600 and HangWatch(900, "J").startup == 900
     assert HangWatch(None, "J").startup is None and HangWatch(12, "J", startup=30).startup == 30

@@ -1,9 +1,9 @@
 import json
 
-from orchestrator.clusterfile import parse_cluster
-from orchestrator.events import LogLine
-from orchestrator.outcome import JobResult, NodeStatus
-from orchestrator.plan import make_plan
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.job.events import LogLine
+from orchestrator.diagnose.outcome import JobResult, NodeStatus
+from orchestrator.plan.launch import make_plan
 from orchestrator.views.logfiles import RunLogs
 
 

@@ -1,4 +1,4 @@
-from orchestrator.logparse import FailureReportParser
+from orchestrator.diagnose.logparse import FailureReportParser
 
 TORCHRUN_FAILURE = """\
 E1122 07:16:01.123000 4242 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 3)
@@ -48,7 +48,7 @@ LOGGER = "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"
 
 
 def test_stack_report_names_the_rank_outside_the_collective():
-    from orchestrator.logparse import StackReport
+    from orchestrator.diagnose.logparse import StackReport
 
     r = StackReport()
     for rank in range(3):  # three ranks wait in all_reduce ...
@@ -60,7 +60,7 @@ def test_stack_report_names_the_rank_outside_the_collective():
 
 
 def test_stack_report_names_the_rank_alone_in_a_collective():
-    from orchestrator.logparse import StackReport
+    from orchestrator.diagnose.logparse import StackReport
 
     r = StackReport()
     dump(r, 0, [("/job/x.py", "wait_for_peers")])
@@ -87,7 +87,7 @@ Thread 21628 (idle): "MainThread"
 
 
 def test_stack_report_reads_py_spy_dumps_from_the_main_thread():
-    from orchestrator.logparse import StackReport
+    from orchestrator.diagnose.logparse import StackReport
 
     report = StackReport()
     for line in PYSPY_DUMP.splitlines():
@@ -97,7 +97,7 @@ def test_stack_report_reads_py_spy_dumps_from_the_main_thread():
 
 def test_the_workers_torchrun_killed_at_the_end_of_its_shutdown_timeout_are_counted():
     """Issue 27, item 6: a save that overran stop_grace (torchrun's shutdown timeout) is named."""
-    from orchestrator.reports import overran
+    from orchestrator.job.reports import overran
     p = FailureReportParser()
     for text in ("W1124 05:32:21.234000 13158 api.py:1028] Sending process 13178 closing signal SIGTERM",
                  "W1124 05:32:23.301000 13158 api.py:1047] Unable to shutdown process 13178 via Signals.SIGTERM, "
@@ -112,7 +112,7 @@ def test_the_workers_torchrun_killed_at_the_end_of_its_shutdown_timeout_are_coun
 def test_stack_report_skips_ddp_ups_recorder_thread():
     """Issue 28: faulthandler dumps every thread; the Flight Recorder's thread (node/flight.py)
     may come first, and is not where the rank is."""
-    from orchestrator.logparse import StackReport
+    from orchestrator.diagnose.logparse import StackReport
 
     r = StackReport()
     for rank in range(2):
@@ -130,7 +130,7 @@ def test_a_rank_stuck_in_ddps_bucket_rebuild_is_in_a_collective():
     [3] Int; rank 1 barrier".)"""
     from pathlib import Path
 
-    from orchestrator.logparse import StackReport
+    from orchestrator.diagnose.logparse import StackReport
 
     data = Path(__file__).resolve().parents[1] / "data" / "ddp_join_hang"
     report = StackReport()

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from orchestrator.clusterfile import parse_cluster
+from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.commands.attach import attach_parser, logs_parser, ls_parser, main_ls
 from orchestrator.commands.check import check_parser
 from orchestrator.commands.common import report
@@ -139,8 +139,8 @@ def test_a_mount_of_the_workdir_onto_itself_is_dropped_and_another_source_there_
 
 def test_a_rank_killed_by_a_signal_says_so_and_a_failed_node_names_its_ranks_own_codes():
     from orchestrator.node import policy
-    from orchestrator.outcome import Failure
-    from orchestrator.reports import ranks_ended
+    from orchestrator.diagnose.outcome import Failure
+    from orchestrator.job.reports import ranks_ended
 
     assert policy.exit_words(-9) == "was killed by SIGKILL" and policy.exit_words(3) == "exited with code 3"
     assert policy.exit_words(None, "SIGTERM") == "was killed by SIGTERM" and policy.exit_words(-99).endswith("signal 99")
@@ -152,7 +152,7 @@ def test_a_rank_killed_by_a_signal_says_so_and_a_failed_node_names_its_ranks_own
 
 @pytest.mark.parametrize("name", ["ſigusr1", "ınt", "SIGUSR1\u0131", "usr１"])
 def test_a_signal_name_matches_in_ascii_only(name):
-    from orchestrator.config import job_signal
+    from orchestrator.config.cluster import job_signal
 
     assert job_signal(name) is None and job_signal("usr1") == "SIGUSR1" and job_signal("int") == "SIGINT"
 
@@ -160,7 +160,7 @@ def test_a_signal_name_matches_in_ascii_only(name):
 def test_a_switch_or_a_number_named_like_a_secret_is_not_masked_everywhere():
     """TOKENIZERS_PARALLELISM (every HF Trainer user sets it) matches *TOKEN*: its "false" was
     masked in every line ("this warning may be a *** positive")."""
-    from orchestrator.clusterfile import parse_cluster
+    from orchestrator.config.clusterfile import parse_cluster
 
     config = parse_cluster("nodes: [{host: a, gpus: 1}]\nenv: {TOKENIZERS_PARALLELISM: 'false', MAX_TOKENS: '4096', "
                            "HF_TOKEN: hf_abcdef123}\n", "c.yaml")

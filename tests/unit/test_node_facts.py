@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import preflight
+from orchestrator.diagnose import preflight
 from orchestrator.node import facts as nodefacts, wire
-from orchestrator.clusterfile import parse_cluster
-from orchestrator.outcome import NodeStatus, gpu_summary
-from orchestrator.plan import make_plan
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.diagnose.outcome import NodeStatus, gpu_summary
+from orchestrator.plan.launch import make_plan
 
 # /proc/net/route of a node with a default route on eth0 (10.1.0.0/16), an InfiniBand subnet on
 # ib0 and docker's bridge: hex in the host's (little-endian) byte order, as the kernel writes it.

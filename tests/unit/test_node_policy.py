@@ -3,7 +3,9 @@ agent's events (node/events.py): pure, in fake time."""
 
 from __future__ import annotations
 
-from orchestrator import attempts, hang, outcome
+from orchestrator.run import attempts
+from orchestrator.job import hang
+from orchestrator.diagnose import outcome
 from orchestrator.node import decide, events, policy, wire
 
 T0 = 1000.0

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import sshmaster
-from orchestrator.clusterfile import parse_cluster
-from orchestrator.openssh import Inspection, ssh_args, ssh_failure
+from orchestrator.remote import sshmaster
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.remote.openssh import Inspection, ssh_args, ssh_failure
 
 
 def node(ssh: str = ""):
@@ -149,13 +149,13 @@ def test_a_jump_hosts_refusal_hidden_by_the_shared_master_is_asked_again():
                                            ("accept-new", "accept-new"), ("no", "no"), ("off", "no"),
                                            ("false", "no")])
 def test_strict_host_key_checking_as_openssh_reads_it_in_batch_mode(value, strict):
-    from orchestrator.paramiko_ssh import strictness
+    from orchestrator.remote.paramiko_ssh import strictness
 
     assert strictness(value) == strict
 
 
 def test_fabric_reads_the_known_hosts_files_the_ssh_config_names():
-    from orchestrator.paramiko_ssh import HostKeyTrust
+    from orchestrator.remote.paramiko_ssh import HostKeyTrust
 
     from_config = {"userknownhostsfile": "~/kh1 /etc/kh2", "globalknownhostsfile": "/dev/null",
                    "stricthostkeychecking": "accept-new", "hashknownhosts": "yes"}

@@ -1,8 +1,8 @@
 import pytest
 
-from orchestrator.clusterfile import parse_cluster
+from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.node import wire
-from orchestrator.plan import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path
+from orchestrator.plan.launch import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path
 
 CLUSTER = """\
 nodes:

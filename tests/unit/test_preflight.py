@@ -1,10 +1,10 @@
-from orchestrator.clusterfile import parse_cluster
+from orchestrator.config.clusterfile import parse_cluster
 import os
 
 from orchestrator.node import checks
-from orchestrator.preflight import gpu_shortfalls, torch_mismatches
-from orchestrator.outcome import NodeStatus
-from orchestrator.plan import make_plan
+from orchestrator.diagnose.preflight import gpu_shortfalls, torch_mismatches
+from orchestrator.diagnose.outcome import NodeStatus
+from orchestrator.plan.launch import make_plan
 
 
 def test_more_processes_than_gpus_is_refused_but_cpu_nodes_are_not():

@@ -10,11 +10,12 @@ import subprocess
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.events import LogLine
+from orchestrator.job.events import LogLine
 from orchestrator.node import notify as node_notify
-from orchestrator.notify import Notifier, Target, targets
-from orchestrator import progress
-from orchestrator.progress import Bar, ProgressBoard, chosen_rank, read
+from orchestrator.run.notifier import Notifier
+from orchestrator.config.notify import Target, targets
+from orchestrator.diagnose import progress
+from orchestrator.diagnose.progress import Bar, ProgressBoard, chosen_rank, read
 
 
 @pytest.mark.parametrize("text, n, total, rate, unit, remaining", [
@@ -117,7 +118,7 @@ def test_a_command_target_gets_the_event_on_stdin_and_its_failure_says_why(tmp_p
 
 
 def test_a_run_record_outside_a_checkout_and_without_a_cluster_file(tmp_path, monkeypatch):
-    from orchestrator import runrecord
+    from orchestrator.run import record as runrecord
 
     monkeypatch.chdir(tmp_path)
     record = runrecord.RunRecord.take(["ddp-up", "-H", "a,b", "train.py", "--token", "s3cr3t"], None, str(tmp_path))
@@ -129,7 +130,7 @@ def test_a_run_record_outside_a_checkout_and_without_a_cluster_file(tmp_path, mo
 
 
 def test_a_long_diff_is_cut_and_says_so(tmp_path, monkeypatch):
-    from orchestrator import runrecord
+    from orchestrator.run import record as runrecord
 
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
@@ -164,7 +165,7 @@ def test_whatever_a_rank_draws_reading_it_never_raises_and_the_figures_are_finit
 
 
 def test_an_unquoted_on_key_which_yaml_reads_as_true_is_taken():
-    from orchestrator.clusterfile import parse_cluster
+    from orchestrator.config.clusterfile import parse_cluster
 
     config = parse_cluster("nodes: [{host: a, gpus: 1}]\nnotify:\n  - command: ./on-event.sh\n    on: [ended, hang]\n", "c.yaml")
     assert config.notify[0].events == ("ended", "hang")
@@ -184,7 +185,7 @@ def test_a_targets_secret_parts_are_masked_not_the_whole_target(kind, value, mas
     secrets = Target(kind, value).secrets()
     assert all(m in secrets for m in masked) and not any(s in secrets for s in shown), secrets
     text = f"failed: {value.split('//')[-1]} said no"
-    from orchestrator.plan import mask_secrets
+    from orchestrator.config.masking import mask_secrets
     assert not any(m in mask_secrets(text, frozenset(secrets)) for m in masked)
 
 
@@ -211,7 +212,7 @@ def test_richs_bar_as_lightning_draws_it_is_read():
 
 
 def test_colors_and_other_escapes_go_whole_from_what_the_console_shows():
-    from orchestrator.views.clean import safe_text
+    from orchestrator.clean import safe_text
 
     assert safe_text("\x1b[32mgreen\x1b[0m, \x1b]0;a title\x07plain\x1b[?25h \x9b31mx\x1b[2K") == "green, plain x"
     assert safe_text("\x1b[" + "9" * 100 + "m") == "[" + "9" * 100 + "m"  # too long to be one: its ESC goes

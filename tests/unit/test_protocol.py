@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from orchestrator import node, protocol
+from orchestrator import node
+from orchestrator.remote import protocol
 from orchestrator.node import wire
 
 EXAMPLES = [

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from orchestrator import reference
+from orchestrator.commands import reference
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
@@ -17,7 +17,7 @@ LAUNCHER_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER
 def test_the_committed_reference_is_what_the_code_says():
     for name, make in reference.PAGES.items():
         committed = (REPO / "docs" / "reference" / name).read_text()
-        assert committed == make(), f"docs/reference/{name} is stale: run `python3 -m orchestrator.reference`"
+        assert committed == make(), f"docs/reference/{name} is stale: run `python3 -m orchestrator.commands.reference`"
 
 
 def test_every_variable_ddp_up_sets_in_a_rank_is_in_the_reference(tmp_path):

@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from orchestrator import rankfailures
-from orchestrator.logparse import FailureReportParser
+from orchestrator.diagnose import rankfailures
+from orchestrator.diagnose.logparse import FailureReportParser
 from orchestrator.node import decide, failures, policy
-from orchestrator.outcome import Failure
+from orchestrator.diagnose.outcome import Failure
 from orchestrator.views.logfiles import RunLogs
 from tests.unit.fakejob import Harness
 

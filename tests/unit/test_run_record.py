@@ -11,8 +11,9 @@ import subprocess
 
 import pytest
 
-from orchestrator import reading, runrecord
-from orchestrator.clusterfile import load_cluster
+from orchestrator.config import reading
+from orchestrator.run import record as runrecord
+from orchestrator.config.clusterfile import load_cluster
 from orchestrator.errors import ConfigError
 
 SECRET = "hf_Abcdefgh1234"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.schema import MEANING, cluster_schema, schema_text
-from orchestrator.validate import NODE_KEYS, SSH_RULES, TOP_KEYS
+from orchestrator.config.schema import MEANING, cluster_schema, schema_text
+from orchestrator.config.validate import NODE_KEYS, SSH_RULES, TOP_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def test_the_schema_refuses_what_the_validator_refuses():
 
 def test_every_key_has_an_example_that_the_schema_takes():
     jsonschema = pytest.importorskip("jsonschema")
-    from orchestrator.schema import EXAMPLE
+    from orchestrator.config.schema import EXAMPLE
 
     schema = cluster_schema()
     node = schema["properties"]["nodes"]["items"]["properties"]
@@ -74,9 +74,9 @@ def test_every_key_has_an_example_that_the_schema_takes():
 
 
 def test_every_keys_example_is_a_valid_cluster_file_as_the_validator_reads_it(tmp_path, monkeypatch):
-    from orchestrator.clusterfile import parse_cluster
-    from orchestrator.schema import EXAMPLE
-    from orchestrator.validate import SSH_RULES
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.config.schema import EXAMPLE
+    from orchestrator.config.validate import SSH_RULES
 
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / ".ssh").mkdir()

@@ -3,11 +3,11 @@
 import queue
 
 from orchestrator.node import wire
-from orchestrator.clusterfile import parse_cluster
-from orchestrator.events import Closed, Message, SetupFailed
-from orchestrator.plan import make_plan
-from orchestrator.session import NodeSession
-from orchestrator.transports import transport_for
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.job.events import Closed, Message, SetupFailed
+from orchestrator.plan.launch import make_plan
+from orchestrator.job.session import NodeSession
+from orchestrator.remote.transports import transport_for
 
 
 def test_hello_reaches_the_agent_first_even_after_early_heartbeats(tmp_path):

@@ -101,6 +101,58 @@ def test_no_import_circle():
     assert circles({name: imported(name, path, known) for name, path in known.items()}) == []
 
 
+# The pipeline's stages, first to last: a stage imports only the stages before it (lazy imports too).
+STAGES = ("node", "config", "plan", "remote", "diagnose", "job", "views", "run", "commands")
+LEAVES = {"errors", "ownfiles", "clean", "version"}  # every stage's; they import only each other
+FACES = {"orchestrator", "orchestrator.api"}  # the package's face, above every stage; nothing imports it
+
+
+def stage_of(name: str) -> str:
+    if name in FACES:
+        return "face"
+    part = name.split(".")[1]
+    return "leaf" if part in LEAVES else part
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports against the stages' order: to a later stage, or to the face, or a leaf's to a stage."""
+    wrong = []
+    for name, targets in graph.items():
+        here = stage_of(name)
+        for target in sorted(targets):
+            there = stage_of(target)
+            if there == "face" and name not in FACES or here == "leaf" and there != "leaf":
+                wrong.append((name, target))
+            elif here not in ("face", "leaf") and there not in ("face", "leaf") and STAGES.index(there) > STAGES.index(here):
+                wrong.append((name, target))
+    return wrong
+
+
+def test_the_order_check_finds_an_import_of_a_later_stage():
+    graph = {"orchestrator.plan.launch": {"orchestrator.config.cluster", "orchestrator.job.loop"},
+             "orchestrator.errors": {"orchestrator.node.wire"}, "orchestrator.views.console": {"orchestrator.api"},
+             "orchestrator.job.loop": {"orchestrator.clean", "orchestrator.job.events", "orchestrator.remote.channel"}}
+    assert sorted(upward(graph)) == [("orchestrator.errors", "orchestrator.node.wire"),
+                             ("orchestrator.plan.launch", "orchestrator.job.loop"),
+                             ("orchestrator.views.console", "orchestrator.api")]
+
+
+def test_every_module_is_in_a_stage_or_a_leaf():
+    assert {name for name in modules() if stage_of(name) not in (*STAGES, "leaf", "face")} == set()
+
+
+def test_the_stages_import_one_way():
+    known = modules()
+    assert upward({name: imported(name, path, known) for name, path in known.items()}) == []
+
+
+def test_each_stage_says_what_it_does_and_what_it_may_import():
+    for stage in STAGES:
+        doc = ast.get_docstring(tree(PACKAGE / stage / "__init__.py")) or ""
+        allowed = "It imports nothing of the controller's" if stage == "node" else "May import"
+        assert allowed in doc, stage
+
+
 @pytest.mark.parametrize("name", sorted(modules()))
 def test_small_modules_classes_and_functions(name):
     path = modules()[name]

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from orchestrator.errors import Interrupted
-from orchestrator.parallel import interruptible, on_each
-from orchestrator.signals import SignalInbox
+from orchestrator.remote.parallel import interruptible, on_each
+from orchestrator.remote.signals import SignalInbox
 
 
 def test_a_recorded_signal_wakes_a_parallel_wait_which_aborts_the_calls_and_raises():
@@ -91,7 +91,7 @@ def test_ctrl_c_while_ddp_up_is_still_starting_ends_with_one_message_and_130(tmp
     only once the inbox is installed: that is the moment to send it."""
     cluster = tmp_path / "c.yaml"
     cluster.write_text("transport: local\nnodes: [{host: a, gpus: 1}]\n")
-    proc = subprocess.Popen([sys.executable, "-c", "from orchestrator.entry import up; up()", str(cluster),
+    proc = subprocess.Popen([sys.executable, "-c", "from orchestrator.commands.entry import up; up()", str(cluster),
                              "train.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 20

@@ -1,8 +1,8 @@
 """Issue 16, the parts that need no Slurm: the step each node's agent runs in, and Slurm's word
 for a step it ended."""
 
-from orchestrator.reports import slurm_cancel
-from orchestrator.srun import srun_argv
+from orchestrator.job.reports import slurm_cancel
+from orchestrator.remote.srun import srun_argv
 
 
 def test_each_agent_is_one_task_on_its_node_sharing_the_allocation():
@@ -23,7 +23,7 @@ def test_sbatch_options_run_to_the_cluster_file_or_a_double_dash():
     import pytest
 
     from orchestrator.errors import UsageError
-    from orchestrator.sbatch import batch_script, split_sbatch
+    from orchestrator.plan.sbatch import batch_script, split_sbatch
 
     assert split_sbatch(["c.yaml", "t.py"]) == (None, ["c.yaml", "t.py"])
     assert split_sbatch(["--sbatch", "-N", "4", "--time=1:00:00", "c.yaml", "t.py", "--x"]) == (
@@ -38,7 +38,7 @@ def test_sbatch_options_run_to_the_cluster_file_or_a_double_dash():
 def test_slurm_s_word_after_a_node_s_end_still_makes_it_the_root_cause():
     """slurmstepd's line comes on the step's stderr, which may arrive after the agent's Exited."""
     from orchestrator.node import wire
-    from orchestrator.events import Message
+    from orchestrator.job.events import Message
     from tests.unit.fakejob import Harness
 
     h = Harness(2)
@@ -54,7 +54,7 @@ def test_a_rank_killed_by_slurm_s_signal_before_its_agent_acted_is_slurm_s_doing
     """scancel signals every process of the step: a rank may die of it first, and its launcher
     report a failed rank (exit code -15), before the agent stops on its own SIGTERM."""
     from orchestrator.node import wire
-    from orchestrator.events import Message
+    from orchestrator.job.events import Message
     from tests.unit.fakejob import Harness
 
     h = Harness(2)
@@ -80,7 +80,7 @@ def test_the_batch_script_is_private_runs_this_ddp_up_and_goes_when_the_submit_f
     import pytest
 
     from orchestrator.errors import SetupError
-    from orchestrator.sbatch import submit
+    from orchestrator.plan.sbatch import submit
 
     fake = tmp_path / "bin" / "sbatch"
     fake.parent.mkdir()
@@ -112,7 +112,7 @@ def test_the_batch_script_holds_no_secret_argument_the_batch_job_reads_it_from_i
     import pytest
 
     from orchestrator.errors import UsageError
-    from orchestrator.sbatch import submit
+    from orchestrator.plan.sbatch import submit
 
     fake = tmp_path / "bin" / "sbatch"
     fake.parent.mkdir()

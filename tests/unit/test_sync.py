@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator import protocol
+from orchestrator.remote import protocol
 from orchestrator.node import sync as node_sync
-from orchestrator.clusterfile import parse_cluster
-from orchestrator.config import SyncConfig
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.config.cluster import SyncConfig
 from orchestrator.errors import ConfigError, SetupError
-from orchestrator.plan import make_plan
-from orchestrator.sync import Entry, Tree, scan, sync_all, targets
+from orchestrator.plan.launch import make_plan
+from orchestrator.remote.sync import Entry, Tree, scan, sync_all, targets
 from orchestrator.views.transfer import LARGE, transfer_progress
 
 
@@ -244,7 +244,7 @@ def agents_running(mark) -> list[int]:
 
 
 def test_a_shared_workdir_is_copied_once_through_the_first_node_that_has_it():
-    from orchestrator.sync import share_workdirs
+    from orchestrator.remote.sync import share_workdirs
 
     plan = make_plan(parse_cluster("workdir: ~/p\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1}, {host: c, gpus: 1}, "
                                    "{host: d, gpus: 1}]\n", "c.yaml"), "t.py", [], "j", "/")

@@ -1,0 +1,152 @@
+"""The cluster file's JSON Schema, written from the validator's own tables (validate.py), so that an
+editor (VS Code's YAML extension, any JSON Schema client) completes and checks a cluster.yaml with
+the keys ddp-up takes, no more and no fewer. `ddp-up --schema` prints it; the package ships the
+same text as ``cluster.schema.json`` (a test keeps the two one).
+
+The validator stays the judge: the schema says the shapes (types, allowed values, bounds), the
+validator also what a schema cannot (a path that exists, a job signal's spelling, a port free).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from .cluster import JOB_SIGNALS
+from .validate import MOST_PROCS, NODE_KEYS, RULES, SSH_RULES, TOP_KEYS, TRANSPORTS, Rule
+
+SCHEMA_URL = "https://json-schema.org/draft/2020-12/schema"
+DURATION = {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*[smhd]?\s*$"}],
+            "description": "seconds, or with a unit: 90, 90s, 5m, 12h, 7d"}
+STRINGS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+NAMES = {"type": "array", "items": {"type": "string"}}
+
+# What each key is, in a line (the reference shows these; a key without one fails a test).
+MEANING = {
+    "nodes": "the machines, in node-rank order: host and gpus each, and any shared key of their own",
+    "ssh": "how to reach the nodes (your ssh config applies first)",
+    "master": "the rendezvous address and port (default: the first node's address, a free port)",
+    "orphan_timeout": "a node's agent unheard this long counts as lost, and stops its part by itself",
+    "stop_grace": "how long every rank gets to save and exit after the stop signal, before SIGKILL",
+    "stop_signal": "the signal the job is stopped with (the one your script saves its work on)",
+    "hang_timeout": "no output from any rank for this long: stacks are dumped, the job is stopped as hung",
+    "startup_timeout": "how long a rank may take to reach init_process_group",
+    "launcher": "what starts the ranks on each node",
+    "env_file": "a file of NAME=value lines for every rank (its values are secrets)",
+    "forward_env": "variables of this shell passed to every rank (globs allowed; values are secrets)",
+    "secrets": "more variable names whose values are masked everywhere",
+    "sync": "copy this folder to every node's workdir before the launch (changed files only)",
+    "retention": "how long a finished detached job's records stay on its nodes",
+    "restarts": "new attempts after the job's own failures",
+    "restart_delay": "the wait before attempt N is N times this",
+    "no_restart_on_exit": "exit codes that end the run whatever restarts are left",
+    "recoveries": "new attempts after a node lost or a stop from outside the job",
+    "spares": "the last N nodes wait, and take a failed node's place",
+    "min_nodes": "go on with fewer nodes, down to this many, when no spare is left",
+    "flight_recorder": "torch's Flight Recorder in every rank: the stuck collective, stragglers",
+    "notify": "where the job's events go: Apprise URLs, a webhook, a command",
+    "fetch": "paths brought back from every node when the job ends, into runs/<job>/fetched/",
+    "python": "the interpreter on the node",
+    "workdir": "where the job runs on the node",
+    "env": "variables for every rank",
+    "transport": "how the node is reached",
+    "gpus": "processes on the node (one per GPU), or auto",
+    "setup": "shell lines run before the launcher, in the workdir (a venv, modules)",
+    "container": "run the node's part in a container image (podman, docker, apptainer, enroot)",
+    "host": "the node's name or address, as `ssh HOST` takes it",
+    "addr": "the address the other nodes use for it (default: what ssh resolves)",
+    "user": "the ssh login", "port": "the ssh port", "identity_file": "the ssh key",
+    "known_hosts": "the known_hosts file checked", "connect_timeout": "seconds to connect",
+    "config_file": "an ssh config file", "client": "openssh (your ssh) or fabric (paramiko)",
+    "max_parallel": "ssh connections opened at once",
+}
+
+
+# An example of each key, as it is written in a cluster file (the reference shows these; the
+# schema gives them to an editor; a test loads each through the validator).
+EXAMPLE = {
+    "nodes": "[{host: gpu-a, gpus: 8}, {host: gpu-b, gpus: 8}]", "ssh": "{user: me, identity_file: ~/.ssh/id_ed25519}",
+    "master": "{addr: 10.0.0.1, port: 29500}", "orphan_timeout": "30", "stop_grace": "2m", "stop_signal": "SIGUSR1",
+    "hang_timeout": "10m", "startup_timeout": "20m", "launcher": "accelerate", "env_file": ".env",
+    "forward_env": "[WANDB_*, HF_TOKEN]", "secrets": "[MY_API_KEY]", "sync": "{src: ., exclude: [data/]}",
+    "retention": "3d", "restarts": "3", "restart_delay": "30s", "no_restart_on_exit": "[2]", "recoveries": "5",
+    "spares": "1", "min_nodes": "3", "flight_recorder": "false", "notify": "[ntfy://my-topic]",
+    "fetch": "[ckpt, logs/metrics.json]", "python": "~/venv/bin/python", "workdir": "~/project",
+    "env": "{NCCL_DEBUG: WARN}", "transport": "srun", "gpus": "auto", "setup": "module load cuda/12.4",
+    "container": "{image: nvcr.io/nvidia/pytorch:24.05-py3}", "host": "gpu-a", "addr": "10.0.0.2", "user": "me",
+    "port": "2222", "identity_file": "~/.ssh/id_ed25519", "known_hosts": "~/.ssh/known_hosts",
+    "connect_timeout": "20", "config_file": "~/.ssh/config", "client": "fabric", "max_parallel": "32",
+}
+
+
+def rule_schema(rule: Rule) -> dict[str, Any]:
+    """A Checks rule's value as JSON Schema (validate.Checks: the method of that name)."""
+    args = dict(rule.args)
+    if rule.check in ("positive", "duration"):
+        return dict(DURATION)
+    if rule.check == "integer":
+        out = {"type": "integer", "minimum": args.get("low", 0)}
+        if args.get("high"):
+            out["maximum"] = args["high"]
+        return out
+    if rule.check == "choice":
+        return {"enum": list(args["allowed"])}
+    if rule.check == "boolean":
+        return {"type": "boolean"}
+    if rule.check == "signal_name":
+        return {"type": "string", "examples": list(JOB_SIGNALS)}
+    if rule.check == "exit_codes":
+        return {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 255}}
+    if rule.check == "fetch_paths":
+        return dict(STRINGS)
+    return {"type": "string"}  # string, file_path, existing_file
+
+
+def shared() -> dict[str, Any]:
+    return {"python": {"type": "string"}, "workdir": {"type": "string"},
+            "env": {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}},
+            "transport": {"enum": list(TRANSPORTS)},
+            "gpus": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MOST_PROCS}, {"const": "auto"}]},
+            "setup": dict(STRINGS),
+            "container": {"anyOf": [{"type": "string"}, {"type": "object"}]}}
+
+
+def described(props: dict[str, Any]) -> dict[str, Any]:
+    """Each property with its meaning and, for an editor's completion, its example's value."""
+    return {key: dict(value, description=value.get("description") or MEANING.get(key, ""),
+                      **({"examples": [yaml.safe_load(f"{key}: {EXAMPLE[key]}")[key]]} if key in EXAMPLE else {}))
+            for key, value in props.items()}
+
+
+def obj(props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    out = {"type": "object", "properties": described(props), "additionalProperties": False}
+    if required:
+        out["required"] = list(required)
+    return out
+
+
+def cluster_schema() -> dict[str, Any]:
+    ssh = {key: rule_schema(rule) for key, rule in SSH_RULES.items()}
+    node = {"host": {"type": "string"}, "addr": {"type": "string"}, **shared(), **ssh}
+    top = {
+        "nodes": {"type": "array", "minItems": 1, "items": obj({k: node[k] for k in NODE_KEYS if k in node}, ("host",))},
+        "ssh": obj(ssh),
+        "master": obj({"addr": {"type": "string", "description": "the address every node reaches the master at"},
+                       "port": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"const": "auto"}],
+                                "description": "the rendezvous port, or auto (a free one, each attempt)"}}),
+        "env_file": {"type": "string"}, "forward_env": dict(NAMES), "secrets": dict(NAMES),
+        "sync": {"anyOf": [{"type": "string"}, obj({"src": {"type": "string"}, "exclude": dict(STRINGS),
+                                                    "gitignore": {"type": "boolean"}})]},
+        "min_nodes": {"type": "integer", "minimum": 1},
+        "notify": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
+        **{key: rule_schema(rule) for key, rule in RULES.items()},
+        **shared(),
+    }
+    return {"$schema": SCHEMA_URL, "title": "ddp-up cluster file",
+            **obj({k: top[k] for k in TOP_KEYS if k in top}, ("nodes",))}
+
+
+def schema_text() -> str:
+    return json.dumps(cluster_schema(), indent=2) + "\n"

@@ -1,0 +1,322 @@
+"""The job loop: open every node in parallel, start them together, watch, fail fast, clean up.
+
+The main thread consumes one event queue (fed by the node sessions' threads and woken by the
+signal handler) and owns every decision and every state change (the states and their
+transitions are documented at ``outcome.State``; nodetable.py makes them). What the nodes say is
+read by reports.py, the stop path is stoppath.py's; hang detection (hang.py), the cross-node
+checks (preflight.py) and the sweeps of lost nodes (cleanup.py) are units of their own that
+return decisions; this module acts on them. Per-node outcomes are values, and the first
+failure by time is named as the root cause.
+
+Signals are events: the loop reads the inbox at every turn. The first asks every node to stop
+(Stop, then Kill after stop_grace, then a sweep), the second kills at once; either at any phase.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Protocol
+
+from .backlog import BacklogOrder
+from ..remote.cleanup import LostNodeSweeper, sweep_notices
+from ..errors import NodeProblem, SetupError
+from .events import WAKE, LogLine, Wake
+from ..diagnose.flight import FlightLog
+from .hang import AskStacks, HangWatch, Hung
+from ..node import policy, wire
+from .nodetable import NodeTable
+from ..diagnose.outcome import Failure, FailureKind, JobResult, JobSnapshot, NodeStatus
+from .pace import PaceReports
+from ..remote.parallel import on_each
+from .phases import Phases
+from ..plan.launch import LaunchPlan, NodePlan
+from ..diagnose.progress import Bar
+from .reports import NodeReports
+from .session import NodeSession
+from ..remote.signals import INBOX, SignalInbox
+from .stoppath import StopPath
+from ..remote.transports import transport_for
+
+SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
+PROBE_MARGIN = 10.0  # beyond the probe's own timeout for every node to answer it
+SETTLE = 2.0  # after the last node's end, for the channels to report theirs (their last stderr lines)
+TICK = 0.25  # the loop's longest sleep: views redraw and deadlines are checked at least this often
+
+
+class View(Protocol):
+    """(A view may also have ``kept_lines(node, lines)``: lines to keep but not show, the run logs'.)"""
+
+    def lines(self, node: NodePlan, lines: list[LogLine]) -> None: ...
+    def node_state(self, status: NodeStatus) -> None: ...
+    def notice(self, text: str) -> None: ...
+    def bars(self, node: NodePlan, bars: list[Bar]) -> None:
+        """What the node's ranks draw now (progress bars), each time it changes."""
+    def event(self, kind: str, text: str, **fields) -> None:
+        """Something happened that the user may want to hear of away from the screen (notify.py)."""
+    def tick(self, snapshot: Callable[[], JobSnapshot]) -> None:
+        """Called often from the job loop; a view that redraws builds the snapshot only when it does."""
+
+
+class Session(Protocol):
+    """What the job needs of a node session (NodeSession; fakes in the unit tests)."""
+
+    last_heard: float
+    started: bool
+
+    def open(self) -> None: ...
+    def send(self, frame: wire.Frame) -> None: ...
+    def cancel(self) -> None: ...
+    def close(self) -> None: ...
+    def disconnect(self) -> None: ...
+
+
+class Sweeper(Protocol):
+    def start(self, node) -> None: ...
+    def finish(self) -> list: ...
+
+
+def real_sessions(plan: LaunchPlan, post: Callable[[object], None], clock: Callable[[], float]) -> list[Session]:
+    return [NodeSession(plan, n, transport_for(n.config), post, clock) for n in plan.nodes]
+
+
+def start_threads(sessions: list[Session]) -> None:
+    """Connect every node at once. Daemon threads, not an executor: a connect stuck on a dead
+    host must not delay exit."""
+    for i, session in enumerate(sessions):
+        threading.Thread(target=session.open, name=f"connect-{i}", daemon=True).start()
+
+
+@dataclass
+class Following:
+    """An attach's reading of a detached job's journals, one attempt (see Job.follow)."""
+
+    journal_ended: set[int] = field(default_factory=set)  # nodes whose journal was read to its end
+    later_attempt: bool = False  # a node's journal said a later attempt follows
+    absent: set[int] = field(default_factory=set)  # nodes where this attempt never began (the job ended first)
+    started: float | None = None  # the job's own start and end (wall clock), by its nodes' records
+    ended: float | None = None
+    master: str | None = None  # its master, addr:port, as the master node's record says
+    order: BacklogOrder | None = None  # the nodes' journals, merged in time order
+
+    def result(self, result: JobResult) -> JobResult:
+        """The replay's result, with the job's own times and master rather than the attach's."""
+        if self.started is None:
+            return result
+        ended = self.ended if self.ended is not None else time.time()
+        return replace(result, started=self.started, ended=self.ended, elapsed=ended - self.started,
+                       master=self.master)
+
+    def record(self, frame: wire.JournalEnd, is_master: bool) -> None:
+        """What a node's record says of the job, from its JournalEnd."""
+        if isinstance(frame.started, (int, float)):
+            self.started = min(self.started or frame.started, frame.started)
+        if isinstance(frame.ended, (int, float)):
+            self.ended = max(self.ended or frame.ended, frame.ended)
+        if is_master and isinstance(frame.master, str):
+            self.master = frame.master
+
+
+class Job:
+    def __init__(self, plan: LaunchPlan, view: View, *, preflight: bool = True,
+                 sessions: Callable[..., list[Session]] = real_sessions,
+                 opener: Callable[[list[Session]], None] = start_threads,
+                 sweeper: Sweeper | None = None, events: queue.SimpleQueue | None = None,
+                 inbox: SignalInbox = INBOX, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, shown: frozenset[int] | None = None):
+        self.plan, self.view, self.preflight = plan, view, preflight
+        self.clock, self.wall = clock, wall
+        self.events = events if events is not None else queue.SimpleQueue()
+        self.inbox = inbox
+        self.sessions = sessions(plan, self.events.put, clock)
+        self.opener = opener
+        self.sweeper = sweeper or LostNodeSweeper(plan.job_id, plan.run_token, plan.stop_grace,
+                                                  lambda node: transport_for(node, shared=False))
+        self.table = NodeTable(plan, view, clock, wall)
+        self.stop = StopPath(plan, self.sessions, self.table, view, self.sweeper, clock)
+        self.reports = NodeReports(self)
+        self.phases = Phases(self)
+        self.hang = HangWatch(plan.hang_timeout, plan.job_id, plan.startup_timeout)
+        self.flight = FlightLog(len(plan.nodes), plan.world_size)
+        self.pace = PaceReports(self, shown)  # `shown`: the ranks the console shows (their bars)
+        self.master_port = plan.master_port
+        self.supervisor_port: int | None = None  # detach: the master node's supervisor
+        self.interrupted: int | None = None  # the first signal's number
+        self.signals_seen = 0  # how many of the inbox's signals this loop has acted on
+        self.started, self._next_heartbeat = clock(), 0.0
+        self.detached = False  # detach: every node runs, and this loop let go of the job
+        self.following: Following | None = None  # attached to a detached job: its journals, read (see follow)
+        self.channel_ended: set[int] = set()  # nodes whose channel reported its end (Closed)
+        self.status: list[NodeStatus] = self.table.status  # the same list: the table changes it
+
+    # --- entry points ---
+
+    def run(self) -> JobResult:
+        """Connect + preflight everywhere, start everywhere at once, supervise to the end.
+        SetupError (nothing started anywhere) if a node is not fit to run."""
+        with self.inbox.waking(lambda: self.events.put(WAKE)):
+            self.opener(self.sessions)
+            problems = self.phases.await_ready()
+            if not problems and self.preflight and not self.stop.requested:
+                problems = self.phases.check_nodes()
+            if problems and not self.stop.requested:
+                raise SetupError(problems)
+            if not self.stop.requested:
+                self.phases.go()
+            self._drain()
+            if not self.detached:
+                self.phases.settle()
+        return self.result()
+
+    def follow(self) -> JobResult:
+        """Attach to a detached job: every node's journal from its start, then live, through the same
+        events, states and views as a run this loop started. The job's own agents decide everything
+        (node/detached.py), so nothing is sent to them; a signal detaches. Ends when every node's
+        journal has ended (its JournalEnd, after the attempt's Exited), or cannot be read on."""
+        self.following = following = Following(order=BacklogOrder(len(self.plan.nodes)))
+        self.hang.why = "replayed"  # keep the stacks ranks print: a hung job's journal has them
+        with self.inbox.waking(lambda: self.events.put(WAKE)):
+            self.opener(self.sessions)
+            while self.interrupted is None and not all(
+                    s.plan.index in following.journal_ended or s.state in ("lost", "error")
+                    or (s.terminal and s.plan.index in self.channel_ended) for s in self.status):
+                self.turn(None)
+        hung = None if self.table.failures or self.interrupted else self.hang.name_stopped(self.status, self.flight.blamed)
+        if hung is not None:
+            self.fail(hung.node, hung.rank, None, hung.what, kind="hung")
+        return self.result()
+
+    def check(self) -> list[NodeProblem]:
+        """Connect, preflight and probe every node, start nothing (ddp-check)."""
+        with self.inbox.waking(lambda: self.events.put(WAKE)):
+            self.opener(self.sessions)
+            problems = self.phases.await_ready()
+            if self.master_port is not None and all(s.state == "ready" for s in self.status):
+                problems += self.phases.check_nodes()
+        return problems
+
+    def close(self, sweeps: bool = True) -> None:
+        """Always called (finally): drop connections, then wait for the sweeps of lost nodes
+        (unless ``sweeps`` is False: a restart goes on while they end; report_sweeps later).
+        Not interruptible: cleanup runs to its end (every step of it is bounded). A detached
+        job's agents go on: only this end of their streams closes, without waiting for theirs."""
+        if self.detached:
+            for session in self.sessions:
+                session.close()
+            return
+        for session in self.sessions:
+            session.cancel()
+        on_each(self.sessions, lambda s: s.disconnect(), inbox=None, name="disconnect")
+        if sweeps:
+            self.report_sweeps()
+
+    def report_sweeps(self) -> None:
+        """Wait for the sweeps of lost nodes (each bounded) and say how each went."""
+        for text in sweep_notices(self.sweeper.finish(), self.plan.orphan_timeout):
+            self.view.notice(text)
+
+    def result(self) -> JobResult:
+        failures = tuple(self.table.failures)
+        result = JobResult(self.plan, self.table.outcomes(), self.master_port, failures, self.interrupted,
+                           self.clock() - self.started, collectives=self.flight.diagnosis(failures, self.plan.rank_node),
+                           lateness=self.flight.figures())
+        return self.following.result(result) if self.following else result
+
+    def snapshot(self) -> JobSnapshot:
+        now, late = self.clock(), self.flight.marks()
+        cells = self.pace.cells(now)
+        rows = tuple(replace(row, late=late.get(row.index, ""), bar=cells[row.index][0], progress=cells[row.index][1],
+                             slow=cells[row.index][2]) for row in self.table.rows(now))
+        return JobSnapshot(self.plan.job_id, f"{self.plan.master_addr}:{self.master_port or 'auto'}",
+                           self.plan.world_size, now - self.started,
+                           self.table.phase(self.stop.requested, bool(self.interrupted)), rows, now,
+                           self.plan.attempt, self.plan.quarantined, self.pace.eta(now))
+
+    # --- supervising ---
+
+    def _drain(self) -> None:
+        while not self.table.ended:
+            if self.plan.detach and not self.stop.requested and all(s.state == "running" for s in self.status):
+                self.detached = True  # the job's own agents watch it from here (node/detached.py)
+                return
+            times = self.stop.deadlines() + ([self.hang.deadline] if self.hang.deadline is not None else [])
+            self.turn(min(times) if times else None)
+
+    # --- one turn of the loop ---
+
+    def turn(self, deadline: float | None) -> None:
+        """At most one event, then signals, heartbeats, deadlines, views."""
+        now = self.clock()
+        wait = TICK if deadline is None else max(0.0, min(deadline - now, TICK))
+        try:
+            event = self.events.get(timeout=wait)
+        except queue.Empty:
+            event = None
+        if event is not None and not isinstance(event, Wake):
+            for each in self.following.order.take(event) if self.following else (event,):
+                self.reports.handle(each)
+        while self.signals_seen < len(self.inbox.received):
+            self.signals_seen += 1
+            self._on_signal(self.inbox.received[self.signals_seen - 1])
+        self.stop.pass_on(self.inbox.passed_on, self.following)
+        self._watch()
+        self.view.tick(self.snapshot)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.following:
+            self.interrupted = signum
+            self.view.notice(f"{name}: detached; job {self.plan.job_id} goes on running")
+        elif self.interrupted is None:
+            self.interrupted = signum
+            self.view.notice(f"{name}: stopping all nodes (Ctrl-C again to kill now)")
+            self.view.event("signal", f"job {self.plan.job_id}: {name}: stopping all nodes", signal=name)
+            self.stop.request(f"interrupted ({name})")
+        elif not self.stop.killing:
+            self.view.notice("killing every job process now")
+            self.stop.kill_all(self.clock())
+        # later signals: the kill is under way; cleanup runs to its end
+
+    def _watch(self) -> None:
+        """The deadlines: heartbeats, a silent node, a hang, the stop path's next step."""
+        now = self.clock()
+        beat = now >= self._next_heartbeat and not self.following  # a journal reader does not listen
+        if beat:
+            self._next_heartbeat = now + self.plan.heartbeat
+        read = self.following.journal_ended if self.following else ()
+        for session, status in zip(self.sessions, self.status):
+            if status.terminal or not session.started or status.plan.index in read:
+                continue
+            if beat:
+                session.send(wire.Heartbeat())
+            silent = policy.silence(now, session.last_heard, self.plan.orphan_timeout)
+            if silent is not None:
+                self.reports.lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
+        decision = self.hang.check(now, self.status, self.stop.requested, self.flight.blamed)
+        if isinstance(decision, AskStacks):
+            self.view.notice(f"job looks hung: {decision.why}; asking every rank for its Python stack")
+            self.view.event("hang", f"job {self.plan.job_id} looks hung: {decision.why}", why=decision.why)
+            for node in decision.nodes:
+                self.sessions[node].send(wire.Dump())
+        elif isinstance(decision, Hung):
+            self.fail(decision.node, decision.rank, None, decision.what, kind="hung")
+        self.stop.escalate(now)
+
+    # --- failures ---
+
+    def fail(self, node: int, rank: int | None, code: int | None, what: str, kind: FailureKind = "own",
+             at: float | None = None) -> None:
+        self.record(self.table.failure(node, rank, code, what, at, kind))
+
+    def record(self, failure: Failure) -> None:
+        """A failure: the first one stops every node (fail fast)."""
+        self.table.fail(failure)
+        if self.following:
+            self.stop.requested = True  # by the job's own supervisor, on the nodes
+        elif not self.stop.requested:
+            how = "stopped from outside" if failure.kind == "outside" else "failed"  # Slurm's, a shutdown
+            self.view.notice(f"{failure.label} {how}: {failure.what}; stopping all nodes")
+            self.stop.request(f"{failure.label} {how}")

@@ -1,0 +1,82 @@
+"""How fast each node goes while the job runs, from the frames that say so: Arrivals (its
+collectives: flight.py, stragglers.py) and Bars (its progress bars: progress.py). Each turns into
+what the views show and, for a node that falls behind, one notice and one event.
+"""
+
+from __future__ import annotations
+
+from .events import LogLine
+from ..node import wire
+from ..diagnose.progress import Bar, ProgressBoard, read
+from ..diagnose.rankfailures import node_clock
+
+
+def bars_of(frame: wire.Bars, first_rank: int, nproc: int, mask=lambda text: text) -> list[Bar]:
+    """A Bars frame's entries (the node's words: odd ones are skipped), with global ranks and
+    secrets masked (``mask``), as a line's are."""
+    found = []
+    for item in frame.bars if isinstance(frame.bars, list) else ():
+        if not (isinstance(item, list) and len(item) == 3 and item[0] in ("out", "err")
+                and isinstance(item[1], int) and 0 <= item[1] < nproc and isinstance(item[2], list)):
+            continue
+        rows = tuple(mask(row[:1000]) for row in item[2][:32] if isinstance(row, str))
+        found.append(Bar(item[0], first_rank + item[1], rows))
+    return found
+
+
+class PaceReports:
+    def __init__(self, job, shown: frozenset[int] | None = None):
+        self.job = job  # the Job they report to (job.py imports this module)
+        self.board = ProgressBoard([n.ranks for n in job.plan.nodes], shown)
+        self.counts: dict[tuple[int, str], tuple] = {}  # (rank, stream) -> the counts its bars said last
+
+    def frame(self, node: int, frame: wire.Frame) -> None:
+        if isinstance(frame, wire.Arrivals):
+            self.arrivals(node, frame)
+        else:
+            self.bars(node, frame)
+
+    def arrivals(self, node: int, frame: wire.Arrivals) -> None:
+        job = self.job
+        skew = job.table[node].clock_skew
+        for late in job.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
+            self.behind(late.node, late.how())
+
+    def bars(self, node: int, frame: wire.Bars) -> None:
+        job, plan = self.job, self.job.table[node].plan
+        bars = bars_of(frame, plan.ranks.start, plan.nproc, job.plan.mask if job.plan.secrets else lambda text: text)
+        now = job.clock()
+        job.hang.moved(self.moved(bars), now)
+        self.board.bars(node, bars, now)
+        job.view.bars(plan, bars)
+        running = [s.plan.index for s in job.status if s.state == "running"]
+        for slow, share in self.board.newly_slow(running).items():
+            self.behind(slow, f"its progress goes at {share} the others' median rate")
+
+    def moved(self, bars: list[Bar]) -> list[int]:
+        """The ranks whose bars' counts moved: progress, as a line is. A bar redrawn as it was (rich
+        and Lightning redraw on a timer while a collective is stuck), or one with no count, is not."""
+        ranks = []
+        for bar in bars:
+            counts = tuple((r.n, r.total) for r in map(read, bar.rows) if r is not None)
+            if counts and counts != self.counts.get((bar.rank, bar.stream)):
+                ranks.append(bar.rank)
+            self.counts[(bar.rank, bar.stream)] = counts
+        return ranks
+
+    def behind(self, node: int, how: str) -> None:
+        label = self.job.table[node].plan.label
+        self.job.view.notice(f"{label} is a straggler: {how}")
+        self.job.view.event("straggler", f"{label} is a straggler: {how}", node=node, host=label)
+
+    def lines(self, node: int, lines: list[LogLine]) -> None:
+        self.board.lines(node, lines, self.job.clock())
+
+    def cells(self, now: float) -> dict[int, tuple[str, str, str]]:
+        """{node: (bar, progress, slow)} for the dashboard's rows."""
+        running = [s.plan.index for s in self.job.status if s.state == "running"]
+        slow = self.board.slow(running)
+        return {n: (*self.board.cells(n, now), slow.get(n, "")) for n in self.board.pace}
+
+    def eta(self, now: float) -> float | None:
+        return self.board.eta(now, [s.plan.index for s in self.job.status if s.state == "running"])

@@ -1,0 +1,251 @@
+"""What the nodes say, for the job loop: their frames, lines and ends, each turned into the state
+change it means (on the job's NodeTable) or a failure for the loop to act on (Job.fail; a node
+lost: NodeReports.lost).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import replace
+
+from ..diagnose import preflight
+from ..errors import NodeProblem
+from .events import Closed, Lines, Message, SetupFailed
+from ..node import policy, wire
+from ..diagnose.rankfailures import node_clock, own_failures, rank_ends, rank_errors
+
+LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
+
+# slurmstepd's word when Slurm ends a step (scancel, the allocation's end, its time limit)
+SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) (\S+) ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+
+
+SLURM_CANCELLED = "Slurm cancelled"  # how a failure that Slurm's end of a step became begins
+
+
+def slurm_cancel(text: str) -> str | None:
+    """What a node's line says Slurm did to its step, if it says so."""
+    m = SLURM_CANCEL.search(text)
+    if m is None:
+        return None
+    why = f" due to {m.group(4).lower()}" if m.group(4) else " (scancel, or the allocation ended)"
+    return f"{SLURM_CANCELLED} {m.group(1).lower()} {m.group(2)}{why}"
+
+
+def overran(reason: str | None, killed: int, grace: float) -> str | None:
+    """A stopped node's reason, and what its stop cut short: ``killed`` processes still there at
+    the end of stop_grace (a save that took longer), killed by the agent or by torchrun."""
+    if killed <= 0:
+        return reason
+    cut = f"{killed} process(es) killed at the end of stop_grace ({grace:g} s): a save took longer?"
+    return f"{reason}; {cut}" if reason else cut
+
+
+class NodeReports:
+    def __init__(self, job):
+        self.job = job  # the Job they report to (job.py; not imported here: it imports this module)
+        self.table = job.table
+
+    def handle(self, event: object) -> None:
+        job = self.job
+        if isinstance(event, Closed):
+            job.channel_ended.add(event.node)
+        if isinstance(event, Lines):
+            self.lines(event)
+        elif job.following and isinstance(event, Message) and isinstance(event.frame, wire.JournalEnd):
+            self.journal_end(event.node, event.frame)
+        elif self.table[event.node].terminal or (job.following and event.node in job.following.journal_ended):
+            return  # e.g. a cancelled connect finishing late: its outcome is already decided
+        elif isinstance(event, Message):
+            self.message(event.node, event.frame)
+        elif isinstance(event, Closed):
+            self.closed(event)
+        elif isinstance(event, SetupFailed):
+            if self.table[event.node].state == "connecting" and not job.stop.requested:
+                self.table.error(event.node, event.problem)
+            else:
+                self.table.set(event.node, "stopped", reason="cancelled while connecting")
+
+    def message(self, node: int, frame: wire.Frame) -> None:
+        status = self.table[node]
+        if isinstance(frame, wire.Ready) and status.state == "connecting":
+            self.ready(node, frame)
+        elif isinstance(frame, wire.Failed) and status.state == "connecting":
+            self.table.error(node, NodeProblem(status.plan.label, frame.what, frame.fix))
+        elif isinstance(frame, wire.Probed):
+            status.reach = frame
+        elif isinstance(frame, wire.Started):
+            self.table.set(node, "running")
+        elif isinstance(frame, wire.GpuUsage):
+            status.gpus = frame.gpus
+        elif isinstance(frame, wire.Dumped):
+            self.job.hang.dumped(node, self.job.clock())
+        elif isinstance(frame, wire.Collectives):
+            self.job.flight.collectives(frame.ranks, status.plan.ranks)
+        elif isinstance(frame, (wire.Arrivals, wire.Bars)):
+            self.job.pace.frame(node, frame)
+        elif isinstance(frame, wire.RanksUp):  # the node's own ranks only: the list is the job's to plant
+            ranks = status.plan.ranks
+            self.job.hang.ranks_up([r for r in frame.ranks[:len(ranks)] if type(r) is int and r in ranks], self.job.clock())
+        elif isinstance(frame, wire.Stopping):
+            self.table.set(node, "stopping", reason=frame.reason)
+            if frame.by == "ddp-kill":
+                self.killed(node)
+            elif frame.by == "signal" and not self.job.following:
+                self.stopped_outside(node, frame)
+        elif isinstance(frame, wire.Exited):
+            self.exited(node, frame)
+        else:
+            self.lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
+                                f"while {status.state}")
+
+    def ready(self, node: int, frame: wire.Ready) -> None:
+        job, status = self.job, self.table[node]
+        status.info = frame.fields()
+        known = job.plan.vetted.get(status.plan.label)
+        if known and frame.torch is None:  # vetted in an earlier attempt: its agent did not probe torch again
+            status.info.update(known)
+        status.clock_skew = frame.time - job.wall()
+        if frame.port is not None and job.master_port is None:
+            job.master_port = frame.port
+        if frame.supervisor_port is not None and node == job.plan.master.index:
+            job.supervisor_port = frame.supervisor_port
+        self.table.set(node, "ready")
+
+    def lines(self, event: Lines) -> None:
+        status = self.table[event.node]
+        for line in event.lines:
+            if line.rank is None and line.stream != "node":
+                status.report.feed(line.text)
+            elif line.stream == "node" and status.slurm_cancel is None:
+                status.slurm_cancel = slurm_cancel(line.text)
+                if status.slurm_cancel is not None:
+                    self.blame_slurm(event.node)
+        self.job.hang.lines(event.lines, self.job.clock())
+        self.job.flight.lines(event.lines)
+        self.job.pace.lines(event.node, event.lines)
+        status.lines += len(event.lines)
+        status.last_line = event.lines[-1].text[:LAST_LINE]
+        if status.state == "stopping" and self.job.stop.requested:
+            # the launcher's own report of a stop ddp-up asked for (torchrun's SignalException
+            # traceback, ~40 lines a node) goes to the node's log file only
+            kept = [line for line in event.lines if line.rank is None and line.stream != "node"]
+            if kept:
+                getattr(self.job.view, "kept_lines", lambda *_: None)(status.plan, kept)
+                event = Lines(event.node, [line for line in event.lines if line.rank is not None or
+                                           line.stream == "node"])
+        if event.lines:
+            self.job.view.lines(status.plan, event.lines)
+
+    def killed(self, node: int) -> None:
+        """ddp-kill is stopping this node's job (its note with the signal, node/state.py): the run
+        is over as for a SIGTERM to ddp-up, every node stopped with its grace and no restart."""
+        job = self.job
+        if job.following or job.interrupted is not None:
+            return
+        job.interrupted = signal.SIGTERM
+        job.view.notice(f"{self.table[node].plan.label}: stopped by ddp-kill; stopping all nodes")
+        job.stop.request("stopped by ddp-kill")
+
+    def lost(self, node: int, what: str) -> None:
+        """A node's agent is out of reach: swept over a fresh connection, and a failure unless the
+        job was stopping already because of a signal."""
+        job = self.job
+        cancel = job.status[node].slurm_cancel  # Slurm ended the step: not a lost network
+        self.table.set(node, "lost", reason=cancel or what)
+        job.sessions[node].close()
+        if job.following:
+            return  # only this view of the node is lost; the job there goes on under its supervisor
+        job.sweeper.start(job.plan.nodes[node].config)
+        if not job.stop.requested or job.interrupted is None:
+            job.fail(node, None, None, cancel or what, kind="outside" if cancel else "lost")
+
+    def stopped_outside(self, node: int, frame: wire.Stopping) -> None:
+        """The job stops on a node by no one's word from here (Slurm's time limit or preemption, a
+        shutdown, a signal to the agent): not the job's own failure (attempts.py), and at the time
+        the agent began to stop, before its ranks died and their peers failed of it. Every other
+        node stops with its grace at once."""
+        status = self.table[node]
+        known = isinstance(frame.at, (int, float)) and not isinstance(frame.at, bool)
+        at = node_clock(frame.at, status.clock_skew) if known else None  # the one rule for a node's times
+        self.job.fail(node, None, None, status.slurm_cancel or f"stopped on the node: {frame.reason}", kind="outside",
+                      at=at)
+
+    def blame_slurm(self, node: int) -> None:
+        """Slurm's word comes on the step's stderr, which can arrive after the node's end (the agent
+        stopped on Slurm's SIGTERM, or its srun ended): that end was Slurm's doing. So was a rank's
+        death by a signal there: Slurm signals every process of the step, and a rank may die of
+        it before its agent acts on its own."""
+        status = self.table[node]
+        self.table.failures[:] = [replace(f, what=status.slurm_cancel, kind="outside")
+                                  if f.node == node and (f.rank is None or (f.exit_code or 0) < 0) else f
+                                  for f in self.table.failures]
+        if status.state in ("stopped", "lost"):
+            status.reason = status.slurm_cancel
+
+    def exited(self, node: int, frame: wire.Exited) -> None:
+        """The node's end. A node whose ranks failed by themselves is failed, with each failure
+        at its own time, whenever it is heard (after a stop too: the root cause is the earliest,
+        not the first reported); one that ended because a stop was asked for is stopped."""
+        job, status = self.job, self.table[node]
+        status.exit_code, status.signal = frame.code, frame.signal
+        status.rank_errors = rank_errors(frame.failures, status.plan.ranks.start)
+        if frame.gpu_left:
+            job.view.notice(f"{status.plan.label}: {len(frame.gpu_left)} process(es) of this job still hold GPU "
+                            f"memory after its end: {preflight.busy_gpu_text(frame.gpu_left)}")
+        ends = rank_ends(frame.ends, status.plan.ranks.start)
+        own = [] if frame.code == 0 and not frame.stopped else own_failures(
+            node, status.plan.label, status.report, status.rank_errors, ends, status.clock_skew)
+        how = f"signal {frame.signal}" if frame.signal else f"code {frame.code}"
+        asked = job.stop.requested and (frame.stopped or frame.code != 0)  # a stop ddp-up asked for
+        state = policy.node_end(bool(own), frame.stopped or asked, frame.code)  # the node's own rule
+        if own:  # the ranks' own ends, not only torchrun's 1
+            self.table.set(node, "failed", reason=ranks_ended(own, f"launcher exited with {how}"))
+            for failure in own:
+                job.record(failure)
+        elif asked:
+            cut = (frame.overran if isinstance(frame.overran, int) else 0) + status.report.forced
+            self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, cut, job.plan.stop_grace))
+        elif state == "stopped":
+            self.table.set(node, "stopped", reason=status.slurm_cancel or frame.reason)
+            if not job.following:  # a detached job's nodes stop when another fails: that one is the cause
+                job.fail(node, None, frame.code, status.slurm_cancel or f"stopped on the node: {frame.reason}",
+                         kind="outside")
+        elif state == "done":
+            self.table.set(node, "done")
+            job.hang.node_done(job.clock())
+        else:
+            self.table.set(node, "failed", reason=frame.reason or f"launcher exited with {how}")
+            job.fail(node, None, frame.code, frame.reason or status.reason)
+
+    def closed(self, event: Closed) -> None:
+        status = self.table[event.node]
+        if status.state == "connecting":
+            self.table.error(event.node, event.end.problem(status.plan.config, "before it was ready"))
+            return
+        if event.end.protocol_error:
+            what = f"protocol error from the node agent: {event.end.protocol_error}"
+        else:
+            tail = "; ".join(event.end.stderr_tail[-2:])
+            what = "connection to the node agent lost" + (f" ({tail})" if tail else "")
+        self.lost(event.node, what)
+
+    def journal_end(self, node: int, frame: wire.JournalEnd) -> None:
+        """Following: this node's journal was read to its end; whether a later attempt follows."""
+        job, status = self.job, self.table[node]
+        job.following.journal_ended.add(node)
+        job.following.later_attempt |= frame.later
+        job.following.record(frame, node == job.plan.master.index)
+        if frame.absent:
+            job.following.absent.add(node)
+        elif not frame.running and not status.terminal:
+            self.table.set(node, "lost", reason="its journal ends before the job's end there (its agent was killed?)")
+
+
+def ranks_ended(own: list, launcher: str) -> str:
+    """A failed node's detail: its first failed rank's own end, how many more, then the launcher's
+    (``rank 2 exited with code 3 (+1 more rank; launcher exited with code 1)``)."""
+    first = min(own, key=lambda f: float("inf") if f.at is None else f.at)
+    more = f"+{len(own) - 1} more rank{'s' if len(own) > 2 else ''}; " if len(own) > 1 else ""
+    return f"{first.what} ({more}{launcher})"

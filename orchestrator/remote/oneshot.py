@@ -1,0 +1,99 @@
+"""Run the node agent once in a one-shot mode (detect, sweep, sync) and collect its frames.
+
+The same channel, bootstrap and frames as a launch; the agent answers and exits.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+
+from .channel import AgentChannel, ChannelEnd
+from ..config.cluster import NodeConfig
+from ..errors import NodeProblem
+from ..node import wire
+from .transport import ConnectFailed, Transport
+from .transports import transport_for
+
+
+@dataclass
+class Reply:
+    node: NodeConfig
+    frames: dict[type, wire.Frame] = field(default_factory=dict)  # the last frame of each kind
+    problem: NodeProblem | None = None  # could not connect, or no complete answer
+
+    @property
+    def error(self) -> str | None:
+        return self.problem.what if self.problem else None
+
+
+class AgentCall:
+    """A one-shot agent to talk with: ``send``/``write`` to it, ``wait_for`` a frame, every wait
+    bounded. The hello goes out on the channel's writer thread, so a node that takes the
+    connection but never reads cannot block the caller. Without ``spec``, the first ``send``
+    must be it (sync connects while it scans its tree)."""
+
+    def __init__(self, node: NodeConfig, spec: wire.Frame | None, transport: Transport | None = None, setup: bool = False):
+        self.node = node
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        # With setup, the node's `setup:` runs first, in its workdir: for questions about the job's environment.
+        self.channel = AgentChannel(node, transport or transport_for(node), spec, self._frames, self._inbox.put,
+                                    setup=node.setup if setup else (), workdir=node.workdir if setup else None)
+
+    def open(self) -> NodeProblem | None:
+        """Connect and start the agent; the reason if that failed."""
+        try:
+            self.channel.open()
+        except ConnectFailed as e:
+            return e.problem
+        return None
+
+    def _frames(self, frames: list[wire.Frame]) -> None:
+        for frame in frames:
+            if not isinstance(frame, (wire.Heartbeat, wire.Output)):
+                self._inbox.put(frame)
+
+    def wait_for(self, want: type, limit: float, frames: dict[type, wire.Frame]) -> NodeProblem | None:
+        """Collect frames into ``frames`` (the last of each kind) until a ``want``; the problem
+        instead if the agent reports Failed, ends, or says nothing for ``limit`` seconds."""
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                item = self._inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return NodeProblem(self.node.label, f"no answer from the node agent within {limit:.0f} s")
+            if isinstance(item, ChannelEnd):
+                self._inbox.put(item)  # every later wait sees the end too
+                return item.problem(self.node, f"without {want.__name__}")
+            frames[type(item)] = item
+            if isinstance(item, want):
+                return None
+            if isinstance(item, wire.Failed):
+                return NodeProblem(self.node.label, item.what, item.fix)
+
+    def send(self, frame: wire.Frame) -> None:
+        self.channel.send(frame)
+
+    def write(self, data: bytes) -> None:
+        self.channel.write(data)
+
+    def close(self) -> None:
+        """Idempotent; also how another thread aborts a call (blocked reads and writes fail)."""
+        self.channel.close()
+        self.channel.transport.close()
+
+
+def call_agent(node: NodeConfig, spec: wire.Frame, limit: float, until: type,
+               transport: Transport | None = None, setup: bool = False) -> Reply:
+    """Send ``spec`` and collect frames until an ``until`` frame; bounded by ``limit`` seconds."""
+    reply = Reply(node)
+    call = AgentCall(node, spec, transport, setup)
+    reply.problem = call.open()
+    if reply.problem is not None:
+        return reply
+    try:
+        reply.problem = call.wait_for(until, limit, reply.frames)
+    finally:
+        call.close()
+    return reply

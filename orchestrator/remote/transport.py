@@ -1,0 +1,173 @@
+"""How the controller reaches a node: the Transport interface, the local one, and the command line
+every transport runs on the node.
+
+Every transport (local here; paramiko in paramiko_ssh.py, the OpenSSH client in openssh.py,
+srun in srun.py; transports.py picks one) gives the same small surface: ``connect()``, then
+``start(command)`` returning a ``RemoteProcess`` with byte-chunk reads of stdout/stderr,
+``write`` to stdin, and an exit status; so sessions, tests and the localhost demo share one code
+path.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from abc import ABC, abstractmethod
+from typing import Mapping
+
+from ..config.cluster import NodeConfig
+from ..errors import NodeProblem
+from ..node.sync import widen_pipe
+from ..plan.launch import quote_path
+
+CHUNK = 1 << 20  # the most one read of the agent's stdout takes (what is there: less)
+
+
+class ConnectFailed(Exception):
+    """Carries the NodeProblem to show; raised by ``Transport.connect``."""
+
+    def __init__(self, problem: NodeProblem):
+        super().__init__(problem.what)
+        self.problem = problem
+
+
+class RemoteProcess(ABC):
+    """The agent process on a node, as seen from the controller."""
+
+    @abstractmethod
+    def read_stdout(self) -> bytes:
+        """Next chunk of stdout; b'' at end of stream. Blocks."""
+
+    @abstractmethod
+    def read_stderr(self) -> bytes:
+        """Next chunk of stderr; b'' at end of stream. Blocks."""
+
+    @abstractmethod
+    def write(self, data: bytes) -> None:
+        """Write to the process's stdin; raises OSError once the stream is gone."""
+
+    @abstractmethod
+    def exit_status(self, timeout: float) -> int | None:
+        """Exit status once known (waits up to ``timeout``), else None."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the streams; the agent sees EOF on stdin and stops its job."""
+
+
+class Transport(ABC):
+    def __init__(self, node: NodeConfig):
+        self.node = node
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Open the connection; raise ConnectFailed with a user-facing reason and fix."""
+
+    @abstractmethod
+    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
+              setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
+        """Run ``python -u -c BOOTSTRAP ARGS`` on the node with ``tags`` in its environment,
+        after the ``setup`` commands (in ``workdir``, in the same shell, so what they export and
+        activate is the agent's and the job's environment)."""
+
+    def close(self) -> None:
+        """Drop the connection (idempotent)."""
+
+
+# --- local ------------------------------------------------------------------------------------
+
+class LocalProcess(RemoteProcess):
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        if proc.stdout is not None:
+            widen_pipe(proc.stdout.fileno())  # a megabyte a wake-up: files coming back (ddp-fetch), a flood of lines
+
+    def read_stdout(self) -> bytes:
+        return _read_fd(self.proc.stdout)
+
+    def read_stderr(self) -> bytes:
+        return _read_fd(self.proc.stderr)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except ValueError:  # closed by close() on another thread: the same as a closed pipe
+            raise BrokenPipeError("stdin closed") from None
+
+    def exit_status(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+
+def _read_fd(stream) -> bytes:
+    try:
+        return os.read(stream.fileno(), CHUNK)
+    except (OSError, ValueError):
+        return b""
+
+
+class LocalTransport(Transport):
+    """A node on this machine, behind the same interface as SSH (the demo, and tests)."""
+
+    def connect(self) -> None:
+        pass
+
+    def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
+              setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
+        env = {**os.environ, **tags}
+        argv = [os.path.expanduser(python), "-u", *bootstrap_args]
+        if setup:
+            argv = ["bash", "-c", setup_script(setup, workdir, shlex.join(["exec", *argv]))]
+        try:
+            proc = subprocess.Popen(argv, env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)  # Ctrl-C reaches ddp-up only
+        except OSError as e:
+            raise ConnectFailed(NodeProblem(self.node.label, f"cannot run {python}: {e.strerror}",
+                                            "set `python:` to an interpreter that exists")) from None
+        return LocalProcess(proc)
+
+
+def remote_command(python: str, bootstrap_args: list[str], tags: Mapping[str, str],
+                   setup: tuple[str, ...] = (), workdir: str | None = None) -> str:
+    """The one line the node's login shell runs: the agent, with the tags in its environment,
+    after the setup commands. Every value is shell-quoted."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tags.items())
+    command = f"exec env {env} {quote_path(python)} -u {' '.join(shlex.quote(a) for a in bootstrap_args)}"
+    if setup:  # bash, whatever the login shell: setup lines are written for it (`source`)
+        command = "exec bash -c " + shlex.quote(setup_script(setup, workdir, command))
+    return command
+
+
+SETUP_FAILED = 96  # the exit status of the agent's shell when a setup command failed
+SETUP_MARK = "ddp-up: setup command"
+
+
+BEFORE_SETUP = "DDP_UP_TMPDIR_BEFORE"  # (bash only) TMPDIR before setup: "set:VALUE", or empty when unset
+JOB_TMPDIR = "DDP_UP_JOB_TMPDIR"  # TMPDIR as setup left it, for the job: "set:VALUE", or empty when unset
+
+
+def setup_script(setup: tuple[str, ...], workdir: str | None, then: str) -> str:
+    """bash: run each setup command in ``workdir``, stop at the first failure with its number
+    and status, else ``then`` (an exec). Setup commands get no stdin (the agent's source arrives
+    there) and write to stderr (stdout carries the agent's frames)."""
+    lines = [f"cd {quote_path(workdir or '~')} 2>/dev/null || true", f"{BEFORE_SETUP}=${{TMPDIR+set:$TMPDIR}}"]
+    for i, command in enumerate(setup, start=1):
+        # `:` first: a line that is only a comment (or that a comment ends) still makes a block
+        lines.append(f"{{ :\n{command}\n}} </dev/null >&2 || {{ echo \"{SETUP_MARK} {i} failed with status $?\" >&2; "
+                     f"exit {SETUP_FAILED}; }}")
+    # The agent keeps its state under the TMPDIR from before setup, where ddp-ls, ddp-kill and
+    # ddp-attach (which run no setup) look; the job gets setup's (node/checks.py's job_env).
+    lines.append(f"export {JOB_TMPDIR}=${{TMPDIR+set:$TMPDIR}}")
+    lines.append(f'case ${BEFORE_SETUP} in set:*) export TMPDIR="${{{BEFORE_SETUP}#set:}}";; *) unset TMPDIR;; esac')
+    return "\n".join([*lines, then])

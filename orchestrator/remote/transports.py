@@ -1,0 +1,23 @@
+"""Which transport reaches a node: from its cluster-file settings to one Transport (transport.py).
+
+Apart from the base so that the base never imports its subclasses (each imports the base).
+"""
+
+from __future__ import annotations
+
+from ..config.cluster import NodeConfig
+from .openssh import OpenSSHTransport
+from .paramiko_ssh import SSHTransport
+from .srun import SrunTransport
+from .transport import LocalTransport, Transport
+
+
+def transport_for(node: NodeConfig, shared: bool = True) -> Transport:
+    """How to reach ``node``; ``shared``: over the run's SSH connection to it, where there is one."""
+    if node.transport == "local":
+        return LocalTransport(node)
+    if node.transport == "srun":
+        return SrunTransport(node)
+    if node.ssh.client == "openssh":
+        return OpenSSHTransport(node, shared)
+    return SSHTransport(node)

@@ -1,0 +1,293 @@
+"""Restarts and spare nodes: a failed job comes back by itself (``restarts:``, ``spares:``).
+
+A run is a list of attempts, each an ordinary Job over the active nodes with the same job id, a
+fresh run token and master port, and DDP_UP_ATTEMPT = its number in every process. Between two,
+every node of the failed one has stopped (the Job's own cleanup), and the run waits
+``restart_delay`` times the attempt number: a node that needs a minute to come back gets it.
+
+The Roster (pure) says which listed nodes run, which wait as spares, and which are out. With
+``spares:`` (or ``min_nodes:``), a node is quarantined for the rest of the run when it is an
+attempt's root cause and was lost (its agent unreachable or silent), or is the root cause for the
+second time: the next spare takes its place, the same node rank with the same ranks, so the world
+size stays. Without a spare left, the run goes on with fewer nodes only as far as ``min_nodes``
+allows (the world size shrinks, and it says so); else it ends with the failure. With neither
+setting, every attempt runs on the nodes listed (a lost node may well be back).
+
+A later attempt preflights again only where needed: a node whose preflight passed before and that
+was not lost since is "vetted" (vetted_after), and its agent skips the torch probe; a spare that
+joins, or a node that was lost, gets the whole preflight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from ..config.cluster import ClusterConfig, NodeConfig
+from ..errors import EXIT_SETUP, NodeProblem
+from ..node import policy
+from ..diagnose.outcome import JobResult, NodeStatus
+from ..plan.launch import Attempt, LaunchPlan
+from ..diagnose.preflight import TORCH_FIELDS
+from ..job.reports import SLURM_CANCELLED
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt, as summary.json and the final summary show it."""
+
+    number: int
+    started: float  # wall clock
+    ended: float
+    nodes: tuple[str, ...]
+    world_size: int
+    exit_code: int
+    root_cause: str | None
+    end: str = "failed"  # why it ended: one of ENDS
+    signature: str | None = None  # how it failed, numbers left out (crash_loop compares them)
+    next: str | None = None  # what came after it: "restart 1 of 3", "recovery 1 of 3", or why nothing did
+
+    def as_dict(self, iso) -> dict:
+        return {"attempt": self.number, "started": iso(self.started), "ended": iso(self.ended),
+                "nodes": list(self.nodes), "world_size": self.world_size, "exit_code": self.exit_code,
+                "end": self.end, "root_cause": self.root_cause, "next": self.next}
+
+
+ENDS = ("succeeded", "failed", "hung", "lost", "stopped from outside", "could not start", "stopped")
+KIND_END = {"own": "failed", "hung": "hung", "lost": "lost", "outside": "stopped from outside"}
+DEFAULT_RECOVERIES = 3
+
+
+def recovery_limit(config: ClusterConfig, restarts: int) -> int:
+    """`recoveries:`, else DEFAULT_RECOVERIES where the run restarts at all (`restarts:`, a spare
+    or min_nodes set), else none: a run nobody asked to restart is never started again."""
+    if config.recoveries is not None:
+        return config.recoveries
+    return DEFAULT_RECOVERIES if restarts or config.spares or config.min_nodes is not None else 0
+
+
+def attempt_end(result: JobResult, cause: tuple[str | None, bool], could_not_start: bool = False) -> str:
+    """Why an attempt ended (one of ENDS)."""
+    if result.interrupted:
+        return "stopped"
+    if result.exit_code == 0:
+        return "succeeded"
+    if could_not_start:
+        return "could not start"
+    root = result.root_cause
+    if root is None:
+        return "lost" if cause[1] else "failed"
+    return KIND_END[root.kind]
+
+
+def failure_signature(result: JobResult) -> str | None:
+    """The job's own failure with its numbers left out (policy.failure_signature)."""
+    root = result.root_cause
+    if root is None or root.kind != "own":
+        return None
+    return policy.failure_signature(root.exit_code, root.exception or root.what)
+
+
+def slurm_ended(result: JobResult) -> str | None:
+    """Why no attempt follows a stop that Slurm made (time limit, preemption, scancel): the
+    allocation is ending, and Slurm's own requeue is what starts the job again."""
+    root = result.root_cause
+    if root is None or root.kind != "outside" or not root.what.startswith(SLURM_CANCELLED):
+        return None
+    return "Slurm is ending the allocation: no new attempt in it (sbatch --requeue has Slurm start the job again)"
+
+
+def crash_loop(records: list[AttemptRecord]) -> str | None:
+    """Why the run stops restarting before `restarts:` runs out (policy.crash_loop), or None."""
+    return policy.crash_loop(ran(records))
+
+
+def ran(records: list[AttemptRecord]) -> list[tuple[int, str | None, float]]:
+    """The attempts as the restart decision takes them: (number, signature, seconds it ran)."""
+    return [(r.number, r.signature, r.ended - r.started) for r in records]
+
+
+@dataclass
+class Verdict:
+    go_on: bool
+    notice: str | None = None
+
+
+@dataclass
+class Roster:
+    active: list[NodeConfig]
+    spares: list[NodeConfig]
+    min_nodes: int
+    quarantined: list[str] = field(default_factory=list)
+    blamed: Counter = field(default_factory=Counter)  # times each node was an attempt's root cause
+
+    @classmethod
+    def of(cls, config: ClusterConfig) -> Roster:
+        count = config.active_count
+        return cls(list(config.nodes[:count]), list(config.nodes[count:]),
+                   config.min_nodes if config.min_nodes is not None else count)
+
+    def cluster(self, config: ClusterConfig) -> ClusterConfig:
+        """The attempt's cluster: the active nodes in their positions (node ranks). The master
+        moves to the first of them only if its own node is out."""
+        nodes = tuple(replace(n, rank=i) for i, n in enumerate(self.active))
+        out = {a for n in config.nodes if n.label in self.quarantined for a in (n.addr, n.host)}
+        master = nodes[0].addr if config.master_addr in out else config.master_addr
+        return replace(config, nodes=nodes, master_addr=master, spares=0)
+
+    @property
+    def replaces(self) -> bool:
+        """Whether nodes are ever taken out: with spares to take their place, or min_nodes to go
+        on without. Without either, every attempt runs on the nodes listed."""
+        return bool(self.spares or self.quarantined) or self.min_nodes < len(self.active)
+
+    def settle(self, cause_node: str | None, lost: bool) -> Verdict:
+        """After a failed attempt whose root cause was on ``cause_node`` (a label)."""
+        if cause_node is None or not self.replaces:
+            return Verdict(True)
+        self.blamed[cause_node] += 1
+        if not (lost or self.blamed[cause_node] >= 2):
+            return Verdict(True)
+        self.quarantined.append(cause_node)
+        why = "lost" if lost else "the root cause twice"
+        position = next(i for i, n in enumerate(self.active) if n.label == cause_node)
+        if self.spares:
+            spare = self.spares.pop(0)
+            self.active[position] = spare
+            return Verdict(True, f"{cause_node} is out for the rest of the run ({why}); spare {spare.label} takes "
+                                 f"its place as node {position}")
+        if len(self.active) - 1 >= self.min_nodes:
+            self.active.pop(position)
+            return Verdict(True, f"{cause_node} is out for the rest of the run ({why}); no spare left: going on "
+                                 f"with {len(self.active)} node(s) (min_nodes: {self.min_nodes}), a smaller world")
+        return Verdict(False, f"{cause_node} is out for the rest of the run ({why}), and no spare is left "
+                              f"(set `spares:`, or `min_nodes:` to go on with fewer nodes)")
+
+
+def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool],
+                   could_not_start: bool = False) -> AttemptRecord:
+    """The record of attempt ``plan.attempt``, ended now (one that could not start: exit status 3)."""
+    root = result.root_cause
+    end = attempt_end(result, cause, could_not_start)
+    what = root.render() if root else (cause[0] and f"{cause[0]} {'could not start' if end == 'could not start' else 'lost'}")
+    return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
+                         result.exit_code if end != "could not start" else EXIT_SETUP,
+                         plan.mask(what) if what else None, end, failure_signature(result))
+
+
+def blame(result: JobResult) -> tuple[str | None, bool]:
+    """(the root cause's node label, whether that node was lost) of a failed attempt."""
+    cause = result.root_cause
+    if cause is None:
+        lost = [n for n in result.nodes if n.state == "lost"]
+        return (lost[0].plan.label, True) if lost else (None, False)
+    return cause.label, any(n.plan.label == cause.label and n.state == "lost" for n in result.nodes)
+
+
+def blame_setup(problems: list[NodeProblem]) -> tuple[str | None, bool]:
+    """A later attempt whose preflight failed (a spare not fit to run): its first named node,
+    treated as lost (it never ran; another try there would fail the same way)."""
+    return (problems[0].node, True) if problems else (None, False)
+
+
+def vetted_after(earlier: dict[str, dict], statuses: list[NodeStatus]) -> dict[str, dict]:
+    """The nodes vetted for the next attempt: those that reported their torch build in this one
+    (or were vetted before it: NodeReports.ready keeps the earlier word) and were not lost or unfit in it."""
+    vetted = {label: facts for label, facts in earlier.items()
+              if not any(s.plan.label == label and s.state in ("lost", "error") for s in statuses)}
+    for s in statuses:
+        if s.info.get("torch") and s.state not in ("lost", "error"):
+            vetted[s.plan.label] = {key: s.info.get(key) for key in TORCH_FIELDS}
+    return vetted
+
+
+def delay_before(attempt: int, base: float) -> float:
+    """Seconds to wait before ``attempt`` (1, 2, ...), as a detached job's supervisor waits too."""
+    return policy.restart_delay(attempt, base)
+
+
+def wait_for_signal(inbox, seconds: float) -> int | None:
+    """Sleep ``seconds`` unless a signal arrives; the run's first signal if there was one (any
+    signal ends a run for good, also one that came between two attempts)."""
+    woke = threading.Event()
+    with inbox.waking(woke.set):
+        if not inbox.received:
+            woke.wait(seconds)
+    return inbox.first
+
+
+@dataclass(frozen=True)
+class NextAttempt:
+    """What follows a failed attempt: the next one's cluster (None: the run ends here), why (its
+    record's ``next``), and what to say about the nodes (a spare joins, a node is out)."""
+
+    cluster: ClusterConfig | None
+    why: str
+    notice: str | None = None
+
+
+@dataclass
+class Restarts:
+    """What the run loop needs to start the next attempt: the cluster as listed, who is where,
+    how many new attempts each budget allows and has used, and how to plan an attempt (the same
+    job, script and settings; a fresh run token)."""
+
+    config: ClusterConfig
+    roster: Roster
+    limit: int  # `restarts:`: new attempts after the job's own failures
+    delay: float
+    planner: Callable[[ClusterConfig, Attempt], LaunchPlan] | None = None  # the run's make_plan for an attempt
+    vetted: dict[str, dict] = field(default_factory=dict)  # see vetted_after
+    recoveries: int = 0  # new attempts after a node lost or an outside stop (recovery_limit)
+    used: Counter = field(default_factory=Counter)  # {"restart": n, "recovery": m}
+
+    @classmethod
+    def of(cls, config: ClusterConfig, limit: int | None = None,
+           planner: Callable[[ClusterConfig, Attempt], LaunchPlan] | None = None) -> Restarts:
+        limit = config.restarts if limit is None else limit
+        return cls(config, Roster.of(config), limit, config.restart_delay, planner,
+                   recoveries=recovery_limit(config, limit))
+
+    @property
+    def any(self) -> bool:
+        """Whether a run may ever have a second attempt."""
+        return bool(self.limit or self.recoveries)
+
+    def first_cluster(self) -> ClusterConfig:
+        return self.roster.cluster(self.config)
+
+    def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
+        """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""
+        return self.planner(cluster, Attempt(attempt, tuple(self.roster.quarantined), dict(self.vetted)))
+
+    def vet(self, statuses: list[NodeStatus]) -> None:
+        """After an attempt: remember which nodes need no torch probe in the next one."""
+        self.vetted = vetted_after(self.vetted, statuses)
+
+    def unfixable(self, result: JobResult) -> str | None:
+        """Why a failed attempt ends the run whatever restarts are left: its root cause exited
+        with a code that `no_restart_on_exit:` lists (a usage error, a bad config: the same again)."""
+        root = result.root_cause
+        if root is None or root.kind != "own":
+            return None
+        return policy.unfixable_exit(root.exit_code, self.config.no_restart_on_exit, f"{root.label} rank {root.rank}")
+
+    def after(self, result: JobResult, records: list[AttemptRecord], cause: tuple[str | None, bool]) -> NextAttempt:
+        """After the failed attempt ``records[-1]`` (its ``result``, and what to blame): the next
+        (policy.next_attempt decides; the roster then says on which nodes)."""
+        why = slurm_ended(result)
+        if why:
+            return NextAttempt(None, why)
+        budget, why = policy.next_attempt(records[-1].end if records else "failed", ran(records),
+                                          {"restart": self.limit, "recovery": self.recoveries}, self.used,
+                                          self.unfixable(result))
+        if budget is None:
+            return NextAttempt(None, why)
+        verdict = self.roster.settle(*cause)
+        if not verdict.go_on:
+            return NextAttempt(None, verdict.notice, verdict.notice)
+        self.used[budget] += 1
+        return NextAttempt(self.roster.cluster(self.config), why, verdict.notice)

@@ -1,0 +1,61 @@
+"""Following a detached job from the controller: its journals replayed as a live run, attempt by attempt.
+
+A job started with ``ddp-up --detach`` keeps a journal on each node (node/state.py's Journal): every frame
+its agent would have sent to ddp-up, in order. Attaching replays each node's journal through the
+same job loop and views as a live run (``Job.follow``): from the job's first line, then live,
+until the job has ended everywhere. Nothing is ever sent to the job: its own agents supervise it
+(node/supervisor.py), so an attach (or its Ctrl-C) cannot change its course. The run logs under
+``runs/<job>/`` are written again from the journals, so they hold every line exactly once
+whatever attaches and detaches happened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from .attempts import AttemptRecord, attempt_record, blame
+from ..job.loop import Job
+from ..node import wire
+from ..plan.launch import LaunchPlan, make_plan
+from ..job.session import NodeSession
+from ..remote.transports import transport_for
+
+
+def follow_plan(config, job_id: str) -> LaunchPlan:
+    """The plan a journal is read against: the cluster's nodes and ranks (as launched from this
+    cluster file), no hang watch of its own (the job's agents have theirs)."""
+    return dataclasses.replace(make_plan(config, "(detached)", [], job_id, os.getcwd()), hang_timeout=None,
+                               startup_timeout=None)
+
+
+def journal_sessions(follow: bool, tail: int | None = None):
+    def make(plan: LaunchPlan, post, clock) -> list[NodeSession]:
+        return [NodeSession(plan, n, transport_for(n.config), post, clock,
+                            follow=wire.FollowSpec(job=plan.job_id, node=n.index, follow=follow,
+                                                   heartbeat=plan.heartbeat, tail=tail, attempt=plan.attempt))
+                for n in plan.nodes]
+    return make
+
+
+def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inbox,
+                    sessions=journal_sessions, shown: frozenset[int] | None = None) -> tuple[Job, list[AttemptRecord]]:
+    """Every attempt of a detached job that restarted (``restarts:``), one after the other, as a
+    run that restarts shows them: the Job of the last, and a record of each."""
+    records: list[AttemptRecord] = []
+    last = None
+    while True:
+        job = Job(plan, views, sessions=sessions(follow, tail), inbox=inbox, shown=shown)
+        started = time.time()
+        try:
+            result = job.follow()
+        finally:
+            job.close()
+        if last is not None and job.interrupted is None and len(job.following.absent) == len(job.status):
+            return last, records  # it was stopped while it waited to restart: the attempt before was its last
+        records.append(attempt_record(plan, result, started, blame(result)))
+        if job.interrupted or not job.following.later_attempt or any(s.problem for s in job.status):
+            return job, records
+        last, plan = job, dataclasses.replace(plan, attempt=plan.attempt + 1)
+        views.attempt(plan)

@@ -1,0 +1,164 @@
+"""What ran, so that a result can be reproduced weeks later: ``runs/<job-id>/run.json`` (the
+command line, where it ran from, ddp-up's and Python's versions, the git state), the cluster file
+as used (``cluster.yaml``, secrets masked), and ``git.diff``: the uncommitted changes of the
+checkout the job ran from (the ``sync:`` source, else the current directory), bounded in size;
+untracked files are listed, never copied. Each node's python and torch are in ``summary.json``.
+
+Taken before anything starts (a tree edited during the run must not be recorded instead), with
+git's own plumbing, within GIT_BUDGET seconds in all (the launch waits no longer), and with what a
+checkout's own configuration could run switched off: its fsmonitor, hooks, external diff and
+textconv drivers (a tree from an untrusted archive runs no code here, and the diff is the raw
+change). A directory that is no checkout, or no git, records none. The cluster file's copy is
+made from the text that was parsed (never read again), masked as data. git.diff holds no binary
+patch (it could rebuild a secret) and no file whose name says it holds one (SECRET_FILES); the
+names left out are in run.json. Every file here is private to the user (0600 in a 0700 directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+
+from ..ownfiles import no_link_open, own_dir
+from ..config.clusterfile import masked_copy
+from ..config.masking import mask_secrets, mask_values
+
+DIFF_MAX = 1 << 20  # bytes of uncommitted changes kept; past it the diff is cut (and says so)
+UNTRACKED_MAX = 1000  # untracked file names listed
+GIT_BUDGET = 2.0  # seconds for all of git's calls together: the launch waits no longer
+# Turned off, whatever the checkout's own .git/config says: each could run code from the tree.
+GIT_SAFE = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "diff.external=",
+            "-c", "core.untrackedCache=false")
+SECRET_FILES = ("*secret*", "*token*", "*password*", "*passwd*", "*credential*", "*.pem", "*.key", "*.p12",
+                "id_rsa*", "id_ecdsa*", "id_ed25519*", ".env", ".env.*", "*.env", ".netrc", ".pgpass")
+
+
+@dataclass(frozen=True)
+class GitState:
+    root: str
+    commit: str
+    branch: str | None
+    diff: bytes = b""
+    diff_cut: bool = False  # the diff was longer than DIFF_MAX
+    untracked: tuple[str, ...] = ()
+    untracked_more: int = 0  # untracked names past UNTRACKED_MAX, counted, not listed
+    left_out: tuple[str, ...] = ()  # changed files kept out of the diff: their names say they hold secrets
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.diff or self.untracked or self.untracked_more)
+
+    def as_dict(self) -> dict:
+        return {"root": self.root, "commit": self.commit, "branch": self.branch, "dirty": self.dirty,
+                "diff_bytes": len(self.diff), "diff_cut": self.diff_cut, "diff_left_out": list(self.left_out),
+                "untracked": list(self.untracked), "untracked_more": self.untracked_more}
+
+
+def _git(cwd: str, *args: str, deadline: float, limit: int | None = None) -> bytes | None:
+    """git's output, or None if it failed or ``deadline`` (monotonic) passed; with ``limit``, at
+    most that many bytes (git is then stopped: a diff past the limit is not waited for)."""
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C", GIT_CONFIG_NOSYSTEM="1")
+    argv = ["git", *GIT_SAFE, "-C", cwd, *args]
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    try:
+        with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              env=env, start_new_session=True) as proc:
+            # the whole group: what git started (a pager, a helper) holds the pipe open too
+            timer = threading.Timer(left, _kill_group, (proc.pid,))
+            timer.start()
+            try:
+                out = proc.stdout.read(limit if limit is not None else -1)
+            finally:
+                timer.cancel()
+                if limit is not None:
+                    _kill_group(proc.pid)
+            return out if limit is not None or proc.wait() == 0 else None
+    except OSError:
+        return None
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass  # gone already
+
+
+def excluded(patterns: tuple[str, ...]) -> list[str]:
+    """git pathspecs leaving out files whose names match ``patterns`` (any letter case, anywhere)."""
+    return [f":(exclude,glob,icase)**/{p}" for p in patterns]
+
+
+def git_state(path: str, budget: float = GIT_BUDGET) -> GitState | None:
+    """The checkout at ``path``'s state, or None where it is none (or git is missing, or slower
+    than ``budget`` seconds in all)."""
+    deadline = time.monotonic() + budget
+    root = _git(path, "rev-parse", "--show-toplevel", deadline=deadline)
+    commit = _git(path, "rev-parse", "--verify", "-q", "HEAD", deadline=deadline) if root else None
+    if not root or not commit:
+        return None  # not a checkout, or one without a commit yet
+    branch = (_git(path, "symbolic-ref", "-q", "--short", "HEAD", deadline=deadline) or b"").decode(
+        errors="replace").strip() or None
+    diff = _git(path, "diff", "HEAD", "--no-color", "--no-ext-diff", "--no-textconv", "--", ".",
+                *excluded(SECRET_FILES), deadline=deadline, limit=DIFF_MAX + 1) or b""
+    held = (_git(path, "diff", "HEAD", "--name-only", "-z", "--", *(f":(glob,icase)**/{p}" for p in SECRET_FILES),
+                 deadline=deadline) or b"").split(b"\0")
+    listed = (_git(path, "ls-files", "--others", "--exclude-standard", "-z", deadline=deadline) or b"").split(b"\0")
+    names = [n.decode(errors="replace") for n in listed if n]
+    return GitState(root.decode(errors="replace").strip(), commit.decode().strip(), branch, diff[:DIFF_MAX],
+                    len(diff) > DIFF_MAX, tuple(names[:UNTRACKED_MAX]), max(0, len(names) - UNTRACKED_MAX),
+                    tuple(n.decode(errors="replace") for n in held if n))
+
+
+@dataclass
+class RunRecord:
+    """Taken at launch (``take``), written into the run's directory (``write``)."""
+
+    argv: list[str]
+    cwd: str
+    cluster_path: str | None  # None: the nodes came from elsewhere (-H, --hostfile, a Slurm allocation)
+    git: GitState | None
+    versions: dict = field(default_factory=dict)
+    cluster_text: str = ""  # the cluster file as it was parsed (config.ClusterConfig.source_text)
+
+    @classmethod
+    def take(cls, argv: list[str], cluster_path: str | None, source: str, cluster_text: str = "") -> RunRecord:
+        try:
+            version = metadata.version("ddp-up")
+        except metadata.PackageNotFoundError:
+            version = None
+        return cls(list(argv), os.getcwd(), cluster_path, git_state(source),
+                   {"ddp_up": version, "python": platform.python_version(), "controller": platform.node()},
+                   cluster_text)
+
+    @property
+    def commit(self) -> str | None:
+        return self.git.commit if self.git else None
+
+    def write(self, run_dir: str, secrets) -> None:
+        """run.json, cluster.yaml (masked) and git.diff; OSError if the directory cannot take them."""
+        where = own_dir(run_dir, private=True)
+        cluster = self.cluster_path and os.path.abspath(self.cluster_path)
+        record = {"command": self.argv, "cwd": self.cwd, "cluster_file": cluster, "versions": self.versions,
+                  "git": self.git.as_dict() if self.git else None}
+        _write(where, "run.json", (json.dumps(mask_values(record, secrets), indent=2) + "\n").encode())
+        if cluster is not None and self.cluster_text:
+            _write(where, "cluster.yaml", masked_copy(self.cluster_text, secrets).encode())
+        if self.git and self.git.diff:
+            diff = self.git.diff.decode("utf-8", "surrogateescape")
+            _write(where, "git.diff", mask_secrets(diff, secrets).encode("utf-8", "surrogateescape"))
+
+
+def _write(where: str, name: str, data: bytes) -> None:
+    with os.fdopen(no_link_open(os.path.join(where, name), fresh=True, mode=0o600), "wb") as f:
+        f.write(data)
+

@@ -1,0 +1,122 @@
+"""The run: one attempt after another (attempts.py decides who runs and whether another comes),
+each an ordinary Job to its end, until one succeeds, none is left, or a signal ends the run."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import replace
+
+from ..remote import signals
+from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
+from ..errors import EXIT_INTERNAL, EXIT_OK, SetupError
+from ..job.loop import Job
+from .notifier import Notifier
+from ..diagnose.outcome import JobResult
+from ..plan.launch import LaunchPlan
+from ..views.console import ConsoleView
+from ..views.fanout import Fanout
+from ..views.logfiles import RunLogs
+
+
+def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
+            inbox: signals.SignalInbox = signals.INBOX, cluster_arg: str = "CLUSTER.yaml",
+            restarts: Restarts | None = None, notifier: Notifier | None = None) -> int:
+    """Run to completion. Signals are the job loop's events: the first stops every node
+    gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
+    ends once every node runs (exit 0), the job going on under its own agents. With
+    ``restarts``, a failed attempt is followed by the next one (attempts.py) until one succeeds or none is left."""
+    views = Fanout(console_view, logs, *((notifier,) if notifier else ()))
+    records: list[AttemptRecord] = []
+    swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
+    with console_view, logs:
+        while True:
+            job = Job(plan, views, preflight=preflight, inbox=inbox, shown=console_view.ranks)
+            started = time.time()
+            result, cause, unstarted = run_attempt(job, plan, views, logs, records, restarting=restarts is not None)
+            swept_later.append(job)
+            if job.detached:
+                return detached_notices(plan, console_view, cluster_arg)
+            records.append(attempt_record(plan, result, started, cause, could_not_start=unstarted))
+            if restarts is None or records[-1].end in ("succeeded", "stopped"):
+                break
+            restarts.vet(job.status)
+            following, signum, why = next_attempt(plan, result, cause, restarts, views, inbox, records)
+            records[-1] = replace(records[-1], next=why)
+            if signum is not None:
+                result = replace(result, interrupted=signum)
+            if following is None:
+                break
+            plan = following
+            views.attempt(plan)
+        for job in swept_later:
+            job.report_sweeps()
+        logs.finished(result, attempts=records)
+        console_view.finished(result, attempts=records)
+        if notifier:
+            notifier.finished(result, attempts=records)
+            notifier.close()
+    console_view.notice(f"logs: {logs.dir}")
+    return result.exit_code
+
+
+def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[AttemptRecord],
+                restarting: bool) -> tuple[JobResult, tuple[str | None, bool], bool]:
+    """One attempt to its end: its result, what to blame, and whether it could not start.
+    Re-raises what ends the run at once: a bug, or a setup error of the first attempt (a later
+    one's, a spare not fit to run, is that attempt's failure: the next one may do without it)."""
+    try:
+        result = job.run()
+    except SetupError as e:
+        job.close()
+        if not restarting or plan.attempt == 0:
+            logs.finished(job.result(), exit_code=e.exit_code, attempts=records)
+            raise
+        views.notice(f"attempt {plan.attempt} could not start: {e.problems[0].render()}")
+        return replace(job.result(), failures=()), blame_setup(e.problems), True
+    except BaseException as e:  # a bug: record it and give the terminal back
+        job.close()
+        logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL), attempts=records)
+        raise
+    job.close(sweeps=not restarting)
+    return result, blame(result), False
+
+
+def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, bool], policy: Restarts, views,
+                 inbox: signals.SignalInbox, records: list[AttemptRecord]) -> tuple[LaunchPlan | None, int | None, str]:
+    """The plan of the attempt after ``plan`` (None: no more), after its delay; the signal that
+    ended the wait, if one did (a signal ends the run for good); and what came next, for the record."""
+    last = records[-1]
+    nxt = policy.after(result, records, cause)
+    if nxt.notice:
+        views.notice(nxt.notice)
+    if nxt.cluster is None:
+        if nxt.why != nxt.notice:
+            views.notice(f"attempt {plan.attempt} {last.end}: {nxt.why}")
+        return None, None, nxt.why
+    delay = delay_before(plan.attempt + 1, policy.delay)
+    views.notice(f"attempt {plan.attempt} {last.end} ({last.root_cause or 'see above'}); attempt {plan.attempt + 1} "
+                 f"({nxt.why}) in {delay:g} s (Ctrl-C stops for good)")
+    views.event("restart", f"job {plan.job_id}: attempt {plan.attempt} {last.end} ({last.root_cause or 'no root cause'}); "
+                           f"attempt {plan.attempt + 1} ({nxt.why}) in {delay:g} s",
+                attempt=plan.attempt + 1, root_cause=last.root_cause)
+    signum = wait_for_signal(inbox, delay)
+    if signum is not None:
+        why = f"{signal.Signals(signum).name} while waiting to restart: no new attempt"
+        views.notice(why)
+        return None, signum, why
+    return policy.plan(nxt.cluster, plan.attempt + 1), None, nxt.why
+
+
+def detached_notices(plan: LaunchPlan, console_view: ConsoleView, cluster_arg: str) -> int:
+    console_view.end_lines()
+    for text in (f"job {plan.job_id} runs detached on {len(plan.nodes)} node(s); it no longer needs this "
+                 "terminal",
+                 f"watch it: ddp-attach {cluster_arg} {plan.job_id}    (Ctrl-C there leaves it running)",
+                 f"its lines: ddp-logs {cluster_arg} {plan.job_id} [--follow]; every job: ddp-ls {cluster_arg}",
+                 f"stop it:   ddp-kill {cluster_arg} --job {plan.job_id}"):
+        console_view.notice(text)
+    if plan.restarts:
+        console_view.notice(f"on a failure its own agents start it again, up to {plan.restarts} time(s) "
+                            "(restarts:; ddp-ls shows the attempt)")
+    return EXIT_OK
