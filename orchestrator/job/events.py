@@ -3,6 +3,10 @@
 Node sessions post what their agent said (``Message`` carries a wire frame as it arrived; the
 vocabulary is wire.py's, not repeated here), its output as ``Lines``, and how the channel ended.
 A signal handler posts ``Wake``: the loop then reads the signal inbox at its next turn.
+
+The report handlers (reports.py) turn an event into the node's new status and, for what is the
+job's own (its master port, a failure, a lost node, a stop), into asks: the values at the end of
+this module, which the loop applies. So the job's state changes in the loop alone.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from typing import Literal, NamedTuple, Union
 
 from ..remote.channel import ChannelEnd
 from ..errors import NodeProblem
-from ..node.wire import Frame
+from ..diagnose.outcome import Failure
+from ..node.wire import Frame, JournalEnd
 
 Stream = Literal["out", "err", "node"]  # worker/launcher stdout, stderr, or the node's own diagnostics
 
@@ -63,3 +68,57 @@ class Wake:
 WAKE = Wake()
 
 Event = Union[Lines, Message, SetupFailed, Closed, Wake]
+
+
+# --- what the report handlers ask of the loop ---
+
+@dataclass(frozen=True)
+class MasterPort:
+    """The master's agent holds this port for the job (the first one reported is the job's)."""
+
+    port: int
+
+
+@dataclass(frozen=True)
+class SupervisorPort:
+    """A detached job's supervisor listens here, on the master node."""
+
+    port: int
+
+
+@dataclass(frozen=True)
+class ChannelEnded:
+    node: int
+
+
+@dataclass(frozen=True)
+class Record:
+    """A failure, for the loop to record (the first one stops every node)."""
+
+    failure: Failure
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The node's agent is out of reach: swept over a fresh connection, and maybe a failure."""
+
+    node: int
+    what: str
+
+
+@dataclass(frozen=True)
+class KilledBy:
+    """ddp-kill stops the job on this node: the run ends as for a SIGTERM to ddp-up."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class JournalRead:
+    """Following a detached job: this node's journal was read to its end."""
+
+    node: int
+    frame: JournalEnd
+
+
+Ask = Union[MasterPort, SupervisorPort, ChannelEnded, Record, Lost, KilledBy, JournalRead]

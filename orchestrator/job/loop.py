@@ -1,12 +1,14 @@
 """The job loop: open every node in parallel, start them together, watch, fail fast, clean up.
 
 The main thread consumes one event queue (fed by the node sessions' threads and woken by the
-signal handler) and owns every decision and every state change (the states and their
-transitions are documented at ``outcome.State``; nodetable.py makes them). What the nodes say is
-read by reports.py, the stop path is stoppath.py's; hang detection (hang.py), the cross-node
-checks (preflight.py) and the sweeps of lost nodes (cleanup.py) are units of their own that
-return decisions; this module acts on them. Per-node outcomes are values, and the first
-failure by time is named as the root cause.
+signal handler) and owns every decision and every change to the job's state (the node states
+and their transitions are documented at ``outcome.State``; nodetable.py makes them). What the
+nodes say is read by reports.py, which returns asks (events.py) that this module applies; the
+phases' values are phases.py's, the pace's pace.py's, the stop path is stoppath.py's; hang
+detection (hang.py), the cross-node checks (preflight.py) and the sweeps of lost nodes
+(cleanup.py) are units of their own that return decisions; this module acts on them. No other
+module keeps a Job or writes into one (tests/unit/test_shape.py checks). Per-node outcomes are
+values, and the first failure by time is named as the root cause.
 
 Signals are events: the loop reads the inbox at every turn. The first asks every node to stop
 (Stop, then Kill after stop_grace, then a sweep), the second kills at once; either at any phase.
@@ -24,7 +26,8 @@ from typing import Callable, Protocol
 from .backlog import BacklogOrder
 from ..remote.cleanup import LostNodeSweeper, sweep_notices
 from ..errors import NodeProblem, SetupError
-from .events import WAKE, LogLine, Wake
+from .events import (WAKE, ChannelEnded, JournalRead, KilledBy, LogLine, Lost, MasterPort, Record, SupervisorPort,
+                     Wake)
 from ..diagnose.flight import FlightLog
 from .hang import AskStacks, HangWatch, Hung
 from ..node import policy, wire
@@ -32,7 +35,7 @@ from .nodetable import NodeTable
 from ..diagnose.outcome import Failure, FailureKind, JobResult, JobSnapshot, NodeStatus
 from .pace import PaceReports
 from ..remote.parallel import on_each
-from .phases import Phases
+from . import phases
 from ..plan.launch import LaunchPlan, NodePlan
 from ..diagnose.progress import Bar
 from .reports import NodeReports
@@ -41,9 +44,6 @@ from ..remote.signals import INBOX, SignalInbox
 from .stoppath import StopPath
 from ..remote.transports import transport_for
 
-SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
-PROBE_MARGIN = 10.0  # beyond the probe's own timeout for every node to answer it
-SETTLE = 2.0  # after the last node's end, for the channels to report theirs (their last stderr lines)
 TICK = 0.25  # the loop's longest sleep: views redraw and deadlines are checked at least this often
 
 
@@ -120,7 +120,11 @@ class Following:
             self.master = frame.master
 
 
-class Job:
+class JobLoop:
+    """The job's state and the turning of its loop: one event at a time, then signals, deadlines
+    and views. Every change to the job's own state is made here (the report handlers ask, by
+    value: events.py); Job, below, takes the loop through a job's phases."""
+
     def __init__(self, plan: LaunchPlan, view: View, *, preflight: bool = True,
                  sessions: Callable[..., list[Session]] = real_sessions,
                  opener: Callable[[list[Session]], None] = start_threads,
@@ -137,11 +141,10 @@ class Job:
                                                   lambda node: transport_for(node, shared=False))
         self.table = NodeTable(plan, view, clock, wall)
         self.stop = StopPath(plan, self.sessions, self.table, view, self.sweeper, clock)
-        self.reports = NodeReports(self)
-        self.phases = Phases(self)
         self.hang = HangWatch(plan.hang_timeout, plan.job_id, plan.startup_timeout)
         self.flight = FlightLog(len(plan.nodes), plan.world_size)
-        self.pace = PaceReports(self, shown)  # `shown`: the ranks the console shows (their bars)
+        self.pace = PaceReports(plan, self.table, view, self.flight, self.hang, clock, shown)  # `shown`: the console's ranks
+        self.reports = NodeReports(plan, self.table, view, self.stop, (self.hang, self.flight, self.pace), clock, wall)
         self.master_port = plan.master_port
         self.supervisor_port: int | None = None  # detach: the master node's supervisor
         self.interrupted: int | None = None  # the first signal's number
@@ -151,99 +154,9 @@ class Job:
         self.following: Following | None = None  # attached to a detached job: its journals, read (see follow)
         self.channel_ended: set[int] = set()  # nodes whose channel reported its end (Closed)
         self.status: list[NodeStatus] = self.table.status  # the same list: the table changes it
-
-    # --- entry points ---
-
-    def run(self) -> JobResult:
-        """Connect + preflight everywhere, start everywhere at once, supervise to the end.
-        SetupError (nothing started anywhere) if a node is not fit to run."""
-        with self.inbox.waking(lambda: self.events.put(WAKE)):
-            self.opener(self.sessions)
-            problems = self.phases.await_ready()
-            if not problems and self.preflight and not self.stop.requested:
-                problems = self.phases.check_nodes()
-            if problems and not self.stop.requested:
-                raise SetupError(problems)
-            if not self.stop.requested:
-                self.phases.go()
-            self._drain()
-            if not self.detached:
-                self.phases.settle()
-        return self.result()
-
-    def follow(self) -> JobResult:
-        """Attach to a detached job: every node's journal from its start, then live, through the same
-        events, states and views as a run this loop started. The job's own agents decide everything
-        (node/detached.py), so nothing is sent to them; a signal detaches. Ends when every node's
-        journal has ended (its JournalEnd, after the attempt's Exited), or cannot be read on."""
-        self.following = following = Following(order=BacklogOrder(len(self.plan.nodes)))
-        self.hang.why = "replayed"  # keep the stacks ranks print: a hung job's journal has them
-        with self.inbox.waking(lambda: self.events.put(WAKE)):
-            self.opener(self.sessions)
-            while self.interrupted is None and not all(
-                    s.plan.index in following.journal_ended or s.state in ("lost", "error")
-                    or (s.terminal and s.plan.index in self.channel_ended) for s in self.status):
-                self.turn(None)
-        hung = None if self.table.failures or self.interrupted else self.hang.name_stopped(self.status, self.flight.blamed)
-        if hung is not None:
-            self.fail(hung.node, hung.rank, None, hung.what, kind="hung")
-        return self.result()
-
-    def check(self) -> list[NodeProblem]:
-        """Connect, preflight and probe every node, start nothing (ddp-check)."""
-        with self.inbox.waking(lambda: self.events.put(WAKE)):
-            self.opener(self.sessions)
-            problems = self.phases.await_ready()
-            if self.master_port is not None and all(s.state == "ready" for s in self.status):
-                problems += self.phases.check_nodes()
-        return problems
-
-    def close(self, sweeps: bool = True) -> None:
-        """Always called (finally): drop connections, then wait for the sweeps of lost nodes
-        (unless ``sweeps`` is False: a restart goes on while they end; report_sweeps later).
-        Not interruptible: cleanup runs to its end (every step of it is bounded). A detached
-        job's agents go on: only this end of their streams closes, without waiting for theirs."""
-        if self.detached:
-            for session in self.sessions:
-                session.close()
-            return
-        for session in self.sessions:
-            session.cancel()
-        on_each(self.sessions, lambda s: s.disconnect(), inbox=None, name="disconnect")
-        if sweeps:
-            self.report_sweeps()
-
-    def report_sweeps(self) -> None:
-        """Wait for the sweeps of lost nodes (each bounded) and say how each went."""
-        for text in sweep_notices(self.sweeper.finish(), self.plan.orphan_timeout):
-            self.view.notice(text)
-
-    def result(self) -> JobResult:
-        failures = tuple(self.table.failures)
-        result = JobResult(self.plan, self.table.outcomes(), self.master_port, failures, self.interrupted,
-                           self.clock() - self.started, collectives=self.flight.diagnosis(failures, self.plan.rank_node),
-                           lateness=self.flight.figures())
-        return self.following.result(result) if self.following else result
-
-    def snapshot(self) -> JobSnapshot:
-        now, late = self.clock(), self.flight.marks()
-        cells = self.pace.cells(now)
-        rows = tuple(replace(row, late=late.get(row.index, ""), bar=cells[row.index][0], progress=cells[row.index][1],
-                             slow=cells[row.index][2]) for row in self.table.rows(now))
-        return JobSnapshot(self.plan.job_id, f"{self.plan.master_addr}:{self.master_port or 'auto'}",
-                           self.plan.world_size, now - self.started,
-                           self.table.phase(self.stop.requested, bool(self.interrupted)), rows, now,
-                           self.plan.attempt, self.plan.quarantined, self.pace.eta(now))
-
-    # --- supervising ---
-
-    def _drain(self) -> None:
-        while not self.table.ended:
-            if self.plan.detach and not self.stop.requested and all(s.state == "running" for s in self.status):
-                self.detached = True  # the job's own agents watch it from here (node/detached.py)
-                return
-            times = self.stop.deadlines() + ([self.hang.deadline] if self.hang.deadline is not None else [])
-            self.turn(min(times) if times else None)
+        self._apply = {MasterPort: self._master_port, SupervisorPort: self._supervisor_port, Record: self._record,
+                       ChannelEnded: lambda ask: self.channel_ended.add(ask.node), KilledBy: self._killed_by,
+                       Lost: lambda ask: self.lost(ask.node, ask.what), JournalRead: self._journal_read}
 
     # --- one turn of the loop ---
 
@@ -257,13 +170,19 @@ class Job:
             event = None
         if event is not None and not isinstance(event, Wake):
             for each in self.following.order.take(event) if self.following else (event,):
-                self.reports.handle(each)
+                for ask in self.reports.handle(each):
+                    self._apply[type(ask)](ask)
         while self.signals_seen < len(self.inbox.received):
             self.signals_seen += 1
             self._on_signal(self.inbox.received[self.signals_seen - 1])
         self.stop.pass_on(self.inbox.passed_on, self.following)
         self._watch()
         self.view.tick(self.snapshot)
+
+    def wait(self, deadline: float, pending: Callable[[], bool]) -> None:
+        """Turn until nothing is ``pending`` or the deadline passes."""
+        while pending() and self.clock() < deadline:
+            self.turn(deadline)
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -294,7 +213,7 @@ class Job:
                 session.send(wire.Heartbeat())
             silent = policy.silence(now, session.last_heard, self.plan.orphan_timeout)
             if silent is not None:
-                self.reports.lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
+                self.lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
         decision = self.hang.check(now, self.status, self.stop.requested, self.flight.blamed)
         if isinstance(decision, AskStacks):
             self.view.notice(f"job looks hung: {decision.why}; asking every rank for its Python stack")
@@ -305,7 +224,48 @@ class Job:
             self.fail(decision.node, decision.rank, None, decision.what, kind="hung")
         self.stop.escalate(now)
 
+    # --- what the reports ask ---
+
+    def _master_port(self, ask: MasterPort) -> None:
+        if self.master_port is None:  # the first one reported is the job's
+            self.master_port = ask.port
+
+    def _supervisor_port(self, ask: SupervisorPort) -> None:
+        self.supervisor_port = ask.port
+
+    def _record(self, ask: Record) -> None:
+        self.record(ask.failure)
+
+    def _killed_by(self, ask: KilledBy) -> None:
+        """ddp-kill is stopping this node's job (its note with the signal, node/state.py): the run
+        is over as for a SIGTERM to ddp-up, every node stopped with its grace and no restart."""
+        if self.following or self.interrupted is not None:
+            return
+        self.interrupted = signal.SIGTERM
+        self.view.notice(f"{self.table[ask.node].plan.label}: stopped by ddp-kill; stopping all nodes")
+        self.stop.request("stopped by ddp-kill")
+
+    def _journal_read(self, ask: JournalRead) -> None:
+        following = self.following
+        following.journal_ended.add(ask.node)
+        following.later_attempt |= ask.frame.later
+        following.record(ask.frame, ask.node == self.plan.master.index)
+        if ask.frame.absent:
+            following.absent.add(ask.node)
+
     # --- failures ---
+
+    def lost(self, node: int, what: str) -> None:
+        """A node's agent is out of reach: swept over a fresh connection, and a failure unless the
+        job was stopping already because of a signal."""
+        cancel = self.status[node].slurm_cancel  # Slurm ended the step: not a lost network
+        self.table.set(node, "lost", reason=cancel or what)
+        self.sessions[node].close()
+        if self.following:
+            return  # only this view of the node is lost; the job there goes on under its supervisor
+        self.sweeper.start(self.plan.nodes[node].config)
+        if not self.stop.requested or self.interrupted is None:
+            self.fail(node, None, None, cancel or what, kind="outside" if cancel else "lost")
 
     def fail(self, node: int, rank: int | None, code: int | None, what: str, kind: FailureKind = "own",
              at: float | None = None) -> None:
@@ -320,3 +280,133 @@ class Job:
             how = "stopped from outside" if failure.kind == "outside" else "failed"  # Slurm's, a shutdown
             self.view.notice(f"{failure.label} {how}: {failure.what}; stopping all nodes")
             self.stop.request(f"{failure.label} {how}")
+
+    # --- what it is ---
+
+    def result(self) -> JobResult:
+        failures = tuple(self.table.failures)
+        result = JobResult(self.plan, self.table.outcomes(), self.master_port, failures, self.interrupted,
+                           self.clock() - self.started, collectives=self.flight.diagnosis(failures, self.plan.rank_node),
+                           lateness=self.flight.figures())
+        return self.following.result(result) if self.following else result
+
+    def snapshot(self) -> JobSnapshot:
+        now, late = self.clock(), self.flight.marks()
+        cells = self.pace.cells(now)
+        rows = tuple(replace(row, late=late.get(row.index, ""), bar=cells[row.index][0], progress=cells[row.index][1],
+                             slow=cells[row.index][2]) for row in self.table.rows(now))
+        return JobSnapshot(self.plan.job_id, f"{self.plan.master_addr}:{self.master_port or 'auto'}",
+                           self.plan.world_size, now - self.started,
+                           self.table.phase(self.stop.requested, bool(self.interrupted)), rows, now,
+                           self.plan.attempt, self.plan.quarantined, self.pace.eta(now))
+
+
+class Job(JobLoop):
+    """One attempt of a job, phase by phase: connect and preflight every node, check them across,
+    start them together, supervise to the end, settle (run); or follow a detached one (follow), or
+    check the nodes and start nothing (check)."""
+
+    def run(self) -> JobResult:
+        """Connect + preflight everywhere, start everywhere at once, supervise to the end.
+        SetupError (nothing started anywhere) if a node is not fit to run."""
+        with self.inbox.waking(lambda: self.events.put(WAKE)):
+            self.opener(self.sessions)
+            problems = self.await_ready()
+            if not problems and self.preflight and not self.stop.requested:
+                problems = self.check_nodes()
+            if problems and not self.stop.requested:
+                raise SetupError(problems)
+            if not self.stop.requested:
+                self.go()
+            self._drain()
+            if not self.detached:
+                self.settle()
+        return self.result()
+
+    def follow(self) -> JobResult:
+        """Attach to a detached job: every node's journal from its start, then live, through the same
+        events, states and views as a run this loop started. The job's own agents decide everything
+        (node/detached.py), so nothing is sent to them; a signal detaches. Ends when every node's
+        journal has ended (its JournalEnd, after the attempt's Exited), or cannot be read on."""
+        self.following = self.reports.following = following = Following(order=BacklogOrder(len(self.plan.nodes)))
+        self.hang.why = "replayed"  # keep the stacks ranks print: a hung job's journal has them
+        with self.inbox.waking(lambda: self.events.put(WAKE)):
+            self.opener(self.sessions)
+            while self.interrupted is None and not all(
+                    s.plan.index in following.journal_ended or s.state in ("lost", "error")
+                    or (s.terminal and s.plan.index in self.channel_ended) for s in self.status):
+                self.turn(None)
+        hung = None if self.table.failures or self.interrupted else self.hang.name_stopped(self.status, self.flight.blamed)
+        if hung is not None:
+            self.fail(hung.node, hung.rank, None, hung.what, kind="hung")
+        return self.result()
+
+    def check(self) -> list[NodeProblem]:
+        """Connect, preflight and probe every node, start nothing (ddp-check)."""
+        with self.inbox.waking(lambda: self.events.put(WAKE)):
+            self.opener(self.sessions)
+            problems = self.await_ready()
+            if self.master_port is not None and all(s.state == "ready" for s in self.status):
+                problems += self.check_nodes()
+        return problems
+
+    def close(self, sweeps: bool = True) -> None:
+        """Always called (finally): drop connections, then wait for the sweeps of lost nodes
+        (unless ``sweeps`` is False: a restart goes on while they end; report_sweeps later).
+        Not interruptible: cleanup runs to its end (every step of it is bounded). A detached
+        job's agents go on: only this end of their streams closes, without waiting for theirs."""
+        if self.detached:
+            for session in self.sessions:
+                session.close()
+            return
+        for session in self.sessions:
+            session.cancel()
+        on_each(self.sessions, lambda s: s.disconnect(), inbox=None, name="disconnect")
+        if sweeps:
+            self.report_sweeps()
+
+    def report_sweeps(self) -> None:
+        """Wait for the sweeps of lost nodes (each bounded) and say how each went."""
+        for text in sweep_notices(self.sweeper.finish(), self.plan.orphan_timeout):
+            self.view.notice(text)
+
+    # --- the phases (their values: phases.py) ---
+
+    def await_ready(self) -> list[NodeProblem]:
+        self.wait(phases.ready_deadline(self.plan, self.clock()), lambda: any(s.state == "connecting" for s in self.status))
+        for index, problem in phases.overdue(self.status):
+            self.table.error(index, problem)
+        return self.table.problems()
+
+    def check_nodes(self) -> list[NodeProblem]:
+        """Across nodes: the same torch as the master, enough GPUs, a real TCP path to the master."""
+        probe = phases.probe(self.plan, self.master_port)
+        for session in self.sessions:
+            session.send(probe)
+        self.wait(self.clock() + phases.PROBE_WAIT,
+                  lambda: any(s.reach is None for s in self.status) and not self.stop.requested)
+        problems, notices = phases.cross_checks(self.plan, self.status, self.master_port)
+        for text in notices:
+            self.view.notice(text)
+        return problems
+
+    def go(self) -> None:
+        frames = phases.go_frames(self.plan, self.status, self.master_port, self.supervisor_port)
+        self.hang.started(self.clock())
+        for session, status, frame in zip(self.sessions, self.status, frames):
+            session.send(frame)
+            status.started_at = self.clock()
+            self.table.set(status.plan.index, "starting")
+
+    def _drain(self) -> None:
+        while not self.table.ended:
+            if self.plan.detach and not self.stop.requested and all(s.state == "running" for s in self.status):
+                self.detached = True  # the job's own agents watch it from here (node/detached.py)
+                return
+            times = self.stop.deadlines() + ([self.hang.deadline] if self.hang.deadline is not None else [])
+            self.turn(min(times) if times else None)
+
+    def settle(self) -> None:
+        """Every node has ended: let each channel report its own end (phases.settling)."""
+        waiting = phases.settling(self.sessions, self.status)
+        self.wait(self.clock() + phases.SETTLE, lambda: any(i not in self.channel_ended for i in waiting))

@@ -25,9 +25,12 @@ def bars_of(frame: wire.Bars, first_rank: int, nproc: int, mask=lambda text: tex
 
 
 class PaceReports:
-    def __init__(self, job, shown: frozenset[int] | None = None):
-        self.job = job  # the Job they report to (job.py imports this module)
-        self.board = ProgressBoard([n.ranks for n in job.plan.nodes], shown)
+    """Arrivals and Bars turned into the views' cells, the hang watch's progress and, for a node
+    that falls behind, one notice and one event. Holds what it reads and tells, not the Job."""
+
+    def __init__(self, plan, table, view, flight, hang, clock, shown: frozenset[int] | None = None):
+        self.plan, self.table, self.view, self.flight, self.hang, self.clock = plan, table, view, flight, hang, clock
+        self.board = ProgressBoard([n.ranks for n in plan.nodes], shown)
         self.counts: dict[tuple[int, str], tuple] = {}  # (rank, stream) -> the counts its bars said last
 
     def frame(self, node: int, frame: wire.Frame) -> None:
@@ -37,19 +40,18 @@ class PaceReports:
             self.bars(node, frame)
 
     def arrivals(self, node: int, frame: wire.Arrivals) -> None:
-        job = self.job
-        skew = job.table[node].clock_skew
-        for late in job.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
+        skew = self.table[node].clock_skew
+        for late in self.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
             self.behind(late.node, late.how())
 
     def bars(self, node: int, frame: wire.Bars) -> None:
-        job, plan = self.job, self.job.table[node].plan
-        bars = bars_of(frame, plan.ranks.start, plan.nproc, job.plan.mask if job.plan.secrets else lambda text: text)
-        now = job.clock()
-        job.hang.moved(self.moved(bars), now)
+        plan = self.table[node].plan
+        bars = bars_of(frame, plan.ranks.start, plan.nproc, self.plan.mask if self.plan.secrets else lambda text: text)
+        now = self.clock()
+        self.hang.moved(self.moved(bars), now)
         self.board.bars(node, bars, now)
-        job.view.bars(plan, bars)
-        running = [s.plan.index for s in job.status if s.state == "running"]
+        self.view.bars(plan, bars)
+        running = self.running()
         for slow, share in self.board.newly_slow(running).items():
             self.behind(slow, f"its progress goes at {share} the others' median rate")
 
@@ -65,18 +67,20 @@ class PaceReports:
         return ranks
 
     def behind(self, node: int, how: str) -> None:
-        label = self.job.table[node].plan.label
-        self.job.view.notice(f"{label} is a straggler: {how}")
-        self.job.view.event("straggler", f"{label} is a straggler: {how}", node=node, host=label)
+        label = self.table[node].plan.label
+        self.view.notice(f"{label} is a straggler: {how}")
+        self.view.event("straggler", f"{label} is a straggler: {how}", node=node, host=label)
 
     def lines(self, node: int, lines: list[LogLine]) -> None:
-        self.board.lines(node, lines, self.job.clock())
+        self.board.lines(node, lines, self.clock())
 
     def cells(self, now: float) -> dict[int, tuple[str, str, str]]:
         """{node: (bar, progress, slow)} for the dashboard's rows."""
-        running = [s.plan.index for s in self.job.status if s.state == "running"]
-        slow = self.board.slow(running)
+        slow = self.board.slow(self.running())
         return {n: (*self.board.cells(n, now), slow.get(n, "")) for n in self.board.pace}
 
     def eta(self, now: float) -> float | None:
-        return self.board.eta(now, [s.plan.index for s in self.job.status if s.state == "running"])
+        return self.board.eta(now, self.running())
+
+    def running(self) -> list[int]:
+        return [s.plan.index for s in self.table if s.state == "running"]

@@ -1,7 +1,7 @@
-"""The steps of a job's life that the loop takes one after the other: connect and preflight every
-node (await_ready), the checks across nodes (check_nodes), Go to every node at once (go), and at
-the end, the channels' own last words (settle). Each turns the job's loop until its step is done
-or its deadline passes.
+"""The steps of a job's life that the loop takes one after the other, as values: how long to wait
+for every node's Ready (ready_deadline, overdue), the checks across nodes (probe, cross_checks),
+Go to every node at once (go_frames), and at the end, whose channels' last words to wait for
+(settling). The loop (loop.py) turns until each step is done or its deadline passes.
 """
 
 from __future__ import annotations
@@ -19,66 +19,57 @@ PROBE_MARGIN = 10.0  # beyond the probe's own timeout for every node to answer i
 SETTLE = 2.0  # after the last node's end, for the channels to report theirs (their last stderr lines)
 
 
-class Phases:
-    def __init__(self, job):
-        self.job = job  # the Job whose loop they turn
+def ready_deadline(plan, now: float) -> float:
+    """Until when the loop waits for every node's Ready: its connect, its preflight (in a container:
+    the image's too), and a margin."""
+    return now + SETUP_MARGIN + max(n.config.ssh.connect_timeout + preflight_allowance(n.config.container)
+                                    for n in plan.nodes)
 
-    def await_ready(self) -> list[NodeProblem]:
-        job = self.job
-        deadline = job.clock() + SETUP_MARGIN + max(n.config.ssh.connect_timeout + preflight_allowance(n.config.container)
-                                                    for n in job.plan.nodes)
-        while any(s.state == "connecting" for s in job.status):
-            if job.clock() >= deadline:
-                for s in job.status:
-                    if s.state == "connecting":
-                        job.table.error(s.plan.index, NodeProblem(s.plan.label, "no ready report from the node "
-                                                                   "agent", "check the node's load and filesystem"))
-                break
-            job.turn(deadline)
-        return job.table.problems()
 
-    def check_nodes(self) -> list[NodeProblem]:
-        """Across nodes: the same torch as the master, enough GPUs, a real TCP path to the master."""
-        job = self.job
-        probe = wire.Probe(addr=job.plan.master_addr, port=job.master_port, timeout=preflight.PROBE_TIMEOUT)
-        for session in job.sessions:
-            session.send(probe)
-        deadline = job.clock() + preflight.PROBE_TIMEOUT + PROBE_MARGIN
-        while any(s.reach is None for s in job.status) and job.clock() < deadline and not job.stop.requested:
-            job.turn(deadline)
-        busy, busy_notices = preflight.busy_gpus(job.status, job.plan.allow_busy_gpus)
-        problems = preflight.cross_node_problems(job.status, job.plan.master.index,
-                                                 f"{job.plan.master_addr}:{job.master_port}", busy)
-        notices = preflight.skew_notices(job.status) + busy_notices + \
-            preflight.accelerate_notices(job.status, job.plan.script, job.plan.launcher, uses_accelerate(job.plan.script))
-        for text in notices + ([] if problems else preflight.interface_notices(job.status)):
-            job.view.notice(text)
-        return problems
+def overdue(statuses) -> list[tuple[int, NodeProblem]]:
+    """The nodes still connecting at the deadline, each with its problem."""
+    return [(s.plan.index, NodeProblem(s.plan.label, "no ready report from the node agent",
+                                       "check the node's load and filesystem"))
+            for s in statuses if s.state == "connecting"]
 
-    def go(self) -> None:
-        job = self.job
-        if job.master_port is None:
-            raise SetupError([NodeProblem(job.plan.master.label, "the master did not report a free port")])
-        if job.plan.detach and job.supervisor_port is None:
-            raise SetupError([NodeProblem(job.plan.master.label, "the master did not report its supervisor's port",
-                                          "use the same ddp-up version everywhere")])
-        supervisor = [job.plan.master_addr, job.supervisor_port] if job.plan.detach else None
-        job.hang.started(job.clock())
-        for session, status in zip(job.sessions, job.status):
-            session.send(wire.Go(argv=job.plan.launcher_argv(status.plan, job.master_port), supervisor=supervisor,
-                                 env=preflight.interface_env(status) or None))
-            status.started_at = job.clock()
-            job.table.set(status.plan.index, "starting")
 
-    def settle(self) -> None:
-        """Every node has ended: let each channel report its own end (within SETTLE), so what its
-        stderr said last is read before the result, such as Slurm's word on a step it cancelled."""
-        job = self.job
-        deadline = job.clock() + SETTLE
-        waiting = [i for i, (s, st) in enumerate(zip(job.sessions, job.status))
-                   if s.started and st.state in ("done", "failed", "stopped")]  # a lost node's, we closed
-        while job.clock() < deadline and any(i not in job.channel_ended for i in waiting):
-            job.turn(deadline)
+def probe(plan, master_port: int | None) -> wire.Probe:
+    """What every node is asked before Go: a real TCP connection to the master's port."""
+    return wire.Probe(addr=plan.master_addr, port=master_port, timeout=preflight.PROBE_TIMEOUT)
+
+
+PROBE_WAIT = preflight.PROBE_TIMEOUT + PROBE_MARGIN  # for every node to answer the probe
+
+
+def cross_checks(plan, statuses, master_port: int | None) -> tuple[list[NodeProblem], list[str]]:
+    """Across nodes, once they answered the probe: the same torch as the master, enough GPUs, a real
+    TCP path to the master. (the problems, the notices to show)"""
+    busy, busy_notices = preflight.busy_gpus(statuses, plan.allow_busy_gpus)
+    problems = preflight.cross_node_problems(statuses, plan.master.index, f"{plan.master_addr}:{master_port}", busy)
+    notices = preflight.skew_notices(statuses) + busy_notices + \
+        preflight.accelerate_notices(statuses, plan.script, plan.launcher, uses_accelerate(plan.script))
+    return problems, notices + ([] if problems else preflight.interface_notices(statuses))
+
+
+def go_frames(plan, statuses, master_port: int | None, supervisor_port: int | None) -> list[wire.Go]:
+    """Every node's Go, in the nodes' order; SetupError if the master's agent did not say what the
+    job needs of it."""
+    if master_port is None:
+        raise SetupError([NodeProblem(plan.master.label, "the master did not report a free port")])
+    if plan.detach and supervisor_port is None:
+        raise SetupError([NodeProblem(plan.master.label, "the master did not report its supervisor's port",
+                                      "use the same ddp-up version everywhere")])
+    supervisor = [plan.master_addr, supervisor_port] if plan.detach else None
+    return [wire.Go(argv=plan.launcher_argv(status.plan, master_port), supervisor=supervisor,
+                    env=preflight.interface_env(status) or None) for status in statuses]
+
+
+def settling(sessions, statuses) -> list[int]:
+    """The nodes whose channels' own ends the loop waits for (within SETTLE) once every node has
+    ended, so that what a channel's stderr said last is read before the result (Slurm's word on a
+    step it cancelled). A lost node's channel was closed by the loop: not waited for."""
+    return [i for i, (s, st) in enumerate(zip(sessions, statuses))
+            if s.started and st.state in ("done", "failed", "stopped")]
 
 
 ACCELERATE_IMPORT = re.compile(rb"^[ \t]*(from|import)[ \t]+accelerate\b", re.M)

@@ -1,17 +1,17 @@
 """What the nodes say, for the job loop: their frames, lines and ends, each turned into the state
-change it means (on the job's NodeTable) or a failure for the loop to act on (Job.fail; a node
-lost: NodeReports.lost).
+change it means (on the job's NodeTable) and the asks the loop applies to the job's own state
+(events.py: a master port, a failure, a lost node, a stop by ddp-kill, a journal read).
 """
 
 from __future__ import annotations
 
 import re
-import signal
 from dataclasses import replace
 
 from ..diagnose import preflight
 from ..errors import NodeProblem
-from .events import Closed, Lines, Message, SetupFailed
+from .events import (Ask, ChannelEnded, Closed, JournalRead, KilledBy, Lines, Lost, MasterPort, Message, Record,
+                     SetupFailed, SupervisorPort)
 from ..node import policy, wire
 from ..diagnose.rankfailures import node_clock, own_failures, rank_ends, rank_errors
 
@@ -43,35 +43,39 @@ def overran(reason: str | None, killed: int, grace: float) -> str | None:
 
 
 class NodeReports:
-    def __init__(self, job):
-        self.job = job  # the Job they report to (job.py; not imported here: it imports this module)
-        self.table = job.table
+    """Each event turned into the node's new status (on the NodeTable) and the asks (events.py)
+    that the loop applies to the job's own state. Holds what it reads and feeds, not the Job."""
 
-    def handle(self, event: object) -> None:
-        job = self.job
-        if isinstance(event, Closed):
-            job.channel_ended.add(event.node)
+    def __init__(self, plan, table, view, stop, watchers, clock, wall):
+        self.plan, self.table, self.view, self.stop = plan, table, view, stop  # stop: read only (requested)
+        self.hang, self.flight, self.pace = watchers  # what the lines and frames feed
+        self.clock, self.wall = clock, wall
+        self.following = None  # the Job's Following while it follows a detached job (read only)
+
+    def handle(self, event: object) -> list[Ask]:
+        asks: list[Ask] = [ChannelEnded(event.node)] if isinstance(event, Closed) else []
         if isinstance(event, Lines):
             self.lines(event)
-        elif job.following and isinstance(event, Message) and isinstance(event.frame, wire.JournalEnd):
-            self.journal_end(event.node, event.frame)
-        elif self.table[event.node].terminal or (job.following and event.node in job.following.journal_ended):
-            return  # e.g. a cancelled connect finishing late: its outcome is already decided
+        elif self.following and isinstance(event, Message) and isinstance(event.frame, wire.JournalEnd):
+            asks += self.journal_end(event.node, event.frame)
+        elif self.table[event.node].terminal or (self.following and event.node in self.following.journal_ended):
+            pass  # e.g. a cancelled connect finishing late: its outcome is already decided
         elif isinstance(event, Message):
-            self.message(event.node, event.frame)
+            asks += self.message(event.node, event.frame)
         elif isinstance(event, Closed):
-            self.closed(event)
+            asks += self.closed(event)
         elif isinstance(event, SetupFailed):
-            if self.table[event.node].state == "connecting" and not job.stop.requested:
+            if self.table[event.node].state == "connecting" and not self.stop.requested:
                 self.table.error(event.node, event.problem)
             else:
                 self.table.set(event.node, "stopped", reason="cancelled while connecting")
+        return asks
 
-    def message(self, node: int, frame: wire.Frame) -> None:
+    def message(self, node: int, frame: wire.Frame) -> list[Ask]:
         status = self.table[node]
         if isinstance(frame, wire.Ready) and status.state == "connecting":
-            self.ready(node, frame)
-        elif isinstance(frame, wire.Failed) and status.state == "connecting":
+            return self.ready(node, frame)
+        if isinstance(frame, wire.Failed) and status.state == "connecting":
             self.table.error(node, NodeProblem(status.plan.label, frame.what, frame.fix))
         elif isinstance(frame, wire.Probed):
             status.reach = frame
@@ -80,38 +84,39 @@ class NodeReports:
         elif isinstance(frame, wire.GpuUsage):
             status.gpus = frame.gpus
         elif isinstance(frame, wire.Dumped):
-            self.job.hang.dumped(node, self.job.clock())
+            self.hang.dumped(node, self.clock())
         elif isinstance(frame, wire.Collectives):
-            self.job.flight.collectives(frame.ranks, status.plan.ranks)
+            self.flight.collectives(frame.ranks, status.plan.ranks)
         elif isinstance(frame, (wire.Arrivals, wire.Bars)):
-            self.job.pace.frame(node, frame)
+            self.pace.frame(node, frame)
         elif isinstance(frame, wire.RanksUp):  # the node's own ranks only: the list is the job's to plant
             ranks = status.plan.ranks
-            self.job.hang.ranks_up([r for r in frame.ranks[:len(ranks)] if type(r) is int and r in ranks], self.job.clock())
+            self.hang.ranks_up([r for r in frame.ranks[:len(ranks)] if type(r) is int and r in ranks], self.clock())
         elif isinstance(frame, wire.Stopping):
             self.table.set(node, "stopping", reason=frame.reason)
             if frame.by == "ddp-kill":
-                self.killed(node)
-            elif frame.by == "signal" and not self.job.following:
-                self.stopped_outside(node, frame)
+                return [KilledBy(node)]
+            if frame.by == "signal" and not self.following:
+                return [self.stopped_outside(node, frame)]
         elif isinstance(frame, wire.Exited):
-            self.exited(node, frame)
+            return self.exited(node, frame)
         else:
-            self.lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
-                                f"while {status.state}")
+            return [Lost(node, f"protocol error from the node agent: unexpected {type(frame).__name__} "
+                               f"while {status.state}")]
+        return []
 
-    def ready(self, node: int, frame: wire.Ready) -> None:
-        job, status = self.job, self.table[node]
+    def ready(self, node: int, frame: wire.Ready) -> list[Ask]:
+        status = self.table[node]
         status.info = frame.fields()
-        known = job.plan.vetted.get(status.plan.label)
+        known = self.plan.vetted.get(status.plan.label)
         if known and frame.torch is None:  # vetted in an earlier attempt: its agent did not probe torch again
             status.info.update(known)
-        status.clock_skew = frame.time - job.wall()
-        if frame.port is not None and job.master_port is None:
-            job.master_port = frame.port
-        if frame.supervisor_port is not None and node == job.plan.master.index:
-            job.supervisor_port = frame.supervisor_port
+        status.clock_skew = frame.time - self.wall()
         self.table.set(node, "ready")
+        asks: list[Ask] = [] if frame.port is None else [MasterPort(frame.port)]
+        if frame.supervisor_port is not None and node == self.plan.master.index:
+            asks.append(SupervisorPort(frame.supervisor_port))
+        return asks
 
     def lines(self, event: Lines) -> None:
         status = self.table[event.node]
@@ -122,46 +127,23 @@ class NodeReports:
                 status.slurm_cancel = slurm_cancel(line.text)
                 if status.slurm_cancel is not None:
                     self.blame_slurm(event.node)
-        self.job.hang.lines(event.lines, self.job.clock())
-        self.job.flight.lines(event.lines)
-        self.job.pace.lines(event.node, event.lines)
+        self.hang.lines(event.lines, self.clock())
+        self.flight.lines(event.lines)
+        self.pace.lines(event.node, event.lines)
         status.lines += len(event.lines)
         status.last_line = event.lines[-1].text[:LAST_LINE]
-        if status.state == "stopping" and self.job.stop.requested:
+        if status.state == "stopping" and self.stop.requested:
             # the launcher's own report of a stop ddp-up asked for (torchrun's SignalException
             # traceback, ~40 lines a node) goes to the node's log file only
             kept = [line for line in event.lines if line.rank is None and line.stream != "node"]
             if kept:
-                getattr(self.job.view, "kept_lines", lambda *_: None)(status.plan, kept)
+                getattr(self.view, "kept_lines", lambda *_: None)(status.plan, kept)
                 event = Lines(event.node, [line for line in event.lines if line.rank is not None or
                                            line.stream == "node"])
         if event.lines:
-            self.job.view.lines(status.plan, event.lines)
+            self.view.lines(status.plan, event.lines)
 
-    def killed(self, node: int) -> None:
-        """ddp-kill is stopping this node's job (its note with the signal, node/state.py): the run
-        is over as for a SIGTERM to ddp-up, every node stopped with its grace and no restart."""
-        job = self.job
-        if job.following or job.interrupted is not None:
-            return
-        job.interrupted = signal.SIGTERM
-        job.view.notice(f"{self.table[node].plan.label}: stopped by ddp-kill; stopping all nodes")
-        job.stop.request("stopped by ddp-kill")
-
-    def lost(self, node: int, what: str) -> None:
-        """A node's agent is out of reach: swept over a fresh connection, and a failure unless the
-        job was stopping already because of a signal."""
-        job = self.job
-        cancel = job.status[node].slurm_cancel  # Slurm ended the step: not a lost network
-        self.table.set(node, "lost", reason=cancel or what)
-        job.sessions[node].close()
-        if job.following:
-            return  # only this view of the node is lost; the job there goes on under its supervisor
-        job.sweeper.start(job.plan.nodes[node].config)
-        if not job.stop.requested or job.interrupted is None:
-            job.fail(node, None, None, cancel or what, kind="outside" if cancel else "lost")
-
-    def stopped_outside(self, node: int, frame: wire.Stopping) -> None:
+    def stopped_outside(self, node: int, frame: wire.Stopping) -> Record:
         """The job stops on a node by no one's word from here (Slurm's time limit or preemption, a
         shutdown, a signal to the agent): not the job's own failure (attempts.py), and at the time
         the agent began to stop, before its ranks died and their peers failed of it. Every other
@@ -169,8 +151,8 @@ class NodeReports:
         status = self.table[node]
         known = isinstance(frame.at, (int, float)) and not isinstance(frame.at, bool)
         at = node_clock(frame.at, status.clock_skew) if known else None  # the one rule for a node's times
-        self.job.fail(node, None, None, status.slurm_cancel or f"stopped on the node: {frame.reason}", kind="outside",
-                      at=at)
+        return Record(self.table.failure(node, None, None, status.slurm_cancel or f"stopped on the node: {frame.reason}",
+                                         at, "outside"))
 
     def blame_slurm(self, node: int) -> None:
         """Slurm's word comes on the step's stderr, which can arrive after the node's end (the agent
@@ -184,63 +166,58 @@ class NodeReports:
         if status.state in ("stopped", "lost"):
             status.reason = status.slurm_cancel
 
-    def exited(self, node: int, frame: wire.Exited) -> None:
+    def exited(self, node: int, frame: wire.Exited) -> list[Ask]:
         """The node's end. A node whose ranks failed by themselves is failed, with each failure
         at its own time, whenever it is heard (after a stop too: the root cause is the earliest,
         not the first reported); one that ended because a stop was asked for is stopped."""
-        job, status = self.job, self.table[node]
+        status = self.table[node]
         status.exit_code, status.signal = frame.code, frame.signal
         status.rank_errors = rank_errors(frame.failures, status.plan.ranks.start)
         if frame.gpu_left:
-            job.view.notice(f"{status.plan.label}: {len(frame.gpu_left)} process(es) of this job still hold GPU "
-                            f"memory after its end: {preflight.busy_gpu_text(frame.gpu_left)}")
+            self.view.notice(f"{status.plan.label}: {len(frame.gpu_left)} process(es) of this job still hold GPU "
+                             f"memory after its end: {preflight.busy_gpu_text(frame.gpu_left)}")
         ends = rank_ends(frame.ends, status.plan.ranks.start)
         own = [] if frame.code == 0 and not frame.stopped else own_failures(
             node, status.plan.label, status.report, status.rank_errors, ends, status.clock_skew)
         how = f"signal {frame.signal}" if frame.signal else f"code {frame.code}"
-        asked = job.stop.requested and (frame.stopped or frame.code != 0)  # a stop ddp-up asked for
+        asked = self.stop.requested and (frame.stopped or frame.code != 0)  # a stop ddp-up asked for
         state = policy.node_end(bool(own), frame.stopped or asked, frame.code)  # the node's own rule
         if own:  # the ranks' own ends, not only torchrun's 1
             self.table.set(node, "failed", reason=ranks_ended(own, f"launcher exited with {how}"))
-            for failure in own:
-                job.record(failure)
-        elif asked:
+            return [Record(failure) for failure in own]
+        if asked:
             cut = (frame.overran if isinstance(frame.overran, int) else 0) + status.report.forced
-            self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, cut, job.plan.stop_grace))
+            self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, cut, self.plan.stop_grace))
         elif state == "stopped":
             self.table.set(node, "stopped", reason=status.slurm_cancel or frame.reason)
-            if not job.following:  # a detached job's nodes stop when another fails: that one is the cause
-                job.fail(node, None, frame.code, status.slurm_cancel or f"stopped on the node: {frame.reason}",
-                         kind="outside")
+            if not self.following:  # a detached job's nodes stop when another fails: that one is the cause
+                return [Record(self.table.failure(node, None, frame.code, status.slurm_cancel or
+                                                  f"stopped on the node: {frame.reason}", None, "outside"))]
         elif state == "done":
             self.table.set(node, "done")
-            job.hang.node_done(job.clock())
+            self.hang.node_done(self.clock())
         else:
             self.table.set(node, "failed", reason=frame.reason or f"launcher exited with {how}")
-            job.fail(node, None, frame.code, frame.reason or status.reason)
+            return [Record(self.table.failure(node, None, frame.code, frame.reason or status.reason))]
+        return []
 
-    def closed(self, event: Closed) -> None:
+    def closed(self, event: Closed) -> list[Ask]:
         status = self.table[event.node]
         if status.state == "connecting":
             self.table.error(event.node, event.end.problem(status.plan.config, "before it was ready"))
-            return
+            return []
         if event.end.protocol_error:
             what = f"protocol error from the node agent: {event.end.protocol_error}"
         else:
             tail = "; ".join(event.end.stderr_tail[-2:])
             what = "connection to the node agent lost" + (f" ({tail})" if tail else "")
-        self.lost(event.node, what)
+        return [Lost(event.node, what)]
 
-    def journal_end(self, node: int, frame: wire.JournalEnd) -> None:
+    def journal_end(self, node: int, frame: wire.JournalEnd) -> list[Ask]:
         """Following: this node's journal was read to its end; whether a later attempt follows."""
-        job, status = self.job, self.table[node]
-        job.following.journal_ended.add(node)
-        job.following.later_attempt |= frame.later
-        job.following.record(frame, node == job.plan.master.index)
-        if frame.absent:
-            job.following.absent.add(node)
-        elif not frame.running and not status.terminal:
+        if not frame.absent and not frame.running and not self.table[node].terminal:
             self.table.set(node, "lost", reason="its journal ends before the job's end there (its agent was killed?)")
+        return [JournalRead(node, frame)]
 
 
 def ranks_ended(own: list, launcher: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 from signal import SIGINT
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from orchestrator.node import wire
@@ -187,10 +187,12 @@ class RecordingView:
 class Harness:
     """A Job over ``n`` fake nodes (node 0 is the master), with everything recorded."""
 
-    def __init__(self, n: int = 2, gpus: int = 1, **settings):
+    def __init__(self, n: int = 2, gpus: int = 1, replan: dict | None = None, **settings):
         text = "transport: local\n" + "".join(f"{k}: {v}\n" for k, v in settings.items())
         text += "nodes:\n" + "".join(f"  - {{host: h{i}, gpus: {gpus}}}\n" for i in range(n))
         self.plan = make_plan(parse_cluster(text), "train.py", [], "J1", "/tmp")
+        if replan:  # plan fields no cluster file sets (a restart's vetted nodes, --allow-busy-gpus)
+            self.plan = replace(self.plan, **replan)
         self.clock = Clock()
         self.queue = FakeQueue(self.clock)
         self.view = RecordingView()

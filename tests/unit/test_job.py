@@ -260,10 +260,7 @@ def test_a_setting_with_no_route_or_a_busy_gpu_stops_the_launch_before_go():
 
 
 def test_busy_gpus_allowed_start_with_a_notice_and_gpu_use_reaches_the_dashboard():
-    from dataclasses import replace
-
-    h = Harness(1)
-    h.job.plan = replace(h.plan, allow_busy_gpus=True)
+    h = Harness(1, replan=dict(allow_busy_gpus=True))
     h.nodes[0].ready = dict(busy_gpus=[{"gpu": 0, "pid": 7, "user": "bob", "cmd": "x", "mib": 900}])
     h.nodes[0].exit_code = 0
 
@@ -290,10 +287,7 @@ def test_gpu_memory_a_jobs_process_still_holds_after_its_end_is_named():
 def test_a_vetted_node_skips_the_torch_probe_and_its_earlier_build_is_still_compared():
     """Restarts: a node whose preflight passed in an earlier attempt is not asked to import torch
     again; the build it reported then takes part in the cross-node check."""
-    from dataclasses import replace
-
-    h = Harness(2)
-    h.job.plan = replace(h.plan, vetted={"h1": {"torch": "2.12.0", "cuda": None, "nccl": None}})
+    h = Harness(2, replan=dict(vetted={"h1": {"torch": "2.12.0", "cuda": None, "nccl": None}}))
     assert [h.job.plan.agent_spec(n).needs_torch for n in h.job.plan.nodes] == [True, False]
     h.nodes[1].ready = dict(torch=None)  # what an agent that skipped the probe reports
     with pytest.raises(SetupError) as e:

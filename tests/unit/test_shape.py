@@ -153,6 +153,66 @@ def test_each_stage_says_what_it_does_and_what_it_may_import():
         assert allowed in doc, stage
 
 
+LOOP = "orchestrator.job.loop"  # the one module that changes a Job's state
+MUTATORS = {"add", "append", "extend", "update", "clear", "discard", "pop", "remove", "insert", "setdefault"}
+
+
+def root(node: ast.AST) -> ast.AST:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node
+
+
+def on_a_job(node: ast.AST) -> bool:
+    """Whether an attribute chain starts at a Job: ``job.…`` or ``self.job.…``."""
+    base = root(node)
+    if isinstance(base, ast.Name) and base.id == "job":
+        return node is not base
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute) and node.attr == "job" and isinstance(node.value, ast.Name) \
+                and node.value.id == "self":
+            return True
+        node = node.value
+    return False
+
+
+def job_handling(source: str) -> list[str]:
+    """Where code keeps a Job (``self.job = …``) or changes one: a store into its attributes, or a
+    mutating call on one of them (``job.seen.add(…)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            targets = []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr == "job" and isinstance(target.value, ast.Name):
+                found.append(f"line {target.lineno}: keeps a Job")
+            elif isinstance(target, (ast.Attribute, ast.Subscript)) and on_a_job(target):
+                found.append(f"line {target.lineno}: writes a Job's attribute")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS \
+                and on_a_job(node.func.value):
+            found.append(f"line {node.lineno}: changes a Job's attribute")
+    return found
+
+
+def test_the_job_check_finds_a_job_kept_or_changed():
+    source = ("class R:\n    def __init__(self, job):\n        self.job = job\n"
+              "    def f(self, job):\n        job.port = 1\n        self.job.seen.add(2)\n"
+              "        job.following.later |= True\n        n = job.port\n")
+    assert job_handling(source) == ["line 3: keeps a Job", "line 5: writes a Job's attribute",
+                                    "line 7: writes a Job's attribute", "line 6: changes a Job's attribute"]
+
+
+def test_only_the_job_loop_changes_a_jobs_state():
+    """loop.py's promise: the report handlers, the phases and the pace tracking return values or
+    asks (job/events.py) and the loop applies them; nothing else keeps a Job or writes into one."""
+    found = {name: job_handling(path.read_text(encoding="utf-8")) for name, path in modules().items() if name != LOOP}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
 @pytest.mark.parametrize("name", sorted(modules()))
 def test_small_modules_classes_and_functions(name):
     path = modules()[name]
