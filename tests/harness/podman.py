@@ -48,9 +48,12 @@ def tmp_env(tmpdir: Path | None) -> dict:
     return {"TMPDIR": str(tmpdir)} if tmpdir is not None else {}
 
 
-def python_root() -> str:
-    """The directory that holds this Python and its packages (a venv's base included)."""
-    return os.path.realpath(sys.base_prefix)
+def python_roots() -> list[str]:
+    """The directories that hold this Python and its packages: its base, and a venv's own (the
+    README's test command may run in one, with torch installed there)."""
+    roots = [os.path.realpath(sys.base_prefix)]
+    venv = os.path.realpath(sys.prefix)
+    return roots + ([venv] if not venv.startswith(roots[0] + os.sep) and venv != roots[0] else [])
 
 
 class Podman:
@@ -85,7 +88,7 @@ class Podman:
 
     def config(self, **more) -> dict:
         """A cluster file's `container:` for the test image."""
-        mounts = [f"{d}:{d}:ro" for d in (*HOST_MOUNTS, python_root())]
+        mounts = [f"{d}:{d}:ro" for d in (*HOST_MOUNTS, *python_roots())]
         return {"runtime": self.runtime, "image": IMAGE, "pull": "never", "python": sys.executable,
                 "mounts": mounts, **more}
 
