@@ -18,15 +18,11 @@ made safe to show), version. From Python: ``from orchestrator import launch, Job
 """
 
 from .version import __version__
-__all__ = ["launch", "fetch", "Run", "JobFailed", "LaunchRefused", "Detached"]
+__all__ = ["launch", "fetch", "Run", "JobFailed", "LaunchRefused", "FetchFailed", "Detached"]
 
 
 def __getattr__(name):
     """The Python API, imported on first use (the commands' start does not pay for it)."""
-    if name == "fetch":
-        from .remote.fetch import fetch_all
-
-        return fetch_all
     if name in __all__:
         from . import api
 

@@ -7,6 +7,15 @@ own, in this process), its answer as a value.
     run.summary      # what runs/<job>/summary.json holds
     run.run_dir
 
+    def train(lr):                    # defined here: a notebook cell, a __main__ script
+        ...
+        return torch.distributed.get_rank()
+    launch("cluster.yaml", train, (0.1,)).results    # {global rank: what train returned there}
+
+A function is shipped by value with cloudpickle (plan/call.py); the nodes need cloudpickle too.
+Its ranks' return values come back over the agents' own channels and are unpickled here: the
+nodes are trusted as the user's own, as with any code the user runs there.
+
 A failed run raises JobFailed, which names the root cause (rank, host, the rank's exception) and
 carries the remote traceback and the summary. Ctrl-C (a notebook's "interrupt kernel") stops the
 job as on the command line, every rank with its grace, and raises KeyboardInterrupt.
@@ -20,8 +29,9 @@ import io
 import json
 import os
 import signal
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import yaml
 
@@ -37,47 +47,62 @@ OPTIONS = {"hang_timeout": ("--hang-timeout", True), "restarts": ("--restarts", 
 @dataclass(frozen=True)
 class Run:
     """A run that ended: its job id, its directory, its exit status, summary.json's content, and
-    each global rank's exit code (0 for every rank of a run that succeeded)."""
+    each global rank's result: a function's return value, or a script's exit code (0 for every
+    rank of a run that succeeded)."""
 
     job_id: str
     run_dir: str
     exit_code: int
     summary: dict = field(repr=False)
-    results: dict[int, int | None] = field(default_factory=dict)
+    results: dict = field(default_factory=dict)
+    cluster: str = ""  # the cluster file it ran on (a dict's: written beside its run directory)
+
+    def fetch(self, remote_path: str, local_dir: str, node: str | None = None) -> list[dict]:
+        """Files back from the run's nodes (see ``fetch``)."""
+        return fetch(self.cluster, remote_path, local_dir, node)
 
 
 class JobFailed(Exception):
     """The run failed. ``str()`` names the root cause; ``run``, ``summary``, ``exception_type``
     (the rank's exception's type name) and ``remote_traceback`` (its last lines) say the rest."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, why: str | None = None):
         root = run.summary.get("root_cause") or {}
         self.run, self.summary = run, run.summary
         exception = root.get("exception") or ""
         self.exception_type = exception.split(":", 1)[0] if ":" in exception else None
         self.remote_traceback = "\n".join(root.get("traceback") or ())
         where = f"rank {root.get('rank')} on {root.get('host')} (node {root.get('node')})" if root else "the job"
-        super().__init__(f"job {run.job_id} failed (exit status {run.exit_code}): {where}: "
-                         f"{exception or root.get('what') or 'see ' + run.run_dir}")
+        super().__init__(f"job {run.job_id}: {why}" if why else f"job {run.job_id} failed (exit status {run.exit_code}): "
+                         f"{where}: {exception or root.get('what') or 'see ' + run.run_dir}")
 
 
 class LaunchRefused(ValueError):
     """Nothing was started: bad input (exit 2) or a node not ready (exit 3); the reason was printed."""
 
 
-def launch(cluster, target: str, args=(), *, job_id: str | None = None, runs_dir: str = "runs",
-           detach: bool = False, **options):
-    """Run ``target`` (a script path, or ``-m module``: ``target="-m", args=["pkg.train", ...]``) on
-    ``cluster`` (a cluster-file path, or the same data as a dict) with ``args``; ``options`` are
-    the command line's (hang_timeout, restarts, ranks, sync, preflight, collapse, allow_busy_gpus,
-    dashboard). A Run, or with ``detach`` a Detached handle."""
+def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto", job_id: str | None = None,
+           runs_dir: str = "runs", detach: bool = False, **options):
+    """Run ``target`` on ``cluster`` (a cluster-file path, or the same data as a dict): a function,
+    called on every rank with ``args`` and ``kwargs`` after the process group is up (``backend``:
+    "auto" picks nccl with CUDA, else gloo; None: no group), or a script path (or ``-m module``:
+    ``target="-m", args=["pkg.train", ...]``) with ``args``. ``options`` are the command line's
+    (hang_timeout, restarts, ranks, sync, preflight, collapse, allow_busy_gpus, dashboard). A Run,
+    or with ``detach`` (scripts only) a Detached handle."""
     from .commands.up import main_up
+    from .plan.call import MODULE
 
+    call = shipped(target, args, kwargs, backend)
+    if call and detach:
+        raise LaunchRefused(f"{call.name}: a function's results come back to its caller, which a detached job "
+                            "has not: launch a script to detach")
     job_id = job_id or new_job_id()
     path = cluster_path(cluster, runs_dir, job_id)
+    script = ["-m", MODULE] if call else [os.fspath(target), *map(str, args)]
     argv = ["--runs-dir", runs_dir, "--job-id", job_id, *flags(options), *(["--detach"] if detach else []),
-            path, target, *map(str, args)]
-    code = main_up(argv)
+            path, *script]
+    results: list = []
+    code = main_up(argv, call=call, on_result=results.append)
     if code in (2, 3):
         raise LaunchRefused(f"ddp-up started nothing (exit status {code}): its message says why")
     if code >= 128:
@@ -86,7 +111,43 @@ def launch(cluster, target: str, args=(), *, job_id: str | None = None, runs_dir
         raise InterruptedError(f"job {job_id} stopped by signal {code - 128}")
     if detach:
         return Detached(path, job_id, runs_dir)
-    return ended(job_id, os.path.join(runs_dir, job_id), code)
+    run = ended(job_id, os.path.join(runs_dir, job_id), code, path)
+    return replace(run, results=returned(run, results[-1].values if results else {})) if call else run
+
+
+def shipped(target, args, kwargs, backend):
+    """The Call for a function (LaunchRefused if it cannot go), None for a script."""
+    from .errors import UsageError
+    from .plan.call import Call
+
+    if not callable(target):
+        if kwargs:
+            raise TypeError("kwargs are a function's; a script takes its arguments in args")
+        return None
+    try:
+        return Call.of(target, args, kwargs, backend)
+    except UsageError as e:
+        raise LaunchRefused(e.render()) from None
+
+
+def returned(run: "Run", values: dict) -> dict:
+    """Every rank's return value, unpickled here; JobFailed if one did not come back whole."""
+    import pickle
+
+    import cloudpickle  # noqa: F401  (what it pickled by value, its functions rebuild)
+
+    out = {}
+    for rank in sorted(run.results):
+        value = values.get(rank)
+        why = value if isinstance(value, str) else "it left no result" if value is None else None
+        if why is None:
+            try:
+                out[rank] = pickle.loads(value)
+                continue
+            except Exception as e:  # a class this Python cannot import, a value that fails to rebuild
+                why = f"its return value cannot be rebuilt here: {type(e).__name__}: {e}"
+        raise JobFailed(run, f"rank {rank}'s return value did not come back: {why}")
+    return out
 
 
 def flags(options: dict) -> list[str]:
@@ -117,7 +178,7 @@ def cluster_path(cluster, runs_dir: str, job_id: str) -> str:
     return path
 
 
-def ended(job_id: str, run_dir: str, code: int) -> Run:
+def ended(job_id: str, run_dir: str, code: int, cluster: str = "") -> Run:
     try:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
@@ -131,10 +192,38 @@ def ended(job_id: str, run_dir: str, code: int) -> Run:
     root = summary.get("root_cause") or {}
     if isinstance(root.get("rank"), int) and code != 0:
         results[root["rank"]] = root.get("exit_code")
-    run = Run(job_id, run_dir, code, summary, results)
+    run = Run(job_id, run_dir, code, summary, results, cluster)
     if code != 0:
         raise JobFailed(run)
     return run
+
+
+class FetchFailed(OSError):
+    """A node's files did not all come back; ``rows`` has every node's account (ddp-fetch --json's)."""
+
+    def __init__(self, message: str, rows: list[dict]):
+        super().__init__(message)
+        self.rows = rows
+
+
+def fetch(cluster, remote_path: str, local_dir: str, node: str | None = None) -> list[dict]:
+    """ddp-fetch from Python: ``remote_path`` (relative to each node's workdir, or absolute) from
+    every node of ``cluster`` (a path, or the same data as a dict) into ``local_dir/<node>/``, or
+    from ``node`` into ``local_dir``; only what changed is sent again. Each node's account (files,
+    bytes, unchanged...); LaunchRefused for bad input, FetchFailed if a node's copy failed."""
+    from .commands.fetch import main_fetch
+
+    with tempfile.TemporaryDirectory() as private:  # a dict's cluster file, for this call only (0700)
+        path = cluster_path(cluster, private, "fetch")
+        out, code = quietly(main_fetch, [path, remote_path, local_dir, "--json",
+                                         *(["--node", str(node)] if node is not None else [])])
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if code == 2:
+        raise LaunchRefused(f"ddp-fetch copied nothing (exit status {code}): its message says why")
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        raise FetchFailed(f"{failed[0]['node']}: {failed[0]['error']}", rows)
+    return rows
 
 
 @dataclass
@@ -149,7 +238,7 @@ class Detached:
         """The job's ddp-ls row (state: running, restarting, done, failed, stopped, lost)."""
         from .commands.attach import main_ls
 
-        out = quietly(main_ls, [self.cluster, "--json"])
+        out, _ = quietly(main_ls, [self.cluster, "--json"])
         rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         return next((r for r in rows if r.get("job") == self.job_id), {"job": self.job_id, "state": "unknown"})
 
@@ -157,7 +246,7 @@ class Detached:
         """Every line of every rank so far, as ddp-logs prints them."""
         from .commands.attach import main_logs
 
-        return quietly(main_logs, [self.cluster, self.job_id, "--runs-dir", self.runs_dir])
+        return quietly(main_logs, [self.cluster, self.job_id, "--runs-dir", self.runs_dir])[0]
 
     def wait(self, poll: float = 2.0, timeout: float | None = None) -> dict:
         """Until the job has ended (its ddp-ls row then); TimeoutError after ``timeout`` seconds."""
@@ -177,9 +266,9 @@ class Detached:
         return main_kill([self.cluster, "--job", self.job_id])
 
 
-def quietly(main, argv: list[str]) -> str:
-    """A command's stdout, as text."""
+def quietly(main, argv: list[str]) -> tuple[str, int]:
+    """A command's stdout, as text, and its exit status."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        main(argv)
-    return out.getvalue()
+        code = main(argv)
+    return out.getvalue(), code

@@ -74,6 +74,7 @@ class NodeStatus:
     gpus: list | None = None  # the last GpuUsage sample: [[index, util %, used MiB, total MiB]]
     report: FailureReportParser = field(default_factory=FailureReportParser)
     rank_errors: list = field(default_factory=list)  # its failed ranks' exceptions (rankfailures.RankError)
+    results: dict = field(default_factory=dict)  # a function's launch: its ranks' Result frames, by global rank
 
     @property
     def terminal(self) -> bool:
@@ -143,6 +144,8 @@ class JobResult:
     master: str | None = None
     collectives: Diagnosis | None = None  # a hang's or a timeout's stuck collective (flight.py)
     lateness: tuple[Lateness, ...] = ()  # every node's lateness at collectives (stragglers.py)
+    # a function's launch: {global rank: its return value as the rank pickled it, or why it did not come}
+    values: dict = field(default_factory=dict, repr=False)
 
     @property
     def master_text(self) -> str:

@@ -287,7 +287,8 @@ class JobLoop:
         failures = tuple(self.table.failures)
         result = JobResult(self.plan, self.table.outcomes(), self.master_port, failures, self.interrupted,
                            self.clock() - self.started, collectives=self.flight.diagnosis(failures, self.plan.rank_node),
-                           lateness=self.flight.figures())
+                           lateness=self.flight.figures(),
+                           values={rank: v for status in self.status for rank, v in status.results.items()})
         return self.following.result(result) if self.following else result
 
     def snapshot(self) -> JobSnapshot:

@@ -98,6 +98,8 @@ class NodeReports:
                 return [KilledBy(node)]
             if frame.by == "signal" and not self.following:
                 return [self.stopped_outside(node, frame)]
+        elif isinstance(frame, wire.Result) and type(frame.rank) is int and frame.rank in status.plan.ranks:  # its own
+            status.results[frame.rank] = frame.problem or frame.data
         elif isinstance(frame, wire.Exited):
             return self.exited(node, frame)
         else:

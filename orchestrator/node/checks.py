@@ -78,14 +78,22 @@ if spec is not None:
     major = (info["cuda"] or "").split(".")[0]
     names = [f"nvidia-nccl-cu{major}"] + [f"nvidia-nccl-cu{v}" for v in (13, 12, 11) if str(v) != major]
     info["nccl"] = next(filter(None, map(version, names)), None) if major else None
+if "cloudpickle" in __import__("sys").argv[1:]:  # a function's launch: its runner unpickles with it
+    try:
+        import cloudpickle
+        info["cloudpickle"] = getattr(cloudpickle, "__version__", "?")
+    except Exception as e:
+        info["cloudpickle"] = None
+        info["cloudpickle_error"] = "%s: %s" % (type(e).__name__, e)
 print(json.dumps(info))
 """
 
 
-def probe_torch(env):
-    """{"torch", "cuda", "nccl"} versions the job would use, or None if it has no torch."""
+def probe_torch(env, *more):
+    """{"torch", "cuda", "nccl"} versions the job would use (and ``more``'s: "cloudpickle"), or None
+    if it has no torch."""
     try:
-        out = subprocess.run([sys.executable, "-c", TORCH_PROBE], env=env, stdout=subprocess.PIPE,
+        out = subprocess.run([sys.executable, "-c", TORCH_PROBE, *more], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, timeout=60).stdout
         info = json.loads(out.decode().strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
@@ -102,8 +110,13 @@ def versions(spec, env, box, out):
     if box is not None:
         return container.preflight(box, TORCH_PROBE, spec.needs_torch, say)
     # a process per node, paid N times on a big cluster: only where the launcher needs torch
-    info = probe_torch(env) if spec.needs_torch else {}
-    return (info, None) if info is not None else (None, no_torch())
+    calls = CALL_HOOK in (spec.hooks or {})
+    info = probe_torch(env, *(["cloudpickle"] if calls else [])) if spec.needs_torch or calls else {}
+    if info is None:
+        return None, no_torch()
+    if calls and not info.get("cloudpickle"):
+        return None, no_cloudpickle(info.get("cloudpickle_error"))
+    return info, None
 
 
 JOB_TMPDIR = "DDP_UP_JOB_TMPDIR"  # TMPDIR as `setup:` left it (transport.setup_script): the job's
@@ -144,6 +157,15 @@ def check_paths(spec):
         return wire.Failed("script %s not found in %s" % (spec.script, workdir),
                            "copy it to this node, or set `workdir:` to the directory that holds it")
     return None
+
+
+CALL_HOOK = "ddp_up_call.py"  # a function's launch: the runner (plan/rank_call.py) among the hooks
+
+
+def no_cloudpickle(error):
+    why = " (%s)" % error[:200] if error else ""
+    return wire.Failed("cloudpickle cannot be imported by %s%s: the function is shipped with it" % (sys.executable, why),
+                       "install it on this node: %s -m pip install cloudpickle" % sys.executable)
 
 
 def no_torch():

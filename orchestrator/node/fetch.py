@@ -47,7 +47,7 @@ def fetch(spec, writer, stream=None):
 
 def requested(root, path):
     """The absolute path asked for: ``path`` as given if absolute, else under ``root`` (the workdir)."""
-    return os.path.normpath(os.path.join(os.path.expanduser(root), os.path.expanduser(path)))
+    return os.path.normpath(os.path.join(os.path.expanduser(root or "~"), os.path.expanduser(path)))
 
 
 def listing(base):

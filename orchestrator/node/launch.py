@@ -7,6 +7,7 @@ so ending it (``end``) reaches all of them, and nothing else.
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,9 +18,9 @@ from . import container, events, facts, flight, policy, wire
 from .failures import RankEnds, rank_failures
 from .procs import (KILL_WAIT, TAGS, carries, find_tagged, kill_tagged, read_tags, signal_ranks, signal_tagged, spec_tags,
                     wait_gone)
-from .relay import Tailer, join_while_moving, pump
+from .relay import Tailer, join_while_moving, open_regular, pump
 from .stacks import dump_all, sitecustomize
-from .checks import job_env
+from .checks import CALL_HOOK, job_env
 from .state import per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
 
@@ -84,6 +85,40 @@ def accelerate_options(argv, env, log_dir, stop_signal):
     mine = ["--log_dir=" + log_dir] + ([] if configured else ["--multi_gpu"])
     i = argv.index(ACCELERATE_NODE_OPTIONS)
     return argv[:i] + mine + argv[i + 1:]
+
+
+RESULT_FILE = re.compile(r"result\.(\d{1,7})")  # what it leaves for each global rank, beside itself
+RESULT_LIMIT = 8 << 20  # the runner's own limit (a bigger value fails the rank, saying so)
+
+
+def call_results(hooks, nproc):
+    """The Result frames of a function's launch: each rank's pickled return value (at most one per
+    local rank), read bounded from a regular file only (never through a link, never blocking). A
+    rank that left none failed, and its failure says why."""
+    try:
+        names = [e.name for e in os.scandir(hooks)]
+    except OSError:
+        return []
+    ranks = sorted(int(m.group(1)) for m in map(RESULT_FILE.fullmatch, names) if m)[:nproc]
+    frames = []
+    for rank in ranks:
+        fd = open_regular(os.path.join(hooks, "result.%d" % rank))
+        if fd is None:
+            frames.append(wire.Result(rank=rank, problem="its result is not a regular file", data=b""))
+            continue
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(RESULT_LIMIT + 1)
+        problem = "its result is over %d MiB" % (RESULT_LIMIT >> 20) if len(data) > RESULT_LIMIT else None
+        frames.append(wire.Result(rank=rank, problem=problem, data=b"" if problem else data))
+    return frames
+
+
+def results_of(launch):
+    """A function's launch: the Result frame of each rank of ``launch`` that returned (call_results)."""
+    spec = launch.spec
+    if CALL_HOOK not in (spec.hooks or {}) or spec.detach:  # a detached job has no caller
+        return []
+    return call_results(os.path.join(launch.dir, per_attempt("hooks", launch.attempt)), spec.nproc or 1)
 
 
 def write_hooks(state_dir, attempt, files):

@@ -21,7 +21,7 @@ import time
 
 from . import checks, events, policy, wire
 from .container import box_for
-from .launch import Launch
+from .launch import Launch, results_of
 from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name
 from .state import killed_by_ddp_kill, remove_node_dir
 
@@ -33,9 +33,7 @@ class Runner:
     """One node's run of the job, from its spec (a wire.RunSpec) to its exit status."""
 
     def __init__(self, spec, writer, clock=time.monotonic):
-        self.spec = spec
-        self.out = writer
-        self.clock = clock
+        self.spec, self.out, self.clock = spec, writer, clock
         self.match = {TAG_JOB: spec.job, TAG_NODE: str(spec.node), TAG_RUN: spec.run}  # this launch only
         self.events = queue.SimpleQueue()  # put() is safe from signal handlers
         self.last_heard = clock()
@@ -220,6 +218,8 @@ class Runner:
         if self.launch.relay_died and not stopped:  # ranks' lines were lost: never an "ok"
             code, reason = code or 1, self.launch.relay_died
         failures, ends = self.launch.failures(stopped)
+        for result in results_of(self.launch):
+            self.out.send(result)
         self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason,
                                   gpu_left=self.launch.gpu_left(), failures=failures, ends=ends,
                                   overran=self.launch.killed if graceful else None))

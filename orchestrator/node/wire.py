@@ -410,6 +410,17 @@ class Exited(Frame):
 
 
 @_frame(TO_CONTROLLER)
+class Result(Frame):
+    """A function's launch (the Python API): what one rank's function returned, as the rank pickled
+    it (``data``), or why it cannot come back (``problem``). Sent before the node's Exited."""
+
+    BODY = "data"
+    rank: int  # global rank
+    problem: str | None
+    data: bytes
+
+
+@_frame(TO_CONTROLLER)
 class GpuUsage(Frame):
     """A sample of the node's GPUs for the dashboard: [[index, util %, used MiB, total MiB]]."""
 

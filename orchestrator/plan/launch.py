@@ -239,10 +239,8 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
     nodes = []
     first = 0
     for cfg in config.nodes:
-        workdir = cfg.workdir
-        if workdir is None and cfg.transport == "local":
-            workdir = local_cwd  # a local node runs where the user is, like `torchrun` would
-        nodes.append(NodePlan(index=cfg.rank, config=cfg, first_rank=first, workdir=workdir, env=dict(cfg.env)))
+        nodes.append(NodePlan(index=cfg.rank, config=cfg, first_rank=first, workdir=node_workdir(cfg, local_cwd),
+                              env=dict(cfg.env)))
         first += cfg.gpus
     return LaunchPlan(
         job_id=job_id,
@@ -275,6 +273,14 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         notify=config.notify,
         commit=commit,
     )
+
+
+def node_workdir(cfg: NodeConfig, local_cwd: str) -> str | None:
+    """Where a node's job runs: its `workdir:`; a local node without one runs where the user is,
+    like `torchrun` would; None: the remote user's home."""
+    if cfg.workdir is None and cfg.transport == "local":
+        return local_cwd
+    return cfg.workdir
 
 
 def check_job_id(value: str, flag: str) -> str:

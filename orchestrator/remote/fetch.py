@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..config.cluster import NodeConfig
 from ..errors import NodeProblem
+from ..plan.launch import node_workdir
 from ..ownfiles import no_link_open
 from ..node import wire
 from ..node.sync import link_in_parents, safe_relpath, same_file
@@ -67,7 +68,7 @@ def fetch_all(nodes: list[NodeConfig], remote_path: str, local_dir: str, per_nod
 
 def fetch_node(node: NodeConfig, remote_path: str, dest: str) -> Fetched:
     result = Fetched(node.label, dest)
-    call = FetchCall(node, wire.FetchSpec(root=node.workdir, path=remote_path), dest, result)
+    call = FetchCall(node, wire.FetchSpec(root=node_workdir(node, os.getcwd()), path=remote_path), dest, result)
     result.problem = call.open()
     if result.problem is not None:
         return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import replace
+from typing import Callable
 
 from ..remote import signals
 from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
@@ -21,7 +22,8 @@ from ..views.logfiles import RunLogs
 
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
             inbox: signals.SignalInbox = signals.INBOX, cluster_arg: str = "CLUSTER.yaml",
-            restarts: Restarts | None = None, notifier: Notifier | None = None) -> int:
+            restarts: Restarts | None = None, notifier: Notifier | None = None,
+            on_result: Callable[[JobResult], None] | None = None) -> int:
     """Run to completion. Signals are the job loop's events: the first stops every node
     gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
     ends once every node runs (exit 0), the job going on under its own agents. With
@@ -53,6 +55,8 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             job.report_sweeps()
         logs.finished(result, attempts=records)
         console_view.finished(result, attempts=records)
+        if on_result is not None:  # the Python API's caller: its ranks' values
+            on_result(result)
         if notifier:
             notifier.finished(result, attempts=records)
             notifier.close()

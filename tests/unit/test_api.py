@@ -30,6 +30,39 @@ def test_a_run_comes_back_as_a_value_and_a_failure_as_the_ranks_exception(tmp_pa
     assert "raise ValueError('bad value 7')" in e.remote_traceback and e.run.results[1] == 1
 
 
+def test_a_function_runs_on_every_rank_and_each_ranks_return_value_comes_back(tmp_path):
+    """A closure of this test's (cloudpickle ships a local function by value), with its arguments."""
+    offset = 100
+
+    def where(tag, by=1):
+        import os
+
+        return tag, int(os.environ["RANK"]) * by + offset
+
+    run = launch(cluster(tmp_path), where, ("t",), {"by": 10}, backend=None, runs_dir=str(tmp_path / "runs"))
+    assert run.exit_code == 0 and run.results == {0: ("t", 100), 1: ("t", 110)}
+    assert run.summary["world_size"] == 2 and run.run_dir == str(tmp_path / "runs" / run.job_id)
+
+
+def test_a_functions_exception_is_the_root_cause_and_a_function_cannot_detach(tmp_path):
+    def fails():
+        import os
+
+        if os.environ["RANK"] == "1":
+            raise KeyError("missing shard 3")
+        return "fine"
+
+    with pytest.raises(JobFailed) as failed:
+        launch(cluster(tmp_path), fails, backend=None, runs_dir=str(tmp_path / "runs"))
+    e = failed.value
+    assert "rank 1 on a (node 0): KeyError: 'missing shard 3'" in str(e) and e.exception_type == "KeyError"
+    assert "in fails\nKeyError: 'missing shard 3'" in e.remote_traceback  # its source stays here: no line shown
+    with pytest.raises(LaunchRefused, match="fails: a function's results come back to its caller"):
+        launch(cluster(tmp_path), fails, detach=True, runs_dir=str(tmp_path / "runs"))
+    with pytest.raises(TypeError, match="kwargs are a function's"):
+        launch(cluster(tmp_path), "t.py", (), {"a": 1})
+
+
 def test_bad_input_raises_and_starts_nothing(tmp_path):
     with pytest.raises(LaunchRefused):
         launch(cluster(tmp_path), str(tmp_path / "missing.py"), runs_dir=str(tmp_path / "runs"))
@@ -83,3 +116,30 @@ def test_ctrl_c_stops_the_job_with_its_grace_and_reaches_the_caller_as_keyboard_
     log = tmp_path / "runs" / job / "rank0.log"
     assert f"CAUGHT job {job} stopped by Ctrl-C" in out, out
     assert "saved" in log.read_text()  # the rank got its grace
+
+
+def test_files_come_back_through_the_api_and_a_local_node_without_a_workdir_is_where_the_user_is(tmp_path,
+                                                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "model.pt").write_bytes(b"weights")
+    nodes = {"transport": "local", "python": sys.executable, "nodes": [{"host": "a", "gpus": 1}]}
+    rows = orchestrator.fetch(nodes, "outputs", str(tmp_path / "back"))
+    assert [(r["node"], r["files"], r["error"]) for r in rows] == [("a", 1, None)]
+    assert (tmp_path / "back" / "a" / "outputs" / "model.pt").read_bytes() == b"weights"
+    assert orchestrator.fetch(nodes, "outputs", str(tmp_path / "back"))[0]["unchanged"] == 1  # not sent again
+    with pytest.raises(orchestrator.FetchFailed, match="No such file or directory") as failed:
+        orchestrator.fetch(nodes, "missing", str(tmp_path / "back"))
+    assert failed.value.rows[0]["node"] == "a"
+
+
+def test_a_node_whose_python_cannot_import_cloudpickle_is_refused_before_anything_starts(tmp_path, capfd):
+    broken = tmp_path / "site" / "cloudpickle"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('no cloudpickle on this node')\n")
+    nodes = {**cluster(tmp_path), "env": {"PYTHONPATH": str(tmp_path / "site")}}
+    with pytest.raises(LaunchRefused, match="exit status 3"):
+        launch(nodes, len, ([1],), runs_dir=str(tmp_path / "runs"))
+    err = capfd.readouterr().err
+    assert "cloudpickle cannot be imported by" in err and "ImportError: no cloudpickle on this node" in err, err
+    assert "-m pip install cloudpickle" in err and "Traceback" not in err

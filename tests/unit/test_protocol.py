@@ -23,6 +23,7 @@ EXAMPLES = [
     wire.Failed(what="no", fix="yes"), wire.Probed(ok=False, error="refused"), wire.Started(),
     wire.Output(stream="err", rank=None, data=b"W 1\n\x00\xff not a frame\n"), wire.Dumped(ranks=[0, 3]),
     wire.Stopping(reason="asked"), wire.Exited(code=-9, signal="SIGKILL", stopped=False, reason=None),
+    wire.Result(rank=3, problem=None, data=b"\x80\x05K*."), wire.Result(rank=4, problem="its result is over 8 MiB", data=b""),
     wire.Detected(gpus=8), wire.Listed(found=[{"pid": 1, "tags": {}, "cmd": "x"}]), wire.Swept(killed=[], left=[2]),
     wire.Needs(dest="/p", need=[0, 2], marker="m"), wire.Shared(sees=[]), wire.Copied(files=1, bytes=2, links=3),
     wire.FollowSpec(job="j", node=1, follow=True), wire.ListSpec(), wire.JournalEnd(running=False), wire.Stamp(at=1.5), wire.Replayed(),

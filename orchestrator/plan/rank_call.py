@@ -1,0 +1,85 @@
+"""Runs in every rank of a function's launch (the Python API's ``launch(cluster, fn)``), shipped as
+a hook (`ddp_up_call.py` on the job's PYTHONPATH, in the node's private state directory) and run
+as ``-m ddp_up_call`` by the job's launcher.
+
+It reads the function, its arguments and the backend from the payload beside it (cloudpickle's
+bytes, base64: hooks are text), starts the process group if asked, calls the function, and writes
+its return value, pickled by cloudpickle, as ``result.<RANK>`` beside it (0600, a new file,
+never through a link). The node's agent reads those files, bounded, and sends them to the
+controller over its own channel. An exception ends the rank as in any script, so its type,
+message and traceback become the job's root cause. Stdlib, cloudpickle and (for a backend) torch.
+"""
+
+import base64
+import os
+import sys
+
+PAYLOAD = "ddp_up_call.b64"
+RESULT = "result.%d"  # what the node's agent reads back (node/launch.call_results), with its limit
+
+
+class ResultTooLarge(ValueError):
+    pass
+
+
+def load(here):
+    try:
+        import cloudpickle  # noqa: F401  (its functions rebuild what it pickled)
+    except ImportError:
+        raise ImportError("ddp-up ships the function with cloudpickle, which this node's Python (%s) does not "
+                          "have: install it there (%s -m pip install cloudpickle)" % (sys.executable, sys.executable))
+    import pickle
+
+    with open(os.path.join(here, PAYLOAD), "rb") as f:
+        return pickle.loads(base64.b64decode(f.read()))
+
+
+def start_group(backend):
+    import torch
+    import torch.distributed as dist
+
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    return dist
+
+
+def write_result(here, rank, value, limit):
+    import cloudpickle
+
+    data = cloudpickle.dumps(value)
+    if len(data) > limit:
+        raise ResultTooLarge("rank %d's return value is %d bytes pickled; ddp-up brings back at most %d MiB a rank: "
+                             "save it to a file and return the path (ddp-fetch brings files back)"
+                             % (rank, len(data), limit >> 20))
+    path = os.path.join(here, RESULT % rank)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    fn, args, kwargs, backend, limit = load(here)
+    dist = start_group(backend) if backend else None
+    try:
+        value = fn(*args, **kwargs)
+    finally:
+        if dist is not None and dist.is_initialized():
+            dist.destroy_process_group()
+    write_result(here, int(os.environ["RANK"]), value, limit)
+
+
+def run():
+    """main, with torch's error file where torch is there (the rank's exception, for the root cause)."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import record
+    except ImportError:
+        return main()
+    return record(main)()
+
+
+if __name__ == "__main__":
+    run()
