@@ -82,15 +82,17 @@ class LaunchRefused(ValueError):
 
 
 def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto", job_id: str | None = None,
-           runs_dir: str = "runs", detach: bool = False, **options):
+           runs_dir: str = "runs", detach: bool = False, on_line=None, **options):
     """Run ``target`` on ``cluster`` (a cluster-file path, or the same data as a dict): a function,
     called on every rank with ``args`` and ``kwargs`` after the process group is up (``backend``:
     "auto" picks nccl with CUDA, else gloo; None: no group), or a script path (or ``-m module``:
     ``target="-m", args=["pkg.train", ...]``) with ``args``. ``options`` are the command line's
-    (hang_timeout, restarts, ranks, sync, preflight, collapse, allow_busy_gpus, dashboard). A Run,
-    or with ``detach`` (scripts only) a Detached handle."""
+    (hang_timeout, restarts, ranks, sync, preflight, collapse, allow_busy_gpus, dashboard).
+    ``on_line(line)`` gets every line of every rank (views/callback.Line: host, node, rank, stream,
+    text) as it arrives. A Run, or with ``detach`` (scripts only) a Detached handle."""
     from .commands.up import main_up
     from .plan.call import MODULE
+    from .run.runloop import Caller
 
     call = shipped(target, args, kwargs, backend)
     if call and detach:
@@ -102,7 +104,7 @@ def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto
     argv = ["--runs-dir", runs_dir, "--job-id", job_id, *flags(options), *(["--detach"] if detach else []),
             path, *script]
     results: list = []
-    code = main_up(argv, call=call, on_result=results.append)
+    code = main_up(argv, Caller(call, results.append, on_line))
     if code in (2, 3):
         raise LaunchRefused(f"ddp-up started nothing (exit status {code}): its message says why")
     if code >= 128:

@@ -14,7 +14,6 @@ import shlex
 import sys
 from dataclasses import replace
 from functools import partial
-from typing import Callable
 
 from rich.console import Console
 
@@ -26,10 +25,8 @@ from ..remote.fetch import fetch_outputs
 from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
 from ..node.facts import IFNAME_VARS
 from ..remote.parallel import interruptible
-from ..diagnose.outcome import JobResult
-from ..plan.call import Call
 from ..plan.launch import LaunchPlan, check_job_id, make_plan, new_job_id
-from ..run.runloop import run_job
+from ..run.runloop import Caller, run_job
 from ..plan.sbatch import SBATCH_SCRIPT, split_sbatch, submit
 from ..remote.sync import Tree, human_bytes, scan, sync_all, targets
 from ..config.validate import LONGEST, MOST_RESTARTS
@@ -150,15 +147,14 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return ours, argv[i:]
 
 
-def main_up(argv: list[str] | None = None, *, call: Call | None = None,
-            on_result: Callable[[JobResult], None] | None = None) -> int:
-    """ddp-up's run; from the Python API also a function to run (``call``, with ``-m`` and its
-    module as the script) and where the final result goes (``on_result``: its ranks' values)."""
+def main_up(argv: list[str] | None = None, caller: Caller | None = None) -> int:
+    """ddp-up's run; from the Python API, with what its caller adds (runloop.Caller: a function
+    to run, with ``-m`` and its module as the script; where the result and the lines go)."""
     with signals.recording() as inbox, ssh_connections():
-        return _up(sys.argv[1:] if argv is None else argv, inbox, call, on_result)
+        return _up(sys.argv[1:] if argv is None else argv, inbox, caller or Caller())
 
 
-def _up(argv: list[str], inbox: signals.SignalInbox, call: Call | None = None, on_result=None) -> int:
+def _up(argv: list[str], inbox: signals.SignalInbox, caller: Caller) -> int:
     try:
         sbatch_options, argv = split_sbatch(argv, options_end(argv))
     except UsageError as e:
@@ -173,7 +169,7 @@ def _up(argv: list[str], inbox: signals.SignalInbox, call: Call | None = None, o
     try:
         config = load_for_up(args, inbox)
         secrets = config.secret_values
-        return launch(args, script_args, resolve_nodes(config, console), console, inbox, call, on_result)
+        return launch(args, script_args, resolve_nodes(config, console), console, inbox, caller)
     except DdpUpError as e:
         return report("ddp-up", e, secrets)
     except Interrupted as e:  # before any job existed: the one-shot calls are closed, nothing to stop
@@ -233,7 +229,7 @@ def check_fresh_run_dir(path: str) -> None:
 
 
 def launch(args: argparse.Namespace, script_args: list[str], config, console: Console,
-           inbox: signals.SignalInbox, call: Call | None = None, on_result=None) -> int:
+           inbox: signals.SignalInbox, caller: Caller) -> int:
     """Plan the first attempt, copy the workdir if asked, and run (or only print, --dry-run)."""
     if args.script == MODULE and not script_args:
         raise UsageError("-m needs a module: ddp-up [options] CLUSTER.yaml -m PACKAGE.MODULE [ARGS...]")
@@ -246,7 +242,7 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
         plan = make_plan(cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
                          detach=args.detach, allow_busy_gpus=args.allow_busy_gpus, attempt=attempt, restarts=limit,
                          recoveries=recovery_limit(config, limit), commit=record and record.commit)
-        return replace(plan, hooks=call.hooks()) if call is not None else plan  # a function: its runner, its payload
+        return replace(plan, hooks=caller.call.hooks()) if caller.call else plan  # a function: its runner, its payload
 
     restarts = Restarts.of(config, limit, planner=planner)  # detached, its restarts are its supervisor's
     plan = restarts.plan(restarts.first_cluster(), 0)
@@ -265,7 +261,7 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
         code = run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
                        cluster_arg=shlex.join(ours_for_attach(args)),
                        restarts=restarts if restarts.any and not args.detach else None, notifier=notifier,
-                       on_result=on_result)
+                       caller=caller)
     except Exception as e:  # a node not ready (exit 3), a signal before the start, a bug (70): said, then raised
         if notifier is not None:
             notifier.unstarted(e)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..remote import signals
@@ -14,21 +14,34 @@ from ..errors import EXIT_INTERNAL, EXIT_OK, SetupError
 from ..job.loop import Job
 from .notifier import Notifier
 from ..diagnose.outcome import JobResult
+from ..plan.call import Call
 from ..plan.launch import LaunchPlan
 from ..views.console import ConsoleView
+from ..views.callback import Line, LineCallback
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
 
 
+@dataclass(frozen=True)
+class Caller:
+    """What a run started from Python (api.py) adds to the command line's: the function its ranks
+    run, where the final result goes (its ranks' values), and a function for every line."""
+
+    call: Call | None = None
+    on_result: Callable[[JobResult], None] | None = None
+    on_line: Callable[[Line], None] | None = None
+
+
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
             inbox: signals.SignalInbox = signals.INBOX, cluster_arg: str = "CLUSTER.yaml",
-            restarts: Restarts | None = None, notifier: Notifier | None = None,
-            on_result: Callable[[JobResult], None] | None = None) -> int:
+            restarts: Restarts | None = None, notifier: Notifier | None = None, caller: Caller | None = None) -> int:
     """Run to completion. Signals are the job loop's events: the first stops every node
     gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
     ends once every node runs (exit 0), the job going on under its own agents. With
     ``restarts``, a failed attempt is followed by the next one (attempts.py) until one succeeds or none is left."""
-    views = Fanout(console_view, logs, *((notifier,) if notifier else ()))
+    caller = caller or Caller()
+    views = Fanout(console_view, logs, *((notifier,) if notifier else ()),
+                   *((LineCallback(caller.on_line, console_view.notice),) if caller.on_line else ()))
     records: list[AttemptRecord] = []
     swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
     with console_view, logs:
@@ -55,8 +68,8 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             job.report_sweeps()
         logs.finished(result, attempts=records)
         console_view.finished(result, attempts=records)
-        if on_result is not None:  # the Python API's caller: its ranks' values
-            on_result(result)
+        if caller.on_result is not None:  # the Python API's caller: its ranks' values
+            caller.on_result(result)
         if notifier:
             notifier.finished(result, attempts=records)
             notifier.close()

@@ -63,6 +63,22 @@ def test_a_functions_exception_is_the_root_cause_and_a_function_cannot_detach(tm
         launch(cluster(tmp_path), "t.py", (), {"a": 1})
 
 
+def test_every_line_reaches_the_callers_function_and_one_that_raises_is_dropped_not_the_job(tmp_path, capfd):
+    script = tmp_path / "t.py"
+    script.write_text("import os\nprint('hello', os.environ['RANK'], '\\x1b[2J')\n")
+    seen = []
+    run = launch(cluster(tmp_path), str(script), runs_dir=str(tmp_path / "runs"), on_line=seen.append)
+    ours = sorted((line.host, line.rank, line.stream, line.text) for line in seen if line.rank is not None)
+    assert run.exit_code == 0 and ours == [("a", 0, "out", "hello 0 "), ("a", 1, "out", "hello 1 ")]  # no escape
+
+    def broken(line):
+        raise RuntimeError("my callback")
+
+    assert launch(cluster(tmp_path), str(script), runs_dir=str(tmp_path / "runs"), on_line=broken).exit_code == 0
+    said = capfd.readouterr()
+    assert "on_line raised RuntimeError: my callback; it is not called again (the job goes on)" in said.out + said.err
+
+
 def test_bad_input_raises_and_starts_nothing(tmp_path):
     with pytest.raises(LaunchRefused):
         launch(cluster(tmp_path), str(tmp_path / "missing.py"), runs_dir=str(tmp_path / "runs"))
