@@ -100,6 +100,7 @@ class Following:
     started: float | None = None  # the job's own start and end (wall clock), by its nodes' records
     ended: float | None = None
     master: str | None = None  # its master, addr:port, as the master node's record says
+    next: str | None = None  # what its supervisor decided after this attempt, as the master node says
     order: BacklogOrder | None = None  # the nodes' journals, merged in time order
 
     def result(self, result: JobResult) -> JobResult:
@@ -118,6 +119,8 @@ class Following:
             self.ended = max(self.ended or frame.ended, frame.ended)
         if is_master and isinstance(frame.master, str):
             self.master = frame.master
+        if isinstance(frame.next, str):
+            self.next = frame.next[:500]
 
 
 class JobLoop:

@@ -6,8 +6,8 @@ import os
 import time
 
 from . import wire
-from .state import (BARS, JOURNAL, job_node_dir, live_state, per_attempt, read_bars, read_record, recorded_jobs,
-                    remove_stale_state)
+from .state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_state, per_attempt, read_bars, read_record,
+                    recorded_jobs, remove_stale_state)
 
 def follow(spec, writer):
     """Follow mode: the journal of one attempt of the job on this node, frame by frame, from its
@@ -55,7 +55,18 @@ def follow(spec, writer):
                 beat = time.monotonic()
             time.sleep(0.1)
     later = current > spec.attempt or (spec.follow and state == "restarting" and current == spec.attempt)
-    return journal_end(writer, running, later, record)
+    return journal_end(writer, running, later, record, decided(where, spec.attempt))
+
+
+def decided(where, attempt):
+    """The supervisor's words after ``attempt`` ("restart 1 of 3", "no restarts left"), where this
+    node is the master and they are written: in the outcome once the job is over, before that in
+    the attempts file it keeps at each restart. None elsewhere."""
+    for name in (OUTCOME, ATTEMPTS):
+        for entry in (read_record(where or "", name) or {}).get("attempts") or ():
+            if isinstance(entry, dict) and entry.get("attempt") == attempt and isinstance(entry.get("next"), str):
+                return entry["next"]
+    return None
 
 
 def no_journal(spec, where, writer):
@@ -89,10 +100,11 @@ class LiveBars:
             writer.send(frame)
 
 
-def journal_end(writer, running, later, record):
-    """The journal was sent to its end: say so, with what the record says of the job here."""
+def journal_end(writer, running, later, record, after=None):
+    """The journal was sent to its end: say so, with what the record says of the job here (and,
+    on the master node, what its supervisor decided after the attempt)."""
     writer.send(wire.JournalEnd(running=running, later=later, started=record.get("started"), ended=record.get("ended"),
-                                master=record.get("master")))
+                                master=record.get("master"), next=after))
     writer.drain(30)
     return 0
 

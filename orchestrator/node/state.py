@@ -10,6 +10,7 @@
         bars                         a detached job: its ranks' bars now (a live attach shows them)
         record.json                  a detached job: what ddp-ls shows (script, ranks, state, times, code)
         outcome.json                 a detached job's master node: every node's end, the root cause
+        attempts.json                a detached job's master node: the attempts so far, and what followed each
 
 A later attempt of a restarted job has what is its own beside the first's (see per_attempt).
 """
@@ -33,6 +34,7 @@ JOURNAL = "journal"
 BARS = "bars"
 RECORD = "record.json"
 OUTCOME = "outcome.json"
+ATTEMPTS = "attempts.json"  # the master node's: every attempt so far that another followed, with why
 ENDED = ("done", "failed", "stopped", "lost")
 RETENTION = 7 * 86400.0  # a finished detached job's record and journal are kept this long
 
@@ -282,6 +284,7 @@ SHAPES = {
               "retention": NUMBER, "attempt": int, "ranks": (list, NONE), "master": (str, NONE)}),
     OUTCOME: ({"root_cause": (dict, NONE)},
               {"job": str, "attempt": int, "ended": NUMBER, "halted": (str, NONE), "nodes": dict, "attempts": list}),
+    ATTEMPTS: ({"attempts": list}, {}),
 }
 ROOT_CAUSE = ({"state": str}, {"node": (int, NONE), "code": (int, NONE), "reason": (str, NONE), "at": NUMBER,
                                "rank": (int, NONE), "exception": (str, NONE)})

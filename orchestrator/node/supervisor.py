@@ -11,7 +11,7 @@ import time
 
 from . import decide, events, notify, policy, wire
 from .checks import listen_on
-from .state import ENDED, OUTCOME, write_record
+from .state import ATTEMPTS, ENDED, OUTCOME, write_record
 from .stragglers import LateWatch
 
 JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job, in all
@@ -253,6 +253,7 @@ class Supervisor:
         heard_from); the watch starts afresh."""
         with self.lock:
             self.attempts.append(dict(self.summary(), next=self.book.words))
+            write_record(self.runner.dir, {"attempts": self.attempts}, ATTEMPTS)  # an attach's words for it
             self.book.begin(self.clock())
             self.attempt = attempt
             self.states, self.quiet, self.halted, self.hung, self.first_done = {}, {}, None, None, None

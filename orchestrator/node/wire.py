@@ -531,6 +531,7 @@ class JournalEnd(Frame):
     started: float | None = None
     ended: float | None = None
     master: str | None = None
+    next: str | None = None  # the master node's: what its supervisor decided after this attempt, and why
 
 
 @_frame(TO_CONTROLLER)

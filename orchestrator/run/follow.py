@@ -54,7 +54,9 @@ def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inb
             job.close()
         if last is not None and job.interrupted is None and len(job.following.absent) == len(job.status):
             return last, records  # it was stopped while it waited to restart: the attempt before was its last
-        records.append(attempt_record(plan, result, started, blame(result)))
+        record = attempt_record(plan, result, started, blame(result))
+        ran_on = record.end not in ("succeeded", "stopped")  # what came next, as an attached run says it
+        records.append(dataclasses.replace(record, next=job.following.next) if ran_on else record)
         if job.interrupted or not job.following.later_attempt or any(s.problem for s in job.status):
             return job, records
         last, plan = job, dataclasses.replace(plan, attempt=plan.attempt + 1)

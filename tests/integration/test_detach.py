@@ -259,6 +259,23 @@ def test_a_detached_job_restarts_by_the_rules_an_attached_one_does(detached):
     assert "-> crash loop: attempts 0 to 2 failed the same way" in row["attempts"][2], row
 
 
+def test_a_detached_hang_is_a_failure_kind_of_its_own_and_takes_a_restart(detached):
+    """The supervisor names a hang's kind as ddp-up does (hung: the job's own, so `restarts:` pays,
+    never `recoveries:`), stops the hung attempt, starts the next; ddp-ls and the attach's
+    summary.json say so, as for an attached run."""
+    path = detached([(0, 1), (1, 1)], restarts=1, recoveries=0, hang_timeout=5, restart_delay=0.5)
+    job = detach(path, "tick", "6", "0.2", "1", "hang", "0")  # rank 1 goes silent at its third tick, attempt 0
+    row = wait_state(path, job, ("done", "failed", "stopped", "lost"), 90)
+    assert row["state"] == "done" and row["attempt"] == 1, json.dumps(row)
+    assert "job hung (no output from any rank" in row["attempts"][0], row
+    assert row["attempts"][0].endswith("-> restart 1 of 1"), row
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
+    assert code == 0, out
+    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    assert [(a["attempt"], a["end"], a["next"]) for a in attempts] == [(0, "hung", "restart 1 of 1"),
+                                                                      (1, "succeeded", None)], attempts
+
+
 def test_ddp_kill_while_a_detached_job_waits_to_restart_ends_it_for_good(detached):
     path = detached([(0, 1), (1, 1)], restarts=3, restart_delay=60)
     job = detach(path, "tick", "600", "0.2", "1", "7")

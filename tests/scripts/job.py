@@ -12,8 +12,9 @@
   job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
   job.py env NAME...      every rank prints ENV NAME=value for each (no torch)
   job.py blob N           every rank prints "start" and one unterminated N-byte binary line, no \r (no torch)
-  job.py tick N S [R C [A,B]]  every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2
-                          (only in attempts A,B if given: DDP_UP_ATTEMPT) (no torch)
+  job.py tick N S [R C [A,B]]  every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2,
+                          or with C "hang" goes silent there for good (only in attempts A,B if given:
+                          DDP_UP_ATTEMPT) (no torch)
   job.py save FILE        (no torch) every rank prints its TORCH_ELASTIC_SHUTDOWN_TIMEOUT and "running"; on
                           each $SAVE_ON (SIGTERM unless set) it prints "got SIG... #n"; on the first it saves
                           for $SAVE_S seconds, writes FILE.<rank> and exits 0; "got SIGUSR1 #n" on each other SIGUSR1;
@@ -255,16 +256,19 @@ def main():
         finish(0)
     if mode == "tick":  # job.py tick N SECONDS [FAIL_RANK CODE [ATTEMPTS]]: N numbered lines a rank, no torch
         rank, n, pause = int(os.environ["RANK"]), int(rest[0]), float(rest[1])
-        fail_rank, code = (int(rest[2]), int(rest[3])) if len(rest) > 3 else (-1, 0)
+        fail_rank, code = (int(rest[2]), rest[3]) if len(rest) > 3 else (-1, "0")
         if len(rest) > 4 and os.environ.get("DDP_UP_ATTEMPT", "0") not in rest[4].split(","):
             fail_rank = -1
         if os.environ.get("TICK_SAYS_PORT"):  # opt-in: a test that checks which master port each attempt had
             print(f"PORT {os.environ['MASTER_PORT']} attempt={os.environ.get('DDP_UP_ATTEMPT')}", flush=True)
         for i in range(n):
             print(f"tick {i} rank={rank}", flush=True)
+            if rank == fail_rank and i == 2 and code == "hang":  # silent from here on: a hang
+                while True:
+                    time.sleep(1)
             if rank == fail_rank and i == 2:
                 print(f"rank {rank} failing with {code}", file=sys.stderr, flush=True)
-                finish(code)
+                finish(int(code))
             time.sleep(pause)
         finish(0)
     if mode == "backlog":  # job.py backlog LINES LIVE_SECONDS DIR: LINES lines, DIR/done.RANK, then a live line/0.5 s
