@@ -138,9 +138,7 @@ class Supervisor:
     ``clock``/``wall``: monotonic and wall time, injected so its tests run in fake time."""
 
     def __init__(self, runner, listener, clock=time.monotonic, wall=time.time):
-        self.runner = runner
-        self.spec = runner.spec
-        self.listener = listener
+        self.runner, self.spec, self.listener = runner, runner.spec, listener
         self.port = listener.getsockname()[1]
         self.clock, self.wall = clock, wall
         self.lock = threading.Lock()
