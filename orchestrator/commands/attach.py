@@ -12,19 +12,19 @@ import time
 
 from rich.table import Table
 
-from ..remote import signals
+from ..clean import outside
 from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, NoSuchJob, UsageError
-from ..run.follow import follow_attempts, follow_plan
 from ..node import wire
+from ..plan.launch import LaunchPlan, check_job_id
+from ..remote import signals
 from ..remote.oneshot import call_agent
 from ..remote.parallel import on_each
-from ..plan.launch import LaunchPlan, check_job_id
+from ..run.follow import follow_attempts, follow_plan
 from ..views.console import ConsoleView, terminal_console
-from ..clean import outside
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
-from .common import (Parser, add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report, make_view,
-                     report, ssh_connections, table_console)
+from .common import (Parser, add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report,
+                     make_view, report, ssh_connections, table_console)
 
 LIST_LIMIT = 30.0  # seconds beyond the connect timeout for a node to list its jobs
 

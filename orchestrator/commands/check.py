@@ -12,14 +12,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..clean import outside, safe_text
+from ..config.masking import mask_secrets
 from ..diagnose import collective
-from ..remote import signals
+from ..diagnose.preflight import torch_versions
 from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, Interrupted, SetupError
 from ..job.loop import Job
 from ..plan.launch import make_plan, new_job_id
-from ..config.masking import mask_secrets
-from ..diagnose.preflight import torch_versions
-from ..clean import outside, safe_text
+from ..remote import signals
 from ..views.console import terminal_console
 from .common import (Parser, add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections,
                      table_console)

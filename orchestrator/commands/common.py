@@ -13,23 +13,22 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.markup import escape as escape_markup
 
-from ..config.clusterfile import load_cluster
+from ..clean import safe_lines
 from ..config.cluster import NodeSource
-from ..remote.detect import resolve_auto_gpus
-from ..errors import DdpUpError, Interrupted, UsageError
+from ..config.clusterfile import load_cluster
 from ..config.hostlists import parse_host_list, parse_hostfile, slurm_nodes
-from ..remote.paramiko_ssh import ssh_facts
-from ..plan.launch import LaunchPlan
 from ..config.masking import mask_secrets
 from ..config.reading import read_text
-from ..remote.sshmaster import CONTROL
 from ..config.validate import parse_duration
-from ..clean import safe_lines
+from ..errors import DdpUpError, Interrupted, UsageError
+from ..plan.launch import LaunchPlan
+from ..remote.detect import resolve_auto_gpus
+from ..remote.paramiko_ssh import ssh_facts
+from ..remote.sshmaster import CONTROL
+from ..version import __version__
 from ..views.console import ConsoleView, terminal_console
 from ..views.dashboard import DashboardView
-from ..version import __version__
 from ..views.filters import parse_ranks
-
 
 # What each command's exit status means, at the end of its --help (the README lists them too).
 EXITS = {

@@ -11,10 +11,10 @@ from rich.filesize import decimal as human_bytes
 from rich.table import Table
 from rich.text import Text
 
-from ..remote import signals
-from ..errors import EXIT_OK, EXIT_SETUP, EXIT_USAGE, Interrupted, UsageError
-from ..remote.fetch import Fetched, fetch_all
 from ..clean import outside
+from ..errors import EXIT_OK, EXIT_SETUP, EXIT_USAGE, Interrupted, UsageError
+from ..remote import signals
+from ..remote.fetch import Fetched, fetch_all
 from .common import Parser, add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
 
 

@@ -10,12 +10,12 @@ import sys
 from rich.table import Table
 from rich.text import Text
 
-from ..remote import signals
-from ..remote.cleanup import SweepReport, match_for, sweep_nodes
+from ..clean import outside
 from ..config.cluster import JOB_SIGNALS, job_signal
 from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, UsageError
 from ..plan.launch import check_job_id
-from ..clean import outside
+from ..remote import signals
+from ..remote.cleanup import SweepReport, match_for, sweep_nodes
 from .common import Parser, add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
 
 

@@ -17,26 +17,26 @@ from functools import partial
 
 from rich.console import Console
 
-from ..remote import signals
-from ..run.attempts import Restarts, recovery_limit
-from ..config.clusterfile import load_cluster
 from ..config.cluster import NodeSource, SyncConfig
-from ..remote.fetch import fetch_outputs
+from ..config.clusterfile import load_cluster
+from ..config.validate import LONGEST, MOST_RESTARTS
 from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
 from ..node.facts import IFNAME_VARS
-from ..remote.parallel import interruptible
 from ..plan.launch import LaunchPlan, check_job_id, make_plan, new_job_id
-from ..run.runloop import Caller, run_job
 from ..plan.sbatch import SBATCH_SCRIPT, split_sbatch, submit
+from ..remote import signals
+from ..remote.fetch import fetch_outputs
+from ..remote.parallel import interruptible
 from ..remote.sync import Tree, human_bytes, scan, sync_all, targets
-from ..config.validate import LONGEST, MOST_RESTARTS
-from ..views.console import terminal_console
-from ..views.logfiles import RunLogs
+from ..run.attempts import Restarts, recovery_limit
 from ..run.notifier import Notifier
 from ..run.record import RunRecord
+from ..run.runloop import Caller, run_job
+from ..views.console import terminal_console
+from ..views.logfiles import RunLogs
 from ..views.transfer import transfer_progress
-from .common import (NODE_SOURCE_FLAGS, Parser, add_node_sources, duration_arg, add_view_options, cluster_and_script, interrupted,
-                     is_cluster_file, make_view, node_source, report, resolve_nodes, ssh_connections)
+from .common import (NODE_SOURCE_FLAGS, Parser, add_node_sources, add_view_options, cluster_and_script, duration_arg,
+                     interrupted, is_cluster_file, make_view, node_source, report, resolve_nodes, ssh_connections)
 
 
 class PrintSchema(argparse.Action):

@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from .cluster import ClusterConfig, NodeSource
 from ..errors import ConfigError
+from .cluster import ClusterConfig, NodeSource
 from .masking import mask_values
 from .reading import load_yaml, read_text
 from .validate import Validator

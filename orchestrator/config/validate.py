@@ -15,14 +15,14 @@ import sys
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
-from .cluster import (DEFAULT_SECRETS, JOB_SIGNALS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig,
-                      cluster_id_for, default_client, job_signal)
-from . import notify
-from .containers import container
 from ..errors import ConfigError
+from ..node.facts import IFNAME_VARS
+from . import notify
+from .cluster import (DEFAULT_SECRETS, JOB_SIGNALS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for,
+                      default_client, job_signal)
+from .containers import container
 from .hostlists import host_problem
 from .keyhints import unknown_key_hint
-from ..node.facts import IFNAME_VARS
 from .reading import key_path, read_text
 
 SSH_CLIENTS = ("fabric", "openssh")

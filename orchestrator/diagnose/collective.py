@@ -20,11 +20,11 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..config.cluster import ClusterConfig
-from ..plan.launch import LaunchPlan, make_plan
-from ..node.stragglers import Lateness, LateWatch
-from ..remote.sync import human_bytes
 from ..clean import outside
+from ..config.cluster import ClusterConfig
+from ..node.stragglers import Lateness, LateWatch
+from ..plan.launch import LaunchPlan, make_plan
+from ..remote.sync import human_bytes
 
 MODULE = "ddp_up_collective"
 REPORT = "DDP_UP_COLLECTIVE "

@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
-from ..node.stragglers import Lateness, LateWatch
 from ..clean import safe_text
+from ..node.stragglers import Lateness, LateWatch
 
 # a collective's wait ended a rank (gloo's, NCCL's watchdog, c10d's): in its stderr, or its failure's words
 TIMED_OUT = re.compile(r"Timed out waiting \d+ ?ms|Watchdog caught collective operation timeout|"

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import EXIT_JOB_FAILED, EXIT_OK, NodeProblem
-from .logparse import FailureReportParser
 from ..node import policy, wire
 from ..plan.launch import LaunchPlan, NodePlan
+from .logparse import FailureReportParser
 
 if TYPE_CHECKING:
-    from .flight import Diagnosis
     from ..node.stragglers import Lateness
+    from .flight import Diagnosis
 
 State = Literal["connecting", "ready", "starting", "running", "stopping",
                 "done", "failed", "stopped", "lost", "error"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .logparse import FailureReportParser
 from ..node import policy
+from .logparse import FailureReportParser
 from .outcome import Failure
 
 SKEW_TRUSTED = 0.5  # a node clock's measured offset past this is corrected; below it, the measure is mostly latency

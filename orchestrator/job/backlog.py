@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import heapq
 
-from .events import Closed, Message, SetupFailed
 from ..node import wire
+from .events import Closed, Message, SetupFailed
 
 BEFORE_ANY = float("-inf")
 AFTER_ALL = float("inf")

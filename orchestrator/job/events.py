@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Union
 
-from ..remote.channel import ChannelEnd
-from ..errors import NodeProblem
 from ..diagnose.outcome import Failure
+from ..errors import NodeProblem
 from ..node.wire import Frame, JournalEnd
+from ..remote.channel import ChannelEnd
 
 Stream = Literal["out", "err", "node"]  # worker/launcher stdout, stderr, or the node's own diagnostics
 

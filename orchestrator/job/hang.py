@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .events import LogLine
 from ..diagnose.flight import rank_list
 from ..diagnose.logparse import StackReport
-from ..node import policy
 from ..diagnose.outcome import NodeStatus
+from ..node import policy
+from .events import LogLine
 
 DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the stacks to arrive
 STARTUP_LEAST = 600.0  # start-up's limit unless `startup_timeout` says: at least this, or hang_timeout

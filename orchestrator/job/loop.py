@@ -23,26 +23,25 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
-from .backlog import BacklogOrder
-from ..remote.cleanup import LostNodeSweeper, sweep_notices
-from ..errors import NodeProblem, SetupError
-from .events import (WAKE, ChannelEnded, JournalRead, KilledBy, LogLine, Lost, MasterPort, Record, SupervisorPort,
-                     Wake)
 from ..diagnose.flight import FlightLog
-from .hang import AskStacks, HangWatch, Hung
-from ..node import policy, wire
-from .nodetable import NodeTable
 from ..diagnose.outcome import Failure, FailureKind, JobResult, JobSnapshot, NodeStatus
-from .pace import PaceReports
-from ..remote.parallel import on_each
-from . import phases
-from ..plan.launch import LaunchPlan, NodePlan
 from ..diagnose.progress import Bar
+from ..errors import NodeProblem, SetupError
+from ..node import policy, wire
+from ..plan.launch import LaunchPlan, NodePlan
+from ..remote.cleanup import LostNodeSweeper, sweep_notices
+from ..remote.parallel import on_each
+from ..remote.signals import INBOX, SignalInbox
+from ..remote.transports import transport_for
+from . import phases
+from .backlog import BacklogOrder
+from .events import WAKE, ChannelEnded, JournalRead, KilledBy, LogLine, Lost, MasterPort, Record, SupervisorPort, Wake
+from .hang import AskStacks, HangWatch, Hung
+from .nodetable import NodeTable
+from .pace import PaceReports
 from .reports import NodeReports
 from .session import NodeSession
-from ..remote.signals import INBOX, SignalInbox
 from .stoppath import StopPath
-from ..remote.transports import transport_for
 
 TICK = 0.25  # the loop's longest sleep: views redraw and deadlines are checked at least this often
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Iterator
 
+from ..diagnose.outcome import TERMINAL, Failure, FailureKind, NodeOutcome, NodeRow, NodeStatus, State
 from ..errors import NodeProblem
-from ..diagnose.outcome import Failure, FailureKind, NodeOutcome, NodeRow, NodeStatus, State, TERMINAL
 from ..plan.launch import LaunchPlan
 
 

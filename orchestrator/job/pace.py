@@ -5,10 +5,10 @@ what the views show and, for a node that falls behind, one notice and one event.
 
 from __future__ import annotations
 
-from .events import LogLine
-from ..node import wire
 from ..diagnose.progress import Bar, ProgressBoard, read
 from ..diagnose.rankfailures import node_clock
+from ..node import wire
+from .events import LogLine
 
 
 def bars_of(frame: wire.Bars, first_rank: int, nproc: int, mask=lambda text: text) -> list[Bar]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import re
 
-from ..diagnose import preflight
 from ..config.containers import preflight_allowance
+from ..diagnose import preflight
 from ..errors import NodeProblem, SetupError
 from ..node import wire
 

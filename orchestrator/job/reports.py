@@ -9,11 +9,11 @@ import re
 from dataclasses import replace
 
 from ..diagnose import preflight
+from ..diagnose.rankfailures import node_clock, own_failures, rank_ends, rank_errors
 from ..errors import NodeProblem
+from ..node import policy, wire
 from .events import (Ask, ChannelEnded, Closed, JournalRead, KilledBy, Lines, Lost, MasterPort, Message, Record,
                      SetupFailed, SupervisorPort)
-from ..node import policy, wire
-from ..diagnose.rankfailures import node_clock, own_failures, rank_ends, rank_errors
 
 LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ..remote.channel import AgentChannel, ChannelEnd
-from .events import Closed, Lines, LogLine, Message, SetupFailed
 from ..node import wire
 from ..plan.launch import LaunchPlan, NodePlan
+from ..remote.channel import AgentChannel, ChannelEnd
 from ..remote.transport import ConnectFailed, Transport
+from .events import Closed, Lines, LogLine, Message, SetupFailed
 
 
 class NodeSession:

@@ -10,8 +10,8 @@ import signal
 from typing import Callable
 
 from ..node import wire
-from .nodetable import NodeTable
 from ..plan.launch import LaunchPlan
+from .nodetable import NodeTable
 
 STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its stop is SIGKILLed (more than
 # the agent's own margin, node/run.py's LAUNCHER_MARGIN: the agent ends it first, and says so)

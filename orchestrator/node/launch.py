@@ -15,12 +15,12 @@ import threading
 import time
 
 from . import container, events, facts, flight, policy, wire
+from .checks import CALL_HOOK, job_env
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, TAGS, carries, find_tagged, kill_tagged, read_tags, signal_ranks, signal_tagged, spec_tags,
-                    wait_gone)
+from .procs import (KILL_WAIT, TAGS, carries, find_tagged, kill_tagged, read_tags, signal_ranks, signal_tagged,
+                    spec_tags, wait_gone)
 from .relay import Tailer, join_while_moving, open_regular, pump
 from .stacks import dump_all, sitecustomize
-from .checks import CALL_HOOK, job_env
 from .state import per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
 

@@ -17,6 +17,7 @@ import time
 from . import wire
 from .screen import Screen, whole_lines
 
+
 class Writer:
     """One thread owns stdout, so the main loop never blocks on a stalled connection."""
 

@@ -9,6 +9,7 @@ from . import wire
 from .state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_state, per_attempt, read_bars, read_record,
                     recorded_jobs, remove_stale_state)
 
+
 def follow(spec, writer):
     """Follow mode: the journal of one attempt of the job on this node, frame by frame, from its
     start; a later attempt's, once it has begun (a follower waits while the job waits to restart)."""

@@ -25,7 +25,6 @@ from .launch import Launch, results_of
 from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name
 from .state import killed_by_ddp_kill, remove_node_dir
 
-
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
 
 

@@ -16,6 +16,7 @@ import time
 from . import wire
 from .state import remove_quietly
 
+
 def sync_needs(dest, entries):
     """Indices of the entries that differ on this node: missing, another kind or link target, or
     another size, whole-second mtime (as rsync compares) or permission bits."""

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..config.cluster import ClusterConfig, NodeConfig
-from ..errors import UsageError
-from ..config.masking import mask_secrets
-from ..node import wire
 from ..config.containers import workers_code
+from ..config.masking import mask_secrets
+from ..errors import UsageError
+from ..node import wire
 from ..node.container import ENV_FILE, Box
+from ..node.launch import ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS
 from ..node.notify import DETACHED_KINDS
 from ..node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from ..node.state import JOB_ID
-from ..node.launch import ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS
 from ..node.workers import OWN_LAUNCHER
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its

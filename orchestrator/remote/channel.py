@@ -19,10 +19,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from . import protocol
 from ..config.cluster import NodeConfig
 from ..errors import NodeProblem
 from ..node import wire
+from . import protocol
 from .openssh import ssh_failure
 from .transport import SETUP_FAILED, SETUP_MARK, ConnectFailed, RemoteProcess, Transport
 

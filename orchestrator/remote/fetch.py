@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from ..config.cluster import NodeConfig
 from ..errors import NodeProblem
-from ..plan.launch import node_workdir
-from ..ownfiles import no_link_open
 from ..node import wire
 from ..node.sync import link_in_parents, safe_relpath, same_file
+from ..ownfiles import no_link_open
+from ..plan.launch import node_workdir
 from .oneshot import AgentCall
 from .parallel import on_each
 

@@ -9,10 +9,10 @@ import queue
 import time
 from dataclasses import dataclass, field
 
-from .channel import AgentChannel, ChannelEnd
 from ..config.cluster import NodeConfig
 from ..errors import NodeProblem
 from ..node import wire
+from .channel import AgentChannel, ChannelEnd
 from .transport import ConnectFailed, Transport
 from .transports import transport_for
 

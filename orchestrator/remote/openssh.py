@@ -22,9 +22,9 @@ import subprocess
 import threading
 from typing import Mapping, NamedTuple, Sequence
 
-from . import sshproblems as problems
 from ..config.cluster import NodeConfig
 from ..errors import NodeProblem
+from . import sshproblems as problems
 from .sshmaster import CONTROL
 from .transport import ConnectFailed, LocalProcess, RemoteProcess, Transport, remote_command
 

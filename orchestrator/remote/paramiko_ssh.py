@@ -13,9 +13,9 @@ import socket
 import threading
 from typing import Mapping, NamedTuple
 
-from . import sshproblems as problems
 from ..config.cluster import NodeConfig, SSHSettings
 from ..errors import NodeProblem
+from . import sshproblems as problems
 from .openssh import resolved
 from .parallel import on_each
 from .transport import CHUNK, ConnectFailed, RemoteProcess, Transport, remote_command

@@ -25,9 +25,9 @@ from rich.filesize import decimal as human_bytes
 from ..config.cluster import SyncConfig
 from ..errors import ConfigError, NodeProblem, SetupError, UsageError
 from ..node import wire
+from ..plan.launch import LaunchPlan, NodePlan
 from .oneshot import AgentCall
 from .parallel import on_each
-from ..plan.launch import LaunchPlan, NodePlan
 
 CHUNK = 1 << 20
 ANSWER_MARGIN = 60.0  # seconds for the agent to start and stat the tree, over the connect timeout

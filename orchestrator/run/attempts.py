@@ -27,12 +27,12 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..config.cluster import ClusterConfig, NodeConfig
-from ..errors import EXIT_SETUP, NodeProblem
-from ..node import policy
 from ..diagnose.outcome import JobResult, NodeStatus
-from ..plan.launch import Attempt, LaunchPlan
 from ..diagnose.preflight import TORCH_FIELDS
+from ..errors import EXIT_SETUP, NodeProblem
 from ..job.reports import SLURM_CANCELLED
+from ..node import policy
+from ..plan.launch import Attempt, LaunchPlan
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ import dataclasses
 import os
 import time
 
-from .attempts import AttemptRecord, attempt_record, blame
 from ..job.loop import Job
+from ..job.session import NodeSession
 from ..node import wire
 from ..plan.launch import LaunchPlan, make_plan
-from ..job.session import NodeSession
 from ..remote.transports import transport_for
+from .attempts import AttemptRecord, attempt_record, blame
 
 
 def follow_plan(config, job_id: str) -> LaunchPlan:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import EXIT_INTERNAL
 from ..config.masking import mask_secrets, mask_values
+from ..config.notify import Target, load_apprise
+from ..errors import EXIT_INTERNAL
 from ..node import notify as sender
 from ..node.notify import Deliveries, event
-from ..config.notify import Target, load_apprise
 
 _TYPE = {"ended": "success", "restart": "warning", "hang": "failure", "straggler": "warning", "signal": "warning",
          "lost": "failure"}

@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from ..ownfiles import no_link_open, own_dir
 from ..config.clusterfile import masked_copy
 from ..config.masking import mask_secrets, mask_values
+from ..ownfiles import no_link_open, own_dir
 
 DIFF_MAX = 1 << 20  # bytes of uncommitted changes kept; past it the diff is cut (and says so)
 UNTRACKED_MAX = 1000  # untracked file names listed

@@ -8,18 +8,18 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..remote import signals
-from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
+from ..diagnose.outcome import JobResult
 from ..errors import EXIT_INTERNAL, EXIT_OK, SetupError
 from ..job.loop import Job
-from .notifier import Notifier
-from ..diagnose.outcome import JobResult
 from ..plan.call import Call
 from ..plan.launch import LaunchPlan
-from ..views.console import ConsoleView
+from ..remote import signals
 from ..views.callback import Line, LineCallback
+from ..views.console import ConsoleView
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
+from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
+from .notifier import Notifier
 
 
 @dataclass(frozen=True)

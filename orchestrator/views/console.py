@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+from typing import Callable, TextIO
+
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-import os
-import sys
-import time
-from typing import Callable, TextIO
-
-from ..job.events import LogLine
-from ..diagnose.outcome import JobResult, NodeStatus
-from ..plan.launch import LaunchPlan, NodePlan
-from ..diagnose.progress import Bar, Snapshots, chosen_rank
 from ..clean import outside, safe_text
+from ..diagnose.outcome import JobResult, NodeStatus
+from ..diagnose.progress import Bar, Snapshots, chosen_rank
+from ..job.events import LogLine
+from ..plan.launch import LaunchPlan, NodePlan
 from .filters import Collapser, format_ranks
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta",

@@ -11,11 +11,11 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from ..diagnose.outcome import JobResult, JobSnapshot, NodeRow
-from ..plan.launch import LaunchPlan
-from ..diagnose.progress import duration
-from .console import STATE_STYLE, Block, ConsoleView, Ink, node_color
 from ..clean import outside, safe_text
+from ..diagnose.outcome import JobResult, JobSnapshot, NodeRow
+from ..diagnose.progress import duration
+from ..plan.launch import LaunchPlan
+from .console import STATE_STYLE, Block, ConsoleView, Ink, node_color
 
 DRAW_INTERVAL = 0.25  # seconds between table redraws (4 Hz)
 FLUSH_INTERVAL = 0.1  # seconds between batched log prints above the table

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..errors import DdpUpError, EXIT_USAGE
+from ..errors import EXIT_USAGE, DdpUpError
 
 
 class RankSpecError(DdpUpError):

@@ -18,11 +18,11 @@ from collections import deque
 from datetime import datetime, timezone
 from typing import IO, Callable
 
+from ..config.masking import mask_secrets, mask_values
+from ..diagnose.progress import Bar, Snapshots
 from ..job.events import LogLine
 from ..ownfiles import no_link_open, own_dir
 from ..plan.launch import LaunchPlan, NodePlan
-from ..config.masking import mask_secrets, mask_values
-from ..diagnose.progress import Bar, Snapshots
 
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}
 _END = ("\n", "")  # by LogLine.more
