@@ -147,6 +147,9 @@ def test_files_come_back_through_the_api_and_a_local_node_without_a_workdir_is_w
     with pytest.raises(orchestrator.FetchFailed, match="No such file or directory") as failed:
         orchestrator.fetch(nodes, "missing", str(tmp_path / "back"))
     assert failed.value.rows[0]["node"] == "a"
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(LaunchRefused, match="ddp-fetch copied nothing"):  # a folder that cannot be made
+        orchestrator.fetch(nodes, "outputs", str(tmp_path / "a-file" / "back"))
 
 
 def test_a_node_whose_python_cannot_import_cloudpickle_is_refused_before_anything_starts(tmp_path, capfd):
