@@ -66,6 +66,8 @@ def main():
     dist = start_group(backend) if backend else None
     try:
         value = fn(*args, **kwargs)
+        if dist is not None and dist.is_initialized():
+            dist.barrier()  # no rank tears its connections down while another still uses them
     finally:
         if dist is not None and dist.is_initialized():
             dist.destroy_process_group()
