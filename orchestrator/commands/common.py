@@ -119,8 +119,8 @@ def make_view(plan: LaunchPlan, console: Console, args: argparse.Namespace, plai
     """The view the view options ask for: the dashboard on a terminal (or when forced), else
     ``plain`` lines (ConsoleView unless given)."""
     ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
-    dashboard = interactive(console) if args.dashboard is None else args.dashboard
-    if dashboard and not console.is_terminal:
+    dashboard = (interactive(console) or jupyter_live(console)) if args.dashboard is None else args.dashboard
+    if dashboard and not console.is_terminal and not console.is_jupyter:
         console = terminal_console(force_terminal=True)
     return (DashboardView if dashboard else plain or ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse)
 
@@ -129,6 +129,18 @@ def interactive(console: Console) -> bool:
     """Whether a live dashboard goes there: a terminal, really (FORCE_COLOR makes Rich color a pipe,
     as it should, but a pipe gets lines, not a redrawn screen)."""
     return console.is_terminal and (os.environ.get("FORCE_COLOR") is None or sys.stdout.isatty())
+
+
+def jupyter_live(console: Console) -> bool:
+    """Whether a notebook can redraw the dashboard in place: rich draws a live display there in an
+    ipywidgets Output (without ipywidgets, the lines alone, and the bars every 10 s)."""
+    if not console.is_jupyter:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 PIPED_WIDTH = 10_000  # a table printed to a pipe or a file: as wide as its rows are

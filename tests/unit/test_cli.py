@@ -175,3 +175,34 @@ def test_every_command_writes_its_own_completion_for_bash_and_zsh(capsys):
             with pytest.raises(SystemExit) as ended:
                 main(["--print-completion", shell])
             assert ended.value.code == 0 and option in capsys.readouterr().out
+
+
+def test_a_notebook_gets_the_dashboard_redrawn_in_place_where_ipywidgets_can_show_it(monkeypatch):
+    """Rich draws a live display in Jupyter in an ipywidgets Output: the dashboard there, in the
+    notebook's own console (no terminal codes forced into it); plain lines without ipywidgets."""
+    import argparse
+    import builtins
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.commands.common import make_view
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.plan.launch import make_plan
+    from orchestrator.views.console import ConsoleView
+    from orchestrator.views.dashboard import DashboardView
+
+    plan = make_plan(parse_cluster("transport: local\nnodes: [{host: a, gpus: 1}]\n"), "t.py", [], "J", "/")
+    args = argparse.Namespace(ranks=None, dashboard=None, collapse=False)
+    notebook = Console(file=io.StringIO(), force_jupyter=True)
+    view = make_view(plan, notebook, args)
+    assert type(view) is DashboardView and view.console is notebook
+    real_import = builtins.__import__
+
+    def without_ipywidgets(name, *more, **kw):
+        if name == "ipywidgets":
+            raise ImportError(name)
+        return real_import(name, *more, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", without_ipywidgets)
+    assert type(make_view(plan, notebook, args)) is ConsoleView
