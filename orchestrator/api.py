@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
+from .errors import UsageError
 from .ownfiles import no_link_open, own_dir
 from .plan.launch import new_job_id
 
@@ -119,7 +120,6 @@ def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto
 
 def shipped(target, args, kwargs, backend):
     """The Call for a function (LaunchRefused if it cannot go), None for a script."""
-    from .errors import UsageError
     from .plan.call import Call
 
     if not callable(target):
@@ -133,10 +133,9 @@ def shipped(target, args, kwargs, backend):
 
 
 def returned(run: "Run", values: dict) -> dict:
-    """Every rank's return value, unpickled here; JobFailed if one did not come back whole."""
+    """Every rank's return value, unpickled here (pickle imports cloudpickle's rebuilders by name);
+    JobFailed if one did not come back whole."""
     import pickle
-
-    import cloudpickle  # noqa: F401  (what it pickled by value, its functions rebuild)
 
     out = {}
     for rank in sorted(run.results):
@@ -219,7 +218,7 @@ def fetch(cluster, remote_path: str, local_dir: str, node: str | None = None) ->
         path = cluster_path(cluster, private, "fetch")
         out, code = quietly(main_fetch, [path, remote_path, local_dir, "--json",
                                          *(["--node", str(node)] if node is not None else [])])
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    rows = json_lines(out)
     if code == 2:
         raise LaunchRefused(f"ddp-fetch copied nothing (exit status {code}): its message says why")
     failed = [r for r in rows if r.get("error")]
@@ -241,8 +240,8 @@ class Detached:
         from .commands.attach import main_ls
 
         out, _ = quietly(main_ls, [self.cluster, "--json"])
-        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        return next((r for r in rows if r.get("job") == self.job_id), {"job": self.job_id, "state": "unknown"})
+        mine = (row for row in json_lines(out) if row.get("job") == self.job_id)
+        return next(mine, {"job": self.job_id, "state": "unknown"})
 
     def logs(self) -> str:
         """Every line of every rank so far, as ddp-logs prints them."""
@@ -266,6 +265,11 @@ class Detached:
         from .commands.kill import main_kill
 
         return main_kill([self.cluster, "--job", self.job_id])
+
+
+def json_lines(out: str) -> list[dict]:
+    """The objects a command's ``--json`` printed, one a line."""
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 def quietly(main, argv: list[str]) -> tuple[str, int]:

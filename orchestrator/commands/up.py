@@ -147,11 +147,11 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return ours, argv[i:]
 
 
-def main_up(argv: list[str] | None = None, caller: Caller | None = None) -> int:
+def main_up(argv: list[str] | None = None, caller: Caller = Caller()) -> int:
     """ddp-up's run; from the Python API, with what its caller adds (runloop.Caller: a function
     to run, with ``-m`` and its module as the script; where the result and the lines go)."""
     with signals.recording() as inbox, ssh_connections():
-        return _up(sys.argv[1:] if argv is None else argv, inbox, caller or Caller())
+        return _up(sys.argv[1:] if argv is None else argv, inbox, caller)
 
 
 def _up(argv: list[str], inbox: signals.SignalInbox, caller: Caller) -> int:

@@ -58,7 +58,7 @@ PROBE_CLOSE_WAIT = 5.0
 # the version from its metadata, the CUDA it was built for from torch/version.py (plain text), and
 # NCCL from the pip package CUDA builds depend on (a CPU build: none).
 TORCH_PROBE = r"""
-import importlib.metadata as m, importlib.util as u, json, os, re
+import importlib.metadata as m, importlib.util as u, json, os, re, sys
 def version(name):
     try:
         return m.version(name)
@@ -78,7 +78,7 @@ if spec is not None:
     major = (info["cuda"] or "").split(".")[0]
     names = [f"nvidia-nccl-cu{major}"] + [f"nvidia-nccl-cu{v}" for v in (13, 12, 11) if str(v) != major]
     info["nccl"] = next(filter(None, map(version, names)), None) if major else None
-if "cloudpickle" in __import__("sys").argv[1:]:  # a function's launch: its runner unpickles with it
+if "cloudpickle" in sys.argv[1:]:  # a function's launch: its runner unpickles with it
     try:
         import cloudpickle
         info["cloudpickle"] = getattr(cloudpickle, "__version__", "?")

@@ -99,10 +99,10 @@ def call_results(hooks, nproc):
         names = [e.name for e in os.scandir(hooks)]
     except OSError:
         return []
-    ranks = sorted(int(m.group(1)) for m in map(RESULT_FILE.fullmatch, names) if m)[:nproc]
+    found = sorted((int(m.group(1)), m.group(0)) for m in map(RESULT_FILE.fullmatch, names) if m)[:nproc]
     frames = []
-    for rank in ranks:
-        fd = open_regular(os.path.join(hooks, "result.%d" % rank))
+    for rank, name in found:
+        fd = open_regular(os.path.join(hooks, name))
         if fd is None:
             frames.append(wire.Result(rank=rank, problem="its result is not a regular file", data=b""))
             continue
@@ -118,13 +118,17 @@ def results_of(launch):
     spec = launch.spec
     if CALL_HOOK not in (spec.hooks or {}) or spec.detach:  # a detached job has no caller
         return []
-    return call_results(os.path.join(launch.dir, per_attempt("hooks", launch.attempt)), spec.nproc or 1)
+    return call_results(hooks_dir(launch.dir, launch.attempt), spec.nproc or 1)
+
+
+def hooks_dir(state_dir, attempt):
+    return os.path.join(state_dir, per_attempt("hooks", attempt))  # a detached restart: same state dir
 
 
 def write_hooks(state_dir, attempt, files):
     """Files of ours the job runs (the dump hook, ddp-check's probe), {name: text}, in this
     node's state directory; that directory, for the job's PYTHONPATH."""
-    hooks = os.path.join(state_dir, per_attempt("hooks", attempt))  # a detached restart: same state dir
+    hooks = hooks_dir(state_dir, attempt)
     try:
         os.mkdir(hooks, 0o700)
     except FileExistsError:

@@ -28,7 +28,7 @@ class Call:
     """The function to run on every rank, pickled with its arguments and the backend."""
 
     name: str  # how messages name it
-    payload: bytes = b""
+    payload: bytes
 
     @classmethod
     def of(cls, fn, args=(), kwargs=None, backend: str | None = "auto") -> "Call":
@@ -36,11 +36,8 @@ class Call:
         if backend is not None and backend not in BACKENDS:
             raise UsageError(f"backend={backend!r}: one of {', '.join(BACKENDS)}, or None (no process group)")
         name = getattr(fn, "__name__", None) or type(fn).__name__
-        try:
-            import cloudpickle
-        except ImportError:
-            raise UsageError("launching a function needs cloudpickle here and on the nodes: "
-                             "pip install cloudpickle") from None
+        import cloudpickle  # a dependency, imported here: a command line's start does not pay for it
+
         try:
             payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}), backend, RESULT_LIMIT))
         except Exception as e:  # pickling runs the objects' own code: any error is the function's

@@ -34,12 +34,11 @@ class Caller:
 
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
             inbox: signals.SignalInbox = signals.INBOX, cluster_arg: str = "CLUSTER.yaml",
-            restarts: Restarts | None = None, notifier: Notifier | None = None, caller: Caller | None = None) -> int:
+            restarts: Restarts | None = None, notifier: Notifier | None = None, caller: Caller = Caller()) -> int:
     """Run to completion. Signals are the job loop's events: the first stops every node
     gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
     ends once every node runs (exit 0), the job going on under its own agents. With
     ``restarts``, a failed attempt is followed by the next one (attempts.py) until one succeeds or none is left."""
-    caller = caller or Caller()
     views = Fanout(console_view, logs, *((notifier,) if notifier else ()),
                    *((LineCallback(caller.on_line, console_view.notice),) if caller.on_line else ()))
     records: list[AttemptRecord] = []
