@@ -64,13 +64,14 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     fn, args, kwargs, backend, limit = load(here)
     dist = start_group(backend) if backend else None
-    try:
-        value = fn(*args, **kwargs)
-        if dist is not None and dist.is_initialized():
-            dist.barrier()  # no rank tears its connections down while another still uses them
-    finally:
-        if dist is not None and dist.is_initialized():
-            dist.destroy_process_group()
+    # An exception leaves the group as it is: torch's error file is written first (``record``),
+    # and only the process's end closes its connections. Destroying the group on the way out
+    # would fail the peers first ("Connection closed by peer"), and their launcher could stop
+    # this rank before its exception, the root cause, was written.
+    value = fn(*args, **kwargs)
+    if dist is not None and dist.is_initialized():
+        dist.barrier()  # no rank tears its connections down while another still uses them
+        dist.destroy_process_group()
     write_result(here, int(os.environ["RANK"]), value, limit)
 
 
@@ -80,7 +81,23 @@ def run():
         from torch.distributed.elastic.multiprocessing.errors import record
     except ImportError:
         return main()
-    return record(main)()
+    record(main)()
+    finish()
+
+
+def finish():
+    """The end of a rank whose function returned: the exit handlers run (the function's own, a
+    logger's), then the process ends without the interpreter's teardown, where torch with gloo
+    can abort (SIGABRT) after the result is written, failing a job that succeeded."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 if __name__ == "__main__":
