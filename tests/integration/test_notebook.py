@@ -10,6 +10,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cluster_file)
+
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
 
 

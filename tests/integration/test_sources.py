@@ -13,6 +13,8 @@ import yaml
 from tests.harness.runner import ddp_check, ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
 
+LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cluster_file)
+
 
 def settings_file(cluster, tmp_path):
     """A cluster file with no `nodes:`: the node option gives them."""

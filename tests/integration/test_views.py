@@ -11,6 +11,8 @@ from tests.harness import procs
 from tests.harness.runner import REPO, RUNS_ROOT, UP, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
 
+LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cluster_file)
+
 
 def test_log_files_hold_every_line(cluster, cluster_file):
     path = cluster_file([(0, 2), (1, 2)])
