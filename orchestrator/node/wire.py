@@ -695,46 +695,58 @@ def body_size(cls, values: dict) -> int:
 
 
 class Decoder:
-    """A byte stream -> frames, fed in chunks of any size (controller side)."""
+    """A byte stream -> frames, fed in chunks of any size (controller side). A body's bytes are
+    kept as the views of the chunks they came in, joined once when whole: one copy of a file's
+    bytes on their way through (ddp-fetch moves gigabytes this way), not one per step."""
 
     def __init__(self, registry: dict[bytes, type] = TO_CONTROLLER):
         self.registry = registry
-        self.buf = bytearray()
-        self.pending = None  # (cls, values, size): a header waiting for its body
+        self.buf = bytearray()  # the start of a header line, waiting for its end
+        self.pending = None  # (cls, values): a header waiting for its body
+        self.parts: list = []  # the body so far: views of the chunks fed
+        self.need = 0  # bytes of the body still to come
 
     def feed(self, data: bytes) -> list:
-        self.buf += data
+        data = data if isinstance(data, bytes) else bytes(data)  # the views below outlive the call
         frames = []
         pos = 0
         try:
-            while True:
+            while pos < len(data):
                 if self.pending is not None:
-                    cls, values, size = self.pending
-                    if len(self.buf) - pos < size:
-                        break
-                    with memoryview(self.buf) as view:  # one copy of the body, not two (a slice, then bytes)
-                        frames.append(build(cls, values, bytes(view[pos:pos + size])))
-                    pos += size
-                    self.pending = None
+                    pos = self._body(data, pos, frames)
                     continue
-                end = self.buf.find(b"\n", pos)
+                end = data.find(b"\n", pos)
                 if end < 0:
-                    if len(self.buf) - pos > MAX_HEADER:
+                    self.buf += data[pos:]
+                    if len(self.buf) > MAX_HEADER:
                         raise ProtocolError("a header line of more than %d bytes" % MAX_HEADER)
                     break
-                cls, values = parse_header(bytes(self.buf[pos:end]), self.registry)
+                line, self.buf = bytes(self.buf + data[pos:end]) if self.buf else data[pos:end], bytearray()
                 pos = end + 1
-                size = body_size(cls, values)
-                if cls.BODY == "data":
-                    self.pending = (cls, values, size)
-                else:
-                    frames.append(build(cls, values))
+                self._header(line, frames)
         except ProtocolError as e:
             e.frames = frames  # what was whole before the damage (a journal's undamaged part)
             raise
-        finally:
-            del self.buf[:pos]
         return frames
+
+    def _header(self, line: bytes, frames: list) -> None:
+        cls, values = parse_header(line, self.registry)
+        size = body_size(cls, values)
+        if size:
+            self.pending, self.parts, self.need = (cls, values), [], size
+        else:
+            frames.append(build(cls, values))
+
+    def _body(self, data: bytes, pos: int, frames: list) -> int:
+        """Take what ``data`` holds of the pending body from ``pos``; the position after it."""
+        take = min(len(data) - pos, self.need)
+        self.parts.append(memoryview(data)[pos:pos + take])
+        self.need -= take
+        if not self.need:
+            cls, values = self.pending
+            body, self.pending, self.parts = b"".join(self.parts), None, []
+            frames.append(build(cls, values, body))
+        return pos + take
 
     def at_rest(self) -> bool:
         """True between frames (a stream that ends otherwise was cut mid-frame)."""

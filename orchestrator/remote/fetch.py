@@ -26,6 +26,7 @@ from ..ownfiles import no_link_open
 from ..plan.launch import node_workdir
 from .oneshot import AgentCall
 from .parallel import on_each
+from .transports import transport_for
 
 LIST_MARGIN = 60.0  # seconds for the agent to start and list the path, over the connect timeout
 STALL = 60.0  # a transfer that moves no byte for this long is abandoned
@@ -84,7 +85,9 @@ class FetchCall(AgentCall):
     the channel's reader thread: a slow disk holds the node back, never fills memory)."""
 
     def __init__(self, node: NodeConfig, spec: wire.FetchSpec, dest: str, result: Fetched):
-        super().__init__(node, spec)
+        # A connection of its own: through the run's shared one, every byte would cross the
+        # ControlMaster's process too (a copy more, on the CPU that decrypts).
+        super().__init__(node, spec, transport_for(node, shared=False))
         self.dest, self.result = dest, result
         self.entries: list = []
         self.writing: dict[int, tuple[int, str]] = {}  # index -> (fd, temp path) of a file on its way
