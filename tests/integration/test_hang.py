@@ -10,6 +10,8 @@ from tests.harness import procs
 from tests.harness.runner import ddp_up
 from tests.integration.conftest import SCRIPT
 
+LAUNCHER = "none"  # the hang watch is ddp-up's, whatever starts the ranks (see conftest.cluster_file)
+
 HANG_TIMEOUT = 15  # above torch's import time on a loaded 2-core machine: ranks are silent until READY
 
 
