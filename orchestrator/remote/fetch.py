@@ -87,7 +87,7 @@ class FetchCall(AgentCall):
     def __init__(self, node: NodeConfig, spec: wire.FetchSpec, dest: str, result: Fetched):
         # A connection of its own: through the run's shared one, every byte would cross the
         # ControlMaster's process too (a copy more, on the CPU that decrypts).
-        super().__init__(node, spec, transport_for(node, shared=False))
+        super().__init__(node, spec, transport_for(node, shared=False, bulk=True))
         self.dest, self.result = dest, result
         self.entries: list = []
         self.writing: dict[int, tuple[int, str]] = {}  # index -> (fd, temp path) of a file on its way

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import threading
+from functools import lru_cache
 from typing import Mapping, NamedTuple, Sequence
 
 from ..config.cluster import NodeConfig
@@ -122,9 +123,9 @@ class OpenSSHTransport(Transport):
     connection to the node; else a connection of its own (a lost node's sweep: the shared one may
     be dead without knowing it, and a session asked of it would wait far past ConnectTimeout)."""
 
-    def __init__(self, node: NodeConfig, shared: bool = True):
+    def __init__(self, node: NodeConfig, shared: bool = True, bulk: bool = False):
         super().__init__(node)
-        self.shared = shared
+        self.shared, self.bulk = shared, bulk
 
     def connect(self) -> None:
         pass
@@ -133,6 +134,8 @@ class OpenSSHTransport(Transport):
               setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
         command = f"printf {LOGGED_IN.decode()}; " + remote_command(python, bootstrap_args, tags, setup, workdir)
         own = [] if self.shared else ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+        if self.bulk:
+            own += bulk_ciphers(self.node)
         argv = [*ssh_args(self.node, control=self.shared), *own, "--", self.node.host, command]
         slot = GATE.enter(self.node.ssh.max_parallel)
         try:
@@ -159,6 +162,42 @@ def resolved(node: NodeConfig) -> dict[str, str]:
         key, _, value = line.partition(" ")
         found.setdefault(key, value)
     return found
+
+
+def bulk_ciphers(node: NodeConfig) -> list[str]:
+    """ssh options for a connection that carries bulk bytes (ddp-fetch): OpenSSH's own ciphers
+    with AES-GCM first, where the user's config leaves the choice to OpenSSH and this CPU has AES
+    instructions (OpenSSH puts chacha20 first, the faster one without them; with them AES-GCM
+    takes a quarter less time end to end: rsync of 1 GiB, 2.67 -> 2.05 s). The same ciphers in
+    another order, nothing added or taken away; a config that names its ciphers is followed."""
+    default = _default_ciphers()
+    if not default or not _has_aes() or resolved(node).get("ciphers") != default:
+        return []
+    names = default.split(",")
+    first = [c for c in names if c.startswith("aes") and "-gcm@" in c]
+    return ["-o", "Ciphers=" + ",".join(first + [c for c in names if c not in first])] if first else []
+
+
+@lru_cache(maxsize=1)
+def _default_ciphers() -> str:
+    """The ciphers this ssh offers when no config file chooses ("" if it cannot say)."""
+    try:
+        out = subprocess.run([shutil.which("ssh") or "ssh", "-F", "none", "-G", "localhost"], capture_output=True,
+                             text=True, timeout=G_TIMEOUT, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return next((line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("ciphers ")), "")
+
+
+@lru_cache(maxsize=1)
+def _has_aes() -> bool:
+    """Whether this CPU has AES instructions (Linux: x86's `aes` flag, Arm's `aes` feature)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.split(":", 1)[0].strip() in ("flags", "Features") and "aes" in line.split()
+                       for line in f)
+    except OSError:
+        return False
 
 
 class Inspection(NamedTuple):

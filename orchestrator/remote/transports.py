@@ -12,12 +12,13 @@ from .srun import SrunTransport
 from .transport import LocalTransport, Transport
 
 
-def transport_for(node: NodeConfig, shared: bool = True) -> Transport:
-    """How to reach ``node``; ``shared``: over the run's SSH connection to it, where there is one."""
+def transport_for(node: NodeConfig, shared: bool = True, bulk: bool = False) -> Transport:
+    """How to reach ``node``; ``shared``: over the run's SSH connection to it, where there is one;
+    ``bulk``: for a connection that carries bulk bytes (see openssh.bulk_ciphers)."""
     if node.transport == "local":
         return LocalTransport(node)
     if node.transport == "srun":
         return SrunTransport(node)
     if node.ssh.client == "openssh":
-        return OpenSSHTransport(node, shared)
+        return OpenSSHTransport(node, shared, bulk)
     return SSHTransport(node)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.remote import sshmaster
+from orchestrator.remote import openssh, sshmaster
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.remote.openssh import Inspection, ssh_args, ssh_failure
 
@@ -213,3 +213,23 @@ def test_anything_but_a_masters_yes_is_not_taken_for_one(tmp_path, answer):
     assert not sshmaster.end_master(str(tmp_path / "m"), timeout=5)
     thread.join(5)
     assert not sshmaster.end_master(str(tmp_path / "gone"), timeout=1)  # no socket at all
+
+
+DEFAULT = "chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr,aes128-gcm@openssh.com,aes256-gcm@openssh.com"
+
+
+@pytest.mark.parametrize("aes, configured, expected", [
+    (True, DEFAULT, "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,"
+                    "aes192-ctr,aes256-ctr"),  # OpenSSH's choice: the same ciphers, AES-GCM first
+    (True, "chacha20-poly1305@openssh.com", None),  # the user's own choice is followed as written
+    (False, DEFAULT, None),  # no AES instructions here: chacha20 is the faster one
+])
+def test_a_bulk_connection_prefers_aes_gcm_only_where_openssh_would_choose_and_the_cpu_has_aes(monkeypatch, aes,
+                                                                                               configured, expected):
+    monkeypatch.setattr(openssh, "_default_ciphers", lambda: DEFAULT)
+    monkeypatch.setattr(openssh, "_has_aes", lambda: aes)
+    monkeypatch.setattr(openssh, "resolved", lambda n: {"ciphers": configured})
+    got = openssh.bulk_ciphers(node())
+    assert got == ([] if expected is None else ["-o", f"Ciphers={expected}"])
+    if expected is not None:
+        assert sorted(expected.split(",")) == sorted(DEFAULT.split(","))  # nothing added, nothing taken away
