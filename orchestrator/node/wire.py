@@ -721,7 +721,8 @@ class Decoder:
                     if len(self.buf) > MAX_HEADER:
                         raise ProtocolError("a header line of more than %d bytes" % MAX_HEADER)
                     break
-                line, self.buf = bytes(self.buf + data[pos:end]) if self.buf else data[pos:end], bytearray()
+                line = bytes(self.buf) + data[pos:end] if self.buf else data[pos:end]
+                self.buf.clear()
                 pos = end + 1
                 self._header(line, frames)
         except ProtocolError as e:

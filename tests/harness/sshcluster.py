@@ -121,9 +121,9 @@ class SSHCluster:
     def own_shell_rc(self) -> str:
         """The shell command (ending in ``&& ``, or empty) that gives the node's sessions the
         cluster's own ~/.bashrc, in the node's mount namespace: bash reads ~/.bashrc for every
-        command sshd runs, and a developer's (pyenv init: 60 processes, 0.12 s of CPU) was a
-        quarter of the suite's CPU. It puts this interpreter first on PATH, as the developer's
-        would, and nothing else: the nodes no longer depend on who runs the tests."""
+        command sshd runs, and a developer's may be slow (this machine's runs pyenv init: 60
+        processes, 0.12 s of CPU a session) or noisy. It puts this interpreter first on PATH, as
+        the developer's would, and nothing else: the nodes no longer depend on who runs the tests."""
         home_rc = Path.home() / ".bashrc"
         if not home_rc.is_file():
             return ""  # bash reads none: nothing to stand in for

@@ -18,11 +18,10 @@ import yaml
 from tests.harness import procs
 from tests.harness.runner import REPO, Launch, _env, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
-
-LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cluster_file)
 from tests.integration.test_sync import sync_cluster
 from tests.scripts.job import blob
 
+LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cluster_file)
 LONG_RUN = ["run", "--steps", "100000", "--step-time", "0.2"]
 
 

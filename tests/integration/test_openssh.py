@@ -28,7 +28,7 @@ def write_config(cluster, path: Path, known_hosts: Path, *, extra: str = "", per
 def cluster_file(tmp_path: Path, config: Path, hosts: list[str], client: str = "openssh") -> Path:
     doc = {"ssh": {"client": client, "config_file": str(config), "connect_timeout": 5},
            "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1},
-           "launcher": "none",  # ssh is the subject, not torchrun (1.5 s of CPU a node)
+           "launcher": "none",  # ssh is the subject, not torchrun (see conftest.cluster_file)
            "nodes": [{"host": h, "gpus": 1} for h in hosts]}
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

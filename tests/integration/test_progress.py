@@ -23,7 +23,7 @@ from tests.harness.runner import REPO, RUNS_ROOT, UP, ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
 
 BARS = str(Path(SCRIPT).with_name("bars.py"))
-# the bars' subject is the relay and the views, the same under any launcher: no torchrun (1.5 s of CPU a node)
+# the bars' subject is the relay and the views, the same under any launcher (see conftest.cluster_file)
 local_cluster = functools.partial(runner.local_cluster, launcher="none")
 pytest.importorskip("tqdm")
 

@@ -1,6 +1,6 @@
 """Issue 18: restarts and spare nodes on the sshd cluster. A restart is ddp-up's decision, whatever
 the launcher: the first test restarts real torchrun jobs, the others start their ranks without
-torchrun (`launcher: none`: 1.5 s of CPU a node less, per attempt)."""
+torchrun (`launcher: none`, see conftest.cluster_file)."""
 
 from __future__ import annotations
 

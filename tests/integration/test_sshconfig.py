@@ -22,7 +22,7 @@ def write_cluster(tmp_path, cluster, nodes: list[dict], config: str, known_hosts
         "ssh": {"config_file": str(tmp_path / "ssh_config"), "known_hosts": str(tmp_path / "known_hosts"),
                 "connect_timeout": 5},
         "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1},
-        "launcher": "none"}))  # ssh is the subject, not torchrun (1.5 s of CPU a node)
+        "launcher": "none"}))  # ssh is the subject, not torchrun (see conftest.cluster_file)
     return path
 
 

@@ -50,7 +50,7 @@ def sync_cluster(cluster, tmp_path: Path, src: Path) -> tuple[Path, list[Path]]:
     """Two nodes, each with its own workdir (the namespaces share this machine's disk)."""
     dests = [tmp_path / f"node{i}" / "project" for i in range(2)]
     path = cluster.cluster_file(tmp_path / "cluster.yaml", [(cluster.nodes[0], 1), (cluster.nodes[1], 1)],
-                                python=sys.executable, env={"OMP_NUM_THREADS": 1}, launcher="none",  # the copy's subject
+                                python=sys.executable, env={"OMP_NUM_THREADS": 1}, launcher="none",  # see conftest.cluster_file
                                 sync={"src": str(src), "exclude": ["*.tmp"]})
     doc = yaml.safe_load(path.read_text())
     for node, dest in zip(doc["nodes"], dests):
