@@ -17,8 +17,8 @@ import time
 from . import container, events, facts, flight, policy, wire
 from .checks import CALL_HOOK, job_env
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, TAGS, carries, find_tagged, kill_tagged, read_tags, signal_ranks, signal_tagged,
-                    spec_tags, wait_gone)
+from .procs import (KILL_WAIT, TAGS, carries, find_tagged, is_launcher, kill_tagged, read_tags, signal_ranks,
+                    signal_tagged, spec_tags, wait_gone)
 from .relay import Tailer, join_while_moving, open_regular, pump
 from .stacks import dump_all, sitecustomize
 from .state import per_attempt, private_dir, remove_quietly, write_private
@@ -152,7 +152,7 @@ class Launch:
         self.stop_wall = None  # when it was asked to stop (wall clock)
         self.rank_ends = None  # the launcher's workers' ends (failures.RankEnds)
         self.ends = {}  # {local rank: when it ended}, once the launch is over
-        self.killed = 0  # how many of its processes were still there at its end, and got SIGKILL
+        self.killed = 0  # how many of its processes (launchers aside) were still there at its end, and got SIGKILL
         self.flight_dir = None  # where the ranks write their Flight Recorder records (flight.py), if they do
         self.box = box  # the container the launcher runs in (container.Box), if the job has one
         self.env_file = None  # the job's environment for the container's first process (container.LOADER)
@@ -292,7 +292,10 @@ class Launch:
         self.ended.set()
         if isinstance(self.proc, Workers):
             self.proc.ending()  # the SIGKILL below is ours: not a worker's failure to report
-        self.killed = len(kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)["found"])
+        found = kill_tagged(self.match, grace=0, first_signal=signal.SIGKILL)["found"]
+        # what a stop cut short: the ranks (and what they started), not a launcher still tearing itself
+        # down; torchrun's own SIGKILLs at the end of its wait are counted from its log (logparse.py)
+        self.killed = sum(1 for p in found if not is_launcher(p))
         if self.box is not None:
             self.box.remove()  # a daemon's container outlives its client: by name, SIGKILL and gone
         remove_quietly(self.env_file)

@@ -88,6 +88,11 @@ def is_alive(pid):
 LAUNCHER_MARKS = ("torch.distributed.run", "torch.distributed.launch", "ddp_up_box.workers")
 
 
+def is_launcher(proc):
+    """Whether a find_tagged process is a launcher (torchrun, the container's workers), by its command line."""
+    return any(m in proc["cmd"] for m in LAUNCHER_MARKS)
+
+
 def parent_of(pid):
     """The parent's pid, from /proc/PID/stat (its 4th field, after the command's parentheses), or None."""
     stat = proc_bytes(pid, "stat") or b""
@@ -112,7 +117,7 @@ def job_ranks(found):
     (torchrun's workers) or of its agents (`launcher: none`), not those themselves, nor whatever
     a rank started (a data loader's worker would die of a signal its rank handles). The caller
     may be the agent itself (find_tagged leaves it out): its children are ranks too."""
-    parents = {p["pid"] for p in found if AGENT_MARK in p["cmd"] or any(m in p["cmd"] for m in LAUNCHER_MARKS)}
+    parents = {p["pid"] for p in found if AGENT_MARK in p["cmd"] or is_launcher(p)}
     parents.add(os.getpid())
     return [p for p in found if p["pid"] not in parents and parent_of(p["pid"]) in parents]
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from orchestrator.node import checks
-from orchestrator.node.procs import find_tagged, kill_tagged, signal_tagged
+from orchestrator.node.procs import find_tagged, is_launcher, kill_tagged, signal_tagged
 
 SLEEPER = "import signal, sys, time\nif 'ignore' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
           "print('up', flush=True)\ntime.sleep(60)\n"
@@ -58,6 +58,14 @@ def test_signal_refuses_a_process_without_the_tags(spawn):
     decoy = spawn({})
     assert not signal_tagged(decoy.pid, signal.SIGKILL, {"DDP_UP_JOB": "jobA"})
     assert decoy.poll() is None
+
+
+def test_what_a_stop_cut_short_counts_the_ranks_not_a_launcher_still_tearing_itself_down():
+    """At the end of stop_grace the agent kills what is left; torchrun, slow to exit after its own
+    SIGKILLs (counted from its log), is not "a save that took longer"."""
+    found = [{"pid": 1, "cmd": "python3 -u -m torch.distributed.run --nnodes=2 train.py"},
+             {"pid": 2, "cmd": "python3 -u train.py --epochs 3"}]
+    assert [p["pid"] for p in found if not is_launcher(p)] == [2]
 
 
 def test_find_matches_cluster_tag(spawn):
