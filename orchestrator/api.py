@@ -107,7 +107,7 @@ def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto
     results: list = []
     code = main_up(argv, Caller(call, results.append, on_line))
     if code in (2, 3):
-        raise LaunchRefused(f"ddp-up started nothing (exit status {code}): its message says why")
+        raise LaunchRefused(refusal(code, read_summary(os.path.join(runs_dir, job_id))))
     if code >= 128:
         if code == 128 + signal.SIGINT:
             raise KeyboardInterrupt(f"job {job_id} stopped by Ctrl-C; every node stopped it")
@@ -179,12 +179,26 @@ def cluster_path(cluster, runs_dir: str, job_id: str) -> str:
     return path
 
 
-def ended(job_id: str, run_dir: str, code: int, cluster: str = "") -> Run:
+def read_summary(run_dir: str) -> dict:
+    """The run's summary.json, or {} where it has none (nothing got that far)."""
     try:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
     except (OSError, ValueError):
-        summary = {}
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def refusal(code: int, summary: dict) -> str:
+    """Why nothing started, in the exception too: each node not ready and its reason, from the run's
+    summary (bad input has none: the message printed says why)."""
+    nodes = [n for n in summary.get("nodes") or () if isinstance(n, dict) and n.get("reason")]
+    why = "; ".join(f"{n.get('host')}: {n['reason']}" for n in nodes[:3]) + (" ..." if len(nodes) > 3 else "")
+    return f"ddp-up started nothing (exit status {code}): {why or 'its message says why'}"
+
+
+def ended(job_id: str, run_dir: str, code: int, cluster: str = "") -> Run:
+    summary = read_summary(run_dir)
     results: dict[int, int | None] = {}
     for node in summary.get("nodes") or ():
         first, last = (node.get("ranks") or [0, -1])[:2]  # the node's first and last global rank

@@ -80,7 +80,7 @@ def test_every_line_reaches_the_callers_function_and_one_that_raises_is_dropped_
 
 
 def test_bad_input_raises_and_starts_nothing(tmp_path):
-    with pytest.raises(LaunchRefused):
+    with pytest.raises(LaunchRefused, match=r"exit status 3\): a: script \S+missing.py not found in "):
         launch(cluster(tmp_path), str(tmp_path / "missing.py"), runs_dir=str(tmp_path / "runs"))
     with pytest.raises(TypeError, match="unknown option"):
         launch(cluster(tmp_path), "t.py", hang_timout=5)
