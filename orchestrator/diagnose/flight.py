@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
 from ..clean import safe_text
+from ..node.policy import rank_list
 from ..node.stragglers import Lateness, LateWatch
 
 # a collective's wait ended a rank (gloo's, NCCL's watchdog, c10d's): in its stderr, or its failure's words
@@ -101,19 +102,6 @@ def parse(ranks: object, allowed: range) -> dict[int, list[Entry]]:
             if entries:
                 found[int(key)] = sorted(entries, key=lambda e: (e.group, e.seq))
     return found
-
-
-def rank_list(ranks: Iterable[int]) -> str:
-    """'rank 5' or 'ranks 0-4, 6-7'."""
-    ranks = sorted(set(ranks))
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
 
 
 def group_name(e: Entry) -> str:

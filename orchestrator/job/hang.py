@@ -17,14 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..diagnose.flight import rank_list
 from ..diagnose.logparse import StackReport
 from ..diagnose.outcome import NodeStatus
 from ..node import policy
 from .events import LogLine
 
 DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the stacks to arrive
-STARTUP_LEAST = 600.0  # start-up's limit unless `startup_timeout` says: at least this, or hang_timeout
 Blamed = Callable[[], "tuple[tuple[int, ...], str] | None"]  # the Flight Recorder's word (flight.FlightLog.blamed)
 
 
@@ -45,7 +43,7 @@ class HangWatch:
     def __init__(self, timeout: float | None, job_id: str, startup: float | None = None):
         self.timeout = timeout
         self.job_id = job_id
-        self.startup = startup if startup is not None else max(timeout, STARTUP_LEAST) if timeout else None
+        self.startup = policy.startup_limit(startup, timeout)
         self.launched: float | None = None  # when the job was started; None until go
         self.begun: dict[int, float] = {}  # rank -> when its clock started (process group up, or first line)
         self.late_starters: list[int] = []  # the ranks a start-up hang is declared for
@@ -101,9 +99,10 @@ class HangWatch:
         running = [s for s in statuses if s.state == "running"]
         waiting = [r for s in running for r in s.plan.ranks if r not in self.begun]
         if waiting:  # start-up: the silence clock has not started
-            if self.startup and now - self.launched > self.startup:
+            why = policy.startup_reason(now - self.launched, self.startup, waiting)
+            if why:
                 self.late_starters, self.waited = waiting, now - self.launched
-                return self._declare(not_started(waiting, self.waited), running, now)
+                return self._declare(why, running, now)
             return None
         if not self.timeout or self.last_output is None:
             return None
@@ -134,10 +133,10 @@ class HangWatch:
         named = outside or late
         detail = f" (its stack is in {self.stacks.where.get(named[0], '?')})" if outside else ""
         if outside and inside:
-            detail += f"; {rank_list(inside)} {'waits' if len(inside) == 1 else 'wait'} for it " \
+            detail += f"; {policy.rank_list(inside)} {'waits' if len(inside) == 1 else 'wait'} for it " \
                       f"{self.stacks.describe(inside[0])}"
         node = next(s.plan.index for s in statuses if named[0] in s.plan.ranks)
-        return Hung(node, named[0], f"job did not start: {not_started(named, self.waited)}{detail}; stacks in the "
+        return Hung(node, named[0], f"job did not start: {policy.not_started(named, self.waited)}{detail}; stacks in the "
                                     f"log above and in runs/{self.job_id}/")
 
     def _name_stuck(self, statuses: Sequence[NodeStatus], among: list[int] | None = None,
@@ -161,13 +160,9 @@ class HangWatch:
         recorded = blamed()
         if recorded is not None and set(recorded[0]) & set(running):
             stuck = [r for r in recorded[0] if r in running]
-            detail = f"{rank_list(recorded[0])} {recorded[1]} (Flight Recorder); {detail}"
+            detail = f"{policy.rank_list(recorded[0])} {recorded[1]} (Flight Recorder); {detail}"
         node = next(s.plan.index for s in statuses if stuck[0] in s.plan.ranks)
         why = policy.hung_words(self.why)
         return Hung(node, stuck[0], f"{why}; {detail}; "
                                     f"stacks in the log above and in runs/{self.job_id}/")
 
-
-def not_started(ranks: Sequence[int], waited: float) -> str:
-    """``rank 3 has not reached init_process_group after 600 s``."""
-    return f"{rank_list(ranks)} {'has' if len(ranks) == 1 else 'have'} not reached init_process_group after {waited:.0f} s"

@@ -78,18 +78,49 @@ def lost_peers(now, peers, heard, states, limit):
     return found
 
 
-def hang_step(now, timeout, hung, halted, quiet, first_done):
+class NodesProgress:
+    """What each node last said of its ranks (Progress): how long they had been quiet, when it
+    said so, and which had not begun. ``own``: the same for the supervisor's node, read now."""
+
+    def __init__(self):
+        self.said = {}  # node -> (quiet seconds, when it said so, its ranks that have not begun)
+
+    def quiet(self, nodes, now, heard, own):
+        """{node: seconds since its ranks last printed}; one that never said counts from when it was heard."""
+        found = {}
+        for node in nodes:
+            quiet, at, _ = own.get(node) or self.said.get(node) or (0.0, heard[node], None)
+            found[node] = quiet + (now - at)
+        return found
+
+    def late(self, nodes, own):
+        """The ranks of ``nodes`` that have not begun; None while one of them has not said which."""
+        late = []
+        for node in nodes:
+            ranks = (own.get(node) or self.said.get(node) or (0, 0, None))[2]
+            if ranks is None:
+                return None
+            late.extend(ranks)
+        return late
+
+
+def hang_step(now, timeout, hung, halted, quiet, first_done, startup=None, late=(), since_launch=0.0):
     """The hang watch at ``now`` (as ddp-up's HangWatch decides it): ("dump", why) when the job
     starts to look hung (every running rank prints its stack, into the journal, where an attach
     names the odd one out), ("halt", reason) policy.HANG_DUMP_WAIT after that, or None. ``hung``: (why,
-    when) once declared; ``quiet``: {running node: seconds since its ranks last printed}."""
-    if not timeout or halted is not None:
+    when) once declared; ``quiet``: {running node: seconds since its ranks last printed}. While
+    ranks have not begun (``late``; None: not known yet), start-up's limit ``startup`` counts
+    ``since_launch`` instead of the silence."""
+    if not (timeout or startup) or halted is not None:
         return None
     if hung is not None:
         return ("halt", policy.hung_words(hung[0])) if now - hung[1] > policy.HANG_DUMP_WAIT else None
     if not quiet:
         return None
-    why = policy.hang_reason(now, now - min(quiet.values()), first_done, timeout, len(quiet))
+    if late is None or late:
+        why = policy.startup_reason(since_launch, startup, late or ())
+    else:
+        why = policy.hang_reason(now, now - min(quiet.values()), first_done, timeout, len(quiet))
     return ("dump", why) if why else None
 
 

@@ -89,6 +89,7 @@ class DetachedRun(Runner):
 
     def before_start(self, go):
         self.out.secrets = tuple(sorted(self.spec.secrets or (), key=len, reverse=True))
+        self.out.begun, self.out.first_rank = set(), (self.spec.ranks or [0])[0]  # this attempt's start-up
         if self.out.journal is not None:
             self.out.journal.close()  # the attempt before's is complete
         self.out.journal = Journal(os.path.join(self.dir, per_attempt(JOURNAL, self.attempt)),
@@ -102,6 +103,11 @@ class DetachedRun(Runner):
                 "ranks": self.spec.ranks, "pid": os.getpid(), "started": time.time(), "ended": None,
                 "state": "running", "code": None, "reason": None, "retention": self.spec.retention,
                 "attempt": self.attempt, "master": master_of(go.argv), "commit": self.spec.commit}
+
+    def waiting(self):
+        """This node's ranks (global) that have not begun: the supervisor's start-up watch."""
+        first, count = self.spec.ranks or (0, 0)
+        return [first + rank for rank in range(count) if rank not in (self.out.begun or ())]
 
     def on_its_own(self):
         return self.record is not None

@@ -114,6 +114,45 @@ def hang_reason(now, last_output, first_done, timeout, running):
     return None
 
 
+STARTUP_LEAST = 600.0  # start-up's limit unless `startup_timeout` says: at least this, or hang_timeout
+
+
+def startup_limit(startup, timeout):
+    """How long after the launch the ranks may take to begin (a line, or their process group up):
+    ``startup_timeout`` where set, else the hang timeout but at least STARTUP_LEAST (importing
+    torch on a loaded node, or from a venv on NFS, is no hang); None: start-up is not watched."""
+    if startup is not None:
+        return startup
+    return max(timeout, STARTUP_LEAST) if timeout else None
+
+
+def startup_reason(waited, limit, late):
+    """Why a job that has not fully begun looks hung after ``waited`` seconds, or None: past
+    start-up's ``limit``, ``late`` (the ranks that have not begun; empty: not known yet) are named."""
+    if not limit or waited <= limit:
+        return None
+    return not_started(late, waited) if late else "not every rank began within %.0f s" % waited
+
+
+def not_started(ranks, waited):
+    """``rank 3 has not reached init_process_group after 600 s``."""
+    return "%s %s not reached init_process_group after %.0f s" % (
+        rank_list(ranks), "has" if len(set(ranks)) == 1 else "have", waited)
+
+
+def rank_list(ranks):
+    """'rank 5' or 'ranks 0-4, 6-7'."""
+    ranks = sorted(set(ranks))
+    runs = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ", ".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in runs)
+    return ("rank %s" if len(ranks) == 1 else "ranks %s") % text
+
+
 def node_end(ranks_failed, stopped, code):
     """How a node's part of a job ended, for the node's agent and ddp-up alike: "failed" when its
     ranks failed by themselves (before any stop, whatever the launcher then did), "stopped" when

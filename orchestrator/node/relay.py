@@ -31,6 +31,8 @@ class Writer:
 
     journal = None  # detach: a Journal that keeps every frame after Go (heartbeats aside; bars thinned)
     last_output = time.monotonic()  # when a rank's line last went out (a detached job's hang watch)
+    begun = None  # detach: this node's ranks (local) that have begun: a line, a bar, their process group up
+    first_rank = 0  # detach: this node's first global rank (RanksUp names global ranks)
     secrets = ()  # detach: values masked in every frame journaled (and sent with it), longest first
 
     peers = None  # detach: a callable that gets every Arrivals too (the supervisor's straggler watch)
@@ -43,6 +45,8 @@ class Writer:
         data = frame.encode()
         if (type(frame) is wire.Output and frame.rank is not None) or type(frame) is wire.Bars:
             self.last_output = time.monotonic()  # a bar that moves is progress
+        if self.begun is not None and type(frame) in (wire.Output, wire.Bars, wire.RanksUp):
+            self.note_begun(frame)
         journal = self.journal
         if journal is None or isinstance(frame, (wire.Heartbeat, wire.Arrivals)):
             self.put(data, block)
@@ -55,6 +59,20 @@ class Writer:
             if type(frame) is wire.Bars:
                 journal.keep_bars(frame.bars)  # after its journaling: the bars file counts it
             self.put(data, block)
+
+    def note_begun(self, frame):
+        """A rank's first sign of life: its hang clock starts (until every rank's has, start-up's
+        limit counts: policy.startup_limit), as ddp-up's HangWatch starts it."""
+        if type(frame) is wire.Output:
+            ranks = () if frame.rank is None else (frame.rank,)
+        elif type(frame) is wire.Bars:
+            ranks = [bar[1] for bar in frame.bars]
+        else:
+            ranks = [rank - self.first_rank for rank in frame.ranks]
+        for rank in ranks:
+            if rank not in self.begun:
+                self.begun.add(rank)
+                self.last_output = time.monotonic()  # a process group that came up is a sign of life
 
     JOURNAL_BARS_EVERY = 10.0  # a detached job's journal keeps its bars at most this often (and each clearing)
     bars_journaled = float("-inf")

@@ -147,7 +147,9 @@ class Supervisor:
         self.heard = {}  # node -> when it was last heard (monotonic)
         self.halted = None  # the reason every node was told to stop
         self.finished = threading.Event()  # every node has ended the current attempt
-        self.quiet = {}  # node -> (its ranks' quiet seconds, when it said so)
+        self.progress = decide.NodesProgress()  # what every node last said of its ranks
+        self.launched = clock()  # when the current attempt started: start-up's limit counts from here
+        self.limits = (self.spec.hang_timeout, policy.startup_limit(self.spec.startup_timeout, self.spec.hang_timeout))
         self.hung = None  # (why, when the stacks were asked for), once the job looks hung
         self.first_done = None  # when the first node's job ended well (the others should follow)
         self.attempt = runner.attempt
@@ -161,7 +163,7 @@ class Supervisor:
     def start(self, watch=True):
         """Accept the other nodes; ``watch``: tick every heartbeat on a thread of its own (its
         tests call tick themselves, in fake time)."""
-        now = self.clock()
+        now = self.launched = self.clock()
         self.heard = {node: now for node in range(self.spec.nodes)}  # joining is due from Go on
         self.door.open()
         if watch:
@@ -192,13 +194,14 @@ class Supervisor:
             conn.close()
 
     def heard_from(self, node, frame):
-        self.heard[node] = self.clock()
+        now = self.clock()
+        if isinstance(frame, wire.Progress) and frame.node == node:  # before heard: a tick that sees it sees these
+            self.progress.said[node] = (frame.quiet, now, frame.waiting)
+        self.heard[node] = now
         if isinstance(frame, wire.NodeState) and frame.node == node:
             if frame.attempt < self.attempt and self.restart_frame is not None:
                 self.send(node, self.restart_frame)  # it reconnected after the word went out
             self.report(node, frame.state, frame.code, frame.reason, frame.attempt, frame.final, frame.failure)
-        elif isinstance(frame, wire.Progress) and frame.node == node:
-            self.quiet[node] = (frame.quiet, self.heard[node])
         elif isinstance(frame, wire.Arrivals):
             self.arrived(node, frame)
 
@@ -254,9 +257,10 @@ class Supervisor:
             write_record(self.runner.dir, {"attempts": self.attempts}, ATTEMPTS)  # an attach's words for it
             self.book.begin(self.clock())
             self.attempt = attempt
-            self.states, self.quiet, self.halted, self.hung, self.first_done = {}, {}, None, None, None
+            self.states, self.halted, self.hung, self.first_done = {}, None, None, None
+            self.progress = decide.NodesProgress()
             self.late = LateWatch(self.spec.nodes)
-            now = self.clock()
+            now = self.launched = self.clock()
             self.heard = {node: now for node in range(self.spec.nodes)}
             self.restart_frame = wire.Restart(attempt=attempt, port=port)
             self.finished.clear()
@@ -303,8 +307,12 @@ class Supervisor:
         self.watch_hang(now)
 
     def watch_hang(self, now):
-        quiet = self.quiet_of_running(now)
-        step = decide.hang_step(now, self.spec.hang_timeout, self.hung, self.halted, quiet, self.first_done)
+        running = [n for n in range(self.spec.nodes) if self.states.get(n, {}).get("state") == "running"]
+        own = {self.spec.node: (now - self.runner.out.last_output, now, self.runner.waiting())}
+        quiet = self.progress.quiet(running, now, self.heard, own)
+        timeout, startup = self.limits
+        step = decide.hang_step(now, timeout, self.hung, self.halted, quiet, self.first_done, startup=startup,
+                                late=self.progress.late(running, own), since_launch=now - self.launched)
         if step is None:
             return
         what, why = step
@@ -318,17 +326,6 @@ class Supervisor:
                 self.runner.events.put(events.Dump())
             else:
                 self.send(node, wire.DumpStacks())
-
-    def quiet_of_running(self, now):
-        """{running node: seconds since its ranks last printed}."""
-        running = [n for n in range(self.spec.nodes) if self.states.get(n, {}).get("state") == "running"]
-        return {n: self.quiet_of(n, now) for n in running}
-
-    def quiet_of(self, node, now):
-        if node == self.spec.node:
-            return now - self.runner.out.last_output
-        quiet, said = self.quiet.get(node, (0.0, self.heard[node]))
-        return quiet + (now - said)
 
 
 class PeerLink:
@@ -408,7 +405,8 @@ class PeerLink:
     def tick(self, now):
         """Once a heartbeat: say how quiet this node's ranks are; the Stop a silent supervisor
         becomes, or None."""
-        self.send(wire.Progress(node=self.spec.node, quiet=now - self.runner.out.last_output))
+        self.send(wire.Progress(node=self.spec.node, quiet=now - self.runner.out.last_output,
+                                waiting=self.runner.waiting()))
         silent = policy.silence(now, self.heard, self.spec.orphan_timeout)
         if silent is None:
             return None

@@ -164,6 +164,7 @@ class RunSpec(Frame):
     label: str = ""  # detach: the node as the cluster file names it (the record's)
     ranks: list[int] | None = None  # detach: [first global rank, rank count] (the record's)
     hang_timeout: float | None = None  # detach: the supervisor's hang watch (see node/detached.py)
+    startup_timeout: float | None = None  # detach: the same watch's start-up limit (policy.startup_limit)
     retention: float = 604800.0  # detach: seconds its record and journal stay after its end
     nproc: int | None = None  # processes on this node: the GPUs checked for others' processes
     hooks: dict | None = None  # file name -> text: written to the node's state dir, put on the job's PYTHONPATH
@@ -614,10 +615,12 @@ class NodeState(Frame):
 
 @_frame(PEER)
 class Progress(Frame):
-    """A node's heartbeat to the supervisor: seconds since any of its ranks printed a line."""
+    """A node's heartbeat to the supervisor: seconds since any of its ranks printed a line, and
+    its ranks that have not begun (no line, no bar, process group not up: start-up)."""
 
     node: int
     quiet: float
+    waiting: list | None = None  # global ranks
 
 
 @_frame(PEER)

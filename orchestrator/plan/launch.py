@@ -162,6 +162,7 @@ class LaunchPlan:
         is_master = node.index == self.master.index
         detached = dict(detach=True, token=self.peer_token, nodes=len(self.nodes), label=node.label,
                         ranks=[node.first_rank, node.nproc], hang_timeout=self.hang_timeout,
+                        startup_timeout=self.startup_timeout,
                         retention=self.retention, restarts=self.restarts, restart_delay=self.restart_delay,
                         recoveries=self.recoveries, no_restart_on_exit=list(self.no_restart_on_exit) or None,
                         master_addr=self.master_addr if is_master else None,

@@ -1,5 +1,6 @@
 """The agent's tailer relays workers' log files as whole-line chunks, in order, to the last byte."""
 
+import io
 import threading
 from pathlib import Path
 
@@ -98,3 +99,18 @@ def test_a_relay_that_dies_says_so_and_is_never_silent(tmp_path: Path, monkeypat
     said = [f.data for f in chunks if f.rank is None]
     assert said == [b"ddp-up: the relay of this node's rank output stopped (ValueError: a bug); the run counts as "
                     b"failed\n"]
+
+
+def test_a_detached_writer_notes_which_ranks_have_begun():
+    """A line, a bar, or its process group up (RanksUp, global ranks): the rank has begun, and its
+    hang clock starts then; the launcher's own lines start nobody's."""
+    writer = Writer(io.BytesIO())
+    writer.begun, writer.first_rank = set(), 4
+    writer.send(wire.Output("err", None, b"torchrun's own warning\n"))
+    assert writer.begun == set()
+    writer.send(wire.Output("out", 1, b"hello\n"))
+    writer.send(wire.Bars(bars=[["err", 2, ["epoch 0: 3/10"]]]))
+    before = writer.last_output
+    writer.send(wire.RanksUp(ranks=[4]))
+    assert writer.begun == {0, 1, 2} and writer.last_output >= before
+    assert writer.drain(5)

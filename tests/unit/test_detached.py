@@ -56,15 +56,19 @@ class FakeRunner:
     """What the supervisor and a link use of an agent's Runner: its spec, events and directory."""
 
     def __init__(self, node: int, nodes: int, where: str, clock: FakeClock, orphan_timeout: float = 30.0,
-                 hang_timeout: float | None = None, restarts: int = 0):
+                 hang_timeout: float | None = None, restarts: int = 0, startup_timeout: float | None = None):
         self.spec = SimpleNamespace(job="J1", node=node, nodes=nodes, token=TOKEN, orphan_timeout=orphan_timeout,
                                     heartbeat=0.2, hang_timeout=hang_timeout, restarts=restarts, recoveries=0,
-                                    no_restart_on_exit=None)
+                                    no_restart_on_exit=None, startup_timeout=startup_timeout)
         self.attempt = 0
         self.out = SimpleNamespace(last_output=clock())  # the Writer: when a rank last printed
+        self.late: list[int] = []  # its ranks that have not begun (DetachedRun.waiting)
         self.notices = RecordedNotices()
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.dir = where
+
+    def waiting(self) -> list[int]:
+        return list(self.late)
 
     def next_stop(self, timeout: float = 10.0) -> str:
         """The supervisor's Halt, as the agent's loop gets it."""
@@ -187,6 +191,25 @@ def test_no_line_from_any_rank_asks_for_stacks_then_halts_as_hung(tmp_path):
     sup.listener.close()
 
 
+def test_a_rank_still_starting_is_no_hang_until_start_up_s_limit(tmp_path):
+    """Node 1's rank 3 is still importing torch: the silence does not count; start-up's limit does."""
+    clock = FakeClock()
+    runner0, sup = start_supervisor(tmp_path, 2, clock, hang_timeout=60.0, startup_timeout=100.0)
+    runner1, one = link(tmp_path, 1, 2, sup.port, clock)
+    runner1.late = [3]
+    wait(lambda: running(sup, 1))
+    tick_heard(sup, clock, 99.0, 1)
+    assert sup.progress.said[1][2] == [3] and runner0.events.empty() and runner1.events.empty()  # 99 s quiet: start-up
+    tick_heard(sup, clock, 2.0, 1)
+    assert runner1.events.get(timeout=10) == events.Dump()
+    assert runner0.notices.sent == [("hang", "job J1 looks hung: rank 3 has not reached init_process_group "
+                                             "after 101 s")]
+    one.report("stopped", -15, "job hung")
+    sup.report(0, "stopped", -15, "job hung")
+    assert sup.finished.wait(10)
+    sup.listener.close()
+
+
 def test_output_keeps_a_detached_job_from_looking_hung(tmp_path):
     clock = FakeClock()
     runner0, sup = start_supervisor(tmp_path, 2, clock, hang_timeout=1.0)
@@ -194,7 +217,7 @@ def test_output_keeps_a_detached_job_from_looking_hung(tmp_path):
     wait(lambda: running(sup, 1))
     for _ in range(15):  # node 1's ranks print; node 0's do not (a rank that only computes)
         runner1.out.last_output = clock.advance(0.2)
-        wait(lambda: sup.quiet.get(1) == (0.0, clock.now))  # the link has said so
+        wait(lambda: sup.progress.said.get(1, ())[:2] == (0.0, clock.now))  # the link has said so
         sup.tick(clock.now)
     assert clock.now - runner0.out.last_output > 1.0  # node 0's ranks alone would look hung
     assert runner0.events.empty() and runner1.events.empty()

@@ -403,7 +403,8 @@ def test_a_rank_that_never_reaches_init_process_group_is_named_with_its_own_limi
 
 
 def test_start_up_is_given_at_least_ten_minutes_unless_told():
-    from orchestrator.job.hang import STARTUP_LEAST, HangWatch
+    from orchestrator.job.hang import HangWatch
+    from orchestrator.node.policy import STARTUP_LEAST
 
     assert HangWatch(12, "J").startup == STARTUP_LEAST == 600 and HangWatch(900, "J").startup == 900
     assert HangWatch(None, "J").startup is None and HangWatch(12, "J", startup=30).startup == 30

@@ -79,6 +79,22 @@ def test_the_supervisor_dumps_then_halts_a_hung_job_in_fake_time():
     assert decide.hang_step(T0 + 100, None, None, None, quiet, None) is None  # no hang_timeout
 
 
+def test_a_detached_job_whose_ranks_have_not_begun_gets_start_up_s_limit_not_the_silence_s():
+    """Importing torch on a loaded node is no hang: the supervisor, as ddp-up's HangWatch, counts
+    start-up from the launch, and names the ranks that have not begun."""
+    quiet, limit = {0: 200.0, 1: 200.0}, policy.startup_limit(None, 60)
+    assert limit == policy.STARTUP_LEAST and policy.startup_limit(30, 60) == 30 and policy.startup_limit(None, None) is None
+    assert decide.hang_step(T0, 60, None, None, quiet, None, startup=limit, late=[3], since_launch=200) is None
+    assert decide.hang_step(T0, 60, None, None, quiet, None, startup=limit, late=[3, 2], since_launch=601) == \
+        ("dump", "ranks 2-3 have not reached init_process_group after 601 s")
+    assert decide.hang_step(T0, 60, None, None, quiet, None, startup=limit, late=None, since_launch=601) == \
+        ("dump", "not every rank began within 601 s")  # a node that has not said which
+    assert decide.hang_step(T0, None, None, None, quiet, None, startup=30, late=[1], since_launch=31) == \
+        ("dump", "rank 1 has not reached init_process_group after 31 s")  # startup_timeout alone watches start-up
+    assert decide.hang_step(T0, 60, None, None, quiet, None, startup=limit, late=[], since_launch=200) == \
+        ("dump", "no output from any rank for 200 s")  # every rank began: the silence counts
+
+
 def test_a_peer_is_lost_after_orphan_timeout_unless_it_has_ended():
     heard = {1: T0, 2: T0, 3: T0 + 20}
     states = {2: {"state": "failed"}}
