@@ -87,7 +87,8 @@ from accelerate import Accelerator
 acc = Accelerator()
 total = acc.reduce(torch.tensor([float(acc.process_index + 1)], device=acc.device), reduction="sum")
 print(f"ACC rank={acc.process_index} of {acc.num_processes} {acc.distributed_type.value} sum={total.item():.0f}", flush=True)
-if torch.distributed.is_initialized():
+if torch.distributed.is_initialized():  # under torchrun too: Accelerate starts a group though each rank trains alone
+    torch.distributed.barrier()  # no rank leaves before every rank has joined: gloo fails a peer still connecting
     torch.distributed.destroy_process_group()
 os._exit(0)  # torch 2.13 + gloo can abort in the interpreter's teardown (SIGABRT)
 """
