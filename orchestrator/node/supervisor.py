@@ -149,7 +149,7 @@ class Supervisor:
         self.finished = threading.Event()  # every node has ended the current attempt
         self.progress = decide.NodesProgress()  # what every node last said of its ranks
         self.launched = clock()  # when the current attempt started: start-up's limit counts from here
-        self.limits = (self.spec.hang_timeout, policy.startup_limit(self.spec.startup_timeout, self.spec.hang_timeout))
+        self.startup = policy.startup_limit(self.spec.startup_timeout, self.spec.hang_timeout)  # its own limit
         self.hung = None  # (why, when the stacks were asked for), once the job looks hung
         self.first_done = None  # when the first node's job ended well (the others should follow)
         self.attempt = runner.attempt
@@ -310,9 +310,9 @@ class Supervisor:
         running = [n for n in range(self.spec.nodes) if self.states.get(n, {}).get("state") == "running"]
         own = {self.spec.node: (now - self.runner.out.last_output, now, self.runner.waiting())}
         quiet = self.progress.quiet(running, now, self.heard, own)
-        timeout, startup = self.limits
-        step = decide.hang_step(now, timeout, self.hung, self.halted, quiet, self.first_done, startup=startup,
-                                late=self.progress.late(running, own), since_launch=now - self.launched)
+        step = decide.hang_step(now, self.spec.hang_timeout, self.hung, self.halted, quiet, self.first_done,
+                                startup=self.startup, late=self.progress.late(running, own),
+                                since_launch=now - self.launched)
         if step is None:
             return
         what, why = step
