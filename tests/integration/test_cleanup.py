@@ -34,12 +34,13 @@ def assert_clean(job: str, timeout: float = 10) -> None:
 
 
 def test_worker_sigkill_fails_fast_and_names_rank(cluster, cluster_file):
-    launch = start(cluster_file([(0, 2), (1, 2), (2, 2), (3, 2)]), *LONG_RUN)
-    job = training(launch, rank=5)
-    os.kill(procs.worker_pid(job, 5), signal.SIGKILL)
+    """One of node 1's two ranks is killed: its peer there and node 0 stop, and it is named."""
+    launch = start(cluster_file([(0, 1), (1, 2)]), *LONG_RUN)
+    job = training(launch, rank=2)
+    os.kill(procs.worker_pid(job, 2), signal.SIGKILL)
     assert launch.wait(60) == 1, launch.output
-    node2 = re.escape(cluster.nodes[2].addr)
-    assert re.search(rf"root cause: {node2} \(node 2, rank 5\): rank 5 was killed by SIGKILL", launch.output), \
+    node1 = re.escape(cluster.nodes[1].addr)
+    assert re.search(rf"root cause: {node1} \(node 1, rank 2\): rank 2 was killed by SIGKILL", launch.output), \
         launch.output
     assert_clean(job)
 
@@ -122,12 +123,12 @@ def test_ctrl_c_during_rendezvous(cluster, cluster_file):
 
 
 def test_ctrl_c_during_training(cluster, cluster_file):
-    launch = start(cluster_file([(0, 2), (1, 2), (2, 2), (3, 2)]), *LONG_RUN)
+    launch = start(cluster_file([(0, 1), (1, 1), (2, 1), (3, 2)]), *LONG_RUN)
     job = training(launch)
     launch.signal(signal.SIGINT)
     assert launch.wait(30) == 130, launch.output
     assert "stopping all nodes" in launch.output
-    assert re.search(r"│ 3\s+│ \S+\s+│ 6-7\s+│ stopped", launch.output), launch.output
+    assert re.search(r"│ 3\s+│ \S+\s+│ 3-4\s+│ stopped", launch.output), launch.output
     assert "root cause" not in launch.output  # an interrupt is not a failure
     assert_clean(job)
 
@@ -145,7 +146,7 @@ def test_double_ctrl_c_kills_now(cluster, cluster_file):
 
 
 def test_ddp_kill_stops_only_the_named_job(cluster, cluster_file):
-    path = cluster_file([(0, 1), (1, 1)])
+    path = cluster_file([(0, 1), (1, 1)], launcher="none")  # the ranks' command lines are then the decoys' own
     decoy_cmd = [sys.executable, "-u", SCRIPT, *LONG_RUN]  # same script and command line, no tag
     decoys = [subprocess.Popen(decoy_cmd[:3] + ["decoy", "300"]) for _ in range(2)]
     decoys.append(subprocess.Popen(decoy_cmd, env={**os.environ, "JOB_DECOY": "1"}))

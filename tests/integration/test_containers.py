@@ -126,7 +126,7 @@ def test_a_job_runs_in_named_containers_with_its_secret_in_no_command_line_or_co
 
 
 def test_a_restart_starts_fresh_containers_for_the_next_attempt(podman, boxed):
-    path = boxed(gpus=(1, 1), restarts=1, restart_delay=0)
+    path = boxed(gpus=(1, 1), restarts=1, restart_delay=0, launcher="none")
     launch = up(podman, path, "retry")
     assert launch.wait(90) == 0, launch.output
     assert "rank 1 sum 3" in launch.output
@@ -153,7 +153,7 @@ def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, bo
 
 
 def test_the_controller_killed_its_agents_remove_the_containers(podman, boxed):
-    path = boxed(gpus=(1, 1))
+    path = boxed(gpus=(1, 1), launcher="none")
     launch = up(podman, path, "hold")
     wait_ready(launch, path, 2)
     job = launch.job_id
@@ -164,7 +164,7 @@ def test_the_controller_killed_its_agents_remove_the_containers(podman, boxed):
 
 
 def test_ddp_kill_removes_a_detached_jobs_containers(runtime, boxed):
-    path = boxed(gpus=(1, 1), runtime=runtime)
+    path = boxed(gpus=(1, 1), runtime=runtime, launcher="none")
     launch = up(runtime, path, "hold", "--detach")
     assert launch.wait(60) == 0, launch.output
     assert procs.wait_for(lambda: len(list(path.parent.glob("ready.0.*"))) == 2, timeout=60), launch.output

@@ -84,7 +84,7 @@ def test_ddp_check_names_wrong_python_and_workdir(cluster, cluster_file):
 
 
 def test_gpus_auto_takes_the_count_the_job_would_see(cluster, cluster_file):
-    path = cluster_file([(0, 1), (1, "auto"), (2, "auto")])
+    path = cluster_file([(0, 1), (1, "auto"), (2, "auto")], launcher="none")  # the count, not who starts the ranks
     text = path.read_text()
     for i, visible in ((1, "0,1"), (2, "")):  # node 2: CUDA_VISIBLE_DEVICES hides every GPU
         head = f"- host: {cluster.nodes[i].addr}\n  gpus: auto"
@@ -106,9 +106,10 @@ def test_gpus_auto_takes_the_count_the_job_would_see(cluster, cluster_file):
 
 
 def test_setup_commands_shape_the_job_environment_and_a_failure_stops_everything(cluster, cluster_file):
-    path = cluster_file([(0, 1), (1, 1)], setup=["read -r line || true",  # must not eat the agent's source
-                                                  "echo 'W O 0 99999'",  # nor print into its frames
-                                                  "export FROM_SETUP=yes-$(hostname)"])
+    path = cluster_file([(0, 1), (1, 1)], launcher="none",
+                        setup=["read -r line || true",  # must not eat the agent's source
+                               "echo 'W O 0 99999'",  # nor print into its frames
+                               "export FROM_SETUP=yes-$(hostname)"])
     code, out, _ = ddp_up(str(path), SCRIPT, "env", "FROM_SETUP")
     assert code == 0 and re.search(r"~ W O 0 99999$", out, re.M), out  # shown as the node's own output
     for i, node in enumerate(cluster.nodes[:2]):
