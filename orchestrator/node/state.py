@@ -346,13 +346,22 @@ def recorded_jobs():
         job_dir = os.path.join(root, job)
         if not JOB_ID.fullmatch(job) or private_dir(job_dir, create=False):
             continue
-        for entry in sorted(os.listdir(job_dir)):
+        for entry in sorted(names_in(job_dir)):
             record = read_record(os.path.join(job_dir, entry)) if entry.startswith("node") else None
             if record is not None:
                 record["state"] = live_state(record)
                 record["outcome"] = read_record(os.path.join(job_dir, entry), OUTCOME)
                 found.append((os.path.join(job_dir, entry), record))
     return found
+
+
+def names_in(job_dir):
+    """A job directory's entries, or none: it goes with the job's last node agent here, which may
+    end while a ddp-kill or ddp-ls reads it (ddp-kill's own stop ends it)."""
+    try:
+        return os.listdir(job_dir)
+    except FileNotFoundError:
+        return []
 
 
 def expired(record, now):
@@ -380,7 +389,7 @@ def remove_stale_state(match, purge=False, records_only=False, dry_run=False):
         job_dir = os.path.join(root, name)
         if not JOB_ID.fullmatch(name) or private_dir(job_dir, create=False):
             continue
-        for entry in os.listdir(job_dir):
+        for entry in names_in(job_dir):
             tags = parse_node_dir(entry)
             if tags is None:
                 continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import socket
 import time
 import sys
@@ -634,3 +635,24 @@ def test_a_signal_to_a_detached_node_is_told_as_the_signal_event(tmp_path, monke
     assert run.stop("stopped by ddp-kill", force=False, by="ddp-kill") == 143  # ddp-kill's is not "signal"
     assert sent == [("signal", "job J1: h1 (node 1) agent got SIGTERM: its part stops, and with it the job",
                      {"signal": "SIGTERM", "node": 1, "host": "h1"})]
+
+
+def test_a_job_directory_that_goes_while_a_sweep_reads_it_is_passed_over(tmp_path, monkeypatch):
+    """ddp-kill's stop ends the job's agents, the last of which removes the job's directory: a
+    sweep on that node (srun runs one per node) found the directory, then could not list it, and
+    failed with FileNotFoundError."""
+    monkeypatch.setattr(state.tempfile, "tempdir", str(tmp_path))
+    going, _ = state.claim_node_dir("20261126-010000-aaaaaa", 0)
+    job_dir = os.path.dirname(going)
+    checked = state.private_dir
+
+    def checked_then_gone(path, create=True):
+        answer = checked(path, create)
+        if path == job_dir and os.path.isdir(job_dir):
+            shutil.rmtree(job_dir)
+        return answer
+
+    monkeypatch.setattr(state, "private_dir", checked_then_gone)
+    assert state.remove_stale_state({procs.TAG_JOB: "20261126-010000-aaaaaa"}) == []
+    state.claim_node_dir("20261126-010000-aaaaaa", 0)
+    assert state.recorded_jobs() == []
