@@ -46,8 +46,11 @@ class TestScope:
                 ids.add(cluster_id_for(str(path)))
         return ids
 
-    def owns(self, tags: dict) -> bool:
-        return tags.get(TAG_JOB) in self.job_ids() or tags.get(TAG_CLUSTER) in self.cluster_ids()
+    def owner(self):
+        """Whether a process's tags are this test's, with the ids read once: a launch's output can
+        be megabytes, and the other workers' jobs put hundreds of tagged processes in each scan."""
+        jobs, clusters = self.job_ids(), self.cluster_ids()
+        return lambda tags: tags.get(TAG_JOB) in jobs or tags.get(TAG_CLUSTER) in clusters
 
 
 SCOPE: TestScope | None = None  # set by the suite's autouse fixture for each test (tests/conftest.py)
@@ -60,7 +63,8 @@ def job_processes(job: str | None = None, **tags: str) -> list[dict]:
     found = find_tagged(match)
     if job or tags:
         return found
-    return [p for p in found if "DDP_UP_JOB" in p["tags"] and (SCOPE is None or SCOPE.owns(p["tags"]))]
+    owns = (lambda tags: True) if SCOPE is None else SCOPE.owner()
+    return [p for p in found if "DDP_UP_JOB" in p["tags"] and owns(p["tags"])]
 
 
 def wait_no_job_processes(job: str | None, timeout: float) -> list[dict]:
