@@ -20,6 +20,13 @@ def pytest_sessionstart(session):
         compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "orchestrator"), quiet=1)
 
 
+def pytest_collection_modifyitems(items):
+    """The long tests first (marked `long`), in their order: the workers then end on short ones,
+    not one worker on a minute of waiting while the other cores idle. pytest-xdist hands out its
+    groups first, then single tests in this order."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(autouse=True)
 def test_scope(tmp_path):
     """Leak checks count what this test started, nothing else (tests/harness/procs.TestScope)."""

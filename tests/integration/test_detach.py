@@ -194,6 +194,7 @@ def test_an_unknown_job_gets_one_message_and_leaves_nothing(cluster, detached, t
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.long
 def test_a_detached_hang_is_detected_dumped_stopped_and_named(cluster, detached):
     """The supervisor sees no line from any rank for hang_timeout, has every rank print its stack,
     stops the job; an attach names the odd rank out from the stacks in the journals. Rank 0 takes

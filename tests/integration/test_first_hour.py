@@ -44,6 +44,7 @@ def test_a_plain_run_prints_no_warning_that_ddp_up_caused(tmp_path):
     assert procs.wait_no_job_processes(job_of(out), 15) == []
 
 
+@pytest.mark.long
 def test_a_slow_start_is_no_hang_and_a_rank_that_never_starts_is_named(tmp_path):
     """Rank 1 takes 8 s before init_process_group (a loaded node importing torch from NFS), with
     hang_timeout 4: the job runs, since each rank's hang clock starts when its process group is

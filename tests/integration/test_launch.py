@@ -14,7 +14,8 @@ from tests.integration.conftest import SCRIPT
 @pytest.fixture(params=["openssh", "fabric"])
 def cluster_file(request, cluster_file):
     """Every launch test runs over both SSH clients: the user's own ssh, and paramiko; but for
-    those marked ONE_CLIENT, whose subject (the ranks' layout) an SSH client cannot change."""
+    those marked ONE_CLIENT, whose subject (the ranks' layout, the root cause) an SSH client
+    cannot change."""
 
     def make(layout, **top):
         return cluster_file(layout, ssh={"client": request.param, **top.pop("ssh", {})}, **top)
@@ -22,7 +23,7 @@ def cluster_file(request, cluster_file):
     return make
 
 
-# torchrun on 4 nodes costs 20 s of CPU on a 2-core machine: paid once, not per client
+# torchrun costs 2-3 s of CPU a node on a 2-core machine: paid once, not per client
 ONE_CLIENT = pytest.mark.parametrize("cluster_file", ["openssh"], indirect=True)
 
 
@@ -67,6 +68,7 @@ def test_heterogeneous_one_plus_three(cluster, cluster_file):
     assert "world=4" in out
 
 
+@ONE_CLIENT
 def test_failing_rank_names_node_and_rank(cluster, cluster_file):
     path = cluster_file([(0, 1), (1, 2)])
     code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "2", "--exit-code", "3", "--steps", "50",
@@ -77,6 +79,7 @@ def test_failing_rank_names_node_and_rank(cluster, cluster_file):
     assert re.search(rf"^{b}\s+r2\s+! rank 2 failing with 3$", out, re.M), "stderr line not marked"
 
 
+@ONE_CLIENT
 def test_the_root_cause_is_the_rank_that_raised_first_with_its_exception(cluster, cluster_file):
     """Issue 26, item 1: rank 1 raises; gloo aborts ranks 0 and 2, which raise too, and node 0's
     launcher may well report first. The root cause is rank 1's, with its exception, and its

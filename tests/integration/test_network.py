@@ -11,6 +11,7 @@ from tests.harness.runner import ddp_check, ddp_up
 from tests.integration.conftest import SCRIPT
 
 
+@pytest.mark.long
 def test_hostnames_that_resolve_off_the_route_no_longer_break_gloo(cluster, cluster_file):
     """Each node's hostname resolves to an address on an interface only it has (a management
     NIC): gloo left to itself binds there and the peers cannot connect. ddp-up names eth0, the
@@ -44,6 +45,7 @@ def test_an_interface_setting_with_no_route_to_the_master_is_refused_before_star
     assert "READY" not in out and "nothing was started" in out
 
 
+@pytest.mark.long
 @pytest.mark.skipif(shutil.which("tc") is None, reason="needs tc (iproute2) to shape a link")
 def test_ddp_check_collective_names_the_node_with_the_slow_link_and_only_it(cluster, cluster_file):
     path = cluster_file([(0, 1), (1, 1), (2, 1), (3, 1)])

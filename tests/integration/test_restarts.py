@@ -9,6 +9,8 @@ import os
 import re
 import signal
 
+import pytest
+
 from tests.harness import procs
 from tests.harness.runner import Launch, ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
@@ -21,6 +23,7 @@ def summary(out: str) -> dict:
     return json.loads((run_dir(job) / "summary.json").read_text())
 
 
+@pytest.mark.long
 def test_a_rank_failing_in_two_attempts_is_restarted_and_the_third_succeeds(cluster, cluster_file):
     path = cluster_file([(0, 1), (1, 1)], restarts=2, restart_delay=0.5, launcher="torchrun")
     code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "1", "--exit-code", "7",

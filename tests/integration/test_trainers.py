@@ -27,6 +27,7 @@ TRAINERS = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", TRAINERS)
 def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_progress(cluster, cluster_file,
                                                                                           tmp_path, name):
