@@ -56,7 +56,8 @@ def test_agent_sigkill_is_lost_and_swept(cluster, cluster_file):
 
 
 def test_sshd_session_killed(cluster, cluster_file):
-    launch = start(cluster_file([(0, 1), (1, 1)]), *LONG_RUN)
+    # without torchrun: a lost agent's torchrun and ranks are swept in test_agent_sigkill_is_lost_and_swept
+    launch = start(cluster_file([(0, 1), (1, 1)], launcher="none"), *LONG_RUN)
     job = training(launch)
     session = procs.parent_pid(procs.agent_pid(job, 1))
     assert "sshd" in open(f"/proc/{session}/cmdline").read()
@@ -135,7 +136,7 @@ def test_ctrl_c_during_training(cluster, cluster_file):
 
 def test_double_ctrl_c_kills_now(cluster, cluster_file):
     """Workers ignore SIGTERM and stop_grace is long: only the second Ctrl-C ends it quickly."""
-    launch = start(cluster_file([(0, 1), (1, 1)], stop_grace=120), *LONG_RUN, "--ignore-term")
+    launch = start(cluster_file([(0, 1), (1, 1)], stop_grace=120, launcher="none"), *LONG_RUN, "--ignore-term")
     job = training(launch)
     launch.signal(signal.SIGINT)
     launch.wait_line("stopping all nodes", 10)
