@@ -17,12 +17,12 @@ LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cl
 
 
 def settings_file(cluster, tmp_path):
-    """A cluster file with no `nodes:`: the node option gives them."""
+    """A cluster file with no `nodes:`: the node option gives them (and no torchrun, as LAUNCHER says)."""
     path = tmp_path / "settings.yaml"
     path.write_text(yaml.safe_dump({
         "ssh": {"user": "root", "identity_file": str(cluster.client_key), "known_hosts": str(cluster.known_hosts),
                 "connect_timeout": 5},
-        "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1}}))
+        "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1}, "launcher": LAUNCHER}))
     return path
 
 
