@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 
 
@@ -43,3 +44,34 @@ def no_link_open(path: str, fresh: bool, mode: int = 0o600) -> int:
     else:
         flags = os.O_CREAT | os.O_APPEND
     return os.open(path, os.O_WRONLY | flags | os.O_NOFOLLOW, mode)
+
+
+NAME_MOST = 200  # bytes of a name ddp-up makes: under NAME_MAX (255) with room for a suffix
+_UNSAFE = re.compile(r"[^\w.@+=,-]+")
+
+
+def safe_name(text: str) -> str:
+    """A file name ddp-up makes from text it did not choose (a node's label, a path's last part):
+    letters, digits and ``. _ - @ + = ,`` kept, every other run of characters one ``_``; never
+    empty, ``.``, ``..`` or hidden, and at most NAME_MOST bytes (``host: ../../x`` is ``_.._.._x``)."""
+    name = _UNSAFE.sub("_", "".join(c if c.isprintable() else "_" for c in text))
+    if not name or name.startswith("."):
+        name = "_" + name
+    while len(name.encode("utf-8", "surrogateescape")) > NAME_MOST:
+        name = name[:-1]
+    return name
+
+
+NO_NAME_OF_ITS_OWN = ("names no file or folder of its own (a whole disk or home, or a path ending in . or ..): "
+                      "name the folder itself, by its absolute path or its path in the workdir")
+
+
+def copy_name(remote_path: str) -> str | None:
+    """The name a fetched path's copy takes here: its last part, made safe; None for a path that
+    names no file of its own (``/``, ``.``, ``..``, ``ckpt/..``, ``~``, ``~user``): its copy would
+    land beside the folder asked for, or hold a whole home or file system."""
+    path = os.path.normpath(remote_path.strip())
+    last = os.path.basename(path)
+    if last in ("", ".", "..") or path.startswith("~") and "/" not in path:
+        return None
+    return safe_name(last)

@@ -14,7 +14,7 @@ from rich.text import Text
 from ..clean import outside
 from ..errors import EXIT_OK, EXIT_SETUP, EXIT_USAGE, Interrupted, UsageError
 from ..remote import signals
-from ..remote.fetch import Fetched, fetch_all
+from ..remote.fetch import Fetched, destinations, fetch_all
 from .common import Parser, add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
 
 
@@ -45,6 +45,7 @@ def main_fetch(argv: list[str] | None = None) -> int:
         nodes = chosen(list(config.nodes), args.node)
         if not args.remote.strip() or "\0" in args.remote:
             raise UsageError(f"REMOTE_PATH {args.remote!r}: a path on the nodes, relative to the workdir or absolute")
+        destinations(nodes, args.remote, per_node=args.node is None)  # refused before anything is made
         os.makedirs(args.local, exist_ok=True)
     except UsageError as e:
         return report("ddp-fetch", e)

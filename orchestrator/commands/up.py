@@ -267,7 +267,11 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
             notifier.unstarted(e)
         raise
     if config.fetch and not args.detach and code < 128:  # a signal: the user wants out, not a copy
-        fetch_outputs(list(restarts.roster.cluster(config).nodes), config.fetch, logs.dir, view.notice)
+        try:
+            fetch_outputs(list(restarts.roster.cluster(config).nodes), config.fetch, logs.dir, view.notice)
+        except Interrupted as e:  # the job is over; its copy stops, and says what it kept
+            return interrupted("ddp-up", e, f"while fetching {', '.join(config.fetch)} (the job had ended with exit "
+                                            f"status {code}); what arrived whole is kept, no partial file is left")
     return code
 
 

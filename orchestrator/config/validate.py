@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import ConfigError
+from ..ownfiles import NO_NAME_OF_ITS_OWN, copy_name
 from ..node.facts import IFNAME_VARS
 from . import notify
 from .cluster import (DEFAULT_SECRETS, JOB_SIGNALS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for,
@@ -150,6 +151,13 @@ class Checks:
         paths = self.strings(value, at, "a path on the nodes or a list of them, e.g. [ckpt, logs/metrics.json]")
         if any("\0" in p for p in paths):
             raise self.error(at, NUL_VALUE)
+        names: dict[str, str] = {}
+        for path in paths:
+            name = copy_name(path)
+            if name is None or name in names:
+                raise self.error(at, f"{path!r} {NO_NAME_OF_ITS_OWN}" if name is None else
+                                 f"{names[name]!r} and {path!r} would both come back as <node>/{name}: fetch their folder")
+            names[name] = path
         return paths
 
     def signal_name(self, value: Any, at: tuple) -> str:

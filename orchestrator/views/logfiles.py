@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections import deque
 from datetime import datetime, timezone
@@ -21,15 +20,11 @@ from typing import IO, Callable
 from ..config.masking import mask_secrets, mask_values
 from ..diagnose.progress import Bar, Snapshots
 from ..job.events import LogLine
-from ..ownfiles import no_link_open, own_dir
+from ..ownfiles import no_link_open, own_dir, safe_name
 from ..plan.launch import LaunchPlan, NodePlan
 
 SEPARATOR = {"out": "|", "err": "!", "node": "~"}
 _END = ("\n", "")  # by LogLine.more
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
 def _iso(wall: float | None) -> str | None:
@@ -163,7 +158,7 @@ class RunLogs:
     def _node_file(self, node: NodePlan) -> WholeLines:
         f = self.node_files.get(node.index)
         if f is None:
-            f = self.node_files[node.index] = WholeLines(self._open(f"node{node.index}-{_safe(node.label)}.log"),
+            f = self.node_files[node.index] = WholeLines(self._open(f"node{node.index}-{safe_name(node.label)}.log"),
                                                          node_prefix)
         return f
 

@@ -14,14 +14,16 @@ import pytest
 from orchestrator.remote import fetch as fetch_mod
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.commands.fetch import main_fetch
-from orchestrator.remote.fetch import dest_for, fetch_all
+from orchestrator.remote.fetch import fetch_all, landing_parts
 from orchestrator.node import fetch as node_fetch
 from orchestrator.node import wire
 
 
-def nodes(tmp_path: Path, count: int = 1) -> list:
+def nodes(tmp_path: Path, count: int = 1, hosts: list | None = None) -> list:
+    """Local nodes on this machine's tmp_path/wd: n0, n1, ... or ``hosts`` (flow mappings' items)."""
+    hosts = hosts or [f"host: n{i}" for i in range(count)]
     text = (f"transport: local\npython: {sys.executable}\nworkdir: {tmp_path / 'wd'}\nnodes:\n"
-            + "".join(f"  - {{host: n{i}, gpus: 1}}\n" for i in range(count)))
+            + "".join(f"  - {{{host}, gpus: 1}}\n" for host in hosts))
     return list(parse_cluster(text).nodes)
 
 
@@ -61,7 +63,7 @@ def test_every_node_gets_a_folder_of_its_own_and_one_file_comes_alone(tmp_path):
     assert [f.problem for f in fetched] == [None, None]
     for label in ("n0", "n1"):
         assert (tmp_path / "out" / label / "opt.pt").read_bytes() == b"state"
-    assert dest_for("out", "/abs/ckpt/", None) == "out/ckpt" and dest_for("out", "ckpt", "n1") == "out/n1/ckpt"
+    assert landing_parts("/abs/ckpt/", None) == ("ckpt",) and landing_parts("ckpt", "n1") == ("n1", "ckpt")
 
 
 def test_a_full_disk_is_one_clear_error_and_leaves_no_partial_file(tmp_path, monkeypatch):
@@ -119,8 +121,8 @@ def test_the_node_never_opens_a_fifo_and_never_follows_a_link(tmp_path):
 
 
 def test_a_listing_with_a_path_out_of_the_folder_is_refused(tmp_path):
-    call = fetch_mod.FetchCall.__new__(fetch_mod.FetchCall)
-    call.dest, call.result = str(tmp_path / "out"), fetch_mod.Fetched("n0", str(tmp_path / "out"))
+    call = fetch_mod.FetchCall(nodes(tmp_path)[0], "ckpt", str(tmp_path), ("ckpt",))
+    call.landing = fetch_mod.Landing(str(tmp_path), ("ckpt",))
     call.entries = [["../../etc/cron.d/x", 1, 0, 0o644, None]]
     with pytest.raises(OSError, match="a path out of the folder"):
         call.plan()
