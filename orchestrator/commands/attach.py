@@ -261,6 +261,8 @@ def main_ls(argv: list[str] | None = None) -> int:
     for r in replies:
         if r.problem is not None:
             console.print(f"ddp-ls: {r.problem.render()} (its jobs are not listed)", markup=False, highlight=False)
+        for skipped in (r.frames[wire.Jobs].skipped or ()) if r.problem is None else ():
+            console.print(outside(f"ddp-ls: {r.node.label}: passed over {str(skipped)} (remove it, or ddp-kill --purge)"))
     return 3 if any(r.problem for r in replies) else EXIT_OK
 
 

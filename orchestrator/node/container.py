@@ -23,7 +23,7 @@ import time
 
 from . import facts, wire
 from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, TAGS, spec_tags
-from .state import private_dir, state_root, write_private
+from .state import STATE_MOST, open_regular, private_dir, state_root, write_private
 from .workers import OWN_LAUNCHER
 
 DAEMON_RUNTIMES = ("docker", "podman")  # the container outlives its client: stopped and removed by name
@@ -324,12 +324,14 @@ def read_versions(key):
     root = state_root()
     if key is None or private_dir(root, create=False):
         return None
+    fd = open_regular(os.path.join(root, key))
+    if fd is None:
+        return None
     try:
-        fd = os.open(os.path.join(root, key), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd) as f:
-            info = json.load(f)
+        with os.fdopen(fd, "rb") as f:
+            info = json.loads(f.read(STATE_MOST))
             os.utime(f.fileno())  # used now: keep_versions forgets only those unused for VERSIONS_KEPT
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return info if isinstance(info, dict) else None
 

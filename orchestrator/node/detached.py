@@ -27,7 +27,8 @@ from .checks import PortHold
 from .notify import JobNotices
 from .relay import masked
 from .run import Runner
-from .state import BARS, JOURNAL, Journal, per_attempt, remove_stale_state, write_record
+from .inventory import remove_stale_state
+from .state import BARS, JOURNAL, Journal, per_attempt, write_record
 from .supervisor import PeerLink, Supervisor, listen_for_peers
 
 

@@ -16,7 +16,8 @@ import threading
 import time
 
 from .procs import carries, children, read_environ_value, read_tags
-from .relay import attempt_dirs, open_regular, rank_dirs
+from .relay import attempt_dirs, rank_dirs
+from .state import open_regular
 
 READ_MOST = 1 << 16  # bytes read of the end of a stderr log
 ERROR_FILE_MOST = 1 << 18  # bytes read of an error file (JSON is read whole, or not at all), kept for the run's logs

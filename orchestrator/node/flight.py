@@ -22,7 +22,7 @@ import os
 import re
 
 from . import wire
-from .relay import open_regular
+from .state import open_regular
 
 BUFFER = "256"  # entries each rank keeps: a ring, so its cost does not grow with the run
 RECORD_EVERY = 5.0  # seconds between a rank's records (aligned to the wall clock on every rank)

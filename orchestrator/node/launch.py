@@ -19,9 +19,9 @@ from .checks import CALL_HOOK, job_env
 from .failures import RankEnds, rank_failures
 from .procs import (KILL_WAIT, TAGS, carries, find_tagged, is_launcher, kill_tagged, read_tags, signal_ranks,
                     signal_tagged, spec_tags, wait_gone)
-from .relay import Tailer, join_while_moving, open_regular, pump
+from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
-from .state import per_attempt, private_dir, remove_quietly, write_private
+from .state import open_regular, per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
 
 SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's --shutdown-timeout, read by torchrun and torch.distributed.launch

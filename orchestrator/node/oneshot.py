@@ -8,7 +8,8 @@ import signal
 from . import container, wire
 from .checks import count_gpus, job_env
 from .procs import AGENT_MARK, KILL_WAIT, find_tagged, job_ranks, kill_tagged, signal_ranks, signal_tagged, wait_gone
-from .state import note_kill, remove_quietly, remove_stale_state
+from .inventory import remove_stale_state
+from .state import note_kill, remove_quietly
 
 
 def detect(spec, writer):

@@ -16,6 +16,7 @@ import time
 
 from . import wire
 from .screen import Screen, whole_lines
+from .state import open_regular
 
 
 class Writer:
@@ -191,23 +192,6 @@ def rank_dirs(attempt):
     """{local rank: its directory} in one attempt directory."""
     ranks = subdirs(attempt, lambda name: name.isascii() and name.isdigit())
     return {int(os.path.basename(rank)): rank for rank in ranks}
-
-
-def open_regular(path):
-    """A file in a directory the job can write, opened to read: never through a link, never
-    blocking (a FIFO planted under a log's or a record's name would hold the reader forever), and
-    only if it is a regular file. The descriptor, or None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
 
 
 def worker_logs(log_dir):

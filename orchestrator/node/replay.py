@@ -6,8 +6,9 @@ import os
 import time
 
 from . import wire
-from .state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_state, per_attempt, read_bars, read_record,
-                    recorded_jobs, remove_stale_state)
+from .inventory import recorded_jobs, remove_stale_state
+from .state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_state, open_regular, per_attempt, read_bars,
+                    read_record)
 
 
 def follow(spec, writer):
@@ -19,9 +20,8 @@ def follow(spec, writer):
         while not (os.path.exists(path) or writer.broken) and waiting_to_restart(read_record(where), spec.attempt):
             writer.send(wire.Heartbeat(), block=False)
             time.sleep(0.2)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+    fd = open_regular(path) if where else None
+    if fd is None:
         return no_journal(spec, where, writer)
     decoder = wire.Decoder(wire.TO_CONTROLLER)
     beat, record, bars = time.monotonic(), {}, LiveBars(os.path.join(where or "", per_attempt(BARS, spec.attempt)))
@@ -173,6 +173,7 @@ def skip_lines(frame, skip):
 
 def list_jobs(writer):
     remove_stale_state({}, records_only=True)  # what is past its retention is not listed, and goes
-    writer.send(wire.Jobs(jobs=[record for _, record in recorded_jobs()]))
+    found, skipped = recorded_jobs()
+    writer.send(wire.Jobs(jobs=[record for _, record in found], skipped=skipped or None))
     writer.drain(5)
     return 0

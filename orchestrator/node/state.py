@@ -26,7 +26,7 @@ import threading
 import time
 
 from . import wire
-from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, find_tagged, read_tags
+from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, read_tags
 
 # A job id names directories here and on the controller: a plain name, never a path.
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -82,6 +82,40 @@ def unsafe_state(path, why):
                        "agent a private TMPDIR with `setup: export TMPDIR=$HOME/.cache/ddp-up-tmp`" % path)
 
 
+STATE_MOST = 1 << 20  # bytes of a record, outcome, attempts or bars file: a larger one is damaged, not read
+
+
+def open_regular(path):
+    """A file in a directory others or the job can write (the state root, a job's hooks and
+    logs), opened to read: never through a link, never blocking (a FIFO planted under a
+    record's or a log's name would hold the reader forever), and only if it is a regular file.
+    The descriptor, or None. Every file the agent reads there is opened here."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def read_regular(path, most=STATE_MOST):
+    """(the bytes of the regular file at ``path``, None), or (None, why not): missing, not a
+    regular file, or larger than ``most`` bytes (then it is not read whole: memory stays bounded)."""
+    fd = open_regular(path)
+    if fd is None:
+        return None, "missing" if not os.path.lexists(path) else "not a regular file"
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(most + 1)
+    if len(data) > most:
+        return None, "larger than %d MiB" % (most >> 20)
+    return data, None
+
+
 def per_attempt(name, attempt):
     """What a later attempt of a restarted job has of its own is named ``<name>.<attempt>``:
     ddp-up's attempts get node directories (``node<N>.<attempt>``: the one before may still be
@@ -130,12 +164,8 @@ def claim_node_dir(job, node, attempt=0, cluster=None):
 
 def cluster_of(node_dir):
     """The cluster id a node directory was claimed for, or None (an older one, or unreadable)."""
-    try:
-        fd = os.open(os.path.join(node_dir, CLUSTER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            return f.read(64).decode("ascii", "replace")
-    except OSError:
-        return None
+    data, _ = read_regular(os.path.join(node_dir, CLUSTER_FILE), most=64)
+    return None if data is None else data.decode("ascii", "replace")
 
 
 def job_in_use(job, why):
@@ -246,12 +276,9 @@ def read_bars(path, journaled):
     """The bars file's rows, as a Bars frame, if it is no older than the journal's ``journaled``-th
     Bars (a reader saw that many): else None, as for a missing or damaged file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
-            kept = json.loads(f.read(1 << 20).decode("utf-8"))
-        if kept["journaled"] < journaled:
+        data, _ = read_regular(path)
+        kept = json.loads(data.decode("utf-8")) if data is not None else None
+        if kept is None or kept["journaled"] < journaled:
             return None
         return wire.Bars(bars=[[str(s), None if r is None else int(r), [str(t) for t in rows]]
                                for s, r, rows in kept["bars"]])
@@ -304,17 +331,24 @@ def well_formed(value, shape):
 
 def read_record(where, name=RECORD):
     """A record (or the outcome) as the agent wrote it, or None: none there, or a damaged one."""
+    return checked_record(where, name)[0]
+
+
+def checked_record(where, name=RECORD):
+    """(the record, None), or (None, why it is not one: missing, not a regular file, too large,
+    not JSON, or not of the record's shape)."""
+    data, why = read_regular(os.path.join(where, name))
+    if data is None:
+        return None, why
     try:
-        fd = os.open(os.path.join(where, name), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            record = json.loads(f.read().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
+        record = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None, "not JSON"
     if not well_formed(record, SHAPES[name]):
-        return None
+        return None, "not a record of this version's shape"
     if name == OUTCOME and record["root_cause"] is not None and not well_formed(record["root_cause"], ROOT_CAUSE):
-        return None
-    return record
+        return None, "not a record of this version's shape"
+    return record, None
 
 
 def live_state(record):
@@ -329,89 +363,13 @@ def live_state(record):
 
 
 def job_node_dir(job, node):
-    """The node directory of ``job`` here, or None (not a job id, or the state root not private)."""
+    """The node directory of ``job`` here, or None (not a job id, or not a private directory on
+    a private state root: never one reached through a link)."""
     root = state_root()
     if not JOB_ID.fullmatch(job) or private_dir(root, create=False):
         return None
-    return os.path.join(root, job, "node%d" % node)
-
-
-def recorded_jobs():
-    """(node directory, record) of every detached job here, with the master's outcome added."""
-    root = state_root()
-    if private_dir(root, create=False):
-        return []
-    found = []
-    for job in sorted(os.listdir(root)):
-        job_dir = os.path.join(root, job)
-        if not JOB_ID.fullmatch(job) or private_dir(job_dir, create=False):
-            continue
-        for entry in sorted(names_in(job_dir)):
-            record = read_record(os.path.join(job_dir, entry)) if entry.startswith("node") else None
-            if record is not None:
-                record["state"] = live_state(record)
-                record["outcome"] = read_record(os.path.join(job_dir, entry), OUTCOME)
-                found.append((os.path.join(job_dir, entry), record))
-    return found
-
-
-def names_in(job_dir):
-    """A job directory's entries, or none: it goes with the job's last node agent here, which may
-    end while a ddp-kill or ddp-ls reads it (ddp-kill's own stop ends it)."""
-    try:
-        return os.listdir(job_dir)
-    except FileNotFoundError:
-        return []
-
-
-def expired(record, now):
-    """A finished job's record past its retention (the job's own, set when it started)."""
-    retention = record.get("retention", RETENTION)
-    if not isinstance(retention, (int, float)):
-        retention = RETENTION
-    return live_state(record) != "running" and now - (record.get("ended") or record.get("started") or 0) > retention
-
-
-def remove_stale_state(match, purge=False, records_only=False, dry_run=False):
-    """Remove the node directories (hooks, and any torchrun log copy kept for a vanished
-    controller) of jobs that no longer have processes here; only in a private state root, only
-    directories named as ddp-up names them, never through a link. A detached job's record and
-    journal stay for its retention after its end, unless ``purge``; ``records_only``: only
-    those (a launch's leftovers are a sweep's business). What it removed, ["JOB nodeN", ...];
-    ``dry_run``: what it would remove once the sweep has stopped the processes it found."""
-    root = state_root()
-    removed = []
-    if private_dir(root, create=False):
-        return removed
-    job = match.get(TAG_JOB)
-    jobs = [job] if job else os.listdir(root)
-    for name in jobs:
-        job_dir = os.path.join(root, name)
-        if not JOB_ID.fullmatch(name) or private_dir(job_dir, create=False):
-            continue
-        for entry in names_in(job_dir):
-            tags = parse_node_dir(entry)
-            if tags is None:
-                continue
-            if TAG_CLUSTER in match and cluster_of(os.path.join(job_dir, entry)) != match[TAG_CLUSTER]:
-                continue  # another cluster file's job (a shared /tmp, an NFS TMPDIR): not this sweep's
-            record = read_record(os.path.join(job_dir, entry))  # first: a /proc scan is the costly part
-            if record is None and not purge and os.path.lexists(os.path.join(job_dir, entry, RECORD)):
-                continue  # a detached job's record, damaged: its journal stays (ddp-kill --purge removes it)
-            if record is None and records_only:
-                continue
-            if record is not None and not (purge or expired(record, time.time())):
-                continue  # a detached job's, kept for its retention
-            if dry_run or not find_tagged({TAG_JOB: name, **tags}):
-                removed.append("%s %s" % (name, entry))
-                if not dry_run:
-                    shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
-        try:
-            if not dry_run:
-                os.rmdir(job_dir)  # only if empty
-        except OSError:
-            pass
-    return removed
+    path = os.path.join(root, job, "node%d" % node)
+    return None if private_dir(os.path.join(root, job), create=False) or private_dir(path, create=False) else path
 
 
 def remove_quietly(*paths):

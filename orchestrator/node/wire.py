@@ -582,9 +582,11 @@ class Replayed(Frame):
 
 @_frame(TO_CONTROLLER)
 class Jobs(Frame):
-    """List mode: one record per detached job on this node (see agent.write_record)."""
+    """List mode: one record per detached job on this node (see agent.write_record);
+    ``skipped``: each record file that was not listed, with why (damaged, planted, too large)."""
 
     jobs: list[dict]
+    skipped: list | None = None
 
 
 # --- between a detached job's agents --------------------------------------------------------------

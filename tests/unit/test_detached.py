@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from orchestrator.node import checks, decide, detached, events, policy, procs, replay, state, supervisor, wire
+from orchestrator.node import checks, decide, detached, events, inventory, policy, procs, replay, state, supervisor, wire
 from orchestrator.commands.attach import ls_table, merge_records
 from orchestrator.remote.signals import SignalInbox
 from tests.unit.fakejob import Harness
@@ -357,9 +357,9 @@ def test_retention_is_a_duration_and_a_record_expires_by_its_own():
     with pytest.raises(ConfigError, match=r"c.yaml:1: retention: must be a number of seconds >= 0, or a duration such as 90s, 5m, 12h or 7d"):
         parse_cluster("retention: soon\n" + nodes, "c.yaml")
     now = 10_000.0
-    assert state.expired({"state": "done", "ended": now - 61, "retention": 60}, now)
-    assert not state.expired({"state": "failed", "ended": now - 59, "retention": 60}, now)
-    assert not state.expired({"state": "done", "ended": now - 86400}, now)  # 7 days unless the job said
+    assert inventory.expired({"state": "done", "ended": now - 61, "retention": 60}, now)
+    assert not inventory.expired({"state": "failed", "ended": now - 59, "retention": 60}, now)
+    assert not inventory.expired({"state": "done", "ended": now - 86400}, now)  # 7 days unless the job said
 
 
 def test_with_restarts_left_the_supervisor_starts_the_next_attempt_on_every_node(tmp_path):
@@ -574,15 +574,17 @@ def test_a_damaged_record_outcome_or_journal_hides_nothing_else(tmp_path, monkey
     for job_dir in root.iterdir():
         os.chmod(job_dir, 0o700)
     (root / "good" / "node0" / state.OUTCOME).write_text(json.dumps({"root_cause": {"node": "zero"}}))
-    listed = state.recorded_jobs()
+    listed, skipped = inventory.recorded_jobs()
     assert [r["job"] for _, r in listed] == ["good"] and listed[0][1]["outcome"] is None
-    assert state.remove_stale_state({}) == []
+    assert sorted(s.split("/")[-3] + ": " + s.split(": ", 1)[1] for s in skipped) == [
+        "bad0: not JSON", *(f"bad{i}: not a record of this version's shape" for i in range(1, 5))], skipped
+    assert inventory.remove_stale_state({}) == []
     assert sorted(p.name for p in root.iterdir()) == ["bad0", "bad1", "bad2", "bad3", "bad4", "good"]
     everything = sorted(f"{job} node0" for job in ["bad0", "bad1", "bad2", "bad3", "bad4", "good"])
     # issue 26, item 12: --purge --dry-run lists what --purge removes, and --purge says what it removed
-    assert sorted(state.remove_stale_state({}, purge=True, dry_run=True)) == everything
+    assert sorted(inventory.remove_stale_state({}, purge=True, dry_run=True)) == everything
     assert sorted(p.name for p in root.iterdir()) == ["bad0", "bad1", "bad2", "bad3", "bad4", "good"]
-    assert sorted(state.remove_stale_state({}, purge=True)) == everything
+    assert sorted(inventory.remove_stale_state({}, purge=True)) == everything
     assert not root.exists() or not any(root.iterdir())  # --purge: nothing of them is left
 
     frames = [wire.Started(), wire.Output("out", 0, b"step 1\n"), wire.Output("out", 0, b"step 2\n")]
@@ -599,9 +601,9 @@ def test_ddp_kill_of_one_cluster_file_touches_no_state_of_another_clusters_job(t
     theirs, _ = state.claim_node_dir("20261126-010000-bbbbbb", 0, cluster="c2")
     older, _ = state.claim_node_dir("20261126-010000-cccccc", 0)  # before cluster ids were kept
     assert state.cluster_of(mine) == "c1" and state.cluster_of(older) is None
-    assert state.remove_stale_state({procs.TAG_CLUSTER: "c1"}) == ["20261126-010000-aaaaaa node0"]
+    assert inventory.remove_stale_state({procs.TAG_CLUSTER: "c1"}) == ["20261126-010000-aaaaaa node0"]
     assert os.path.isdir(theirs) and os.path.isdir(older)
-    assert sorted(state.remove_stale_state({})) == ["20261126-010000-bbbbbb node0", "20261126-010000-cccccc node0"]
+    assert sorted(inventory.remove_stale_state({})) == ["20261126-010000-bbbbbb node0", "20261126-010000-cccccc node0"]
 
 
 def test_a_detached_jobs_supervisor_names_a_straggler_once_from_its_own_and_a_peers_arrivals(tmp_path):
@@ -652,7 +654,7 @@ def test_a_job_directory_that_goes_while_a_sweep_reads_it_is_passed_over(tmp_pat
             shutil.rmtree(job_dir)
         return answer
 
-    monkeypatch.setattr(state, "private_dir", checked_then_gone)
-    assert state.remove_stale_state({procs.TAG_JOB: "20261126-010000-aaaaaa"}) == []
+    monkeypatch.setattr(inventory, "private_dir", checked_then_gone)
+    assert inventory.remove_stale_state({procs.TAG_JOB: "20261126-010000-aaaaaa"}) == []
     state.claim_node_dir("20261126-010000-aaaaaa", 0)
-    assert state.recorded_jobs() == []
+    assert inventory.recorded_jobs() == ([], [])
