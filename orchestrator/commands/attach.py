@@ -107,7 +107,7 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
             if not job_anywhere(list(config.nodes), job_id):
                 raise NoSuchJob(job_id, [n.label for n in config.nodes], args.cluster or "CLUSTER.yaml")
             plan = follow_plan(config, job_id)
-            view = make_view(plan, console, args, plain=ConsoleView if show_end else LinesView)
+            view = make_view(plan, console, args, plain=ConsoleView if show_end else LinesView, prog=prog)
         except DdpUpError as e:
             return report(prog, e, config.secret_values)
         except Interrupted as e:
@@ -128,7 +128,7 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
             view.finished(result, attempts=shown)
         for p in problems:
             view.notice(p.render())
-        if problems:
+        if problems or all(s.state in ("error", "lost") for s in job.status):  # a node not read: the docs' 3
             return 3
         return result.exit_code if show_end else EXIT_OK
 

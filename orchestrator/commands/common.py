@@ -115,14 +115,16 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collapse", action="store_true", help="print a line that every rank printed once, with a count")
 
 
-def make_view(plan: LaunchPlan, console: Console, args: argparse.Namespace, plain=None) -> ConsoleView:
+def make_view(plan: LaunchPlan, console: Console, args: argparse.Namespace, plain=None,
+              prog: str = "ddp-up") -> ConsoleView:
     """The view the view options ask for: the dashboard on a terminal (or when forced), else
-    ``plain`` lines (ConsoleView unless given)."""
+    ``plain`` lines (ConsoleView unless given); its notices are ``prog``'s."""
     ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
     dashboard = (interactive(console) or jupyter_live(console)) if args.dashboard is None else args.dashboard
     if dashboard and not console.is_terminal and not console.is_jupyter:
         console = terminal_console(force_terminal=True)
-    return (DashboardView if dashboard else plain or ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse)
+    return (DashboardView if dashboard else plain or ConsoleView)(plan, console, ranks=ranks, collapse=args.collapse,
+                                                                 prog=prog)
 
 
 def interactive(console: Console) -> bool:

@@ -85,6 +85,8 @@ def load_yaml(text: str, path: str) -> tuple[Any, dict[tuple, int]]:
         raise ConfigError(path, line, "", f"invalid YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise ConfigError(path, None, "", f"invalid YAML: {e}") from None
+    except ValueError as e:  # a value PyYAML's constructors refuse, past what _index_lines checks
+        raise ConfigError(path, None, "", f"a value that cannot be read: {e}") from None
     except RecursionError:
         raise ConfigError(path, None, "", "nested too deeply to be a cluster file") from None
     finally:
@@ -107,6 +109,7 @@ def _index_lines(node: yaml.Node, at: tuple, lines: dict[tuple, int], path: str,
         for key_node, value_node in node.value:
             key = key_node.value
             line = key_node.start_mark.line + 1
+            _check_number(key_node, at, path)
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: later keys override it
                 _index_lines(value_node, at, lines, path, seen_nodes)
                 continue
@@ -121,6 +124,19 @@ def _index_lines(node: yaml.Node, at: tuple, lines: dict[tuple, int], path: str,
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _index_lines(item, at + (i,), lines, path, seen_nodes)
+    else:
+        _check_number(node, at, path)
+
+
+DIGITS_MOST = 4300  # Python's limit on converting an integer to and from text (sys.int_info.default_max_str_digits)
+
+
+def _check_number(node: yaml.Node, at: tuple, path: str) -> None:
+    """An integer longer than Python converts is an error at its line, before PyYAML converts it:
+    past that, int() and repr() raise a ValueError with no line, in the reader or in a message."""
+    if node.tag == "tag:yaml.org,2002:int" and len(str(node.value)) > DIGITS_MOST:
+        raise ConfigError(path, node.start_mark.line + 1, key_path(at),
+                          f"an integer of {len(node.value):,} characters: no value of a cluster file is that long")
 
 
 def key_path(at: tuple) -> str:

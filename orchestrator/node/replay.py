@@ -8,7 +8,7 @@ import time
 from . import wire
 from .inventory import recorded_jobs, remove_stale_state
 from .state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_state, open_regular, per_attempt, read_bars,
-                    read_record)
+                    read_record, read_regular)
 
 
 def follow(spec, writer):
@@ -74,6 +74,10 @@ def no_journal(spec, where, writer):
     """The attempt's journal is not here: the job ended before it restarted, or is not here at all."""
     if spec.attempt and read_record(where or "") is not None:
         writer.send(wire.JournalEnd(running=False, absent=True))
+    elif where and read_record(where) is not None:
+        writer.send(wire.Failed("job %s's journal on this node cannot be read (%s)" % (
+            spec.job, read_regular(os.path.join(where, per_attempt(JOURNAL, spec.attempt)))[1]),
+            "its record stays; ddp-kill CLUSTER.yaml --job %s --purge removes both" % spec.job))
     else:
         writer.send(wire.Failed("no detached job %s on this node" % spec.job,
                                 "ddp-ls CLUSTER.yaml lists the jobs on the cluster's nodes"))

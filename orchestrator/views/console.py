@@ -153,8 +153,9 @@ class ConsoleView:
     """
 
     def __init__(self, plan: LaunchPlan, console: Console | None = None, ranks: frozenset[int] | None = None,
-                 collapse: bool = False, clock=time.monotonic):
+                 collapse: bool = False, clock=time.monotonic, prog: str = "ddp-up"):
         self.console = console or Console(highlight=False, soft_wrap=True)
+        self.prog = prog  # the command whose notices these are (ddp-attach, ddp-logs follow a job too)
         self.ranks = ranks
         self.collapse = collapse
         self.clock = clock
@@ -288,7 +289,7 @@ class ConsoleView:
             self.notice(f"{status.plan.label}: {status.state}" + (f" ({status.reason})" if status.reason else ""))
 
     def notice(self, text: str) -> None:
-        self.console.print(Text("ddp-up ", style="bold") + Text(safe_text(self.plan.mask(text)), style="yellow"))
+        self.console.print(Text(f"{self.prog} ", style="bold") + Text(safe_text(self.plan.mask(text)), style="yellow"))
 
     def intro(self, plan: LaunchPlan) -> None:
         self.notice(f"job {plan.job_id}: {len(plan.nodes)} node(s), world size {plan.world_size}, "

@@ -143,7 +143,7 @@ class DashboardView(ConsoleView):
     def notice(self, text: str) -> None:
         if not self.started:  # before or after the live table: print straight away
             return super().notice(text)
-        self.pending.add(self._bold("ddp-up ") + self._notice_ink(safe_text(self.plan.mask(text))) + "\n")
+        self.pending.add(self._bold(f"{self.prog} ") + self._notice_ink(safe_text(self.plan.mask(text))) + "\n")
 
     def intro(self, plan: LaunchPlan) -> None:
         super().intro(plan)

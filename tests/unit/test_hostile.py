@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from orchestrator.commands.attach import main_attach, main_logs, main_ls
 from orchestrator.commands.check import main_check
 from orchestrator.commands.kill import main_kill
 from orchestrator.commands.fetch import main_fetch
@@ -212,6 +213,18 @@ CASES = [
          "`gpus:` here", {"c.yaml": "nproc_per_node: 8\n" + LOCAL}),
     Case("a mistyped option", ["--dryrun", "{c}", "t.py"], 2, "unrecognized arguments: --dryrun (did you mean "
          "--dry-run?)", {"c.yaml": LOCAL}),
+    # --- an integer longer than Python converts, anywhere in the file, on every command (round 5) ---
+    *(Case(f"{name}: an integer of 5000 digits", [*argv], 2, "{c}:3: %s: an integer of 5,000 characters" % key,
+           {"c.yaml": LOCAL + text}, tool=tool)
+      for name, tool, argv in [("ddp-up", main_up, ["{c}", "t.py"]), ("ddp-kill", main_kill, ["{c}"]),
+                               ("ddp-check", main_check, ["{c}"]), ("ddp-ls", main_ls, ["{c}"]),
+                               ("ddp-fetch", main_fetch, ["{c}", "ckpt", "{d}/out"]),
+                               ("ddp-logs", main_logs, ["{c}", "20261127-010000-aaaaaa"]),
+                               ("ddp-attach", main_attach, ["{c}", "20261127-010000-aaaaaa"])]
+      for key, text in [("restarts", "restarts: " + "9" * 5000 + "\n"),
+                        ("env.BIG", "env: {BIG: " + "1" * 5000 + "}\n")]),
+    Case("a hexadecimal integer of 5000 digits", ["{c}", "t.py"], 2, "{c}:3: stop_grace: an integer of 5,002",
+         {"c.yaml": LOCAL + "stop_grace: 0x" + "f" * 5000 + "\n"}),
 ]
 
 

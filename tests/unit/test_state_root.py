@@ -62,7 +62,7 @@ def test_a_fifo_as_a_record_or_a_journal_is_named_and_blocks_nothing(root):
                             "broken": False})()
     spec = wire.FollowSpec(job="other", node=0, attempt=0, follow=True, tail=None, heartbeat=5.0)
     bounded(lambda: replay.follow(spec, writer))
-    assert [type(f).__name__ for f in sent] == ["Failed"] and "no detached job other" in sent[0].what
+    assert [type(f).__name__ for f in sent] == ["Failed"] and "job other's journal on this node cannot be read (not a regular file)" in sent[0].what
 
 
 def test_a_huge_record_is_not_read_whole_and_hides_no_other_job(root):
@@ -126,3 +126,20 @@ def test_every_read_in_a_folder_others_can_write_goes_through_one_helper():
             if not reading or "/proc" in call or '"/proc' in call:
                 continue
             assert (module.stem, function) in allowed_reads, f"{module.name}: {function}: {call}"
+
+
+def test_ddp_logs_with_no_journal_readable_exits_3_and_speaks_as_itself(root, tmp_path, capsys):
+    """Each node keeps the job's record, and a FIFO where its journal goes."""
+    from orchestrator.commands.attach import main_logs
+
+    for node in (0, 1):
+        where, _ = state.claim_node_dir(JOB, node)
+        Path(where, state.RECORD).write_text(json.dumps(dict(record(JOB), node=node)))
+        os.mkfifo(Path(where, state.JOURNAL))
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"transport: local\npython: {sys.executable}\nnodes: [{{host: a, gpus: 1}}, {{host: b, gpus: 1}}]\n")
+    assert bounded(lambda: main_logs([str(cluster), JOB]), 60) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    for host in ("a", "b"):
+        assert f"ddp-logs {host}: job {JOB}'s journal on this node cannot be read (not a regular file)" in out
+    assert "ddp-up" not in out
