@@ -107,6 +107,8 @@ def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto
     results: list = []
     code = main_up(argv, Caller(call, results.append, on_line))
     if code in (2, 3):
+        if path != cluster:  # the dict's file: nothing started, so nothing will look for it
+            os.unlink(path)
         raise LaunchRefused(refusal(code, read_summary(os.path.join(runs_dir, job_id))))
     if code >= 128:
         if code == 128 + signal.SIGINT:
@@ -172,10 +174,15 @@ def cluster_path(cluster, runs_dir: str, job_id: str) -> str:
         return os.fspath(cluster)
     if not isinstance(cluster, dict):
         raise TypeError(f"cluster must be a cluster file's path or its data as a dict, not {type(cluster).__name__}")
+    try:
+        text = yaml.safe_dump(cluster, sort_keys=False)  # first: a value YAML cannot write leaves no file
+    except yaml.YAMLError as e:
+        raise TypeError(f"cluster: {e}; a cluster given as a dict holds strings, numbers, booleans, lists and "
+                        "dicts, as a cluster file does") from None
     where = own_dir(os.path.join(runs_dir, ".clusters"), private=True)
     path = os.path.join(where, f"{job_id}.yaml")
     with os.fdopen(no_link_open(path, fresh=True), "w") as f:
-        f.write(yaml.safe_dump(cluster, sort_keys=False))
+        f.write(text)
     return path
 
 

@@ -19,7 +19,7 @@ from ..config.clusterfile import load_cluster
 from ..config.hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from ..config.masking import mask_secrets
 from ..config.reading import read_text
-from ..config.validate import parse_duration
+from ..config.values import parse_duration
 from ..errors import DdpUpError, Interrupted, UsageError
 from ..plan.launch import LaunchPlan
 from ..remote.detect import resolve_auto_gpus

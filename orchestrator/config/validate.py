@@ -8,9 +8,7 @@ default. Every error names the file, the line and the key path, from the nearest
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
-import re
 import sys
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
@@ -25,6 +23,7 @@ from .containers import container
 from .hostlists import host_problem
 from .keyhints import unknown_key_hint
 from .reading import key_path, read_text
+from .values import ENV_NAME, ENV_VALUE_TYPES, NUL_VALUE, env_text, parse_duration, read_dotenv
 
 SSH_CLIENTS = ("fabric", "openssh")
 # Keys valid at the top level and overridable per node (and, on a node, `host`, `addr` and `ssh:`'s keys).
@@ -38,7 +37,6 @@ SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none", "accelerate")
 TRANSPORTS = ("ssh", "srun", "local")
 MASTER_KEYS = ("addr", "port")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always with fullmatch: `$` would accept "NAME\n"
 
 
 # The longest timeout or delay taken: a longer one is a typo, and past what a wait can be given
@@ -46,7 +44,6 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always with fullmatch: `$` w
 LONGEST = 30 * 86400.0
 LONGEST_RETENTION = 3650 * 86400.0
 MOST_RESTARTS = 1000
-NUL_VALUE = "holds a NUL character, which no process's environment can: remove it"
 
 
 class Rule(NamedTuple):
@@ -353,14 +350,14 @@ class Validator(Checks):
             for name, value in raw.items():
                 if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
                     raise self.error(where + (name,), "is not a valid environment variable name")
-                if value is None or isinstance(value, (dict, list)):
+                if not isinstance(value, ENV_VALUE_TYPES):  # a set or !!binary is no text to pass on
                     raise self.error(where + (name,), "must be a string or number")
-                if "\0" in _env_text(value):
+                if "\0" in env_text(value):
                     raise self.error(where + (name,), NUL_VALUE)
-                if name in IFNAME_VARS and any(part != part.strip() for part in _env_text(value).split(",")):
-                    raise self.error(where + (name,), f"interface names with spaces ({_env_text(value)!r}): gloo and "
+                if name in IFNAME_VARS and any(part != part.strip() for part in env_text(value).split(",")):
+                    raise self.error(where + (name,), f"interface names with spaces ({env_text(value)!r}): gloo and "
                                                       "NCCL read them as written; remove the spaces")
-                merged[name] = _env_text(value)
+                merged[name] = env_text(value)
         return MappingProxyType(merged)
 
     def sync(self, value: Any) -> SyncConfig | None:
@@ -399,52 +396,7 @@ class Validator(Checks):
             seen[key] = node
 
 
-def read_dotenv(text: str, path: str) -> dict[str, str]:
-    """NAME=value lines, `export ` allowed, # comments, quotes; a bad line is named, never echoed
-    (it may hold a secret)."""
-    found = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, eq, val = line.removeprefix("export ").partition("=")
-        name, val = name.strip(), val.strip()
-        if not eq or not ENV_NAME.fullmatch(name):
-            raise ConfigError(path, number, "", "expected NAME=value (a letter or _ first, then letters, "
-                                                "digits, _), an `export ` prefix, a # comment or nothing")
-        if len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"":
-            val = val[1:-1]
-        if "\0" in val:
-            raise ConfigError(path, number, name, NUL_VALUE)
-        found[name] = val
-    return found
-
-
-def _env_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
-
-
 def _kind(value: Any) -> str:
     if value is None:
         return "nothing"
     return {dict: "a mapping", list: "a list", str: f"{value!r}"}.get(type(value), repr(value))
-
-
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(value: Any) -> float | None:
-    """Seconds from a number or a string with a unit ("90", "90s", "5m", "1.5h", "7d"); None if
-    it is neither, or not finite."""
-    if isinstance(value, str):
-        text = value.strip()
-        scale = DURATION_UNITS.get(text[-1:].lower(), 0) if text else 0
-        try:
-            value = float(text[:-1] if scale else text) * (scale or 1)
-        except ValueError:
-            return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)

@@ -81,8 +81,26 @@ def run():
         from torch.distributed.elastic.multiprocessing.errors import record
     except ImportError:
         return main()
-    record(main)()
+    record(printable(main))()
     finish()
+
+
+def printable(fn):
+    """``fn``, whose exception ``record`` can always write: one whose str() raises (torch's
+    ``record`` formats it, and its own failure took the rank's place) is raised again as a
+    stand-in of the same class name and traceback, whose text is "<str() failed>"."""
+    def call():
+        try:
+            return fn()
+        except Exception as e:
+            try:
+                str(e)
+            except Exception:
+                stand_in = type(type(e).__name__, (Exception,), {"__str__": lambda self: "<str() failed>",
+                                                                 "__module__": type(e).__module__})
+                raise stand_in().with_traceback(e.__traceback__) from None
+            raise
+    return call
 
 
 def finish():

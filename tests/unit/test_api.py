@@ -88,6 +88,19 @@ def test_bad_input_raises_and_starts_nothing(tmp_path):
         launch(["a"], "t.py")
 
 
+@pytest.mark.parametrize("bad", [object(), lambda: 1])
+def test_a_cluster_dict_yaml_cannot_write_and_a_refused_launch_leave_no_cluster_file(tmp_path, bad):
+    runs = tmp_path / "runs"
+    with pytest.raises(TypeError, match="a cluster given as a dict holds strings, numbers"):
+        launch(dict(cluster(tmp_path), env={"X": bad}), str(tmp_path / "t.py"), runs_dir=str(runs))
+    assert not (runs / ".clusters").exists() or list((runs / ".clusters").iterdir()) == []
+    with pytest.raises(LaunchRefused):  # refused by the validator (exit 2), then by the node (exit 3)
+        launch(dict(cluster(tmp_path), restarts=-1), str(tmp_path / "t.py"), runs_dir=str(runs))
+    with pytest.raises(LaunchRefused):
+        launch(cluster(tmp_path), str(tmp_path / "missing.py"), runs_dir=str(runs))
+    assert list((runs / ".clusters").iterdir()) == []
+
+
 def test_a_detached_job_is_a_handle_ddp_ls_sees(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n")

@@ -88,3 +88,29 @@ def test_the_loop_keeps_each_ranks_value_and_refuses_one_for_a_rank_not_the_node
         h.job.turn(None)
     assert h.job.result().values == {0: b"v0", 1: "its result is over 8 MiB"}
     assert h.job.status[1].state == "lost" and "unexpected Result" in h.job.status[1].reason
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise ValueError("str() of this exception fails")
+
+
+def raises_unprintable():
+    raise Unprintable()
+
+
+def test_an_exception_whose_str_raises_is_recorded_as_its_own_class(tmp_path):
+    """torch's `record` formats the exception for its error file; a str() that raises replaced the
+    rank's exception with the formatter's own, and the root cause named the wrong class."""
+    error_file = tmp_path / "error.json"
+    for name, text in Call.of(raises_unprintable, backend=None).hooks().items():
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.path.dirname(__file__)}", "RANK": "0",
+           "LOCAL_RANK": "0", "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    done = subprocess.run([sys.executable, "-m", "ddp_up_call"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    import json
+
+    message = json.loads(error_file.read_text())["message"]
+    assert message["message"] == "Unprintable: <str() failed>", message
+    assert "raises_unprintable" in message["extraInfo"]["py_callstack"]  # the rank's own frames
