@@ -69,12 +69,15 @@ def kind(prop: dict) -> str:
     if "enum" in prop:
         return "one of " + ", ".join(f"`{v}`" for v in prop["enum"])
     if "const" in prop:
-        return f"`{prop['const']}`"
+        const = prop["const"]
+        return f"`{const if isinstance(const, str) else json.dumps(const)}`"
     if prop.get("description", "").startswith("seconds, or with a unit"):
         return "duration"
-    if "anyOf" in prop:
-        return " or ".join(kind(p) for p in prop["anyOf"])
+    if "anyOf" in prop:  # null, a key left empty, takes the default the table shows
+        words = [kind(p) for p in prop["anyOf"] if p.get("type") != "null"]
+        return " or ".join(dict.fromkeys(words))
     t = prop.get("type", "any")
+    t = t[0] if isinstance(t, list) else t  # text that may be written as a number: text
     if t == "integer" and "minimum" in prop:
         return f"integer {prop['minimum']}" + (f"-{prop['maximum']}" if "maximum" in prop else "+")
     if t == "array":

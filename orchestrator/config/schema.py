@@ -15,13 +15,34 @@ from typing import Any
 import yaml
 
 from .cluster import JOB_SIGNALS
-from .validate import MOST_PROCS, NODE_KEYS, RULES, SSH_RULES, TOP_KEYS, TRANSPORTS, Rule
+from .validate import LONGEST, LONGEST_RETENTION, MOST_PROCS, NODE_KEYS, RULES, SSH_RULES, TOP_KEYS, TRANSPORTS, Rule
+from .values import DURATION_PATTERN, ENV_NAME
 
 SCHEMA_URL = "https://json-schema.org/draft/2020-12/schema"
-DURATION = {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*[smhd]?\s*$"}],
+# Each shape below is the validator's rule of the same name, said as JSON Schema (validate.Checks).
+LINE = {"type": "string", "pattern": r"\S"}  # Checks.strings: text that is not only blanks
+STRINGS = {"anyOf": [LINE, {"type": "array", "items": LINE}]}
+NAMES = {"type": "array", "items": {"type": "string", "minLength": 1}}  # Checks.names
+STRING = {"type": ["string", "number"], "minLength": 1}  # Checks.string: a number is its text
+# hostlists.host_problem: no blank or control character, no '-' first (ssh would take it for an option)
+HOST = {"type": ["string", "number"], "pattern": "^[^\\s\\x00-\\x1f\\x7f-][^\\s\\x00-\\x1f\\x7f]*$", "minimum": 0}
+ENV = {"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"},
+       "additionalProperties": {"type": ["string", "number", "boolean"]}}
+
+
+def duration(allow_zero: bool, most: float) -> dict[str, Any]:
+    """Checks.positive: seconds as a number within its bounds, or as text with a unit (whose bounds
+    the validator alone checks: a pattern cannot compare)."""
+    number = {"type": "number", "minimum" if allow_zero else "exclusiveMinimum": 0, "maximum": most}
+    return {"anyOf": [number, {"type": "string", "pattern": DURATION_PATTERN}],
             "description": "seconds, or with a unit: 90, 90s, 5m, 12h, 7d"}
-STRINGS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
-NAMES = {"type": "array", "items": {"type": "string"}}
+
+
+def signal_pattern() -> str:
+    """Checks.signal_name: a job signal's name, with or without SIG, in either case (ASCII only)."""
+    def either_case(text: str) -> str:
+        return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in text)
+    return f"^({either_case('SIG')})?({'|'.join(either_case(name[3:]) for name in JOB_SIGNALS)})$"
 
 # What each key is, in a line (the reference shows these; a key without one fails a test).
 MEANING = {
@@ -82,10 +103,17 @@ EXAMPLE = {
 
 
 def rule_schema(rule: Rule) -> dict[str, Any]:
+    """A Checks rule's value as JSON Schema, or null: a key left empty takes its default (Checks.apply)."""
+    return {"anyOf": [shape(rule), {"type": "null"}]}
+
+
+def shape(rule: Rule) -> dict[str, Any]:
     """A Checks rule's value as JSON Schema (validate.Checks: the method of that name)."""
     args = dict(rule.args)
-    if rule.check in ("positive", "duration"):
-        return dict(DURATION)
+    if rule.check == "positive":
+        return duration(args.get("allow_zero", False), args.get("most", LONGEST))
+    if rule.check == "duration":
+        return duration(True, LONGEST_RETENTION)
     if rule.check == "integer":
         out = {"type": "integer", "minimum": args.get("low", 0)}
         if args.get("high"):
@@ -96,17 +124,16 @@ def rule_schema(rule: Rule) -> dict[str, Any]:
     if rule.check == "boolean":
         return {"type": "boolean"}
     if rule.check == "signal_name":
-        return {"type": "string", "examples": list(JOB_SIGNALS)}
+        return {"type": "string", "pattern": signal_pattern(), "examples": list(JOB_SIGNALS)}
     if rule.check == "exit_codes":
         return {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 255}}
     if rule.check == "fetch_paths":
         return dict(STRINGS)
-    return {"type": "string"}  # string, file_path, existing_file
+    return dict(STRING)  # string, file_path, existing_file
 
 
 def shared() -> dict[str, Any]:
-    return {"python": {"type": "string"}, "workdir": {"type": "string"},
-            "env": {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}},
+    return {"python": dict(STRING), "workdir": {"anyOf": [STRING, {"type": "null"}]}, "env": dict(ENV),
             "transport": {"enum": list(TRANSPORTS)},
             "gpus": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MOST_PROCS}, {"const": "auto"}]},
             "setup": dict(STRINGS),
@@ -129,16 +156,17 @@ def obj(props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]
 
 def cluster_schema() -> dict[str, Any]:
     ssh = {key: rule_schema(rule) for key, rule in SSH_RULES.items()}
-    node = {"host": {"type": "string"}, "addr": {"type": "string"}, **shared(), **ssh}
+    node = {"host": dict(HOST), "addr": dict(STRING), **shared(), **ssh}
     top = {
         "nodes": {"type": "array", "minItems": 1, "items": obj({k: node[k] for k in NODE_KEYS if k in node}, ("host",))},
         "ssh": obj(ssh),
-        "master": obj({"addr": {"type": "string", "description": "the address every node reaches the master at"},
+        "master": obj({"addr": dict(STRING, description="the address every node reaches the master at"),
                        "port": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"const": "auto"}],
                                 "description": "the rendezvous port, or auto (a free one, each attempt)"}}),
-        "env_file": {"type": "string"}, "forward_env": dict(NAMES), "secrets": dict(NAMES),
-        "sync": {"anyOf": [{"type": "string"}, obj({"src": {"type": "string"}, "exclude": dict(STRINGS),
-                                                    "gitignore": {"type": "boolean"}})]},
+        "env_file": {"anyOf": [STRING, {"type": "null"}]}, "forward_env": dict(NAMES), "secrets": dict(NAMES),
+        "sync": {"anyOf": [{"type": "string", "minLength": 1}, {"const": False}, {"type": "null"},
+                           obj({"src": dict(STRING), "exclude": dict(STRINGS),
+                                                    "gitignore": {"type": "boolean"}}, ("src",))]},
         "min_nodes": {"type": "integer", "minimum": 1},
         "notify": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
         **{key: rule_schema(rule) for key, rule in RULES.items()},

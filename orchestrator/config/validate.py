@@ -23,7 +23,7 @@ from .containers import container
 from .hostlists import host_problem
 from .keyhints import unknown_key_hint
 from .reading import key_path, read_text
-from .values import ENV_NAME, ENV_VALUE_TYPES, NUL_VALUE, env_text, parse_duration, read_dotenv
+from .values import ENV_NAME, ENV_VALUE_TYPES, NUL_VALUE, env_text, parse_duration, read_dotenv, whole
 
 SSH_CLIENTS = ("fabric", "openssh")
 # Keys valid at the top level and overridable per node (and, on a node, `host`, `addr` and `ssh:`'s keys).
@@ -127,18 +127,18 @@ class Checks:
         return str(value)
 
     def integer(self, value: Any, at: tuple, low: int, high: int | None = None, hint: str = "") -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+        number = whole(value)
+        if number is None or number < low or (high and number > high):
             bound = f"between {low} and {high}" if high else f">= {low}"
             raise self.error(at, f"must be an integer {bound}{' ' + hint if hint else ''}, got {value!r}")
-        return value
+        return number
 
     def exit_codes(self, value: Any, at: tuple) -> tuple[int, ...]:
         """A list of exit codes, 1 to 255 (a rank's exit status that a restart cannot fix)."""
-        ok = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 255
-                                             for v in value)
-        if not ok:
+        codes = [whole(v) for v in value] if isinstance(value, (list, tuple)) else [None]
+        if not all(c is not None and 1 <= c <= 255 for c in codes):
             raise self.error(at, f"must be a list of exit codes from 1 to 255, e.g. [2, 3], got {value!r}")
-        return tuple(value)
+        return tuple(codes)
 
     def fetch_paths(self, value: Any, at: tuple) -> tuple[str, ...]:
         """What to bring back from every node when the job ends: a path or a list of them (each

@@ -44,18 +44,26 @@ def env_text(value: Any) -> str:
 
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# A duration as text: the validator reads it with this, and the JSON Schema says the same pattern.
+DURATION_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*[smhdSMHD]?\s*$"
 
 
 def parse_duration(value: Any) -> float | None:
     """Seconds from a number or a string with a unit ("90", "90s", "5m", "1.5h", "7d"); None if
     it is neither, or not finite."""
     if isinstance(value, str):
-        text = value.strip()
-        scale = DURATION_UNITS.get(text[-1:].lower(), 0) if text else 0
-        try:
-            value = float(text[:-1] if scale else text) * (scale or 1)
-        except ValueError:
+        if not re.match(DURATION_PATTERN, value):
             return None
+        text = value.strip()
+        scale = DURATION_UNITS.get(text[-1:].lower(), 0)
+        value = float(text[:-1] if scale else text) * (scale or 1)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def whole(value: Any) -> int | None:
+    """An integer as JSON Schema's "integer" means it (2, or 2.0), else None (never a bool)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
