@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..clean import outside
 from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, NoSuchJob, UsageError
-from ..node import wire
+from ..node import policy, wire
 from ..plan.launch import LaunchPlan, check_job_id
 from ..remote import signals
 from ..remote.oneshot import call_agent
@@ -229,7 +229,7 @@ def describe_root(root: dict | None, labels: dict) -> str | None:
     if root is None:
         return None
     if root.get("node") is None:
-        return root.get("reason") or "job hung"
+        return root.get("reason") or policy.HUNG
     rank = f", rank {root['rank']}" if root.get("rank") is not None else ""
     text = f"{labels.get(root['node'], '?')} (node {root['node']}{rank}) {root.get('state')}"
     if root.get("code") is not None:

@@ -1,84 +1,11 @@
-"""Parsing what torchrun and the workers print: the failure report, stack dumps. Pure."""
+"""Parsing what torchrun and the workers print: stack dumps here; torchrun's failure report in
+node/report.py, which the nodes read too. Pure."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from datetime import datetime
 
 from ..node.flight import RECORDER_FRAME
-
-_FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*)$")
-_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
-# torchrun, when a worker outlived its shutdown timeout (set to stop_grace) and got SIGKILL
-_FORCED = re.compile(r"Unable to shutdown process \d+ via \S+, forcefully exiting via")
-
-
-@dataclass(frozen=True)
-class WorkerFailure:
-    """One entry of torchrun's failure report (its root cause, or one of its other failures)."""
-
-    rank: int | None
-    exit_code: int | None
-    host: str | None
-    time: float | None  # wall clock of the failure on the node, to the second, if reported
-
-
-class FailureReportParser:
-    """Fed the launcher's own (unranked) lines; remembers the report's root cause and every
-    failed rank it lists (``failed``: {global rank: its entry}), and counts the workers it killed
-    when their stop took longer than its shutdown timeout."""
-
-    def __init__(self) -> None:
-        self._in_report = False
-        self._in_root = False
-        self._fields: dict[str, str] = {}
-        self.root: WorkerFailure | None = None
-        self.failed: dict[int, WorkerFailure] = {}
-        self.forced = 0  # workers torchrun killed at the end of its shutdown timeout (stop_grace)
-
-    def feed(self, text: str) -> None:
-        if _FORCED.search(text):
-            self.forced += 1
-        if text.startswith("Failures:") or "Root Cause (first observed failure)" in text:
-            self._in_report, self._in_root, self._fields = True, "Root Cause" in text, {}
-            return
-        if not self._in_report:
-            return
-        m = _FIELD.match(text)
-        if m:
-            self._fields[m.group(1)] = m.group(2).strip()
-            if m.group(1) == "exitcode":
-                self.entry(_failure(self._fields))
-        elif _ENTRY.match(text):
-            self._fields = {}
-        elif text.startswith("====="):
-            self._in_report = self._in_root = False
-
-    def entry(self, failure: WorkerFailure) -> None:
-        if failure.rank is not None:
-            self.failed[failure.rank] = failure
-        if self._in_root:
-            self.root = failure
-
-
-def _failure(fields: dict[str, str]) -> WorkerFailure:
-    rank = re.match(r"(-?\d+)", fields.get("rank", ""))
-    code = re.match(r"(-?\d+)", fields.get("exitcode", ""))
-    return WorkerFailure(
-        rank=int(rank.group(1)) if rank else None,
-        exit_code=int(code.group(1)) if code else None,
-        host=fields.get("host"),
-        time=_timestamp(fields.get("time", "")),
-    )
-
-
-def _timestamp(text: str) -> float | None:
-    try:
-        return datetime.fromisoformat(text.replace("_", "T", 1)).timestamp()
-    except ValueError:
-        return None
-
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')  # faulthandler
 _SPY_FRAME = re.compile(r"^\s+(\S+) \(([^()]+):\d+\)$")  # py-spy dump: "    func (path/file.py:12)"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 from ..errors import EXIT_JOB_FAILED, EXIT_OK, NodeProblem
 from ..node import policy, wire
 from ..plan.launch import LaunchPlan, NodePlan
-from .logparse import FailureReportParser
+from ..node.report import FailureReportParser
 
 if TYPE_CHECKING:
     from ..node.stragglers import Lateness

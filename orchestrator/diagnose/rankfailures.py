@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..node import policy
-from .logparse import FailureReportParser
+from ..node.report import FailureReportParser
 from .outcome import Failure
 
 SKEW_TRUSTED = 0.5  # a node clock's measured offset past this is corrected; below it, the measure is mostly latency
@@ -69,7 +69,8 @@ def own_failures(node: int, label: str, report: FailureReportParser, errors: lis
     for rank in sorted(report.failed) if report.failed else sorted(by_rank):
         entry, error = report.failed.get(rank), by_rank.get(rank)
         code = entry.exit_code if entry is not None else None
-        what = f"rank {rank} {policy.exit_words(code)}" if code is not None else f"rank {rank} raised"
+        # one wording for one kind of end, on every node: an exception known is "raised", whatever code followed
+        what = f"rank {rank} raised" if error is not None or code is None else f"rank {rank} {policy.exit_words(code)}"
         if error is not None or rank in ends:
             at, window = node_clock(error.at if error is not None else ends[rank], skew), 0.0
         else:

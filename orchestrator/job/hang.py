@@ -6,7 +6,10 @@ venv on NFS takes a while and is no hang. Until every running rank has begun, st
 limit and its own words ("rank 3 has not reached init_process_group after 600 s"). After that, a
 job looks hung when no rank printed for ``hang_timeout`` seconds, or when some nodes finished
 that long ago while others still run (policy.hang_reason: a detached job's supervisor applies the
-same rule, counted from the launch). The watch then asks for every rank's stack (``AskStacks``;
+same rule, counted from the launch). A node whose ranks have all ended (RanksEnded: the node
+watches its workers' processes end) is finishing, not hung: its launcher may wait at torchrun's
+exit barrier for seconds, and its silence is counted for no one. Where that word comes while the
+stacks are being asked for, no one is named, and the watch starts again (Finishing). The watch then asks for every rank's stack (``AskStacks``;
 the job sends Dump), waits for the nodes to confirm and the stacks to arrive, and names the
 ranks that look stuck (``Hung``): with stacks, the odd ones out by the collective they wait in;
 without, the quietest ranks. The job loop acts on the decisions; this module does no I/O.
@@ -33,6 +36,14 @@ class AskStacks:
 
 
 @dataclass(frozen=True)
+class Finishing:
+    """The stacks were asked for, and meanwhile every node said its ranks had ended: the
+    launchers are finishing."""
+
+    what: str
+
+
+@dataclass(frozen=True)
 class Hung:
     node: int
     rank: int
@@ -55,6 +66,7 @@ class HangWatch:
         self.stacks = StackReport()
         self.pending: set[int] = set()  # nodes asked for stacks that have not confirmed
         self.deadline: float | None = None  # when to name the stuck ranks
+        self.finishing: set[int] = set()  # nodes whose ranks have all ended: their launchers finish
 
     def started(self, now: float) -> None:
         self.launched = now
@@ -82,6 +94,11 @@ class HangWatch:
     def node_done(self, now: float) -> None:
         self.first_done = self.first_done or now
 
+    def ranks_ended(self, node: int, now: float) -> None:
+        """Every rank of ``node`` has ended; its launcher goes on a while (finishing, not hung)."""
+        self.finishing.add(node)
+        self.node_done(now)
+
     def dumped(self, node: int, now: float) -> None:
         self.pending.discard(node)
         if not self.pending and self.deadline is not None:
@@ -93,10 +110,12 @@ class HangWatch:
         wait for in a collective, by the ranks' records, if they say."""
         if self.deadline is not None and now >= self.deadline:
             self.deadline = None
+            if not self._running(statuses):
+                return self._rearm(now)
             return self._name_stuck(statuses, blamed=blamed)
         if self.why or stopping or self.launched is None:
             return None
-        running = [s for s in statuses if s.state == "running"]
+        running = self._running(statuses)
         waiting = [r for s in running for r in s.plan.ranks if r not in self.begun]
         if waiting:  # start-up: the silence clock has not started
             why = policy.startup_reason(now - self.launched, self.startup, waiting)
@@ -108,6 +127,16 @@ class HangWatch:
             return None
         why = policy.hang_reason(now, self.last_output, self.first_done, self.timeout, len(running))
         return self._declare(why, running, now) if why else None
+
+    def _running(self, statuses: Sequence[NodeStatus]) -> list[NodeStatus]:
+        """The nodes whose ranks may still run: running, and not finishing."""
+        return [s for s in statuses if s.state == "running" and s.plan.index not in self.finishing]
+
+    def _rearm(self, now: float) -> Finishing:
+        """A hang declared while the last ranks ended: none is named, and the watch starts again."""
+        self.why, self.stacks, self.last_output = None, StackReport(), now
+        return Finishing("every rank has ended; their launchers are finishing (torchrun's exit barrier), "
+                         "which is no hang")
 
     def _declare(self, why: str, running: list[NodeStatus], now: float) -> AskStacks:
         self.why = why
@@ -141,7 +170,7 @@ class HangWatch:
 
     def _name_stuck(self, statuses: Sequence[NodeStatus], among: list[int] | None = None,
                     blamed: Blamed = lambda: None) -> Hung | None:
-        running = among if among is not None else [r for s in statuses if s.state == "running" for r in s.plan.ranks]
+        running = among if among is not None else [r for s in self._running(statuses) for r in s.plan.ranks]
         if not running:
             return None
         late = [r for r in self.late_starters if r in running]

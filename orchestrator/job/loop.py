@@ -35,11 +35,12 @@ from ..remote.signals import INBOX, SignalInbox
 from ..remote.transports import transport_for
 from . import phases
 from .backlog import BacklogOrder
-from .events import WAKE, ChannelEnded, JournalRead, KilledBy, LogLine, Lost, MasterPort, Record, SupervisorPort, Wake
-from .hang import AskStacks, HangWatch, Hung
+from .events import (WAKE, ChannelEnded, JournalRead, KilledBy, LogLine, Lost, MasterPort, Message, Record,
+                     SupervisorPort, Wake)
+from .hang import AskStacks, Finishing, HangWatch, Hung
 from .nodetable import NodeTable
 from .pace import PaceReports
-from .reports import NodeReports
+from .reports import BY_DDP_KILL, NodeReports
 from .session import NodeSession
 from .stoppath import StopPath
 
@@ -110,16 +111,17 @@ class Following:
         return replace(result, started=self.started, ended=self.ended, elapsed=ended - self.started,
                        master=self.master)
 
-    def record(self, frame: wire.JournalEnd, is_master: bool) -> None:
-        """What a node's record says of the job, from its JournalEnd."""
-        if isinstance(frame.started, (int, float)):
-            self.started = min(self.started or frame.started, frame.started)
-        if isinstance(frame.ended, (int, float)):
-            self.ended = max(self.ended or frame.ended, frame.ended)
+    def record(self, frame: wire.JournalEnd | wire.Replayed, is_master: bool) -> None:
+        """What a node's record says of the job, from its JournalEnd (or, while it runs, Replayed)."""
+        started, ended, after = frame.started, getattr(frame, "ended", None), getattr(frame, "next", None)
+        if isinstance(started, (int, float)) and not isinstance(started, bool):
+            self.started = min(self.started or started, started)
+        if isinstance(ended, (int, float)) and not isinstance(ended, bool):
+            self.ended = max(self.ended or ended, ended)
         if is_master and isinstance(frame.master, str):
-            self.master = frame.master
-        if isinstance(frame.next, str):
-            self.next = frame.next[:500]
+            self.master = frame.master[:300]
+        if isinstance(after, str):
+            self.next = after[:500]
 
 
 class JobLoop:
@@ -171,6 +173,8 @@ class JobLoop:
         except queue.Empty:
             event = None
         if event is not None and not isinstance(event, Wake):
+            if self.following and isinstance(event, Message) and isinstance(event.frame, wire.Replayed):
+                self.following.record(event.frame, event.node == self.plan.master.index)  # the header's start, master
             for each in self.following.order.take(event) if self.following else (event,):
                 for ask in self.reports.handle(each):
                     self._apply[type(ask)](ask)
@@ -224,6 +228,8 @@ class JobLoop:
                 self.sessions[node].send(wire.Dump())
         elif isinstance(decision, Hung):
             self.fail(decision.node, decision.rank, None, decision.what, kind="hung")
+        elif isinstance(decision, Finishing):
+            self.view.notice(decision.what)
         self.stop.escalate(now)
 
     # --- what the reports ask ---
@@ -244,8 +250,8 @@ class JobLoop:
         if self.following or self.interrupted is not None:
             return
         self.interrupted = signal.SIGTERM
-        self.view.notice(f"{self.table[ask.node].plan.label}: stopped by ddp-kill; stopping all nodes")
-        self.stop.request("stopped by ddp-kill")
+        self.view.notice(f"{self.table[ask.node].plan.label}: {BY_DDP_KILL}; stopping all nodes")
+        self.stop.request(BY_DDP_KILL)
 
     def _journal_read(self, ask: JournalRead) -> None:
         following = self.following
@@ -298,8 +304,10 @@ class JobLoop:
         cells = self.pace.cells(now)
         rows = tuple(replace(row, late=late.get(row.index, ""), bar=cells[row.index][0], progress=cells[row.index][1],
                              slow=cells[row.index][2]) for row in self.table.rows(now))
-        return JobSnapshot(self.plan.job_id, f"{self.plan.master_addr}:{self.master_port or 'auto'}",
-                           self.plan.world_size, now - self.started,
+        known = self.following and self.following.started is not None  # a detached job: its own start, master
+        return JobSnapshot(self.plan.job_id, self.following.master if known and self.following.master else
+                           f"{self.plan.master_addr}:{self.master_port or 'auto'}",
+                           self.plan.world_size, self.wall() - self.following.started if known else now - self.started,
                            self.table.phase(self.stop.requested, bool(self.interrupted)), rows, now,
                            self.plan.attempt, self.plan.quarantined, self.pace.eta(now))
 

@@ -20,6 +20,8 @@ LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 # slurmstepd's word when Slurm ends a step (scancel, the allocation's end, its time limit)
 SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) (\S+) ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
 
+BY_DDP_KILL = "stopped by ddp-kill"  # every node's detail when ddp-kill stopped the job on one
+
 
 SLURM_CANCELLED = "Slurm cancelled"  # how a failure that Slurm's end of a step became begins
 
@@ -85,6 +87,8 @@ class NodeReports:
             status.gpus = frame.gpus
         elif isinstance(frame, wire.Dumped):
             self.hang.dumped(node, self.clock())
+        elif isinstance(frame, wire.RanksEnded):
+            self.hang.ranks_ended(node, self.clock())
         elif isinstance(frame, wire.Collectives):
             self.flight.collectives(frame.ranks, status.plan.ranks)
         elif isinstance(frame, (wire.Arrivals, wire.Bars)):
@@ -93,7 +97,9 @@ class NodeReports:
             ranks = status.plan.ranks
             self.hang.ranks_up([r for r in frame.ranks[:len(ranks)] if type(r) is int and r in ranks], self.clock())
         elif isinstance(frame, wire.Stopping):
-            self.table.set(node, "stopping", reason=frame.reason)
+            # a node ddp-up stopped because ddp-kill stopped another says what the user did, as that one does
+            keep = frame.by is None and status.reason == BY_DDP_KILL
+            self.table.set(node, "stopping", reason=BY_DDP_KILL if keep else frame.reason)
             if frame.by == "ddp-kill":
                 return [KilledBy(node)]
             if frame.by == "signal" and not self.following:

@@ -29,6 +29,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   notify      an event as JSON, to a webhook or a command (a detached job's, and ddp-up's own)
   supervisor  a detached job's supervisor and every other node's link to it
   detached    run mode, detached: the job on its own, its record and journal, restarts
+  report      torchrun's failure report: the ranks it names, with their exit codes
   inventory   the state root as a whole: the jobs recorded here, and what is stale
   replay      follow and list modes: a detached job's journal and records
   oneshot     detect and sweep modes
@@ -37,6 +38,6 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   main        the table from spec frame to mode
 """
 
-SHIPPED = ("wire", "facts", "policy", "stragglers", "procs", "state", "inventory", "screen", "relay", "failures", "workers", "container", "checks", "stacks", "flight", "events", "launch", "run",
+SHIPPED = ("wire", "facts", "policy", "stragglers", "procs", "report", "state", "inventory", "screen", "relay", "failures", "workers", "container", "checks", "stacks", "flight", "events", "launch", "run",
            "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

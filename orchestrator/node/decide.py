@@ -80,24 +80,31 @@ def lost_peers(now, peers, heard, states, limit):
 
 class NodesProgress:
     """What each node last said of its ranks (Progress): how long they had been quiet, when it
-    said so, and which had not begun. ``own``: the same for the supervisor's node, read now."""
+    said so, which had not begun, and whether all had ended. ``own``: the same for the
+    supervisor's node, read now."""
 
     def __init__(self):
-        self.said = {}  # node -> (quiet seconds, when it said so, its ranks that have not begun)
+        self.said = {}  # node -> (quiet seconds, when it said so, its ranks that have not begun, all ended)
 
     def quiet(self, nodes, now, heard, own):
-        """{node: seconds since its ranks last printed}; one that never said counts from when it was heard."""
+        """{node: seconds since its ranks last printed}; one that never said counts from when it
+        was heard. A node whose ranks have all ended is left out: its launcher finishing is no hang."""
         found = {}
         for node in nodes:
-            quiet, at, _ = own.get(node) or self.said.get(node) or (0.0, heard[node], None)
-            found[node] = quiet + (now - at)
+            quiet, at, _, ended = own.get(node) or self.said.get(node) or (0.0, heard[node], None, False)
+            if not ended:
+                found[node] = quiet + (now - at)
         return found
+
+    def ended(self, nodes, own):
+        """Whether some of ``nodes`` said that every rank of theirs has ended."""
+        return any((own.get(node) or self.said.get(node) or (0, 0, None, False))[3] for node in nodes)
 
     def late(self, nodes, own):
         """The ranks of ``nodes`` that have not begun; None while one of them has not said which."""
         late = []
         for node in nodes:
-            ranks = (own.get(node) or self.said.get(node) or (0, 0, None))[2]
+            ranks = (own.get(node) or self.said.get(node) or (0, 0, None, False))[2]
             if ranks is None:
                 return None
             late.extend(ranks)

@@ -25,9 +25,10 @@ import time
 from . import decide, events, policy, wire
 from .checks import PortHold
 from .notify import JobNotices
-from .relay import masked
-from .run import Runner
 from .inventory import remove_stale_state
+from .relay import masked
+from .report import ReportReader
+from .run import Runner
 from .state import BARS, JOURNAL, Journal, per_attempt, write_record
 from .supervisor import PeerLink, Supervisor, listen_for_peers
 
@@ -76,6 +77,7 @@ class DetachedRun(Runner):
         self.next_go = None  # the Restart of the attempt to start next, between two attempts
         self.draft = None  # the record, written before the job starts; self.record once it runs on its own
         self.notices = JobNotices(spec, writer)  # the user's webhook and command targets (node/notify.py)
+        self.report = None  # this attempt's torchrun failure report (report.ReportReader), from its start
 
     def prepare(self):
         if not (self.spec.check_port or self.spec.pick_port):
@@ -91,6 +93,8 @@ class DetachedRun(Runner):
     def before_start(self, go):
         self.out.secrets = tuple(sorted(self.spec.secrets or (), key=len, reverse=True))
         self.out.begun, self.out.first_rank = set(), (self.spec.ranks or [0])[0]  # this attempt's start-up
+        self.report = ReportReader()  # torchrun's failure report: the rank's own exit code, as ddp-up reads it
+        self.out.launcher = self.report.feed
         if self.out.journal is not None:
             self.out.journal.close()  # the attempt before's is complete
         self.out.journal = Journal(os.path.join(self.dir, per_attempt(JOURNAL, self.attempt)),
@@ -109,6 +113,11 @@ class DetachedRun(Runner):
         """This node's ranks (global) that have not begun: the supervisor's start-up watch."""
         first, count = self.spec.ranks or (0, 0)
         return [first + rank for rank in range(count) if rank not in (self.out.begun or ())]
+
+    def ranks_ended(self):
+        """Every rank here has ended while the launcher finishes: its silence is no hang."""
+        ends = self.launch.rank_ends if self.launch is not None else None
+        return ends is not None and ends.all_ended()
 
     def on_its_own(self):
         return self.record is not None
@@ -182,6 +191,8 @@ class DetachedRun(Runner):
         every node still heard, no one stopped it for good) after its delay, or the job's end,
         recorded. Every other node waits for that word while restarts are left."""
         state = policy.node_end(bool(failures), stopped, code)
+        if state == "failed" and self.report is not None and self.report.rank_code() is not None:
+            code = self.report.rank_code()  # torchrun's own code is 1 for any rank: no_restart_on_exit reads the rank's
         failure = own_failure(failures, ends, (self.spec.ranks or [0])[0]) if state == "failed" else None
         failure = masked(failure, self.out.secrets)  # for the supervisor's outcome, which ddp-ls shows
         more = self.attempt < self.spec.restarts + self.spec.recoveries and not self.for_good  # may restart

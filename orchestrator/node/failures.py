@@ -160,12 +160,14 @@ class RankEnds:
     launcher's children, found by their tags as they appear; a pidfd each (Linux 5.3, Python
     3.9) becomes readable when its worker is gone, so one thread sleeps in select until the
     kernel wakes it, looking for new workers every RESCAN seconds. Without pidfds there are no
-    times, and torchrun's report's second stands."""
+    times, and torchrun's report's second stands. Once all ``count`` have ended, ``on_all()``
+    (RanksEnded: the launcher, torchrun at its exit barrier, finishing is no hang)."""
 
     RESCAN = 1.0
 
-    def __init__(self, launcher_pid, match):
+    def __init__(self, launcher_pid, match, count=0, on_all=lambda: None):
         self.launcher, self.match = launcher_pid, match
+        self.count, self.on_all = count, on_all
         self.ends = {}
         self.watching = {}  # pidfd -> local rank
         self.seen = set()
@@ -188,6 +190,9 @@ class RankEnds:
                 if fd != self.wake_r:
                     self.ends[self.watching.pop(fd)] = now
                     os.close(fd)
+                    if self.all_ended():
+                        self.on_all, told = (lambda: None), self.on_all  # once
+                        told()
             if self.wake_r in ready:
                 break
         for fd in self.watching:
@@ -206,6 +211,10 @@ class RankEnds:
                 self.watching[os.pidfd_open(pid)] = int(local)
             except OSError:
                 pass  # gone already: its end is not known to the millisecond
+
+    def all_ended(self):
+        """Whether every rank of this node has ended (their launcher may still run)."""
+        return bool(self.count) and len(self.ends) >= self.count
 
     def stop(self):
         """Once the launch's processes are gone: {local rank: when it ended}."""

@@ -82,9 +82,17 @@ def accelerate_options(argv, env, log_dir, stop_signal):
         env.setdefault("PET_SIGNALS_TO_HANDLE", ",".join((*TORCHRUN_SIGNALS, stop_signal)))
     if not facts.has_nvidia_gpus():
         env.setdefault("ACCELERATE_USE_CPU", "true")
-    mine = ["--log_dir=" + log_dir] + ([] if configured else ["--multi_gpu"])
+    mine = ["--log_dir=" + log_dir] + ([] if configured else unconfigured_options(env))
     i = argv.index(ACCELERATE_NODE_OPTIONS)
     return argv[:i] + mine + argv[i + 1:]
+
+
+def unconfigured_options(env):
+    """`accelerate launch`'s options on a node without an accelerate config: --multi_gpu, and the
+    two values it otherwise warns it took defaults for, every node every run (the job's own
+    ACCELERATE_MIXED_PRECISION and ACCELERATE_DYNAMO_BACKEND where it sets them)."""
+    return ["--multi_gpu", "--mixed_precision=" + env.get("ACCELERATE_MIXED_PRECISION", "no"),
+            "--dynamo_backend=" + env.get("ACCELERATE_DYNAMO_BACKEND", "no")]
 
 
 RESULT_FILE = re.compile(r"result\.(\d{1,7})")  # what it leaves for each global rank, beside itself
@@ -219,7 +227,8 @@ class Launch:
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.out.send(wire.Started())
-        self.rank_ends = RankEnds(self.proc.pid, self.match)
+        self.rank_ends = RankEnds(self.proc.pid, self.match, self.spec.nproc or 1,
+                                  lambda: self.out.send(wire.RanksEnded()))
         self.rank_ends.start()
         for pipe, stream in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
             t = threading.Thread(target=pump, args=(os.dup(pipe.fileno()), stream, self.out), daemon=True)

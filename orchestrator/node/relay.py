@@ -10,7 +10,6 @@ spends no per-line work (torchrun's ``--tee`` re-prints every line from a Python
 import errno
 import os
 import queue
-import stat
 import threading
 import time
 
@@ -37,10 +36,13 @@ class Writer:
     secrets = ()  # detach: values masked in every frame journaled (and sent with it), longest first
 
     peers = None  # detach: a callable that gets every Arrivals too (the supervisor's straggler watch)
+    launcher = None  # detach: a callable that gets the launcher's own output (report.ReportReader.feed)
 
     def send(self, frame, block=True):
         if self.peers is not None and type(frame) is wire.Arrivals:
             self.peers(frame)
+        if self.launcher is not None and type(frame) is wire.Output and frame.rank is None:
+            self.launcher(frame.data)
         if self.journal is not None and self.secrets and not isinstance(frame, wire.Heartbeat):
             frame = masked_frame(frame, self.secrets)
         data = frame.encode()

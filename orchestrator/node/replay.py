@@ -47,7 +47,7 @@ def follow(spec, writer):
                 break
             if not bars.replayed:
                 bars.replayed = True
-                writer.send(wire.Replayed())
+                writer.send(wire.Replayed(started=record.get("started"), master=record.get("master")))
             if not (spec.follow and running):
                 break
             bars.send_new(writer)

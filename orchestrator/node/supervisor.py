@@ -196,7 +196,7 @@ class Supervisor:
     def heard_from(self, node, frame):
         now = self.clock()
         if isinstance(frame, wire.Progress) and frame.node == node:  # before heard: a tick that sees it sees these
-            self.progress.said[node] = (frame.quiet, now, frame.waiting)
+            self.progress.said[node] = (frame.quiet, now, frame.waiting, frame.ended is True)
         self.heard[node] = now
         if isinstance(frame, wire.NodeState) and frame.node == node:
             if frame.attempt < self.attempt and self.restart_frame is not None:
@@ -308,7 +308,9 @@ class Supervisor:
 
     def watch_hang(self, now):
         running = [n for n in range(self.spec.nodes) if self.states.get(n, {}).get("state") == "running"]
-        own = {self.spec.node: (now - self.runner.out.last_output, now, self.runner.waiting())}
+        own = {self.spec.node: (now - self.runner.out.last_output, now, self.runner.waiting(), self.runner.ranks_ended())}
+        if self.first_done is None and self.progress.ended(running, own):
+            self.first_done = now  # a node whose ranks have all ended is done, as far as the others go
         quiet = self.progress.quiet(running, now, self.heard, own)
         step = decide.hang_step(now, self.spec.hang_timeout, self.hung, self.halted, quiet, self.first_done,
                                 startup=self.startup, late=self.progress.late(running, own),
@@ -406,7 +408,7 @@ class PeerLink:
         """Once a heartbeat: say how quiet this node's ranks are; the Stop a silent supervisor
         becomes, or None."""
         self.send(wire.Progress(node=self.spec.node, quiet=now - self.runner.out.last_output,
-                                waiting=self.runner.waiting()))
+                                waiting=self.runner.waiting(), ended=self.runner.ranks_ended()))
         silent = policy.silence(now, self.heard, self.spec.orphan_timeout)
         if silent is None:
             return None

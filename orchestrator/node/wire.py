@@ -446,6 +446,12 @@ class RanksUp(Frame):
     ranks: list
 
 
+@_frame(TO_CONTROLLER)
+class RanksEnded(Frame):
+    """Every rank of this node has ended; its launcher is finishing (torchrun's exit barrier
+    waits for the other nodes' agents). Such a node is no hang (hang.py). Once per attempt."""
+
+
 @_frame(TO_CONTROLLER, PEER)
 class Arrivals(Frame):
     """While the job runs: for collectives every rank of the node called, when the node's last
@@ -577,7 +583,11 @@ class Stamp(Frame):
 
 @_frame(TO_CONTROLLER)
 class Replayed(Frame):
-    """Follow mode: every frame the journal held was sent; what follows is live."""
+    """Follow mode: every frame the journal held was sent; what follows is live. With what the
+    node's record says of the job so far (its start, its master): an attach's header shows them."""
+
+    started: float | None = None
+    master: str | None = None
 
 
 @_frame(TO_CONTROLLER)
@@ -623,6 +633,7 @@ class Progress(Frame):
     node: int
     quiet: float
     waiting: list | None = None  # global ranks
+    ended: bool = False  # every rank here has ended: its launcher is finishing, which is no hang
 
 
 @_frame(PEER)

@@ -208,8 +208,9 @@ class ConsoleView:
         for bar in bars:
             if bar.rank != chosen or not bar.rows or not self._bar_shown.due((node.index, bar.stream), now):
                 continue
-            out.add(self._prefix(node, bar.rank, bar.stream))
-            out.add(self._text_ink[bar.stream](safe_text("  ".join(bar.rows))) + "\n")
+            for row in bar.rows:  # one line per row, as a terminal shows them (an epoch's bar over a step's)
+                out.add(self._prefix(node, bar.rank, bar.stream))
+                out.add(self._text_ink[bar.stream](safe_text(row)) + "\n")
         self.emit(out)
 
     def event(self, kind: str, text: str, **fields) -> None:

@@ -262,6 +262,18 @@ def test_a_detached_job_restarts_by_the_rules_an_attached_one_does(detached):
     assert "-> crash loop: attempts 0 to 2 failed the same way" in row["attempts"][2], row
 
 
+def test_under_torchrun_a_detached_job_reads_the_ranks_own_exit_code(detached):
+    """torchrun exits 1 for any failed rank: the supervisor compared that, and a rank's exit 3 that
+    no_restart_on_exit lists ran every restart. The node reads the rank's code from torchrun's
+    failure report, as ddp-up does attached (node/report.py, one reader for both)."""
+    path = detached([(0, 1), (1, 1)], restarts=3, restart_delay=0.5, no_restart_on_exit=[3], launcher="torchrun")
+    job = detach(path, "tick", "20", "0.2", "1", "3")  # rank 1 exits 3 at its third tick
+    row = wait_state(path, job, ("done", "failed", "stopped", "lost"), 90)
+    assert row["state"] == "failed" and row["attempt"] == 0, row  # no restart: 3 is listed
+    assert row["root_cause"].endswith("failed (exit code 3)"), row
+    assert not procs.wait_no_job_processes(job, timeout=30)
+
+
 def test_a_detached_hang_is_a_failure_kind_of_its_own_and_takes_a_restart(detached):
     """The supervisor names a hang's kind as ddp-up does (hung: the job's own, so `restarts:` pays,
     never `recoveries:`), stops the hung attempt, starts the next; ddp-ls and the attach's

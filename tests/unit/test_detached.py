@@ -64,12 +64,16 @@ class FakeRunner:
         self.attempt = 0
         self.out = SimpleNamespace(last_output=clock())  # the Writer: when a rank last printed
         self.late: list[int] = []  # its ranks that have not begun (DetachedRun.waiting)
+        self.ended = False  # every rank of its own has ended (DetachedRun.ranks_ended)
         self.notices = RecordedNotices()
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.dir = where
 
     def waiting(self) -> list[int]:
         return list(self.late)
+
+    def ranks_ended(self) -> bool:
+        return self.ended
 
     def next_stop(self, timeout: float = 10.0) -> str:
         """The supervisor's Halt, as the agent's loop gets it."""

@@ -123,6 +123,36 @@ def test_a_hang_asks_for_stacks_and_names_the_odd_rank_out():
     assert "rank 3 not in a collective (load_batch); the other 3 rank(s) in all_reduce (from step)" in root.what
 
 
+def test_a_launcher_finishing_after_its_ranks_ended_is_no_hang():
+    """torchrun waits at its exit barrier after its last rank ends (seconds, on a loaded machine):
+    its node said so (RanksEnded), and silence past hang_timeout then names no one."""
+    h = Harness(2, gpus=1, hang_timeout=5)
+    h.queue.at(T0 + 1, h.lines(0, "last line", rank=0))
+    h.queue.at(T0 + 1, h.lines(1, "last line", rank=1))
+    h.queue.at(T0 + 2, Message(0, wire.RanksEnded()))
+    h.queue.at(T0 + 2, Message(1, wire.RanksEnded()))
+    for n in h.nodes:
+        n.exit_code, n.run_for = 0, 30.0  # torchrun's barrier, long past hang_timeout
+    result = h.job.run()
+    assert result.exit_code == 0 and not any("hung" in t for t in h.view.notices), h.view.notices
+    assert not any(isinstance(f, wire.Dump) for n in h.nodes for f in n.sent)  # no stacks asked for
+
+
+def test_stacks_asked_while_the_last_ranks_end_name_no_one_and_the_watch_starts_again():
+    """The nodes had not yet said their ranks ended when the watch fired (they say so at their
+    next heartbeat): while the stacks are awaited they do, and the job is not failed as hung."""
+    h = Harness(2, gpus=1, hang_timeout=5)
+    h.queue.at(T0 + 1, h.lines(0, "last line", rank=0))
+    h.queue.at(T0 + 1, h.lines(1, "last line", rank=1))
+    for n in h.nodes:
+        n.on_send = lambda f, n=n: n.say(wire.Dumped(ranks=[])) if isinstance(f, wire.Dump) else None
+        n.exit_code, n.run_for = 0, 30.0
+        h.queue.at(T0 + 7, Message(n.index, wire.RanksEnded()))  # after the watch fired (6 s in)
+    result = h.job.run()
+    assert result.exit_code == 0, result
+    assert any("their launchers are finishing" in t for t in h.view.notices), h.view.notices
+
+
 def test_a_node_that_fails_preflight_stops_the_launch_before_anything_starts():
     h = Harness(2)
     h.job.opener = lambda ss: [ss[0].open(), ss[1].say(wire.Failed(what="script train.py not found", fix="copy it"))]

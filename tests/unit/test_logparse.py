@@ -1,4 +1,4 @@
-from orchestrator.diagnose.logparse import FailureReportParser
+from orchestrator.node.report import FailureReportParser
 
 TORCHRUN_FAILURE = """\
 E1122 07:16:01.123000 4242 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 3)
@@ -140,3 +140,21 @@ def test_a_rank_stuck_in_ddps_bucket_rebuild_is_in_a_collective():
     assert report.describe(0) == "in DistributedDataParallel._pre_forward (from test_can_join_uneven_inputs)"
     assert report.describe(1) == "in barrier (from PartialState.wait_for_everyone)"  # the innermost frame outside torch
     assert "rank 0 (a) broadcast [3] Int; rank 1 (b) barrier" in (data / "rank0.collectives.json").read_text()
+
+
+def test_the_nodes_reader_takes_torchruns_report_in_pieces_of_any_size():
+    """A detached job's agent reads the rank's exit code from the launcher's relayed output with
+    the controller's own parser (torchrun's own code is 1 for any rank)."""
+    from orchestrator.node.report import ReportReader
+
+    report = (b"[W] some warning\nFailures:\n  <NO_OTHER_FAILURES>\n----\nRoot Cause (first observed failure):\n"
+              b"[0]:\n  time      : 2026-11-27_06:00:00\n  host      : n1\n  rank      : 1 (local_rank: 0)\n"
+              b"  exitcode  : 3 (pid: 99)\n  error_file: <N/A>\n=====\n")
+    for size in (1, 7, 64, len(report)):
+        reader = ReportReader()
+        for at in range(0, len(report), size):
+            reader.feed(report[at:at + size])
+        assert reader.rank_code() == 3, size
+    reader = ReportReader()
+    reader.feed(b"x" * 100_000)  # one endless line: passed over, memory bounded
+    assert reader.rank_code() is None and len(reader.partial) <= ReportReader.LINE_MOST

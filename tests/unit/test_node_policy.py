@@ -66,6 +66,17 @@ def test_the_controllers_hang_watch_and_the_supervisor_say_the_same():
     assert isinstance(asked, hang.AskStacks) and dump == ("dump", asked.why)
 
 
+def test_the_supervisor_counts_no_silence_of_a_node_whose_ranks_have_all_ended():
+    progress = decide.NodesProgress()
+    progress.said = {1: (50.0, T0, [], True)}  # node 1: every rank ended, its launcher finishing
+    own = {0: (70.0, T0, [], False)}
+    assert progress.quiet([0, 1], T0, {0: T0, 1: T0}, own) == {0: 70.0} and progress.ended([0, 1], own)
+    assert decide.hang_step(T0, 60, None, None, progress.quiet([1], T0, {1: T0}, own), None) is None
+    own = {0: (70.0, T0, [], True)}  # and once node 0's have too, nobody is quiet: no hang at all
+    assert progress.quiet([0, 1], T0, {0: T0, 1: T0}, own) == {}
+    assert decide.hang_step(T0 + 500, 60, None, None, progress.quiet([0, 1], T0, {0: T0, 1: T0}, own), T0) is None
+
+
 def test_the_supervisor_dumps_then_halts_a_hung_job_in_fake_time():
     quiet = {0: 10.0, 1: 70.0}  # node 0's ranks printed 10 s ago: the job prints
     assert decide.hang_step(T0, 60, None, None, quiet, None) is None

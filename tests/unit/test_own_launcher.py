@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node import procs, workers
-from orchestrator.diagnose.logparse import FailureReportParser
+from orchestrator.node.report import FailureReportParser
 
 WORKER = """
 import os, sys, time

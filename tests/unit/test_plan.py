@@ -127,7 +127,12 @@ def test_launcher_accelerate_passes_ddp_ups_ranks_and_the_node_adds_its_own_opti
     monkeypatch.setattr(launch.facts, "has_nvidia_gpus", lambda: False)
     env = {"HF_HOME": str(tmp_path)}
     mine = launch.accelerate_options(argv, env, "/state/logs", "SIGUSR1")
-    assert mine[10:12] == ["--log_dir=/state/logs", "--multi_gpu"] and mine[12:] == ["train.py", "--lr", "1"]
+    assert mine[10:14] == ["--log_dir=/state/logs", "--multi_gpu", "--mixed_precision=no", "--dynamo_backend=no"]
+    assert mine[14:] == ["train.py", "--lr", "1"]  # accelerate's "values were not passed" notice: none left to say
+    assert "--mixed_precision=bf16" in launch.accelerate_options(argv, {**env, "ACCELERATE_MIXED_PRECISION": "bf16"},
+                                                                "/state/logs", "SIGTERM")  # the job's own value
+    shown = plan.shell_line(plan.nodes[1], 29500)  # --dry-run's line runs by hand, as the other launchers' do
+    assert launch.ACCELERATE_NODE_OPTIONS not in shown and "--same_network --multi_gpu --mixed_precision=no" in shown
     assert env["ACCELERATE_USE_CPU"] == "true" and env["PET_REDIRECTS"] == "3"
     assert env["PET_SIGNALS_TO_HANDLE"].endswith(",SIGUSR1")
     (tmp_path / "accelerate").mkdir()

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from orchestrator.diagnose import rankfailures
-from orchestrator.diagnose.logparse import FailureReportParser
+from orchestrator.node.report import FailureReportParser
 from orchestrator.node import decide, failures, policy
 from orchestrator.diagnose.outcome import Failure
 from orchestrator.views.logfiles import RunLogs
