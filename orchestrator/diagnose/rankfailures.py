@@ -69,8 +69,7 @@ def own_failures(node: int, label: str, report: FailureReportParser, errors: lis
     for rank in sorted(report.failed) if report.failed else sorted(by_rank):
         entry, error = report.failed.get(rank), by_rank.get(rank)
         code = entry.exit_code if entry is not None else None
-        # one wording for one kind of end, on every node: an exception known is "raised", whatever code followed
-        what = f"rank {rank} raised" if error is not None or code is None else f"rank {rank} {policy.exit_words(code)}"
+        what = f"rank {rank} {policy.exit_words(code)}" if code is not None else f"rank {rank} raised"
         if error is not None or rank in ends:
             at, window = node_clock(error.at if error is not None else ends[rank], skew), 0.0
         else:
