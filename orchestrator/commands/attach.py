@@ -20,6 +20,7 @@ from ..remote import signals
 from ..remote.oneshot import call_agent
 from ..remote.parallel import on_each
 from ..run.follow import follow_attempts, follow_plan
+from ..run.record import detached_here
 from ..views.console import ConsoleView, terminal_console
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
@@ -157,9 +158,13 @@ class LinesView(ConsoleView):
 
 def ls_parser() -> argparse.ArgumentParser:
     p = Parser(prog="ddp-ls", description="The detached jobs on the cluster's nodes, running and "
-                                                         "finished (kept 7 days, or until ddp-kill --purge).")
+                                                         "finished (kept 7 days, or until ddp-kill --purge). With no "
+                                                         "cluster file: the detached jobs started from here (their "
+                                                         "runs in --runs-dir), asked of their nodes.")
     p.add_argument("cluster", metavar="CLUSTER.yaml", nargs="?", help="the cluster file")
     add_node_sources(p)
+    p.add_argument("--runs-dir", default="runs", metavar="DIR", help="with no cluster file: where ddp-up kept the "
+                                                                      "runs it started (default: runs)")
     p.add_argument("--json", action="store_true", help="one JSON object per job, for scripts")
     return p
 
@@ -240,15 +245,24 @@ def describe_root(root: dict | None, labels: dict) -> str | None:
 def main_ls(argv: list[str] | None = None) -> int:
     args = ls_parser().parse_args(sys.argv[1:] if argv is None else argv)
     console = table_console()
-    config = load_or_report(args, "ddp-ls", forward=False)
-    if config is None:
+    here = detached_here(args.runs_dir) if args.cluster is None and not any(
+        getattr(args, flag, None) for flag in ("hosts", "hostfile", "slurm")) else None
+    if here == {}:
+        return report("ddp-ls", UsageError(f"no detached job was started from here (none in {args.runs_dir}/): name a "
+                                           "cluster file to ask its nodes, e.g. ddp-ls cluster.yaml"))
+    clusters = [(load_or_report(argparse.Namespace(**{**vars(args), "cluster": path}), "ddp-ls", forward=False), jobs)
+                for path, jobs in here.items()] if here else [(load_or_report(args, "ddp-ls", forward=False), None)]
+    clusters = [(config, jobs) for config, jobs in clusters if config is not None]
+    if not clusters:
         return EXIT_USAGE
     with signals.recording(), ssh_connections():
         try:
-            replies = list_jobs(list(config.nodes))
+            asked = [(list_jobs(list(config.nodes)), jobs) for config, jobs in clusters]
         except Interrupted as e:
             return interrupted("ddp-ls", e, "before every node answered")
-    records = [rec for r in replies if r.problem is None for rec in r.frames[wire.Jobs].jobs]
+    replies = [r for answers, _ in asked for r in answers]
+    records = [rec for answers, jobs in asked for r in answers if r.problem is None for rec in r.frames[wire.Jobs].jobs
+               if jobs is None or rec.get("job") in jobs]  # with no cluster file named, the jobs started from here
     rows = merge_records(records)
     now = time.time()
     if args.json:

@@ -28,6 +28,7 @@ from importlib import metadata
 
 from ..config.clusterfile import masked_copy
 from ..config.masking import mask_secrets, mask_values
+from ..node.state import JOB_ID, read_regular
 from ..ownfiles import no_link_open, own_dir
 
 DIFF_MAX = 1 << 20  # bytes of uncommitted changes kept; past it the diff is cut (and says so)
@@ -162,3 +163,27 @@ def _write(where: str, name: str, data: bytes) -> None:
     with os.fdopen(no_link_open(os.path.join(where, name), fresh=True, mode=0o600), "wb") as f:
         f.write(data)
 
+
+
+RUNS_READ = 500  # run directories `ddp-ls` with no argument reads, newest first
+
+
+def detached_here(runs_dir: str) -> dict[str, set[str]]:
+    """{cluster file: {job ids}} of the detached jobs ddp-up started from here into ``runs_dir``,
+    newest first, from each run's run.json (a regular file of this user's, read bounded, never
+    through a link): those started with --detach from a cluster file that is still there."""
+    try:
+        names = sorted((n for n in os.listdir(runs_dir) if JOB_ID.fullmatch(n)), reverse=True)  # ids begin with the time
+    except OSError:
+        return {}
+    found: dict[str, set[str]] = {}
+    for name in names[:RUNS_READ]:
+        data, _ = read_regular(os.path.join(runs_dir, name, "run.json"))
+        try:
+            record = json.loads(data) if data is not None else None
+        except (ValueError, RecursionError):
+            continue
+        command, cluster = (record.get("command"), record.get("cluster_file")) if isinstance(record, dict) else (0, 0)
+        if isinstance(command, list) and "--detach" in command and isinstance(cluster, str) and os.path.isfile(cluster):
+            found.setdefault(cluster, set()).add(name)
+    return found

@@ -108,12 +108,32 @@ def test_a_detached_job_is_a_handle_ddp_ls_sees(tmp_path):
     try:
         assert job.wait(poll=0.5, timeout=60)["state"] == "done"
         assert "tick 2" in job.logs()
+        listed_here(job.job_id, str(tmp_path / "runs"))
     finally:
         job.kill()
         from orchestrator.commands.kill import main_kill
 
         main_kill([job.cluster, "--job", job.job_id, "--purge"])  # its record, kept 7 days: the test's own
     assert orchestrator.fetch is not None and orchestrator.__version__
+
+
+def listed_here(job_id: str, runs: str) -> None:
+    """`ddp-ls` with no argument: the detached jobs started from here (their run records), asked of
+    their nodes; with none started, one message and exit 2."""
+    import contextlib
+    import io
+    import json
+    import os
+
+    from orchestrator.commands.attach import main_ls
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main_ls(["--runs-dir", runs, "--json"]) == 0
+    assert [json.loads(line)["job"] for line in out.getvalue().splitlines()] == [job_id]
+    empty = os.path.join(runs, "empty")
+    os.mkdir(empty)
+    assert main_ls(["--runs-dir", empty]) == 2
 
 
 def test_ctrl_c_stops_the_job_with_its_grace_and_reaches_the_caller_as_keyboard_interrupt(tmp_path):
