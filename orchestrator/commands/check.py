@@ -50,7 +50,7 @@ class _QuietView:
     def lines(self, node, lines) -> None:
         pass
 
-    def bars(self, node, bars) -> None:
+    def bars(self, node, bars, at=None) -> None:
         pass
 
     def event(self, kind, text, **fields) -> None:

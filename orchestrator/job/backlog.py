@@ -34,6 +34,11 @@ class BacklogOrder:
 
     def take(self, event: object) -> list:
         """``event`` as it arrived -> the events that may be handled now, in time order."""
+        return [each for _, each in self.take_timed(event)]
+
+    def take_timed(self, event: object) -> list:
+        """As ``take``, each with when its node recorded it (its journal's last stamp before it;
+        None for what is live, or came before any stamp): a replay's clock."""
         node = getattr(event, "node", None)
         frame = event.frame if isinstance(event, Message) else None
         if isinstance(frame, (wire.Stamp, wire.Replayed)):  # the order's own: nothing to handle
@@ -45,7 +50,7 @@ class BacklogOrder:
                 self.at[node] = max(self.at[node], float(frame.at))
             return self._release()
         if self.live or not isinstance(node, int) or not 0 <= node < len(self.at):
-            return [event]
+            return [(None, event)]
         self.arrivals += 1
         heapq.heappush(self.held, (self.at[node], self.arrivals, event))
         if isinstance(frame, wire.JournalEnd) or isinstance(event, (Closed, SetupFailed)):
@@ -56,5 +61,6 @@ class BacklogOrder:
         watermark = min(self.at)
         out = []
         while self.held and self.held[0][0] <= watermark:
-            out.append(heapq.heappop(self.held)[2])
+            at, _, event = heapq.heappop(self.held)
+            out.append((at if BEFORE_ANY < at < AFTER_ALL else None, event))
         return out

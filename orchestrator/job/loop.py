@@ -53,8 +53,9 @@ class View(Protocol):
     def lines(self, node: NodePlan, lines: list[LogLine]) -> None: ...
     def node_state(self, status: NodeStatus) -> None: ...
     def notice(self, text: str) -> None: ...
-    def bars(self, node: NodePlan, bars: list[Bar]) -> None:
-        """What the node's ranks draw now (progress bars), each time it changes."""
+    def bars(self, node: NodePlan, bars: list[Bar], at: float | None = None) -> None:
+        """What the node's ranks draw now (progress bars), each time it changes; ``at``: when
+        the node recorded them (a detached job's replay), else now."""
     def event(self, kind: str, text: str, **fields) -> None:
         """Something happened that the user may want to hear of away from the screen (notify.py)."""
     def tick(self, snapshot: Callable[[], JobSnapshot]) -> None:
@@ -175,7 +176,8 @@ class JobLoop:
         if event is not None and not isinstance(event, Wake):
             if self.following and isinstance(event, Message) and isinstance(event.frame, wire.Replayed):
                 self.following.record(event.frame, event.node == self.plan.master.index)  # the header's start, master
-            for each in self.following.order.take(event) if self.following else (event,):
+            for at, each in self.following.order.take_timed(event) if self.following else ((None, event),):
+                self.pace.recorded = at  # a replayed frame's own time: bars thinned by it, not by the replay's speed
                 for ask in self.reports.handle(each):
                     self._apply[type(ask)](ask)
         while self.signals_seen < len(self.inbox.received):

@@ -32,6 +32,7 @@ class PaceReports:
         self.plan, self.table, self.view, self.flight, self.hang, self.clock = plan, table, view, flight, hang, clock
         self.board = ProgressBoard([n.ranks for n in plan.nodes], shown)
         self.counts: dict[tuple[int, str], tuple] = {}  # (rank, stream) -> the counts its bars said last
+        self.recorded: float | None = None  # the frame in hand's own time (its node's wall clock), where replayed
 
     def frame(self, node: int, frame: wire.Frame) -> None:
         if isinstance(frame, wire.Arrivals):
@@ -50,7 +51,7 @@ class PaceReports:
         now = self.clock()
         self.hang.moved(self.moved(bars), now)
         self.board.bars(node, bars, now)
-        self.view.bars(plan, bars)
+        self.view.bars(plan, bars, at=self.recorded)
         running = self.running()
         for slow, share in self.board.newly_slow(running).items():
             self.behind(slow, f"its progress goes at {share} the others' median rate")

@@ -172,6 +172,7 @@ class ConsoleView:
         self._node_ink = [Ink(self.console, Style.parse(node_color(n.index))) for n in plan.nodes]
         self._cut: dict[tuple, list] = {}  # (node, rank, stream) of a huge line being shown: [node, characters left out]
         self._bar_shown = Snapshots()  # by (node, stream)
+        self._bar_replayed = Snapshots()  # the same, on the nodes' recorded clock (a replay's)
 
     # A view owns its lifecycle, as rich's Live does: ``with view:`` prints the intro (and starts
     # a live display), leaving gives the terminal back, whatever happened in between.
@@ -201,12 +202,14 @@ class ConsoleView:
             out.add(self._text_ink[line.stream](safe_text(line.text)) + "\n")
         self.emit(out)
 
-    def bars(self, node: NodePlan, bars: list[Bar]) -> None:
-        """A snapshot of the node's bar (its chosen rank's) as a line, at most every BAR_EVERY
-        seconds; its final state comes as the line the rank ends it with."""
-        out, now, chosen = Block(), self.clock(), chosen_rank(node.ranks, self.ranks)
+    def bars(self, node: NodePlan, bars: list[Bar], at: float | None = None) -> None:
+        """A snapshot of the node's bar (its chosen rank's) as lines, at most every BAR_EVERY
+        seconds (of ``at``, the time the node recorded them, for a replay); its final state comes
+        as the line the rank ends it with."""
+        out, chosen = Block(), chosen_rank(node.ranks, self.ranks)
+        shown, now = (self._bar_shown, self.clock()) if at is None else (self._bar_replayed, at)
         for bar in bars:
-            if bar.rank != chosen or not bar.rows or not self._bar_shown.due((node.index, bar.stream), now):
+            if bar.rank != chosen or not bar.rows or not shown.due((node.index, bar.stream), now):
                 continue
             for row in bar.rows:  # one line per row, as a terminal shows them (an epoch's bar over a step's)
                 out.add(self._prefix(node, bar.rank, bar.stream))

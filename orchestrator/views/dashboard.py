@@ -134,7 +134,7 @@ class DashboardView(ConsoleView):
         self.rates: dict[int, float] = {}
         self.started = False
 
-    def bars(self, node, bars) -> None:
+    def bars(self, node, bars, at=None) -> None:
         pass  # the table shows them, in place
 
     def emit(self, block: Block) -> None:

@@ -187,10 +187,11 @@ class RunLogs:
         for rank, mine in by_rank.items():  # one write per rank and batch, not per line
             self._rank_file(rank).write(mine)
 
-    def bars(self, node: NodePlan, bars: list[Bar]) -> None:
-        """Each rank's bar as lines (a row a line), at most every BAR_EVERY seconds: a long bar
-        leaves a trace of its pace; its final state is the line the rank ends it with."""
-        now = self.wall()
+    def bars(self, node: NodePlan, bars: list[Bar], at: float | None = None) -> None:
+        """Each rank's bar as lines (a row a line), at most every BAR_EVERY seconds (of ``at``,
+        when the node recorded them, for a replay: wall clocks both): a long bar leaves a trace of
+        its pace; its final state is the line the rank ends it with."""
+        now = self.wall() if at is None else at
         due = [bar for bar in bars if bar.rows and self.bar_written.due((bar.rank, bar.stream), now)]
         if due:
             self.lines(node, [LogLine(bar.stream, bar.rank, row) for bar in due for row in bar.rows])

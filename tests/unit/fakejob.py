@@ -168,7 +168,7 @@ class RecordingView:
     def lines(self, node, lines) -> None:
         self.lines_seen.extend(lines)
 
-    def bars(self, node, bars) -> None:
+    def bars(self, node, bars, at=None) -> None:
         self.bars_seen.extend(bars)
 
     def event(self, kind: str, text: str, **fields) -> None:

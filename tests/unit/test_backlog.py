@@ -127,3 +127,14 @@ def test_a_live_follower_sends_the_bars_file_each_time_it_changes(tmp_path):
     live.send_new(writer)  # unchanged: not again
     assert sent == [wire.Bars(bars=[["err", 0, ["1/10"]]])]
     journal.close()
+
+
+def test_each_event_comes_out_with_the_time_its_node_recorded_it():
+    order, out = BacklogOrder(2), []
+    for event in [text(0, "before any stamp"), said(0, wire.Stamp(at=1.0)), text(0, "a1"),
+                  said(0, wire.JournalEnd(running=False)), said(1, wire.Stamp(at=2.0)), text(1, "b2"),
+                  said(1, wire.Replayed(started=0.5, master="h:1"))]:
+        out += order.take_timed(event)
+    assert [(at, e.lines[0].text) for at, e in out if hasattr(e, "lines")] == [(None, "before any stamp"), (1.0, "a1"),
+                                                                                (2.0, "b2")]
+    assert order.take_timed(text(1, "live")) == [(None, text(1, "live"))]  # live: the view's own clock

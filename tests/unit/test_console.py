@@ -59,3 +59,15 @@ def test_collapse_prints_a_line_every_rank_printed_once():
     now[0] = 1.0
     v.tick(None)
     assert out.getvalue().splitlines()[-1] == "a        r0  | mine"
+
+
+def test_a_two_row_bar_is_two_lines_and_a_replayed_one_is_thinned_by_its_own_time():
+    from orchestrator.diagnose.progress import Bar
+
+    plan, v, out = view()
+    v.bars(plan.nodes[0], [Bar("err", 0, ("epoch  33%|###  | 1/3", "  0%|     | 0/2"))])
+    shown = [line for line in out.getvalue().splitlines() if "%|" in line]
+    assert len(shown) == 2 and shown[0].endswith("epoch  33%|###  | 1/3") and shown[1].endswith("0%|     | 0/2"), shown
+    for second in (100.0, 104.0, 111.0, 125.0):  # a replay: each at its node's recorded time, all at once here
+        v.bars(plan.nodes[0], [Bar("err", 0, (f"step {second:.0f}",))], at=1.7e9 + second)
+    assert [line.split()[-1] for line in out.getvalue().splitlines() if "step" in line] == ["100", "111", "125"]

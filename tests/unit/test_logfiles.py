@@ -100,3 +100,19 @@ def test_no_line_lands_inside_another_that_arrives_in_pieces(tmp_path, monkeypat
     logs.close()
     assert (tmp_path / "ends" / "J" / "rank0.log").read_text() == "no newline"
     assert (tmp_path / "ends" / "J" / "node0-a.log").read_text() == "r0 | no newline\nr1 | last"
+
+
+def test_a_replayed_bar_leaves_a_snapshot_every_10_s_of_its_own_time_not_of_the_replays(tmp_path):
+    """ddp-attach and ddp-logs replay a detached job's journal in a moment: thinned by the
+    replay's clock, a 40 s bar left one line in rank0.log; by the time the node recorded each, one
+    every 10 s, as a foreground run keeps."""
+    from orchestrator.diagnose.progress import Bar
+
+    plan = make_plan(parse_cluster("nodes: [{host: a, gpus: 1}]\n"), "t.py", [], "J", "/")
+    logs = RunLogs(plan, str(tmp_path), wall=lambda: 1.8e9)  # the replay runs now, at one instant
+    for second in range(0, 41, 2):
+        logs.bars(plan.nodes[0], [Bar("err", 0, (f"epoch 1: {second}/40", "val: 0/2"))], at=1.7e9 + second)
+    logs.finished(JobResult(plan, (NodeStatus(plan.nodes[0], state="done", exit_code=0).outcome(),), 29500, []))
+    lines = (tmp_path / "J" / "rank0.log").read_text().splitlines()
+    assert [line for line in lines if line.startswith("epoch")] == [f"epoch 1: {s}/40" for s in (0, 10, 20, 30, 40)]
+    assert lines.count("val: 0/2") == 5  # a bar's rows, each a line of its own
