@@ -38,6 +38,6 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   main        the table from spec frame to mode
 """
 
-SHIPPED = ("wire", "facts", "policy", "stragglers", "procs", "report", "state", "inventory", "screen", "relay", "failures", "workers", "container", "checks", "stacks", "flight", "events", "launch", "run",
+SHIPPED = ("wire", "facts", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "workers", "container", "checks", "stacks", "events", "launch", "run",
            "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

@@ -35,6 +35,7 @@ UP_FILE = re.compile(r"up\.(\d{1,7})")  # an empty file: that rank's process gro
 DIR_VAR = "DDP_UP_FLIGHT_DIR"
 EVERY_VAR = "DDP_UP_FLIGHT_EVERY"
 RECORDER_FRAME = "record"  # the recorder thread's function: a stack dump shows it, and the stack reader skips it
+RECORDER_THREAD = "ddp-up-flight-recorder"  # its name, which py-spy's dumps show
 BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # the name since torch 2.9, the name before
 RENAMED_IN = (2, 9)
 
@@ -67,10 +68,11 @@ def _ddp_up_flight_recorder(out, every):
                         os.replace(path + ".tmp", path)
             except Exception:
                 pass  # a record is never worth a job's failure
-    threading.Thread(target=RECORDER_FRAME, name="ddp-up-flight-recorder", daemon=True).start()
+    threading.Thread(target=RECORDER_FRAME, name="RECORDER_THREAD", daemon=True).start()
 if os.environ.get("DIR_VAR") and os.environ.get("RANK") is not None:
     _ddp_up_flight_recorder(os.environ["DIR_VAR"], float(os.environ.get("EVERY_VAR") or 5))
-""".replace("DIR_VAR", DIR_VAR).replace("EVERY_VAR", EVERY_VAR).replace("RECORDER_FRAME", RECORDER_FRAME)
+""".replace("DIR_VAR", DIR_VAR).replace("EVERY_VAR", EVERY_VAR).replace("RECORDER_FRAME", RECORDER_FRAME) \
+    .replace("RECORDER_THREAD", RECORDER_THREAD)
 
 
 def buffer_var(torch_version):
@@ -210,3 +212,65 @@ class ArrivalWatch:
         while len(self.sent) > 16 * ARRIVALS_MAX:
             del self.sent[next(iter(self.sent))]
         return wire.Arrivals(times=[[group, seq, ns / 1e9, rank] for (group, seq), (ns, rank) in new]) if new else None
+
+
+class RecorderFilter:
+    """A rank's stderr less ddp-up's own recorder thread in its stack dumps: faulthandler's block
+    whose innermost frame is the recorder's, py-spy's block of the recorder's name. The user is
+    shown the rank's own threads (the stack reader skips the recorder too). Linear in what it is
+    fed, one line held at most; a chunk with no dump in it passes as it is."""
+
+    HEADER = re.compile(rb"Thread 0x[0-9a-fA-F]+ \(most recent call first\):")  # faulthandler's
+    OURS = re.compile(rb'  File ".*sitecustomize\.py", line \d+ in %s' % RECORDER_FRAME.encode())
+    SPY_OURS = re.compile(rb'Thread \d+ \([\w ]+\): "%s"' % RECORDER_THREAD.encode())  # py-spy's
+
+    def __init__(self):
+        self.held = None  # a faulthandler thread's header, until its first frame says whose thread it is
+        self.skipping = False  # inside the recorder's block: until its blank line or the next thread
+        self.partial = b""  # the unfinished end of what was fed, where it may begin a header
+
+    def feed(self, data):
+        tail = data[data.rfind(b"\n") + 1:]  # where a header may begin, cut at the chunk's end
+        if self.held is None and not self.skipping and not self.partial and b"Thread " not in data and not (
+                tail and b"Thread ".startswith(tail[:7])):
+            return data
+        *lines, rest = (self.partial + data).split(b"\n")
+        out = [line + b"\n" for line in map(self.line, lines) if line is not None]
+        unsure = self.skipping or self.held is not None or b"Thread ".startswith(rest[:7]) and rest
+        self.partial = rest if unsure and len(rest) < 256 else b""
+        return b"".join(out) + (b"" if self.partial else rest)
+
+    def line(self, line):
+        """The line to pass on, or None (the recorder's, or held)."""
+        if self.skipping:
+            if line and not line.startswith((b"Thread ", b"Current thread ")):
+                return None
+            self.skipping = False
+            if not line:
+                return None  # the block's blank line goes with it
+        if self.held is not None:
+            held, self.held = self.held, None
+            if self.OURS.fullmatch(line):
+                self.skipping = True
+                return None
+            line = held + b"\n" + line
+        if self.HEADER.fullmatch(line):
+            self.held = line
+            return None
+        if self.SPY_OURS.fullmatch(line):
+            self.skipping = True
+            return None
+        return line
+
+    def flush(self):
+        """What is held, at the stream's end."""
+        held = (self.held + b"\n" if self.held is not None else b"") + (b"" if self.skipping else self.partial)
+        self.held, self.partial, self.skipping = None, b"", False
+        return held
+
+
+def without_recorder(text):
+    """A whole dump (py-spy's, as ddp-up prints it into a rank's stderr) less the recorder's thread."""
+    ours = RecorderFilter()
+    return ours.feed(text) + ours.flush()
+

@@ -257,8 +257,8 @@ class Launch:
         """Every worker's Python stack into its stderr stream, then Dumped. On a thread, so
         heartbeats go on while py-spy attaches."""
         def dump():
-            ranks = dump_all(self.match, self.job_env().get("PATH"),
-                             lambda local, text: self.tailer.send("err", local, text))
+            ranks = dump_all(self.match, self.job_env().get("PATH"),  # a py-spy dump, less ddp-up's own thread
+                             lambda local, text: self.tailer.send("err", local, flight.without_recorder(text)))
             self.send_collectives()
             self.out.send(wire.Dumped(ranks=ranks))
         threading.Thread(target=dump, name="dump", daemon=True).start()

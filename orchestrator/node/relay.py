@@ -15,6 +15,7 @@ import time
 
 from . import wire
 from .screen import Screen, whole_lines
+from .flight import RecorderFilter
 from .state import open_regular
 
 
@@ -270,7 +271,7 @@ class Tailer:
             if path not in self.files:
                 fd = open_regular(path)
                 if fd is not None:
-                    self.files[path] = [fd, stream, local_rank, Screen(self.clock)]
+                    self.files[path] = [fd, stream, local_rank, Screen(self.clock), RecorderFilter()]
 
     def relay_all(self, flush):
         moved = False
@@ -279,7 +280,8 @@ class Tailer:
         return moved
 
     def relay(self, entry, flush):
-        fd, stream, local_rank, screen = entry
+        fd, stream, local_rank, screen, ours = entry
+        shown = ours.feed if stream == "err" else bytes  # stack dumps go to stderr: ddp-up's recorder left out
         moved = False
         while True:
             while self.out.items.qsize() > self.BACKLOG and not self.out.broken:
@@ -288,8 +290,8 @@ class Tailer:
             if not data:
                 break
             moved = True
-            self.send(stream, local_rank, screen.feed(data))
-        self.send(stream, local_rank, screen.end() if flush else screen.settle())
+            self.send(stream, local_rank, shown(screen.feed(data)))
+        self.send(stream, local_rank, shown(screen.end() if flush else screen.settle()) + (ours.flush() if flush else b""))
         return moved
 
     def send(self, stream, local_rank, data):
@@ -302,7 +304,7 @@ class Tailer:
         now = self.clock()
         if not last and now - self.bars_sent < self.BARS_EVERY:
             return
-        bars = [[stream, local_rank, screen.live()] for _, stream, local_rank, screen in self.files.values()
+        bars = [[stream, local_rank, screen.live()] for _, stream, local_rank, screen, _ in self.files.values()
                 if screen.changed]
         if bars:
             self.bars_sent = now

@@ -35,6 +35,8 @@ def test_hung_collective_is_detected_dumped_and_stopped(cluster, cluster_file):
     assert re.search(rf"collectives: Flight Recorder: on the default group, every rank completed all_reduce #1; "
                      rf"ranks 0-1 \({a}, \.\.\.\) never entered all_reduce #2; rank 2 waits in it\.", out), out
     assert "Error in sitecustomize" not in out
+    assert "Current thread 0x" in out, out  # the ranks' own threads are shown,
+    assert "sitecustomize.py\", line" not in out, out  # and ddp-up's Flight Recorder thread is not
     assert not procs.wait_no_job_processes(None, 10)
 
 
@@ -50,4 +52,5 @@ def test_hang_dump_uses_py_spy_when_the_jobs_path_has_it(cluster, cluster_file):
     assert re.search(rf"^{b}\s+r2\s+! ddp-up: py-spy dump of pid \d+ \(rank 2\)$", out, re.M), out
     assert re.search(rf"^{b}\s+r2\s+! \s+block_forever \(job\.py:\d+\)$", out, re.M), out
     assert re.search(r"rank 2 in all_reduce \(from block_forever\); the other 2 rank\(s\) not in a collective", out), out
+    assert '"ddp-up-flight-recorder"' not in out  # py-spy names the recorder's thread: it is left out too
     assert not procs.wait_no_job_processes(None, 10)

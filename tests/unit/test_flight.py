@@ -209,3 +209,44 @@ def test_a_rank_that_merely_prints_timed_out_does_not_make_another_failure_a_col
     assert log.diagnosis([unrelated], str) is None
     own = Failure(0, "a", 3, 1, "rank 3 exited with code 1", 5.0, "RuntimeError: something")
     assert log.diagnosis([own], str) is not None  # the rank that said it is the one that failed
+
+
+DUMP = (b"step 7 done\n"
+        b"Thread 0x00007f3d5962f6c0 (most recent call first):\n"
+        b'  File "/tmp/ddp-up-0/J/node0/hooks/sitecustomize.py", line 9 in record\n'
+        b'  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
+        b'  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n'
+        b"\n"
+        b"Thread 0x00007f3d5a000000 (most recent call first):\n"
+        b'  File "/job/data.py", line 40 in load\n'
+        b"\n"
+        b"Current thread 0x00007f3d5a46fb80 (most recent call first):\n"
+        b'  File "/x/torch/distributed/distributed_c10d.py", line 1 in all_reduce\n'
+        b'  File "/job/train.py", line 9 in step\n'
+        b"Thread 0x12 is what the user printed\n")
+SHOWN = DUMP.replace(DUMP[DUMP.index(b"Thread 0x00007f3d5962f6c0"):DUMP.index(b"Thread 0x00007f3d5a000000")], b"")
+
+
+def test_the_stacks_a_user_is_shown_leave_out_ddp_ups_own_recorder_thread():
+    """faulthandler dumps every thread, ddp-up's Flight Recorder thread too: its block is dropped,
+    whatever pieces the dump arrives in; the rank's own threads and lines pass as they were."""
+    from orchestrator.node.flight import RecorderFilter
+
+    for size in (1, 2, 5, 17, 64, len(DUMP)):
+        ours, out = RecorderFilter(), b""
+        for at in range(0, len(DUMP), size):
+            out += ours.feed(DUMP[at:at + size])
+        assert out + ours.flush() == SHOWN, size
+    plain = b"no dump here\n" * 3 + b"a partial line"
+    assert RecorderFilter().feed(plain) is plain  # the common case: passed as it is
+
+
+def test_a_py_spy_dump_leaves_out_the_recorder_thread_by_its_name():
+    from orchestrator.node.flight import without_recorder
+
+    spy = (b"ddp-up: py-spy dump of pid 7 (rank 1)\n"
+           b'Thread 7 (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:1)\n'
+           b'Thread 9 (idle): "ddp-up-flight-recorder"\n    record (sitecustomize.py:9)\n    run (threading.py:982)\n'
+           b'Thread 11 (active): "loader"\n    load (data.py:40)\n')
+    assert without_recorder(spy) == spy.replace(b'Thread 9 (idle): "ddp-up-flight-recorder"\n    record '
+                                                b'(sitecustomize.py:9)\n    run (threading.py:982)\n', b"")
