@@ -291,7 +291,8 @@ class Tailer:
                 break
             moved = True
             self.send(stream, local_rank, shown(screen.feed(data)))
-        self.send(stream, local_rank, shown(screen.end() if flush else screen.settle()) + (ours.flush() if flush else b""))
+        rest = shown(screen.end() if flush else screen.settle())
+        self.send(stream, local_rank, rest + ours.flush() if flush else rest)
         return moved
 
     def send(self, stream, local_rank, data):
