@@ -57,9 +57,7 @@ def safe_name(text: str) -> str:
     name = _UNSAFE.sub("_", "".join(c if c.isprintable() else "_" for c in text))
     if not name or name.startswith("."):
         name = "_" + name
-    while len(name.encode("utf-8", "surrogateescape")) > NAME_MOST:
-        name = name[:-1]
-    return name
+    return name.encode()[:NAME_MOST].decode("utf-8", "ignore")  # cut at a whole character: linear in any label
 
 
 NO_NAME_OF_ITS_OWN = ("names no file or folder of its own (a whole disk or home, or a path ending in . or ..): "

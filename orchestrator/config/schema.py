@@ -104,7 +104,12 @@ EXAMPLE = {
 
 def rule_schema(rule: Rule) -> dict[str, Any]:
     """A Checks rule's value as JSON Schema, or null: a key left empty takes its default (Checks.apply)."""
-    return {"anyOf": [shape(rule), {"type": "null"}]}
+    return or_null(shape(rule))
+
+
+def or_null(value: dict[str, Any]) -> dict[str, Any]:
+    """``value``, or a key left empty (null): it takes its default (Checks.apply)."""
+    return {"anyOf": [value, {"type": "null"}]}
 
 
 def shape(rule: Rule) -> dict[str, Any]:
@@ -133,7 +138,7 @@ def shape(rule: Rule) -> dict[str, Any]:
 
 
 def shared() -> dict[str, Any]:
-    return {"python": dict(STRING), "workdir": {"anyOf": [STRING, {"type": "null"}]}, "env": dict(ENV),
+    return {"python": dict(STRING), "workdir": or_null(STRING), "env": dict(ENV),
             "transport": {"enum": list(TRANSPORTS)},
             "gpus": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MOST_PROCS}, {"const": "auto"}]},
             "setup": dict(STRINGS),
@@ -163,10 +168,10 @@ def cluster_schema() -> dict[str, Any]:
         "master": obj({"addr": dict(STRING, description="the address every node reaches the master at"),
                        "port": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"const": "auto"}],
                                 "description": "the rendezvous port, or auto (a free one, each attempt)"}}),
-        "env_file": {"anyOf": [STRING, {"type": "null"}]}, "forward_env": dict(NAMES), "secrets": dict(NAMES),
+        "env_file": or_null(STRING), "forward_env": dict(NAMES), "secrets": dict(NAMES),
         "sync": {"anyOf": [{"type": "string", "minLength": 1}, {"const": False}, {"type": "null"},
-                           obj({"src": dict(STRING), "exclude": dict(STRINGS),
-                                                    "gitignore": {"type": "boolean"}}, ("src",))]},
+                           obj({"src": dict(STRING), "exclude": dict(STRINGS), "gitignore": {"type": "boolean"}},
+                               ("src",))]},
         "min_nodes": {"type": "integer", "minimum": 1},
         "notify": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
         **{key: rule_schema(rule) for key, rule in RULES.items()},

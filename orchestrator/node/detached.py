@@ -191,8 +191,8 @@ class DetachedRun(Runner):
         every node still heard, no one stopped it for good) after its delay, or the job's end,
         recorded. Every other node waits for that word while restarts are left."""
         state = policy.node_end(bool(failures), stopped, code)
-        if state == "failed" and self.report is not None and self.report.rank_code() is not None:
-            code = self.report.rank_code()  # torchrun's own code is 1 for any rank: no_restart_on_exit reads the rank's
+        rank_code = self.report.rank_code() if state == "failed" and self.report is not None else None
+        code = code if rank_code is None else rank_code  # torchrun's is 1 for any rank; no_restart_on_exit reads the rank's
         failure = own_failure(failures, ends, (self.spec.ranks or [0])[0]) if state == "failed" else None
         failure = masked(failure, self.out.secrets)  # for the supervisor's outcome, which ddp-ls shows
         more = self.attempt < self.spec.restarts + self.spec.recoveries and not self.for_good  # may restart

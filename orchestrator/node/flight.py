@@ -231,12 +231,12 @@ class RecorderFilter:
 
     def feed(self, data):
         tail = data[data.rfind(b"\n") + 1:]  # where a header may begin, cut at the chunk's end
-        if self.held is None and not self.skipping and not self.partial and b"Thread " not in data and not (
-                tail and b"Thread ".startswith(tail[:7])):
+        if self.held is None and not self.skipping and not self.partial and b"Thread " not in data and not \
+                may_begin_header(tail):
             return data
         *lines, rest = (self.partial + data).split(b"\n")
         out = [line + b"\n" for line in map(self.line, lines) if line is not None]
-        unsure = self.skipping or self.held is not None or b"Thread ".startswith(rest[:7]) and rest
+        unsure = self.skipping or self.held is not None or may_begin_header(rest)
         self.partial = rest if unsure and len(rest) < 256 else b""
         return b"".join(out) + (b"" if self.partial else rest)
 
@@ -267,6 +267,11 @@ class RecorderFilter:
         held = (self.held + b"\n" if self.held is not None else b"") + (b"" if self.skipping else self.partial)
         self.held, self.partial, self.skipping = None, b"", False
         return held
+
+
+def may_begin_header(fragment):
+    """Whether the unfinished end of a chunk may be the start of a thread's header in a dump."""
+    return bool(fragment) and b"Thread ".startswith(fragment[:7])
 
 
 def without_recorder(text):

@@ -28,7 +28,7 @@ def recorded_jobs():
         job_dir = os.path.join(root, job)
         if not JOB_ID.fullmatch(job) or private_dir(job_dir, create=False):
             continue
-        for entry, path, _ in node_dirs(job_dir):
+        for _, path, _ in node_dirs(job_dir):
             record, why = checked_record(path)
             if record is None and why != "missing":
                 skipped.append("%s: %s" % (os.path.join(path, RECORD), why))
@@ -87,11 +87,11 @@ def remove_stale_state(match, purge=False, records_only=False, dry_run=False):
         job_dir = os.path.join(root, name)
         if not JOB_ID.fullmatch(name) or private_dir(job_dir, create=False):
             continue
-        for entry, _, tags in node_dirs(job_dir):
-            if TAG_CLUSTER in match and cluster_of(os.path.join(job_dir, entry)) != match[TAG_CLUSTER]:
+        for entry, path, tags in node_dirs(job_dir):
+            if TAG_CLUSTER in match and cluster_of(path) != match[TAG_CLUSTER]:
                 continue  # another cluster file's job (a shared /tmp, an NFS TMPDIR): not this sweep's
-            record = read_record(os.path.join(job_dir, entry))  # first: a /proc scan is the costly part
-            if record is None and not purge and os.path.lexists(os.path.join(job_dir, entry, RECORD)):
+            record = read_record(path)  # first: a /proc scan is the costly part
+            if record is None and not purge and os.path.lexists(os.path.join(path, RECORD)):
                 continue  # a detached job's record, damaged: its journal stays (ddp-kill --purge removes it)
             if record is None and records_only:
                 continue
@@ -100,7 +100,7 @@ def remove_stale_state(match, purge=False, records_only=False, dry_run=False):
             if dry_run or not find_tagged({TAG_JOB: name, **tags}):
                 removed.append("%s %s" % (name, entry))
                 if not dry_run:
-                    shutil.rmtree(os.path.join(job_dir, entry), ignore_errors=True)  # does not follow links
+                    shutil.rmtree(path, ignore_errors=True)  # does not follow links
         try:
             if not dry_run:
                 os.rmdir(job_dir)  # only if empty

@@ -82,9 +82,13 @@ def accelerate_options(argv, env, log_dir, stop_signal):
         env.setdefault("PET_SIGNALS_TO_HANDLE", ",".join((*TORCHRUN_SIGNALS, stop_signal)))
     if not facts.has_nvidia_gpus():
         env.setdefault("ACCELERATE_USE_CPU", "true")
-    mine = ["--log_dir=" + log_dir] + ([] if configured else unconfigured_options(env))
+    return with_node_options(argv, ["--log_dir=" + log_dir] + ([] if configured else unconfigured_options(env)))
+
+
+def with_node_options(argv, options):
+    """The `accelerate launch` line with ``options`` where the plan left ACCELERATE_NODE_OPTIONS."""
     i = argv.index(ACCELERATE_NODE_OPTIONS)
-    return argv[:i] + mine + argv[i + 1:]
+    return argv[:i] + options + argv[i + 1:]
 
 
 def unconfigured_options(env):

@@ -18,7 +18,7 @@ from ..config.masking import mask_secrets
 from ..errors import UsageError
 from ..node import wire
 from ..node.container import ENV_FILE, Box
-from ..node.launch import ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, unconfigured_options
+from ..node.launch import ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, unconfigured_options, with_node_options
 from ..node.notify import DETACHED_KINDS
 from ..node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from ..node.state import JOB_ID
@@ -194,8 +194,7 @@ class LaunchPlan:
         argv = self.launcher_argv(node, port)
         env = {**node.tags(self), **node.env}
         if ACCELERATE_NODE_OPTIONS in argv:  # as a node without an accelerate config of its own runs it
-            i = argv.index(ACCELERATE_NODE_OPTIONS)
-            argv = argv[:i] + unconfigured_options(env) + argv[i + 1:]
+            argv = with_node_options(argv, unconfigured_options(env))
         if node.config.container:
             return self.mask(self.container_lines(node, argv, env))
         parts = [f"cd {quote_path(node.workdir or '~')}", "&&", "env"]

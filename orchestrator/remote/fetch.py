@@ -282,7 +282,7 @@ class FetchCall(AgentCall):
 def write_keeping_holes(fd: int, data: bytes) -> None:
     """``data`` at the file's position; a chunk of zeros is skipped over instead (a sparse file
     keeps its holes where this file system allows, as `rsync --sparse` does)."""
-    if data and data == (ZEROS if len(data) == len(ZEROS) else ZEROS[:len(data)]):  # bytes to bytes: a memcmp
+    if data and data == ZEROS[:len(data)]:  # bytes to bytes: a memcmp (a whole chunk's slice is ZEROS itself)
         os.lseek(fd, len(data), os.SEEK_CUR)
         return
     view = memoryview(data)

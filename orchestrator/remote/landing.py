@@ -94,11 +94,15 @@ class Landing:
         except OSError:
             return None
 
+    def temp_name(self, index: int) -> str:
+        """Entry ``index``'s temp name: of a fixed length, and this copy's own."""
+        return f"{TEMP_PREFIX}{self.token}-{index}"
+
     def temp_file(self, rel: str, index: int) -> tuple[int, int, str]:
         """A new private temp file beside ``rel``'s place: (its descriptor, a descriptor of its
         folder, its name)."""
         folder = os.dup(self.folder(self.parts(rel)[:-1], create=True))
-        name = f"{TEMP_PREFIX}{self.token}-{index}"
+        name = self.temp_name(index)
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
         except OSError:
@@ -114,7 +118,7 @@ class Landing:
         """A link to ``target`` at ``rel``, in place of what was there (a file or a link)."""
         parts = self.parts(rel)
         folder = self.folder(parts[:-1], create=True)
-        temp = f"{TEMP_PREFIX}{self.token}-{index}"
+        temp = self.temp_name(index)
         os.symlink(target, temp, dir_fd=folder)
         try:
             os.replace(temp, parts[-1], src_dir_fd=folder, dst_dir_fd=folder)
