@@ -21,7 +21,8 @@ from ..remote.oneshot import call_agent
 from ..remote.parallel import on_each
 from ..run.follow import follow_attempts, follow_plan
 from ..run.record import detached_here
-from ..views.console import ConsoleView, terminal_console
+from ..views.console import ConsoleView
+from ..views.terminal import terminal_console
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
 from .common import (Parser, add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report,

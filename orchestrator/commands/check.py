@@ -20,7 +20,7 @@ from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, EXIT_USAGE, Interrupt
 from ..job.loop import Job
 from ..plan.launch import make_plan, new_job_id
 from ..remote import signals
-from ..views.console import terminal_console
+from ..views.terminal import terminal_console
 from .common import (Parser, add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections,
                      table_console)
 

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape as escape_markup
@@ -21,14 +22,13 @@ from ..config.masking import mask_secrets
 from ..config.reading import read_text
 from ..config.values import parse_duration
 from ..errors import DdpUpError, Interrupted, UsageError
-from ..plan.launch import LaunchPlan
-from ..remote.detect import resolve_auto_gpus
-from ..remote.paramiko_ssh import ssh_facts
 from ..remote.sshmaster import CONTROL
 from ..version import __version__
-from ..views.console import ConsoleView, terminal_console
-from ..views.dashboard import DashboardView
-from ..views.filters import parse_ranks
+from ..views.terminal import terminal_console
+
+if TYPE_CHECKING:  # the views and the planner are imported where used: ddp-fetch, ddp-ls and ddp-kill need neither
+    from ..plan.launch import LaunchPlan
+    from ..views.console import ConsoleView
 
 # What each command's exit status means, at the end of its --help (the README lists them too).
 EXITS = {
@@ -119,6 +119,10 @@ def make_view(plan: LaunchPlan, console: Console, args: argparse.Namespace, plai
               prog: str = "ddp-up") -> ConsoleView:
     """The view the view options ask for: the dashboard on a terminal (or when forced), else
     ``plain`` lines (ConsoleView unless given); its notices are ``prog``'s."""
+    from ..views.console import ConsoleView
+    from ..views.dashboard import DashboardView
+    from ..views.filters import parse_ranks
+
     ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
     dashboard = (interactive(console) or jupyter_live(console)) if args.dashboard is None else args.dashboard
     if dashboard and not console.is_terminal and not console.is_jupyter:
@@ -212,6 +216,9 @@ def resolve_nodes(config, console: Console):
     """SSH config aliases -> the addresses other nodes use (and a note where the user's SSH
     config trusts new host keys); then ask `gpus: auto` nodes for their count (a short, bounded
     call; nothing is started)."""
+    from ..remote.detect import resolve_auto_gpus
+    from ..remote.paramiko_ssh import ssh_facts
+
     facts = ssh_facts(list(config.nodes))
     config = config.with_addresses({host: f.hostname for host, f in facts.items() if f.hostname != host})
     for strict in ("accept-new", "no"):

@@ -8,7 +8,6 @@ import os
 import sys
 
 from rich.filesize import decimal as human_bytes
-from rich.table import Table
 from rich.text import Text
 
 from ..clean import outside
@@ -73,6 +72,8 @@ def chosen(nodes: list, which: str | None) -> list:
 
 
 def show(fetched: list[Fetched], as_json: bool) -> None:
+    from rich.table import Table
+
     console = table_console()
     if as_json:
         for f in fetched:

@@ -32,7 +32,7 @@ from ..run.attempts import Restarts, recovery_limit
 from ..run.notifier import Notifier
 from ..run.record import RunRecord
 from ..run.runloop import Caller, run_job
-from ..views.console import terminal_console
+from ..views.terminal import terminal_console
 from ..views.logfiles import RunLogs
 from ..views.transfer import transfer_progress
 from .common import (NODE_SOURCE_FLAGS, Parser, add_node_sources, add_view_options, cluster_and_script, duration_arg,

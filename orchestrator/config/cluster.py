@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import shlex
 import shutil
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Mapping
@@ -123,6 +124,8 @@ class ClusterConfig:
     spares: int = 0  # the last this many nodes stay idle, to replace a node that fails
     min_nodes: int | None = None  # without a free spare, go on with this many nodes or more (None: never fewer)
     flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/flight.py): the stuck collective, stragglers
+    warm: bool = False  # fork every rank from an interpreter that imported torch already (node/warm.py)
+    preload: tuple[str, ...] = ()  # warm: what that interpreter imports besides torch
     notify: tuple = ()  # notify.Target: who hears of the job's events (a URL's token is a secret)
     # the cluster file's text as it was read and parsed, once: the run's record is made from it
     source_text: str = field(default="", repr=False, compare=False)
@@ -177,3 +180,20 @@ def cluster_id_for(path: str) -> str:
     """Stable id of a cluster file (its real path), so ddp-kill can find jobs launched from it."""
     real = os.path.realpath(path)
     return hashlib.sha1(real.encode()).hexdigest()[:10]
+
+
+def node_workdir(cfg: NodeConfig, local_cwd: str) -> str | None:
+    """Where a node's job runs: its `workdir:`; a local node without one runs where the user is,
+    like `torchrun` would; None: the remote user's home."""
+    if cfg.workdir is None and cfg.transport == "local":
+        return local_cwd
+    return cfg.workdir
+
+
+def quote_path(path: str) -> str:
+    """Shell-quote a path but keep a leading ``~/`` meaning the remote user's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)

@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from .cluster import JOB_SIGNALS
-from .validate import LONGEST, LONGEST_RETENTION, MOST_PROCS, NODE_KEYS, RULES, SSH_RULES, TOP_KEYS, TRANSPORTS, Rule
+from .validate import (LONGEST, LONGEST_RETENTION, MODULE_NAME, MOST_PROCS, NODE_KEYS, RULES, SSH_RULES, TOP_KEYS, TRANSPORTS,
+                       Rule)
 from .values import DURATION_PATTERN, ENV_NAME
 
 SCHEMA_URL = "https://json-schema.org/draft/2020-12/schema"
@@ -69,6 +70,8 @@ MEANING = {
     "flight_recorder": "torch's Flight Recorder in every rank: the stuck collective, stragglers",
     "notify": "where the job's events go: Apprise URLs, a webhook, a command",
     "fetch": "paths brought back from every node when the job ends, into runs/<job>/fetched/",
+    "warm": "fork every rank from an interpreter on its node that imported torch before the launch",
+    "preload": "warm: modules that interpreter imports too, besides torch",
     "python": "the interpreter on the node",
     "workdir": "where the job runs on the node",
     "env": "variables for every rank",
@@ -93,7 +96,8 @@ EXAMPLE = {
     "hang_timeout": "10m", "startup_timeout": "20m", "launcher": "accelerate", "env_file": ".env",
     "forward_env": "[WANDB_*, HF_TOKEN]", "secrets": "[MY_API_KEY]", "sync": "{src: ., exclude: [data/]}",
     "retention": "3d", "restarts": "3", "restart_delay": "30s", "no_restart_on_exit": "[2]", "recoveries": "5",
-    "spares": "1", "min_nodes": "3", "flight_recorder": "false", "notify": "[ntfy://my-topic]",
+    "spares": "1", "min_nodes": "3", "flight_recorder": "false", "notify": "[ntfy://my-topic]", "warm": "true",
+    "preload": "[lightning, transformers]",
     "fetch": "[ckpt, logs/metrics.json]", "python": "~/venv/bin/python", "workdir": "~/project",
     "env": "{NCCL_DEBUG: WARN}", "transport": "srun", "gpus": "auto", "setup": "module load cuda/12.4",
     "container": "{image: nvcr.io/nvidia/pytorch:24.05-py3}", "host": "gpu-a", "addr": "10.0.0.2", "user": "me",
@@ -134,6 +138,9 @@ def shape(rule: Rule) -> dict[str, Any]:
         return {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 255}}
     if rule.check == "fetch_paths":
         return dict(STRINGS)
+    if rule.check == "module_names":
+        module = {"type": "string", "pattern": f"^{MODULE_NAME.pattern}$"}
+        return {"anyOf": [module, {"type": "array", "items": module}]}
     return dict(STRING)  # string, file_path, existing_file
 
 

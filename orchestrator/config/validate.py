@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import sys
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
@@ -26,13 +27,14 @@ from .reading import key_path, read_text
 from .values import ENV_NAME, ENV_VALUE_TYPES, NUL_VALUE, env_text, parse_duration, read_dotenv, whole
 
 SSH_CLIENTS = ("fabric", "openssh")
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,9}")
 # Keys valid at the top level and overridable per node (and, on a node, `host`, `addr` and `ssh:`'s keys).
 MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo, not a machine
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup", "container")
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "startup_timeout",
             "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
-            "spares", "min_nodes", "flight_recorder", "notify", "fetch", *SHARED_KEYS)
+            "spares", "min_nodes", "flight_recorder", "notify", "fetch", "warm", "preload", *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none", "accelerate")
 TRANSPORTS = ("ssh", "srun", "local")
@@ -74,6 +76,8 @@ RULES = {  # top-level settings that are one checked value each
     "spares": rule("integer", 0, low=0),
     "flight_recorder": rule("boolean", True),
     "fetch": rule("fetch_paths", ()),
+    "warm": rule("boolean", False),
+    "preload": rule("module_names", ()),
 }
 SSH_RULES = {  # `ssh:`, or the same keys on a node
     "user": rule("string"),
@@ -156,6 +160,15 @@ class Checks:
                                  f"{names[name]!r} and {path!r} would both come back as <node>/{name}: fetch their folder")
             names[name] = path
         return paths
+
+    def module_names(self, value: Any, at: tuple) -> tuple[str, ...]:
+        """Python modules to import before the ranks start (warm start), as `import NAME` takes them."""
+        names = [] if isinstance(value, (list, tuple)) and not value else \
+            self.strings(value, at, "a list of Python modules, e.g. [lightning, transformers]")
+        bad = next((n for n in names if not MODULE_NAME.fullmatch(n)), None)
+        if bad is not None:
+            raise self.error(at, f"{bad!r} is not a module name as `import` takes it, e.g. lightning or torch.nn")
+        return tuple(names)
 
     def signal_name(self, value: Any, at: tuple) -> str:
         """A stop signal a script may save its work on: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or

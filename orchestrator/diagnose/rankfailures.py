@@ -59,6 +59,15 @@ def node_clock(at: float, skew: float | None) -> float:
     return at - skew if skew is not None and abs(skew) > SKEW_TRUSTED else at
 
 
+def uncaught_code(error: RankError | None) -> int | None:
+    """The exit status Python gives a rank whose exception went uncaught (1), where torchrun's
+    report has none (a launcher stopped before it wrote one): every node then words the same kind of
+    failure alike. None where Python gives another: KeyboardInterrupt ends by SIGINT."""
+    if error is None or error.exception.split(":", 1)[0].rsplit(".", 1)[-1] == "KeyboardInterrupt":
+        return None
+    return 1
+
+
 def own_failures(node: int, label: str, report: FailureReportParser, errors: list[RankError],
                  ends: dict[int, float], skew: float | None) -> list[Failure]:
     """Every rank torchrun's report names (or, without a report, every rank that left an
@@ -69,7 +78,8 @@ def own_failures(node: int, label: str, report: FailureReportParser, errors: lis
     for rank in sorted(report.failed) if report.failed else sorted(by_rank):
         entry, error = report.failed.get(rank), by_rank.get(rank)
         code = entry.exit_code if entry is not None else None
-        what = f"rank {rank} {policy.exit_words(code)}" if code is not None else f"rank {rank} raised"
+        shown = code if code is not None else uncaught_code(error)
+        what = f"rank {rank} {policy.exit_words(shown)}" if shown is not None else f"rank {rank} raised"
         if error is not None or rank in ends:
             at, window = node_clock(error.at if error is not None else ends[rank], skew), 0.0
         else:

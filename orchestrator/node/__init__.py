@@ -17,6 +17,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   screen      a worker's stream as a terminal shows it: lines done, and bars still drawn
   relay       the writer that owns stdout, the launcher's pipes and the workers' log files
   failures    what the job's failed ranks left here (error files, tracebacks) and when
+  warm        warm start: an interpreter that imported torch, the ranks forked from it
   workers     `launcher: none`: the agent starts the workers itself (in a container, their own launcher does)
   container   `container:`: the launcher in an image, its container's whole life kept by the agent
   checks      the preflight's probes: torch, GPUs, the master port held until Go
@@ -38,6 +39,6 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   main        the table from spec frame to mode
 """
 
-SHIPPED = ("wire", "facts", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "workers", "container", "checks", "stacks", "events", "launch", "run",
+SHIPPED = ("wire", "facts", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "warm", "workers", "container", "checks", "stacks", "events", "launch", "run",
            "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

@@ -264,3 +264,8 @@ class DetachedRun(Runner):
             self.supervisor.report(self.spec.node, "running", attempt=self.attempt)
         else:
             self.link.rejoin(self.attempt)
+
+
+def run_mode(spec, writer):
+    """Run mode: the job detached (a DetachedRun) or with the controller watching (a Runner)."""
+    return (DetachedRun if spec.detach else Runner)(spec, writer).run()

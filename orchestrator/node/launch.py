@@ -44,9 +44,11 @@ def sample_gpus(ended, out):
 ACCELERATE_NODE_OPTIONS = "--ddp-up-node-options"
 # Rich (Lightning's default bar where rich is installed) draws live only on what it takes for an
 # interactive terminal; a rank's output is a file, so it drew once, at the end. These make it draw
-# as on a terminal (\r, erase, colors), which the node's Screen reads as a terminal does. tqdm
-# needs nothing. A job that sets either keeps its own value.
-TERMINAL_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
+# as on a terminal (\r, erase, colors), which the node's Screen reads as a terminal does. While its
+# bar is live, Rich prints the rank's own lines itself, cut at its width (80 in a file): COLUMNS
+# gives it a width no log line reaches, so every line arrives whole. tqdm reads COLUMNS only with
+# LINES, and takes no width from it here. A job that sets any of these keeps its own value.
+TERMINAL_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "1024"}
 UP_EVERY = 0.5  # seconds between looks for the ranks whose process group came up, until all have
 
 
@@ -137,6 +139,11 @@ def hooks_dir(state_dir, attempt):
     return os.path.join(state_dir, per_attempt("hooks", attempt))  # a detached restart: same state dir
 
 
+def rank_hook(launch):
+    """What a rank forked warm runs first: the hooks of sitecustomize, less what its interpreter ran."""
+    return sitecustomize(launch.spec.stack_dumps, flight.RECORDER_HOOK if launch.flight_dir else "", chain=False)
+
+
 def write_hooks(state_dir, attempt, files):
     """Files of ours the job runs (the dump hook, ddp-check's probe), {name: text}, in this
     node's state directory; that directory, for the job's PYTHONPATH."""
@@ -171,11 +178,12 @@ class Launch:
         self.go_env = {}  # what the Go adds to the job's environment (the network interfaces)
         self.torch_version = (torch or {}).get("torch")  # the job's torch, as the preflight read it
 
-    def start(self, go):
+    def start(self, go, warm=None):
+        """Start the attempt from ``go``; ``warm``: the interpreter its ranks are forked from (warm.Warm)."""
         env = self.launch_env(go)
         if go.argv[0] == OWN_LAUNCHER and self.box is None:
             self.proc = Workers(parse_launch(go.argv[1:]), env, self.match,
-                                lambda text: self.out.send(wire.Output("err", None, text.encode())))
+                                lambda text: self.out.send(wire.Output("err", None, text.encode())), warm, rank_hook(self))
             self.proc.start(self.log_dir)
             self.out.send(wire.Started())
         else:

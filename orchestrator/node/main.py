@@ -1,31 +1,36 @@
 """The agent's entry: the spec frame the controller sends first picks the mode, from one table."""
 
+import importlib
 import os
 import sys
 
 from . import wire
-from .detached import DetachedRun
-from .fetch import fetch
-from .oneshot import detect, sweep
 from .relay import Writer
-from .replay import follow, list_jobs
-from .run import Runner
-from .sync import receive
 
-
-def run_mode(spec, writer):
-    return (DetachedRun if spec.detach else Runner)(spec, writer).run()
-
-
-MODES = {  # spec frame -> the mode that answers it: f(spec, writer) -> exit status
-    wire.RunSpec: run_mode,
-    wire.DetectSpec: detect,
-    wire.SweepSpec: sweep,
-    wire.SyncSpec: lambda spec, writer: receive(spec, writer, sys.stdin.buffer),
-    wire.FollowSpec: follow,
-    wire.ListSpec: lambda spec, writer: list_jobs(writer),
-    wire.FetchSpec: fetch,
+# Spec frame -> "module.function" of the mode that answers it: function(spec, writer) -> exit
+# status. By name, imported when asked: an agent is shipped only the modules its mode needs
+# (protocol.modules_for reads this table), so main imports none of them itself.
+MODES = {
+    wire.RunSpec: "detached.run_mode",
+    wire.DetectSpec: "oneshot.detect",
+    wire.SweepSpec: "oneshot.sweep",
+    wire.SyncSpec: "sync.receive",
+    wire.FollowSpec: "replay.follow",
+    wire.ListSpec: "replay.list_jobs",
+    wire.FetchSpec: "fetch.fetch",
 }
+
+
+def answering(spec):
+    """The function that answers ``spec``; ProtocolError if none here does."""
+    where = MODES.get(type(spec))
+    if where is None:
+        raise wire.ProtocolError("expected a spec frame first, got %s" % type(spec).__name__)
+    module, function = where.split(".")
+    try:
+        return getattr(importlib.import_module("." + module, __package__), function)
+    except ImportError:  # the controller shipped another mode's modules
+        raise wire.ProtocolError("this agent was not sent the code for %s" % type(spec).__name__) from None
 
 
 def main():
@@ -34,9 +39,7 @@ def main():
         spec = wire.read_frame(sys.stdin.buffer)
         if spec is None:  # the controller went away before saying what to do (a failed sync scan)
             os._exit(0)
-        mode = MODES.get(type(spec))
-        if mode is None:
-            raise wire.ProtocolError("expected a spec frame first, got %s" % type(spec).__name__)
+        mode = answering(spec)
     except wire.ProtocolError as e:
         writer.send(wire.Failed(what="protocol error from the controller: %s" % e,
                                 fix="use the same ddp-up version on both ends"))

@@ -84,8 +84,11 @@ def is_alive(pid):
     return stat is not None and stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X", b"")
 
 
-# in a launcher's command line (plan.py's; the last: `launcher: none`'s in a container, container.WORKERS_MAIN)
-LAUNCHER_MARKS = ("torch.distributed.run", "torch.distributed.launch", "ddp_up_box.workers")
+# How a warm interpreter's command line starts (warm.ZYGOTE): its children are the ranks, as a
+# launcher's are, and it is never signalled as a rank is (its forked ranks take their own names).
+WARM_MARK = "'ddp_up_warm';"
+# in a launcher's command line (plan.py's; `launcher: none`'s in a container, container.WORKERS_MAIN; warm start's)
+LAUNCHER_MARKS = ("torch.distributed.run", "torch.distributed.launch", "ddp_up_box.workers", WARM_MARK)
 
 
 def is_launcher(proc):

@@ -175,7 +175,7 @@ def skip_lines(frame, skip):
     return wire.Output(frame.stream, frame.rank, rest) if rest else None
 
 
-def list_jobs(writer):
+def list_jobs(spec, writer):
     remove_stale_state({}, records_only=True)  # what is past its retention is not listed, and goes
     found, skipped = recorded_jobs()
     writer.send(wire.Jobs(jobs=[record for _, record in found], skipped=skipped or None))

@@ -21,9 +21,10 @@ import time
 
 from . import checks, events, policy, wire
 from .container import box_for
-from .launch import Launch, results_of
-from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name
+from .launch import TERMINAL_ENV, Launch, results_of
+from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name, spec_tags
 from .state import killed_by_ddp_kill, remove_node_dir
+from .warm import Warm
 
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
 
@@ -38,7 +39,7 @@ class Runner:
         self.last_heard = clock()
         self.held = None  # the master port, held from preflight to Go (checks.PortHold)
         self.torch = None  # {"torch", "cuda", "nccl"} once probed
-        self.dir = self.log_dir = None  # this node's private state directory (and its logs), once claimed
+        self.dir = self.log_dir = self.warm = None  # state directory and logs, once claimed; warm.Warm if warm
         self.launch = None  # the current attempt's processes (launch.Launch), from Go on
         self.attempt = spec.attempt
         self.for_good = False  # no restart: a signal to this agent, the controller's Stop or silence; not a Halt
@@ -92,12 +93,13 @@ class Runner:
             self.out.send(problem)
             self.out.drain(5)
             return 3
+        self.warm = warm_interpreter(self.spec, self.attempt, self.job_env(), self.dir, self.out)
         self.out.send(checks.ready(self.spec, self.torch, self.job_env(), self.held and self.held.port,
                                    supervisor_port))
         threading.Thread(target=events.read_controller, args=(sys.stdin.buffer, self.events.put, self.heard),
                          name="stdin", daemon=True).start()
         event = self.wait_for_go()
-        if not isinstance(event, events.Go):
+        if not isinstance(event, events.Go):  # (a warm interpreter ends with this agent: see warm.ZYGOTE)
             remove_node_dir(self.dir, keep_logs=False)
             self.out.send(wire.Exited(code=None, signal=None, stopped=True, reason=event.reason))
             self.out.drain(5)
@@ -186,7 +188,7 @@ class Runner:
         self.before_start(go)
         self.launch = Launch(self.spec, self.out, self.match, self.dir, self.log_dir, self.attempt, self.job_env,
                              self.events.put, box_for(self.spec, self.attempt, self.dir, self.job_env()), self.torch)
-        self.launch.start(go)
+        self.launch.start(go, self.warm)
 
     # --- stopping and ending ----------------------------------------------------------------------
 
@@ -227,6 +229,22 @@ class Runner:
         self.out.drain(self.spec.orphan_timeout)
         remove_node_dir(self.dir, keep_logs=self.keeps_logs())  # torchrun's copy: lines the controller missed
         return 0
+
+
+def warm_interpreter(spec, attempt, job_env, state_dir, out):
+    """Warm start (`launcher: none`, no container): the interpreter this attempt's ranks are
+    forked from, importing while the controller readies the other nodes; None for a cold start."""
+    if not spec.warm or spec.container:
+        return None
+    env = dict(TERMINAL_ENV, **job_env)  # as its ranks' (launch.launch_env), less the Go's
+    env.update(spec_tags(spec, attempt))  # ddp-kill and the sweeps find it, and its ranks
+    if (spec.nproc or 1) > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")  # read once, at torch's import: as workers.worker_env
+    try:
+        return Warm(sys.executable, env, os.getcwd(), os.path.join(state_dir, "warm.log"), spec.preload or ())
+    except OSError as e:
+        out.send(wire.Output("err", None, ("ddp-up: warm start: %s; the ranks start cold\n" % e).encode()))
+        return None
 
 
 def install_handlers(on_stop):

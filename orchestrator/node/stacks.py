@@ -27,10 +27,11 @@ if _spec is not None and _spec.loader is not None:
 """
 
 
-def sitecustomize(dumps, more=""):
+def sitecustomize(dumps, more="", chain=True):
     """The hook's text: the stack dump's handler where ``dumps``, then ``more`` (the Flight
-    Recorder's thread, flight.RECORDER_HOOK), then whatever sitecustomize it shadows."""
-    return HOOK_HEAD + (DUMP_LINE if dumps else "") + more + HOOK_CHAIN
+    Recorder's thread, flight.RECORDER_HOOK), then whatever sitecustomize it shadows (unless not
+    ``chain``: a rank forked warm, whose interpreter ran that one already)."""
+    return HOOK_HEAD + (DUMP_LINE if dumps else "") + more + (HOOK_CHAIN if chain else "")
 
 
 DUMP_HOOK = sitecustomize(True)

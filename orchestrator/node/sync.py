@@ -179,9 +179,11 @@ def widen_pipe(fd):
         pass  # not a pipe (a local transport may give a socket), or over the user's pipe limits
 
 
-def receive(spec, writer, stream):
-    """Say which entries differ (Needs), then take a File frame + bytes for each until EndOfFiles.
-    Never deletes: files only the node has (outputs, checkpoints) stay."""
+def receive(spec, writer, stream=None):
+    """Say which entries differ (Needs), then take a File frame + bytes for each until EndOfFiles
+    (from the agent's stdin unless ``stream``). Never deletes: files only the node has (outputs,
+    checkpoints) stay."""
+    stream = sys.stdin.buffer if stream is None else stream
     widen_pipe(stream.fileno())
     dest = os.path.abspath(os.path.expanduser(spec.dest))
     entries = spec.entries

@@ -89,9 +89,11 @@ class Workers:
     (the first failure's, or 128 + the signal that stopped them); the first failure goes out as
     torchrun's Root Cause block on the launcher's stderr."""
 
-    def __init__(self, launch, env, match, report):
+    def __init__(self, launch, env, match, report, warm=None, hook=None):
         self.opts, script, args = launch
         self.argv = [sys.executable, "-u", script] + list(args)
+        # warm.Warm: the ranks forked from it (one attempt's: a later attempt starts cold); hook: what each runs first
+        self.warm, self.hook = (warm, hook) if warm is not None and not warm.closed else (None, None)
         self.env, self.match, self.report = env, match, report
         self.procs = {}  # Popen -> local rank
         self.ends = {}  # local rank -> when it ended (wall clock)
@@ -102,6 +104,10 @@ class Workers:
         self.done = threading.Event()
 
     def start(self, log_dir):
+        if self.warm is not None and not self.warm.ready():
+            self.report("ddp-up: %s\n" % self.warm.why_cold())
+        for notice in self.warm.notices() if self.warm is not None else ():
+            self.report("ddp-up: warm start: %s\n" % notice)
         for local_rank in range(int(self.opts["nproc-per-node"])):
             try:
                 proc = self.start_one(log_dir, local_rank)
@@ -112,6 +118,8 @@ class Workers:
                 break
             self.procs[proc] = local_rank
             threading.Thread(target=self.wait_one, args=(proc, local_rank), daemon=True).start()
+        if self.warm is not None:
+            self.warm.close()  # every rank of this attempt asked for: it forks nothing more
         threading.Thread(target=self.watch, name="workers", daemon=True).start()
 
     def start_one(self, log_dir, local_rank):
@@ -119,6 +127,12 @@ class Workers:
         env = worker_env(self.opts, local_rank, self.env)
         env["TORCHELASTIC_ERROR_FILE"] = os.path.join(where, "error.json")  # where @record writes, as under torchrun
         out, err = (open(os.path.join(where, name), "ab") for name in ("stdout.log", "stderr.log"))
+        if self.warm is not None:
+            out.close(), err.close()
+            child = self.warm.fork(local_rank, self.argv[2:], env, os.getcwd(), out.name, err.name, self.hook)
+            if child is not None:
+                return child
+            out, err = (open(name, "ab") for name in (out.name, err.name))
         try:
             return subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True)

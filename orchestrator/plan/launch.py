@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..config.cluster import ClusterConfig, NodeConfig
+from ..config.cluster import ClusterConfig, NodeConfig, node_workdir, quote_path
 from ..config.containers import workers_code
 from ..config.masking import mask_secrets
 from ..errors import UsageError
@@ -71,6 +71,8 @@ class LaunchPlan:
     startup_timeout: float | None = None  # config.ClusterConfig's
     stop_signal: str = "SIGTERM"  # a stop's first signal to every rank (config.ClusterConfig's)
     flight_recorder: bool = True  # every rank records its collectives (node/flight.py)
+    warm: bool = False  # ranks forked from a warm interpreter (node/warm.py; `launcher: none`)
+    preload: tuple[str, ...] = ()  # what it imports besides torch
     launcher: str = "torchrun"
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
     run_token: str = ""  # tags this launch's processes apart from any other with the same job id
@@ -176,6 +178,7 @@ class LaunchPlan:
             stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat,
             stack_dumps=self.hang_timeout is not None or self.startup_timeout is not None,
             flight_recorder=self.flight_recorder,
+            warm=self.warm and self.launcher == "none", preload=list(self.preload) or None,
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt,
             container=node.config.container.wire() if node.config.container else None,
@@ -257,6 +260,8 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         stop_grace=config.stop_grace,
         stop_signal=config.stop_signal,
         flight_recorder=config.flight_recorder,
+        warm=config.warm,
+        preload=config.preload,
         hang_timeout=hang_timeout if hang_timeout is not None else config.hang_timeout,
         startup_timeout=config.startup_timeout,
         launcher=config.launcher,
@@ -276,14 +281,6 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         notify=config.notify,
         commit=commit,
     )
-
-
-def node_workdir(cfg: NodeConfig, local_cwd: str) -> str | None:
-    """Where a node's job runs: its `workdir:`; a local node without one runs where the user is,
-    like `torchrun` would; None: the remote user's home."""
-    if cfg.workdir is None and cfg.transport == "local":
-        return local_cwd
-    return cfg.workdir
 
 
 def check_job_id(value: str, flag: str) -> str:
@@ -306,13 +303,3 @@ def display_quote(value: str) -> str:
         return shlex.quote(value)
     body = "".join(c if c.isprintable() and c not in "\\'" else f"\\x{ord(c):02x}" for c in value)
     return f"$'{body}'"
-
-
-def quote_path(path: str) -> str:
-    """Shell-quote a path but keep a leading ``~/`` meaning the remote user's home."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
-

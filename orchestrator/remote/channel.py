@@ -76,10 +76,11 @@ class AgentChannel:
                  on_frames: Callable[[list[wire.Frame]], None], on_end: Callable[[ChannelEnd], None],
                  on_stderr: Callable[[str], None] | None = None, tags: Mapping[str, str] | None = None,
                  setup: tuple[str, ...] = (), workdir: str | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, mode: type | None = None):
         self.node = node
         self.transport = transport
         self.spec = spec  # None: the caller's first ``send`` is the spec (see protocol.hello)
+        self.mode = mode  # without a spec, the kind it will be: the agent is sent that mode's modules
         self.on_frames = on_frames  # each read's frames, in order, in one call
         self.on_end = on_end
         self.on_stderr = on_stderr
@@ -161,7 +162,7 @@ class AgentChannel:
     def _write_loop(self) -> None:
         try:
             with self._write_lock:
-                for part in protocol.hello(self.spec):
+                for part in protocol.hello(self.spec, self.mode):
                     self.proc.write(part)
         except (OSError, EOFError):
             return

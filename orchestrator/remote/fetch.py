@@ -22,13 +22,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..config.cluster import NodeConfig
+from ..config.cluster import NodeConfig, node_workdir
 from ..errors import NodeProblem, UsageError
 from ..node import wire
 from ..node.fetch import CHUNK
 from ..node.sync import safe_relpath, same_file
 from ..ownfiles import NO_NAME_OF_ITS_OWN, copy_name, no_link_open, own_dir, safe_name
-from ..plan.launch import node_workdir
 from .landing import Landing, unlink_quietly
 from .oneshot import AgentCall
 from .parallel import on_each

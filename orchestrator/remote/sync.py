@@ -174,7 +174,7 @@ class NodeSync:
     problem: NodeProblem | None = None
 
     def __post_init__(self) -> None:
-        self.call = AgentCall(self.node.config, None)  # the spec (the tree's entries) follows the scan
+        self.call = AgentCall(self.node.config, None, mode=wire.SyncSpec)  # the spec (the tree's entries) follows the scan
         self.moved = 0.0  # last time bytes went out (the stall watchdog reads it)
         self.sent = threading.Event()  # ends the watchdog
 

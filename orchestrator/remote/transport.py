@@ -16,10 +16,9 @@ import subprocess
 from abc import ABC, abstractmethod
 from typing import Mapping
 
-from ..config.cluster import NodeConfig
+from ..config.cluster import NodeConfig, quote_path
 from ..errors import NodeProblem
 from ..node.sync import widen_pipe
-from ..plan.launch import quote_path
 
 # The most one read of the agent's stdout takes (what is there: less). A pipe holds 64 KiB; a
 # read asking for more makes Python allocate that much first, above glibc's mmap threshold: a

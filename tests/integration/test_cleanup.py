@@ -205,11 +205,16 @@ def test_ctrl_c_gives_every_rank_its_whole_grace_once_and_prints_no_launcher_tra
     assert_clean(launch.job_id)
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+def launcher_keys(launcher: str) -> dict:
+    """"warm": `launcher: none` with warm start (its ranks are forked from the node's warm interpreter)."""
+    return {"launcher": "none", "warm": True} if launcher == "warm" else {"launcher": launcher}
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm"])
 def test_ddp_kill_signal_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file, launcher):
     """Issue 27, item 3: `ddp-kill --signal USR1 --job ID` delivers it to every rank, straight
     (torchrun would take it for a stop), and stops nothing."""
-    path = cluster_file([(0, 2), (1, 1)], launcher=launcher)
+    path = cluster_file([(0, 2), (1, 1)], **launcher_keys(launcher))
     launch = start(path, "usr1")
     for rank in range(3):
         launch.wait_line(rf"r{rank}\s+\| rank {rank} running", 90)
@@ -224,12 +229,12 @@ def test_ddp_kill_signal_reaches_every_rank_once_and_the_job_goes_on(cluster, cl
     assert_clean(launch.job_id)
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm"])
 def test_a_sigusr1_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file, launcher):
     """Issue 27, item 3: ddp-up passes on a SIGUSR1 it gets (a Slurm warning, a user's kill) to
     every rank, straight, and it is not a stop (under `launcher: none` the ranks are the agent's
     own children)."""
-    launch = start(cluster_file([(0, 2), (1, 1)], launcher=launcher), "usr1")
+    launch = start(cluster_file([(0, 2), (1, 1)], **launcher_keys(launcher)), "usr1")
     for rank in range(3):
         launch.wait_line(rf"r{rank}\s+\| rank {rank} running", 90)
     launch.signal(signal.SIGUSR1)
@@ -242,12 +247,12 @@ def test_a_sigusr1_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster
     assert_clean(launch.job_id)
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm"])
 def test_a_save_that_overruns_stop_grace_is_killed_at_the_grace_and_named_in_the_summary(cluster, cluster_file,
                                                                                         tmp_path, launcher):
     """Issue 27, item 6: the grace is a limit too; what outlives it is killed (by torchrun, whose
     own wait is the grace, or by the agent) and the summary says so, node by node."""
-    path = cluster_file([(0, 1), (1, 1)], stop_grace=2, launcher=launcher,
+    path = cluster_file([(0, 1), (1, 1)], stop_grace=2, **launcher_keys(launcher),
                         env={"OMP_NUM_THREADS": 1, "SAVE_S": "30"})
     launch = start(path, "save", str(tmp_path / "ckpt"))
     for rank in (0, 1):

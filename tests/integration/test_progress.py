@@ -82,6 +82,18 @@ def test_plain_output_and_the_log_files_keep_snapshots_and_the_final_state(tmp_p
     assert re.search(r"^" + final.format(n=30) + r".*(\]|it/s)$", log, re.M), log
 
 
+def test_under_a_live_rich_bar_a_long_line_and_a_warning_arrive_whole(tmp_path):
+    """Rich prints a rank's own lines itself while its bar is live, cut at its width: the ranks get
+    one that no line reaches (node/launch.TERMINAL_ENV), on every rank alike."""
+    path = local_cluster(tmp_path)
+    code, out, _ = ddp_up("--no-dashboard", str(path), BARS, "richlines", "10", "0.05", timeout=90)
+    assert code == 0, out
+    for rank in (0, 1):
+        log = (run_dir(job_of(out)) / f"rank{rank}.log").read_text()
+        assert re.search(rf"^long line rank={rank} x{{140}}$", log, re.M), log
+        assert re.search(r"UserWarning: under the bar w{120}$", log, re.M), log
+
+
 def test_a_flood_of_updates_leaves_a_small_log(tmp_path):
     path = local_cluster(tmp_path, nodes=1)
     code, out, _ = ddp_up("--no-dashboard", str(path), BARS, "flood", "100000", timeout=90)

@@ -7,6 +7,8 @@
   bars.py own STEPS STEP_S      no bar: "progress: i/STEPS" lines on stdout (ddp-up's own form)
   bars.py rich STEPS STEP_S     a Rich progress bar on stdout, as Lightning's RichProgressBar draws it
                                 ("train ━━━ 12/40 0:00:01 • 0:00:03 9.87it/s"), then "done"
+  bars.py richlines STEPS STEP_S   a live Rich bar, and halfway a 150-character line and a warning
+                                (Rich prints both itself while its bar is live)
   bars.py flood N [PREFIX]      every rank draws N "\\r" updates as fast as it can (flushed each, as tqdm
                                 does), then a newline, to stderr or to PREFIX.<rank>; then its own timing:
                                 "FLOOD rank=R updates=N seconds=S" on stdout
@@ -64,6 +66,21 @@ def rich(steps, step_s):
             bars.update(task, advance=1)
 
 
+def rich_lines(steps, step_s):
+    import warnings
+
+    from rich.progress import Progress
+
+    with Progress(refresh_per_second=10) as bars:
+        task = bars.add_task("train", total=steps)
+        for i in range(steps):
+            time.sleep(step_s)
+            if i == steps // 2:
+                print("long line rank=%d %s" % (RANK, "x" * 140), flush=True)
+                warnings.warn("under the bar %s" % ("w" * 120))
+            bars.update(task, advance=1)
+
+
 def own(steps, step_s):
     for i in range(1, steps + 1):
         time.sleep(step_s)
@@ -85,7 +102,8 @@ def flood(n, prefix=None):
 
 def main():
     mode, args = sys.argv[1], [a if "/" in a else float(a) if "." in a else int(a) for a in sys.argv[2:]]
-    {"tqdm": real_tqdm, "hand": hand, "nested": nested, "own": own, "flood": flood, "rich": rich}[mode](*args)
+    {"tqdm": real_tqdm, "hand": hand, "nested": nested, "own": own, "flood": flood, "rich": rich,
+     "richlines": rich_lines}[mode](*args)
     print("done rank=%d" % RANK, flush=True)
 
 

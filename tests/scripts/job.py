@@ -37,6 +37,8 @@ import signal
 import sys
 import time
 
+WARM = "torch" in sys.modules  # imported before this script began: a rank forked warm (node/warm.py)
+
 
 def finish(code):
     sys.stdout.flush()
@@ -58,7 +60,7 @@ def init():
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
     assert t.item() == world * (world + 1) / 2, t.item()
-    print(f"READY rank={rank} world={world} host={os.uname().nodename} pid={os.getpid()} "
+    print(f"READY rank={rank} world={world} host={os.uname().nodename} pid={os.getpid()} warm={WARM} "
           f"attempt={os.environ.get('DDP_UP_ATTEMPT', '-')}", flush=True)
     return dist, rank
 

@@ -136,7 +136,7 @@ def test_force_color_colors_a_pipe_but_draws_no_dashboard_there_and_no_color_dro
     from rich.text import Text
 
     from orchestrator.commands.common import interactive
-    from orchestrator.views.console import terminal_console
+    from orchestrator.views.terminal import terminal_console
 
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("FORCE_COLOR", "1")

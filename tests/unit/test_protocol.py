@@ -10,6 +10,7 @@ import pytest
 from orchestrator import node
 from orchestrator.remote import protocol
 from orchestrator.node import wire
+from orchestrator.node.main import MODES
 
 EXAMPLES = [
     wire.RunSpec(job="j", node=1, cluster="c", run="r1", workdir=None, script="t.py", env={"A": "1"}, pick_port=True,
@@ -100,40 +101,75 @@ def test_an_endless_header_is_an_error_not_a_memory_leak(monkeypatch):
         wire.Decoder().feed(b"x" * 2000)
 
 
-def test_hello_is_the_sources_and_their_bytecode_then_the_spec():
-    data = b"".join(protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True)))
-    n = len(node.SHIPPED)
-    args = protocol.bootstrap_args()
-    assert args[4:6] == ["ddp_up_node", ",".join(node.SHIPPED)]  # the bootstrap takes the names from here
-    sizes = [int(size) for size in args[6:]]
-    assert len(sizes) == 2 * n
+def _parts(data: bytes) -> tuple[list[str], list[bytes], bytes]:
+    """(the header's words, the parts it sizes, what follows them) of an agent's stdin."""
+    header, _, rest = data.partition(b"\n")
+    words = header.decode().split()
     parts, at = [], 0
-    for size in sizes:
-        parts.append(data[at:at + size])
+    for size in map(int, words[3:]):
+        parts.append(rest[at:at + size])
         at += size
-    assert parts[:n] == [path.read_bytes() for path in protocol.module_paths()]
-    codes = [marshal.loads(p) for p in parts[n:]]
-    assert [c.co_filename for c in codes] == ["ddp_up_node." + name for name in node.SHIPPED]
-    assert data[at:] == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true, "purge": false, "signal": null, "runtimes": null}\n'
+    return words, parts, rest[at:]
+
+
+def test_hello_is_a_header_the_mode_s_sources_and_their_bytecode_then_the_spec():
+    words, parts, spec = _parts(b"".join(protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True))))
+    names = protocol.modules_for(wire.SweepSpec)
+    assert words[:3] == [protocol.bytecode_key(), "ddp_up_node", ",".join(names)]
+    assert len(parts) == 2 * len(names)
+    assert parts[:len(names)] == [(protocol.module_paths()[0].parent / f"{n}.py").read_bytes() for n in names]
+    codes = [marshal.loads(p) for p in parts[len(names):]]
+    assert [c.co_filename for c in codes] == ["ddp_up_node." + name for name in names]
+    assert spec == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true, "purge": false, "signal": null, "runtimes": null}\n'
+
+
+def test_nothing_the_agent_runs_is_on_its_command_line():
+    """The command line is the bootstrap alone: ssh starts before anything is compiled."""
+    assert protocol.bootstrap_args() == ["-S", "-c", protocol.BOOTSTRAP]
+
+
+@pytest.mark.parametrize("mode", list(MODES), ids=lambda m: m.__name__)
+def test_each_mode_is_shipped_main_its_module_and_what_they_import(mode):
+    names = protocol.modules_for(mode)
+    assert names == tuple(n for n in node.SHIPPED if n in names)  # in the order the bootstrap runs them
+    assert {"wire", "main", MODES[mode].split(".")[0]} <= set(names)
+    for name in names:
+        assert _imports(name)[1] <= set(names), name
+    assert protocol.modules_for(None) == node.SHIPPED
+
+
+def test_fetch_and_ls_agents_run_a_fraction_of_the_package():
+    for mode in (wire.FetchSpec, wire.ListSpec, wire.SyncSpec):
+        assert len(protocol.modules_for(mode)) <= len(node.SHIPPED) // 2
+
+
+@pytest.mark.parametrize("name", node.SHIPPED)
+def test_the_import_scan_finds_what_the_parser_finds(name):
+    """modules_for reads imports as text, for speed; it must agree with Python's own parse."""
+    assert protocol.siblings(protocol.module_paths()[node.SHIPPED.index(name)].read_bytes()) == _imports(name)[1]
 
 
 def _run_agent(args, data):
     return subprocess.run([sys.executable, "-u", *args], input=data, capture_output=True, timeout=30)
 
 
+def _with_header(words: list[str], parts: list[bytes]) -> bytes:
+    return (" ".join(words[:3] + [str(len(p)) for p in parts]) + "\n").encode() + b"".join(parts)
+
+
 @pytest.mark.parametrize("key", ["same", "other", "no bytecode"])
 def test_an_agent_runs_the_shipped_bytecode_or_compiles_the_sources(key):
     """Bytecode is used only by the Python it was made by (same cache tag and magic number);
     any other compiles the sources. Each way, the agent runs and answers its spec."""
-    args, parts, n = protocol.bootstrap_args(), list(protocol.shipped()), len(node.SHIPPED)
+    words, parts, _ = _parts(b"".join(protocol.shipped(wire.SweepSpec)))
+    n = len(parts) // 2
     if key == "other":
-        args[3] = "cpython-38" + "55" * 4  # another Python's key: its bytecode would not load here
+        words[0] = "cpython-38" + "55" * 4  # another Python's key: its bytecode would not load here
         parts[n:] = [b"not bytecode"] * n  # proves it is never read as code
     elif key == "no bytecode":
         parts[n:] = [b""] * n
-    args[-2 * n:] = [str(len(p)) for p in parts]
     spec = wire.SweepSpec(match={"DDP_UP_JOB": "no-such-job-anywhere"}, grace=0.0, dry_run=True)
-    proc = _run_agent(args, b"".join(parts) + spec.encode())
+    proc = _run_agent(protocol.bootstrap_args(), _with_header(words, parts) + spec.encode())
     assert proc.returncode == 0, proc.stderr
     assert wire.Decoder().feed(proc.stdout)[0] == wire.Listed(found=[])
 
@@ -143,6 +179,16 @@ def test_an_agent_given_garbage_instead_of_a_spec_says_so_and_exits():
     assert proc.returncode == 3
     assert wire.Decoder().feed(proc.stdout) == [wire.Failed(
         "protocol error from the controller: unexpected frame 'Hello there'",
+        "use the same ddp-up version on both ends")]
+
+
+def test_an_agent_sent_another_mode_s_code_says_so_and_exits():
+    """A spec the agent has no module for (a controller bug) is a protocol error, not a traceback."""
+    data = b"".join(protocol.shipped(wire.ListSpec)) + wire.SweepSpec(match={}, grace=0.0, dry_run=True).encode()
+    proc = _run_agent(protocol.bootstrap_args(), data)
+    assert proc.returncode == 3, proc.stderr
+    assert wire.Decoder().feed(proc.stdout) == [wire.Failed(
+        "protocol error from the controller: this agent was not sent the code for SweepSpec",
         "use the same ddp-up version on both ends")]
 
 

@@ -11,8 +11,8 @@ import os
 import pytest
 
 from orchestrator.diagnose import rankfailures
-from orchestrator.node.report import FailureReportParser
 from orchestrator.node import decide, failures, policy
+from orchestrator.node.report import FailureReportParser
 from orchestrator.diagnose.outcome import Failure
 from orchestrator.views.logfiles import RunLogs
 from tests.unit.fakejob import Harness
@@ -194,7 +194,20 @@ def test_a_failure_reported_after_the_stop_is_still_the_root_cause_when_it_came_
     assert h.states() == ["failed", "failed"]  # node 0's own rank failed: not "stopped, stopped by ddp-up"
     root = result.root_cause
     assert (root.node, root.rank, root.exception) == (0, 0, "RuntimeError: boom")
-    assert root.render() == "h0 (node 0, rank 0): rank 0 raised: RuntimeError: boom"
+    # no report from node 0's launcher (it was stopped): Python's exit status for an uncaught exception
+    assert root.render() == "h0 (node 0, rank 0): rank 0 exited with code 1: RuntimeError: boom"
+    assert root.exit_code is None  # words, not a code: no_restart_on_exit reads only a reported one
+
+
+def test_two_nodes_word_the_same_kind_of_failure_alike_with_a_report_or_without():
+    """One node's launcher reported its failed ranks' codes, the other's was stopped first: both
+    said what their ranks did in the same words ("exited with code 1"), not "raised" on one."""
+    report = FailureReportParser()
+    errors = [rankfailures.RankError(r, T0 + r, "RuntimeError: boom", ("RuntimeError: boom",), None) for r in (1, 2)]
+    words = [f.what for f in rankfailures.own_failures(0, "h0", report, errors, {}, None)]
+    assert words == ["rank 1 exited with code 1", "rank 2 exited with code 1"]
+    interrupted = [rankfailures.RankError(3, T0, "KeyboardInterrupt", (), None)]
+    assert [f.what for f in rankfailures.own_failures(0, "h0", report, interrupted, {}, None)] == ["rank 3 raised"]
 
 
 def test_a_node_stopped_with_no_failure_of_its_own_stays_stopped():

@@ -1,0 +1,100 @@
+"""Warm start against a cold start and against the manual way, launch to exit, in one run.
+
+    python3 -m benchmarks.warm [--nodes 1,4] [--repeat 3] [--procs 1]
+
+On the namespace sshd cluster of the tests (Linux, root), --procs processes per node, the trivial job
+of benchmarks/launch.py (init_process_group + one all_reduce, gloo), each repeat in turn:
+  manual   `ssh node torchrun ...` per node, then `wait` (what a user types by hand)
+  cold     ddp-up, `launcher: none`: every rank imports torch after the Go
+  warm     ddp-up, `launcher: none`, `warm: true`: every node imports torch once, while the
+           preflight runs, and forks its rank from that interpreter
+Ratios are taken within a repeat; the machine's peak memory in use is printed for each. These
+machines have 2 cores: every node's imports are paid on the same two.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import (JOB_ENV, SCRIPT, Sample, cluster_args, env_for, parallel_ssh_script, spread, timed,
+                               torchrun_line)
+from benchmarks.launch import JOB, TIMEOUT, Bench, MemoryWatch, _ok
+from tests.harness.runner import REPO, UP
+from tests.harness.sshcluster import SSHCluster
+
+MODES = ("cold", "warm")
+
+
+class WarmBench(Bench):
+    def __init__(self, cluster: SSHCluster, tmp: Path, procs: int):
+        super().__init__(cluster, tmp)
+        self.procs = procs
+
+    def cluster_file(self, n: int) -> Path:
+        return self.cluster.cluster_file(self.tmp / f"c{n}.yaml", [(node, self.procs) for node in self.cluster.nodes[:n]],
+                                         python=sys.executable, workdir=str(self.tmp), env=JOB_ENV,
+                                         ssh={"connect_timeout": 30})
+
+    def ssh_job(self, n: int) -> tuple[Sample, int]:
+        nodes, port, tag = self.cluster.nodes[:n], random.randint(20000, 40000), f"bench-{time.time_ns()}"
+        script = parallel_ssh_script(self.cluster, nodes, lambda k: torchrun_line(
+            nodes, k, port, str(self.tmp), tag, JOB, self.procs))
+        with MemoryWatch() as mem:
+            s = timed(["bash", "-c", script], TIMEOUT)
+        return _ok(s, f"parallel ssh at {n} nodes"), mem.peak
+
+    def ddp_up_mode(self, n: int, mode: str) -> tuple[Sample, int]:
+        path = self.cluster_file(n)
+        text = path.read_text() + f"launcher: none\nwarm: {'true' if mode == 'warm' else 'false'}\n"
+        path = path.with_name(f"{path.stem}-{mode}.yaml")
+        path.write_text(text)
+        with MemoryWatch() as mem:
+            s = timed([sys.executable, "-c", UP, "--no-dashboard", "--runs-dir", str(self.runs), str(path), SCRIPT,
+                       *JOB], TIMEOUT, cwd=REPO, env=env_for(None))
+        return _ok(s, f"ddp-up {mode} at {n} nodes"), mem.peak
+
+
+def main() -> int:
+    args = cluster_args(__doc__, "1,4", lambda p: p.add_argument("--procs", type=int, default=1))
+    rows: dict[int, list[dict]] = {n: [] for n in args.sizes}
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = SSHCluster(max(args.sizes), Path(tmp) / "cluster").up()
+        try:
+            bench = WarmBench(cluster, Path(tmp), args.procs)
+            for r in range(args.repeat):
+                for n in args.sizes:
+                    manual, manual_mem = bench.ssh_job(n)
+                    row = {"manual": (manual, manual_mem)}
+                    for mode in MODES:
+                        row[mode] = bench.ddp_up_mode(n, mode)
+                    rows[n].append(row)
+                    print(f"  repeat {r + 1}, {n} nodes: " + ", ".join(
+                        f"{k} {v[0].wall:.2f} s" for k, v in row.items()), file=sys.stderr, flush=True)
+        finally:
+            cluster.down()
+    print(f"\nlaunch to exit of a trivial torch job, {args.procs} process(es) per node, {args.repeat} runs; "
+          "median (min-max), s")
+    print("| nodes | manual ssh + torchrun | ddp-up cold | ddp-up warm | warm / manual | warm / cold "
+          "| peak memory GB manual / cold / warm |")
+    print("|---|---|---|---|---|---|---|")
+    for n in args.sizes:
+        runs = rows[n]
+
+        def wall(mode):
+            return [run[mode][0].wall for run in runs]
+
+        def peak(mode):
+            return max(run[mode][1] for run in runs) / 2**20
+        print(f"| {n} | {spread(wall('manual'))} | {spread(wall('cold'))} | {spread(wall('warm'))} "
+              f"| {spread([w / m for w, m in zip(wall('warm'), wall('manual'))])} "
+              f"| {spread([w / c for w, c in zip(wall('warm'), wall('cold'))])} "
+              f"| {peak('manual'):.1f} / {peak('cold'):.1f} / {peak('warm'):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Warm start (`warm: true`, `launcher: none`): each node's ranks are forked from an interpreter
+that imported torch while the preflight ran. The same jobs as cold, on `transport: local` nodes
+(the agent, relay and controller path of SSH at a fraction of the cost), and what held cold holds:
+the root cause with the rank's exception, ddp-kill, nothing left behind."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import signal
+import sys
+from pathlib import Path
+
+from tests.harness import procs, runner
+from tests.harness.runner import ddp_kill, ddp_up, run_dir
+from tests.integration.conftest import SCRIPT
+
+warm_cluster = functools.partial(runner.local_cluster, launcher="none", warm=True)
+
+
+def job_of(out: str) -> str:
+    return re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
+
+
+def ready_lines(out: str) -> list[str]:
+    return re.findall(r"\| READY rank=\d+ world=\d+ .* warm=(\w+) attempt=", out, re.M)
+
+
+def test_a_warm_job_runs_its_ranks_from_the_interpreter_that_imported_torch(tmp_path):
+    path = warm_cluster(tmp_path, nodes=2, gpus=2)
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "run", "--steps", "2", timeout=180)
+    assert code == 0, out
+    assert ready_lines(out) == ["True"] * 4, out  # every rank found torch imported when its script began
+    assert "warm start" not in out, out  # nothing to say: no notice, no fallback
+    assert procs.wait_no_job_processes(job_of(out), 15) == []  # the interpreters too
+
+
+def test_warm_false_is_today_s_cold_start(tmp_path):
+    path = runner.local_cluster(tmp_path, nodes=1, gpus=2, launcher="none", warm=False)
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "run", "--steps", "1", timeout=180)
+    assert code == 0, out
+    assert ready_lines(out) == ["False"] * 2, out
+
+
+def test_a_warm_rank_that_raises_is_the_root_cause_with_its_exception(tmp_path):
+    path = warm_cluster(tmp_path, nodes=2, gpus=2)
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "run", "--raise-plain", "1", timeout=180)
+    assert code == 1, out
+    assert re.search(r"^root cause: local-0 \(node 0, rank 1\): rank 1 exited with code 1: RuntimeError: boom from "
+                     r"rank 1$", out, re.M), out
+    summary = json.loads((run_dir(job_of(out)) / "summary.json").read_text())
+    assert summary["root_cause"]["traceback"][-1] == "RuntimeError: boom from rank 1"
+    assert procs.wait_no_job_processes(job_of(out), 15) == []
+
+
+def test_a_preload_that_fails_is_one_notice_and_the_job_still_runs_warm(tmp_path):
+    path = warm_cluster(tmp_path, nodes=1, gpus=1, preload=["no_such_module_here"])
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "run", "--steps", "1", timeout=180)
+    assert code == 0, out
+    assert len(re.findall(r"warm start: preload no_such_module_here failed \(ModuleNotFoundError", out)) == 1, out
+    assert ready_lines(out) == ["True"], out
+
+
+def test_ddp_kill_stops_forked_ranks_and_their_interpreter_and_ps_names_each_rank(tmp_path):
+    path = warm_cluster(tmp_path, nodes=1, gpus=2)
+    launch = runner.Launch(["--no-dashboard", str(path), SCRIPT, "run", "--steps", "1000", "--step-time", "0.2"])
+    try:
+        launch.wait_line(r"READY rank=1 .* warm=True", 120)
+        job = launch.job_id
+        for rank in (0, 1):
+            cmdline = Path(f"/proc/{procs.worker_pid(job, rank)}/cmdline").read_bytes().split(b"\0")
+            assert cmdline[:3] == [sys.executable.encode(), b"-u", SCRIPT.encode()], cmdline
+        code, out = ddp_kill(str(path), "--job", job)
+        assert code == 0, out
+        assert launch.wait(60) != 0, launch.output
+    finally:
+        if launch.proc.poll() is None:
+            launch.signal(signal.SIGKILL)
+            launch.wait(10)
+    assert procs.wait_no_job_processes(job, 15) == []
+
+
+def test_ctrl_c_ends_a_warm_job_and_leaves_nothing(tmp_path):
+    path = warm_cluster(tmp_path, nodes=2, gpus=1)
+    launch = runner.Launch(["--no-dashboard", str(path), SCRIPT, "run", "--steps", "1000", "--step-time", "0.2"])
+    launch.wait_line(r"READY rank=1 .* warm=True", 120)
+    launch.signal(signal.SIGINT)
+    assert launch.wait(60) == 130, launch.output
+    assert procs.wait_no_job_processes(launch.job_id, 15) == []

@@ -1,0 +1,160 @@
+"""Warm start's interpreter (node/warm.py), for real: a zygote of this machine's Python, forking
+scripts of ours. It imports only what each test names (no torch: the import is not the subject);
+the torch jobs run warm in tests/integration/test_warm_start.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.node.warm import Warm
+
+SCRIPT = textwrap.dedent('''
+    import ctypes, json, os, sys
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    print(json.dumps({"name": __name__, "argv": sys.argv, "file": __file__, "cwd": os.getcwd(),
+                      "env": os.environ.get("ONLY_THE_RANK"), "c_env": (libc.getenv(b"ONLY_THE_RANK") or b"").decode(),
+                      "zygote_var": os.environ.get("ONLY_THE_ZYGOTE"), "path0": sys.path[0],
+                      "own_session": os.getsid(0) == os.getpid(), "stdin": sys.stdin.read(),
+                      "helper_seen": "say" in globals(), "cmdline": open("/proc/self/cmdline", "rb").read().decode()}))
+    sys.exit(int(sys.argv[1]))
+''')
+
+
+@pytest.fixture
+def warm(tmp_path):
+    made = []
+
+    def make(preload=(), base=(), env=None):
+        w = Warm(sys.executable, {"ONLY_THE_ZYGOTE": "z", "PATH": os.environ["PATH"], **(env or {})}, str(tmp_path),
+                 str(tmp_path / "warm.log"), preload, base=base)
+        made.append(w)
+        return w
+    yield make
+    for w in made:
+        if w.proc.poll() is None:
+            w.proc.kill()
+        w.proc.wait(10)
+
+
+def fork(w, tmp_path: Path, script: str, *args: str, rank: int = 0, env=None, cwd=None):
+    path = tmp_path / f"script{rank}.py"
+    path.write_text(script)
+    out, err = tmp_path / f"out{rank}", tmp_path / f"err{rank}"
+    child = w.fork(rank, [str(path), *args], env or {"ONLY_THE_RANK": "r"}, str(cwd or tmp_path), str(out), str(err))
+    assert child is not None, (tmp_path / "warm.log").read_text()
+    return child, out, err
+
+
+def test_a_forked_rank_is_what_python_script_args_would_be(warm, tmp_path):
+    w = warm()
+    assert w.ready(30), w.hello
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    child, out, err = fork(w, tmp_path, SCRIPT, "3", "--flag", cwd=other)
+    assert child.wait(30) == 3, err.read_text()
+    seen = json.loads(out.read_text())
+    script = str(tmp_path / "script0.py")
+    assert seen["name"] == "__main__" and seen["argv"] == [script, "3", "--flag"] and seen["file"] == script
+    assert seen["cwd"] == str(other) and seen["path0"] == str(tmp_path)
+    assert seen["env"] == seen["c_env"] == "r"  # os.environ and the C library's, which NCCL reads
+    assert seen["zygote_var"] is None  # the rank's environment, not its interpreter's
+    assert seen["own_session"] and seen["stdin"] == "" and not seen["helper_seen"]
+    assert seen["cmdline"].split("\0")[:4] == [sys.executable, "-u", script, "3"]  # ps names the rank's script
+
+
+def test_proc_environ_shows_what_the_rank_added_to_its_interpreter_s_environment(warm, tmp_path):
+    """ddp-kill, the stack dumps and ps -e read a rank's RANK from /proc/PID/environ."""
+    w = warm()
+    assert w.ready(30)
+    child, out, err = fork(w, tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
+                           env={"RANK": "7", "LOCAL_RANK": "1", "ONLY_THE_ZYGOTE": "z", "NEW": "v" * 100})
+    try:
+        for _ in range(400):
+            if out.exists() and out.read_text():
+                break
+            child.ended.wait(0.05)
+        shown = [e for e in Path(f"/proc/{child.pid}/environ").read_bytes().split(b"\0") if e]
+        assert shown[-3:] == [b"RANK=7", b"LOCAL_RANK=1", b"NEW=" + b"v" * 100], shown  # after the interpreter's
+        assert b"ONLY_THE_ZYGOTE=z" in shown and not any(e.startswith(b"DDP_UP_WARM_ROOM") for e in shown)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+
+
+def test_an_uncaught_exception_is_code_1_with_the_script_s_traceback(warm, tmp_path):
+    w = warm()
+    assert w.ready(30)
+    child, _, err = fork(w, tmp_path, "def f():\n    raise ValueError('boom')\nf()\n")
+    assert child.wait(30) == 1
+    text = err.read_text()
+    assert text.startswith("Traceback (most recent call last):\n  File \"%s\", line 3, in <module>" % (
+        tmp_path / "script0.py")), text
+    assert text.rstrip().endswith("ValueError: boom") and "runpy" not in text
+
+
+def test_a_signal_ends_a_rank_with_the_negative_signal_number_as_popen_does(warm, tmp_path):
+    w = warm()
+    assert w.ready(30)
+    child, out, _ = fork(w, tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    for _ in range(200):
+        if out.exists() and out.read_text():
+            break
+        child.ended.wait(0.05)
+    os.kill(child.pid, signal.SIGTERM)
+    assert child.wait(30) == -signal.SIGTERM
+
+
+def test_spawned_multiprocessing_workers_find_the_script_s_own_functions(warm, tmp_path):
+    """A DataLoader's workers with spawn re-import __main__ from its file: they must find it."""
+    w = warm()
+    assert w.ready(30)
+    script = ("import multiprocessing as mp\ndef square(x):\n    return x * x\n"
+              "if __name__ == '__main__':\n    with mp.get_context('spawn').Pool(1) as p:\n"
+              "        print('squares', p.map(square, [2, 3]))\n")
+    child, out, err = fork(w, tmp_path, script)
+    assert child.wait(60) == 0, err.read_text()
+    assert out.read_text() == "squares [4, 9]\n"
+
+
+def test_every_rank_of_an_attempt_then_the_interpreter_ends(warm, tmp_path):
+    w = warm()
+    assert w.ready(30)
+    children = [fork(w, tmp_path, "import os, sys\nsys.exit(int(os.environ['RANK']))\n", rank=r,
+                     env={"RANK": str(r)})[0] for r in range(3)]
+    w.close()
+    assert [c.wait(30) for c in children] == [0, 1, 2]
+    assert w.proc.wait(10) == 0  # nothing of it is left
+
+
+def test_a_module_that_fails_to_import_is_a_notice_and_the_rest_stays_warm(warm, tmp_path):
+    w = warm(preload=("json", "no_such_module_anywhere"))
+    assert w.ready(30)
+    assert len(w.notices()) == 1 and "no_such_module_anywhere" in w.notices()[0]
+
+
+def test_a_module_that_initialized_cuda_starts_the_ranks_cold_and_says_which(warm, tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("class cuda:\n    is_initialized = staticmethod(lambda: False)\n")
+    (fake / "eager.py").write_text("import torch\ntorch.cuda.is_initialized = lambda: True\n")
+    w = warm(base=("torch",), preload=("eager",), env={"PYTHONPATH": str(fake)})
+    assert not w.ready(30)
+    assert "importing eager initialized CUDA" in w.why_cold()
+    assert w.fork(0, ["x.py"], {}, str(tmp_path), "o", "e") is None
+
+
+def test_an_interpreter_never_used_ends_even_while_it_still_imports(warm, tmp_path):
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
+    w = warm(preload=("sleepy",), env={"PYTHONPATH": str(slow)})
+    w.abandon()
+    assert w.proc.poll() is not None
