@@ -1,13 +1,14 @@
 """Warm start against a cold start and against the manual way, launch to exit, in one run.
 
-    python3 -m benchmarks.warm [--nodes 1,4] [--repeat 3] [--procs 1]
+    python3 -m benchmarks.warm [--nodes 1,4] [--repeat 3] [--procs 1] [--launcher torchrun]
 
 On the namespace sshd cluster of the tests (Linux, root), --procs processes per node, the trivial job
 of benchmarks/launch.py (init_process_group + one all_reduce, gloo), each repeat in turn:
   manual   `ssh node torchrun ...` per node, then `wait` (what a user types by hand)
-  cold     ddp-up, `launcher: none`: every rank imports torch after the Go
-  warm     ddp-up, `launcher: none`, `warm: true`: every node imports torch once, while the
-           preflight runs, and forks its rank from that interpreter
+  cold     ddp-up with --launcher (torchrun, or none: ddp-up's own): every rank imports torch
+           after the Go
+  warm     the same with `warm: true`: every node imports torch once, while the preflight runs,
+           and forks its ranks from that interpreter
 Ratios are taken within a repeat; the machine's peak memory in use is printed for each. These
 machines have 2 cores: every node's imports are paid on the same two.
 """
@@ -30,9 +31,9 @@ MODES = ("cold", "warm")
 
 
 class WarmBench(Bench):
-    def __init__(self, cluster: SSHCluster, tmp: Path, procs: int):
+    def __init__(self, cluster: SSHCluster, tmp: Path, procs: int, launcher: str):
         super().__init__(cluster, tmp)
-        self.procs = procs
+        self.procs, self.launcher = procs, launcher
 
     def cluster_file(self, n: int) -> Path:
         return self.cluster.cluster_file(self.tmp / f"c{n}.yaml", [(node, self.procs) for node in self.cluster.nodes[:n]],
@@ -49,7 +50,7 @@ class WarmBench(Bench):
 
     def ddp_up_mode(self, n: int, mode: str) -> tuple[Sample, int]:
         path = self.cluster_file(n)
-        text = path.read_text() + f"launcher: none\nwarm: {'true' if mode == 'warm' else 'false'}\n"
+        text = path.read_text() + f"launcher: {self.launcher}\nwarm: {'true' if mode == 'warm' else 'false'}\n"
         path = path.with_name(f"{path.stem}-{mode}.yaml")
         path.write_text(text)
         with MemoryWatch() as mem:
@@ -59,12 +60,16 @@ class WarmBench(Bench):
 
 
 def main() -> int:
-    args = cluster_args(__doc__, "1,4", lambda p: p.add_argument("--procs", type=int, default=1))
+    def more(p) -> None:
+        p.add_argument("--procs", type=int, default=1)
+        p.add_argument("--launcher", choices=("torchrun", "none"), default="torchrun")
+
+    args = cluster_args(__doc__, "1,4", more)
     rows: dict[int, list[dict]] = {n: [] for n in args.sizes}
     with tempfile.TemporaryDirectory() as tmp:
         cluster = SSHCluster(max(args.sizes), Path(tmp) / "cluster").up()
         try:
-            bench = WarmBench(cluster, Path(tmp), args.procs)
+            bench = WarmBench(cluster, Path(tmp), args.procs, args.launcher)
             for r in range(args.repeat):
                 for n in args.sizes:
                     manual, manual_mem = bench.ssh_job(n)
@@ -76,8 +81,8 @@ def main() -> int:
                         f"{k} {v[0].wall:.2f} s" for k, v in row.items()), file=sys.stderr, flush=True)
         finally:
             cluster.down()
-    print(f"\nlaunch to exit of a trivial torch job, {args.procs} process(es) per node, {args.repeat} runs; "
-          "median (min-max), s")
+    print(f"\nlaunch to exit of a trivial torch job, {args.procs} process(es) per node, launcher {args.launcher}, "
+          f"{args.repeat} runs; median (min-max), s")
     print("| nodes | manual ssh + torchrun | ddp-up cold | ddp-up warm | warm / manual | warm / cold "
           "| peak memory GB manual / cold / warm |")
     print("|---|---|---|---|---|---|---|")

@@ -17,7 +17,7 @@ import time
 from . import container, events, facts, flight, policy, wire
 from .checks import CALL_HOOK, job_env
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, TAGS, carries, find_tagged, is_launcher, kill_tagged, read_tags, signal_ranks,
+from .procs import (KILL_WAIT, TAG_ATTEMPT, TAGS, carries, find_tagged, is_launcher, kill_tagged, read_tags, signal_ranks,
                     signal_tagged, spec_tags, wait_gone)
 from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
@@ -139,9 +139,24 @@ def hooks_dir(state_dir, attempt):
     return os.path.join(state_dir, per_attempt("hooks", attempt))  # a detached restart: same state dir
 
 
-def rank_hook(launch):
-    """What a rank forked warm runs first: the hooks of sitecustomize, less what its interpreter ran."""
-    return sitecustomize(launch.spec.stack_dumps, flight.RECORDER_HOOK if launch.flight_dir else "", chain=False)
+def started_launcher(argv, env, warm=None):
+    """The launcher's process (a Popen, or a warm.WarmChild) and the read ends of its stdout and
+    stderr, ours to close. torchrun is forked from the warm interpreter where there is one: it then
+    starts without importing torch, and its workers (warm.WARM_STUB) ask that interpreter too."""
+    if warm is not None and argv[1:4] == ["-u", "-m", "torch.distributed.run"]:
+        (out_r, out_w), (err_r, err_w), null = os.pipe(), os.pipe(), os.open(os.devnull, os.O_RDONLY)
+        try:  # the write ends go with the request: the interpreter's child has them when it starts
+            child = warm.fork(None, argv[2:], env, os.getcwd(), fds=[null, out_w, err_w])
+        finally:
+            os.close(out_w), os.close(err_w), os.close(null)
+        if child is not None:
+            return child, (out_r, err_r)
+        os.close(out_r), os.close(err_r)
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    pipes = tuple(os.dup(pipe.fileno()) for pipe in (proc.stdout, proc.stderr))
+    proc.stdout.close(), proc.stderr.close()
+    return proc, pipes
 
 
 def write_hooks(state_dir, attempt, files):
@@ -162,7 +177,7 @@ class Launch:
     exit goes on ``post`` as an events.Exited of this attempt (a later one's is told apart)."""
 
     def __init__(self, spec, out, match, state_dir, log_dir, attempt, job_env, post, box=None, torch=None):
-        self.spec, self.out, self.match = spec, out, match
+        self.spec, self.out, self.match = spec, out, dict(match, **{TAG_ATTEMPT: str(attempt)})  # this attempt's alone
         self.dir, self.log_dir, self.attempt = state_dir, log_dir, attempt
         self.job_env, self.post = job_env, post  # the job's environment (a dict, copied), the agent's queue
         self.proc = None
@@ -178,16 +193,15 @@ class Launch:
         self.go_env = {}  # what the Go adds to the job's environment (the network interfaces)
         self.torch_version = (torch or {}).get("torch")  # the job's torch, as the preflight read it
 
-    def start(self, go, warm=None):
-        """Start the attempt from ``go``; ``warm``: the interpreter its ranks are forked from (warm.Warm)."""
+    def start(self, go, warm=None):  # warm: the interpreter its ranks are forked from (warm.Warm), if any
         env = self.launch_env(go)
         if go.argv[0] == OWN_LAUNCHER and self.box is None:
             self.proc = Workers(parse_launch(go.argv[1:]), env, self.match,
-                                lambda text: self.out.send(wire.Output("err", None, text.encode())), warm, rank_hook(self))
+                                lambda text: self.out.send(wire.Output("err", None, text.encode())), warm)
             self.proc.start(self.log_dir)
             self.out.send(wire.Started())
         else:
-            self.start_launcher(go.argv, env)
+            self.start_launcher(go.argv, env, warm)
         self.tailer = Tailer(self.log_dir, self.out)
         self.tailer.start()
         if facts.has_nvidia_gpus():
@@ -227,7 +241,7 @@ class Launch:
         flight.recording_env(env, path, self.torch_version)
         return True
 
-    def start_launcher(self, argv, env):
+    def start_launcher(self, argv, env, warm=None):
         # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this
         # agent runs under exactly that interpreter, already resolved by the shell that started it.
         if ACCELERATE_NODE_OPTIONS in argv:
@@ -236,15 +250,13 @@ class Launch:
             argv, env = self.in_container(argv, env)
         else:
             argv = [sys.executable if a == argv[0] else a for a in argv]
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.proc, pipes = started_launcher(argv, env, None if self.box is not None else warm)
         self.out.send(wire.Started())
         self.rank_ends = RankEnds(self.proc.pid, self.match, self.spec.nproc or 1,
                                   lambda: self.out.send(wire.RanksEnded()))
         self.rank_ends.start()
-        for pipe, stream in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
-            t = threading.Thread(target=pump, args=(os.dup(pipe.fileno()), stream, self.out), daemon=True)
-            pipe.close()
+        for fd, stream in zip(pipes, ("out", "err")):
+            t = threading.Thread(target=pump, args=(fd, stream, self.out), daemon=True)
             t.start()
             self.pumps.append(t)
 

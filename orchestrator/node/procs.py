@@ -87,8 +87,11 @@ def is_alive(pid):
 # How a warm interpreter's command line starts (warm.ZYGOTE): its children are the ranks, as a
 # launcher's are, and it is never signalled as a rank is (its forked ranks take their own names).
 WARM_MARK = "'ddp_up_warm';"
+# How a warm rank's stand-in under torchrun starts (warm.WARM_STUB): torchrun's worker, which asks the
+# warm interpreter for the rank and passes signals on to it; never signalled as a rank itself.
+STUB_MARK = "'ddp_up_warm_rank';"
 # in a launcher's command line (plan.py's; `launcher: none`'s in a container, container.WORKERS_MAIN; warm start's)
-LAUNCHER_MARKS = ("torch.distributed.run", "torch.distributed.launch", "ddp_up_box.workers", WARM_MARK)
+LAUNCHER_MARKS = ("torch.distributed.run", "torch.distributed.launch", "ddp_up_box.workers", WARM_MARK, STUB_MARK)
 
 
 def is_launcher(proc):

@@ -21,10 +21,10 @@ import time
 
 from . import checks, events, policy, wire
 from .container import box_for
-from .launch import TERMINAL_ENV, Launch, results_of
+from .launch import TERMINAL_ENV, Launch, hooks_dir, results_of
 from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name, spec_tags
 from .state import killed_by_ddp_kill, remove_node_dir
-from .warm import Warm
+from .warm import READY_WAIT, Warm
 
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
 
@@ -39,7 +39,7 @@ class Runner:
         self.last_heard = clock()
         self.held = None  # the master port, held from preflight to Go (checks.PortHold)
         self.torch = None  # {"torch", "cuda", "nccl"} once probed
-        self.dir = self.log_dir = self.warm = None  # state directory and logs, once claimed; warm.Warm if warm
+        self.dir = self.log_dir = self.warm = None  # state directory and logs, once claimed; a WarmLine if warm
         self.launch = None  # the current attempt's processes (launch.Launch), from Go on
         self.attempt = spec.attempt
         self.for_good = False  # no restart: a signal to this agent, the controller's Stop or silence; not a Halt
@@ -93,7 +93,7 @@ class Runner:
             self.out.send(problem)
             self.out.drain(5)
             return 3
-        self.warm = warm_interpreter(self.spec, self.attempt, self.job_env(), self.dir, self.out)
+        self.warm = warm_interpreters(self.spec, self.attempt, self.job_env(), self.dir, self.out)
         self.out.send(checks.ready(self.spec, self.torch, self.job_env(), self.held and self.held.port,
                                    supervisor_port))
         threading.Thread(target=events.read_controller, args=(sys.stdin.buffer, self.events.put, self.heard),
@@ -188,7 +188,7 @@ class Runner:
         self.before_start(go)
         self.launch = Launch(self.spec, self.out, self.match, self.dir, self.log_dir, self.attempt, self.job_env,
                              self.events.put, box_for(self.spec, self.attempt, self.dir, self.job_env()), self.torch)
-        self.launch.start(go, self.warm)
+        self.launch.start(go, self.warm and self.warm.take(self.attempt))
 
     # --- stopping and ending ----------------------------------------------------------------------
 
@@ -231,17 +231,51 @@ class Runner:
         return 0
 
 
-def warm_interpreter(spec, attempt, job_env, state_dir, out):
-    """Warm start (`launcher: none`, no container): the interpreter this attempt's ranks are
-    forked from, importing while the controller readies the other nodes; None for a cold start."""
+class WarmLine:
+    """A node's warm interpreters (warm.Warm), one an attempt: the first made once its preflight
+    passed, importing while the controller readies the other nodes; for a detached job with
+    attempts left, the next one made as each attempt starts, so that a restart's ranks are forked
+    from an interpreter that had imported before the failure."""
+
+    def __init__(self, make, attempt, last):
+        self.make, self.last = make, last  # make(attempt) -> warm.Warm or None; last: the last attempt here
+        self.ready = {attempt: make(attempt)}
+
+    def take(self, attempt):
+        """Attempt ``attempt``'s interpreter (None: it starts cold), the next one on its way."""
+        if attempt < self.last and attempt + 1 not in self.ready:
+            self.ready[attempt + 1] = self.make(attempt + 1)
+        return self.ready.pop(attempt, None)
+
+
+def warm_interpreters(spec, attempt, job_env, state_dir, out):
+    """Warm start (`launcher: none` or torchrun, no container): the WarmLine of this node; None
+    for a cold start."""
     if not spec.warm or spec.container:
         return None
+    last = spec.restarts + spec.recoveries if spec.detach else attempt
+    line = WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, out), attempt, last)
+    first, deadline = line.ready.get(attempt), time.monotonic() + READY_WAIT
+    while first is not None and not first.ready(spec.heartbeat) and time.monotonic() < deadline:
+        out.send(wire.Heartbeat(), block=False)  # before the node says Ready; its heartbeats go on meanwhile
+    if first is not None and not first.ready(0):
+        first.proc.kill()
+        line.ready[attempt] = None
+        out.send(wire.Output("err", None, b"ddp-up: warm start: the imports took too long; the ranks start cold\n"))
+    return line
+
+
+def warm_interpreter(spec, attempt, job_env, state_dir, out):
+    """Attempt ``attempt``'s warm interpreter, or None where it cannot start (a cold start)."""
     env = dict(TERMINAL_ENV, **job_env)  # as its ranks' (launch.launch_env), less the Go's
     env.update(spec_tags(spec, attempt))  # ddp-kill and the sweeps find it, and its ranks
     if (spec.nproc or 1) > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # read once, at torch's import: as workers.worker_env
-    try:
-        return Warm(sys.executable, env, os.getcwd(), os.path.join(state_dir, "warm.log"), spec.preload or ())
+    try:  # its socket for torchrun's stand-ins (warm.WARM_STUB), and the attempt's hook its ranks run
+        return Warm(sys.executable, env, os.getcwd(), os.path.join(state_dir, "warm.%d.log" % attempt), spec.preload or (),
+                    listen=os.path.join(state_dir, "warm.%d.sock" % attempt),
+                    hook=os.path.join(hooks_dir(state_dir, attempt), "sitecustomize.py"),
+                    report=lambda text: out.send(wire.Output("err", None, text.encode())))
     except OSError as e:
         out.send(wire.Output("err", None, ("ddp-up: warm start: %s; the ranks start cold\n" % e).encode()))
         return None

@@ -12,26 +12,27 @@ import signal
 import subprocess
 import threading
 
-from .procs import catches, find_tagged, read_environ_value, signal_tagged
+from .procs import catches, find_tagged, is_launcher, read_environ_value, signal_tagged
 
 DUMP_SIGNAL = signal.SIGRTMIN + 7
 PYSPY_TIMEOUT = 20.0  # seconds for one py-spy dump
 HOOK_HEAD = "import faulthandler, importlib.machinery, importlib.util, os, sys\n"
 DUMP_LINE = "faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up: stack dump when a job looks hung\n" \
     % DUMP_SIGNAL
-HOOK_CHAIN = """_here = os.path.dirname(os.path.abspath(__file__))  # stays on sys.path: ddp-check's probe is there
-_spec = importlib.machinery.PathFinder.find_spec(  # the sitecustomize we shadow, if any
-    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
-if _spec is not None and _spec.loader is not None:
-    _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+HOOK_CHAIN = """if not globals().get("_ddp_up_warm"):  # a rank forked warm: its interpreter ran the one we shadow
+    _here = os.path.dirname(os.path.abspath(__file__))  # stays on sys.path: ddp-check's probe is there
+    _spec = importlib.machinery.PathFinder.find_spec(  # the sitecustomize we shadow, if any
+        "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+    if _spec is not None and _spec.loader is not None:
+        _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 """
 
 
-def sitecustomize(dumps, more="", chain=True):
+def sitecustomize(dumps, more=""):
     """The hook's text: the stack dump's handler where ``dumps``, then ``more`` (the Flight
-    Recorder's thread, flight.RECORDER_HOOK), then whatever sitecustomize it shadows (unless not
-    ``chain``: a rank forked warm, whose interpreter ran that one already)."""
-    return HOOK_HEAD + (DUMP_LINE if dumps else "") + more + (HOOK_CHAIN if chain else "")
+    Recorder's thread, flight.RECORDER_HOOK), then whatever sitecustomize it shadows (a rank forked
+    warm runs it too, with ``_ddp_up_warm`` set: its interpreter ran that one already)."""
+    return HOOK_HEAD + (DUMP_LINE if dumps else "") + more + HOOK_CHAIN
 
 
 DUMP_HOOK = sitecustomize(True)
@@ -41,6 +42,8 @@ def workers_of(match):
     """(pid, rank, local rank) of every worker among the processes that carry ``match``."""
     found = []
     for proc in find_tagged(match):
+        if is_launcher(proc):  # a warm rank's stand-in for torchrun (warm.WARM_STUB) carries its RANK too
+            continue
         rank = read_environ_value(proc["pid"], b"RANK")
         local = read_environ_value(proc["pid"], b"LOCAL_RANK")
         if rank is not None and local is not None:

@@ -89,11 +89,10 @@ class Workers:
     (the first failure's, or 128 + the signal that stopped them); the first failure goes out as
     torchrun's Root Cause block on the launcher's stderr."""
 
-    def __init__(self, launch, env, match, report, warm=None, hook=None):
+    def __init__(self, launch, env, match, report, warm=None):
         self.opts, script, args = launch
         self.argv = [sys.executable, "-u", script] + list(args)
-        # warm.Warm: the ranks forked from it (one attempt's: a later attempt starts cold); hook: what each runs first
-        self.warm, self.hook = (warm, hook) if warm is not None and not warm.closed else (None, None)
+        self.warm = warm if warm is not None and not warm.closed else None  # warm.Warm: the ranks forked from it
         self.env, self.match, self.report = env, match, report
         self.procs = {}  # Popen -> local rank
         self.ends = {}  # local rank -> when it ended (wall clock)
@@ -104,10 +103,6 @@ class Workers:
         self.done = threading.Event()
 
     def start(self, log_dir):
-        if self.warm is not None and not self.warm.ready():
-            self.report("ddp-up: %s\n" % self.warm.why_cold())
-        for notice in self.warm.notices() if self.warm is not None else ():
-            self.report("ddp-up: warm start: %s\n" % notice)
         for local_rank in range(int(self.opts["nproc-per-node"])):
             try:
                 proc = self.start_one(log_dir, local_rank)
@@ -129,7 +124,7 @@ class Workers:
         out, err = (open(os.path.join(where, name), "ab") for name in ("stdout.log", "stderr.log"))
         if self.warm is not None:
             out.close(), err.close()
-            child = self.warm.fork(local_rank, self.argv[2:], env, os.getcwd(), out.name, err.name, self.hook)
+            child = self.warm.fork(local_rank, self.argv[2:], env, os.getcwd(), out.name, err.name)
             if child is not None:
                 return child
             out, err = (open(name, "ab") for name in (out.name, err.name))

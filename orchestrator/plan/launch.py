@@ -22,6 +22,7 @@ from ..node.launch import ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, unconfigure
 from ..node.notify import DETACHED_KINDS
 from ..node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from ..node.state import JOB_ID
+from ..node.warm import WARM_STUB
 from ..node.workers import OWN_LAUNCHER
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its
@@ -141,9 +142,15 @@ class LaunchPlan:
             f"--master-port={port}",
             "--redirects=3",  # worker output to files on the node, relayed by the agent's tailer
             *self._signals(),
-            *self._entrypoint(python),
+            *self._entrypoint(python, self.warms(node)),
             *self.script_args,
         ]
+
+    def warms(self, node: NodePlan) -> bool:
+        """Whether ``node``'s ranks are forked from a warm interpreter (node/warm.py): ddp-up's own
+        launcher or torchrun, a script (not a module), no container."""
+        return self.warm and self.launcher in ("none", "torchrun") and self.module is None \
+            and node.config.container is None
 
     def _signals(self) -> list[str]:
         """torchrun passes on to the ranks only the signals it handles (SIGTERM, SIGINT, SIGHUP,
@@ -152,9 +159,11 @@ class LaunchPlan:
             return []
         return [f"--signals-to-handle={','.join((*TORCHRUN_SIGNALS, self.stop_signal))}"]
 
-    def _entrypoint(self, python: str) -> list[str]:
+    def _entrypoint(self, python: str, warm: bool = False) -> list[str]:
         if self.module is not None:  # ddp-up's own program (ddp-check --collective), from the hooks
             return ["-m", self.module]
+        if warm:  # torchrun's worker: a stand-in that asks the node's warm interpreter for the rank
+            return ["--no-python", python, "-S", "-c", WARM_STUB, self.script]
         if self.launcher == "legacy":  # torch.distributed.launch passed --local_rank=N before the args
             return ["--no-python", python, "-u", "-c", LEGACY_SHIM, self.script]
         return [self.script]
@@ -178,7 +187,7 @@ class LaunchPlan:
             stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat,
             stack_dumps=self.hang_timeout is not None or self.startup_timeout is not None,
             flight_recorder=self.flight_recorder,
-            warm=self.warm and self.launcher == "none", preload=list(self.preload) or None,
+            warm=self.warms(node), preload=list(self.preload) or None,
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt,
             container=node.config.container.wire() if node.config.container else None,

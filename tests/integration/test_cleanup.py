@@ -206,11 +206,14 @@ def test_ctrl_c_gives_every_rank_its_whole_grace_once_and_prints_no_launcher_tra
 
 
 def launcher_keys(launcher: str) -> dict:
-    """"warm": `launcher: none` with warm start (its ranks are forked from the node's warm interpreter)."""
-    return {"launcher": "none", "warm": True} if launcher == "warm" else {"launcher": launcher}
+    """"warm", "warm-torchrun": `launcher: none` or torchrun with warm start (the ranks forked from
+    the node's warm interpreter; under torchrun, its workers are stand-ins that pass signals on)."""
+    if launcher.startswith("warm"):
+        return {"launcher": launcher.partition("-")[2] or "none", "warm": True}
+    return {"launcher": launcher}
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm"])
+@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm", "warm-torchrun"])
 def test_ddp_kill_signal_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file, launcher):
     """Issue 27, item 3: `ddp-kill --signal USR1 --job ID` delivers it to every rank, straight
     (torchrun would take it for a stop), and stops nothing."""
@@ -229,7 +232,7 @@ def test_ddp_kill_signal_reaches_every_rank_once_and_the_job_goes_on(cluster, cl
     assert_clean(launch.job_id)
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm"])
+@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm", "warm-torchrun"])
 def test_a_sigusr1_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file, launcher):
     """Issue 27, item 3: ddp-up passes on a SIGUSR1 it gets (a Slurm warning, a user's kill) to
     every rank, straight, and it is not a stop (under `launcher: none` the ranks are the agent's
@@ -247,7 +250,7 @@ def test_a_sigusr1_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster
     assert_clean(launch.job_id)
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm"])
+@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm", "warm-torchrun"])
 def test_a_save_that_overruns_stop_grace_is_killed_at_the_grace_and_named_in_the_summary(cluster, cluster_file,
                                                                                         tmp_path, launcher):
     """Issue 27, item 6: the grace is a limit too; what outlives it is killed (by torchrun, whose

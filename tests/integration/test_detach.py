@@ -245,6 +245,24 @@ def test_a_detached_job_restarts_by_itself_and_an_attach_shows_every_attempt(det
     assert not procs.wait_no_job_processes(job, timeout=30)
 
 
+@pytest.mark.parametrize("launcher", ["none", "torchrun"])
+def test_a_detached_warm_job_restarts_warm(detached, launcher):
+    """Warm start and a detached restart: each node's next interpreter was made as the attempt
+    before began (tagged with its own attempt, so that attempt's end left it alone), and the
+    restarted ranks are forked from it."""
+    # the next interpreter imports while attempt 0 runs and waits its delay: a restart is warm once it is ready
+    path = detached([(0, 1), (1, 1)], launcher=launcher, warm=True, restarts=1, restart_delay=6)
+    code, out, _ = ddp_up("--detach", str(path), SCRIPT, "run", "--fail-rank", "1", "--exit-code", "3",
+                          "--fail-attempts", "0", timeout=180)
+    assert code == 0, out
+    job = re.search(r"job (\S+) runs detached", out).group(1)
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
+    assert code == 0 and re.search(r"ok after [\d.]+ s in 2 attempts", out), out
+    assert sorted(re.findall(r"READY rank=(\d) world=2 .* warm=(\w+) attempt=1$", out, re.M)) == \
+        [("0", "True"), ("1", "True")], out
+    assert not procs.wait_no_job_processes(job, timeout=30)
+
+
 def test_a_detached_job_restarts_by_the_rules_an_attached_one_does(detached):
     """Its supervisor decides by the same rule as ddp-up (policy.next_attempt): an exit code that
     no_restart_on_exit lists ends it at once, restarts left or not; the same failure three times

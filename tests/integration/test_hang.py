@@ -6,6 +6,8 @@ import os
 import re
 import sys
 
+import pytest
+
 from tests.harness import procs
 from tests.harness.runner import ddp_up
 from tests.integration.conftest import SCRIPT
@@ -15,9 +17,11 @@ LAUNCHER = "none"  # the hang watch is ddp-up's, whatever starts the ranks (see 
 HANG_TIMEOUT = 15  # above torch's import time on a loaded 2-core machine: ranks are silent until READY
 
 
-def test_hung_collective_is_detected_dumped_and_stopped(cluster, cluster_file):
-    # No py-spy on the job's PATH: the dump hook (faulthandler on a real-time signal) does it.
-    path = cluster_file([(0, 1), (1, 2)], hang_timeout=HANG_TIMEOUT, stop_grace=3,
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_hung_collective_is_detected_dumped_and_stopped(cluster, cluster_file, warm):
+    # No py-spy on the job's PATH: the dump hook (faulthandler on a real-time signal) does it. Warm:
+    # the ranks are forked from the node's warm interpreter, and run the same hook when they begin.
+    path = cluster_file([(0, 1), (1, 2)], hang_timeout=HANG_TIMEOUT, stop_grace=3, warm=warm,
                         env={"OMP_NUM_THREADS": 1, "PATH": "/usr/bin:/bin"})
     code, out, seconds = ddp_up(str(path), SCRIPT, "hang", timeout=90)
     assert code == 1, out

@@ -123,7 +123,7 @@ def test_every_read_in_a_folder_others_can_write_goes_through_one_helper():
         for function, call in os_open_calls(module):
             reading = "O_RDONLY" in call or call.startswith("open(") and "'w" not in call and '"w' not in call \
                 and '"a' not in call and "'a" not in call
-            if not reading or "/proc" in call or '"/proc' in call:
+            if not reading or "/proc" in call or '"/proc' in call or "os.devnull" in call:
                 continue
             assert (module.stem, function) in allowed_reads, f"{module.name}: {function}: {call}"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -137,7 +138,7 @@ def test_every_rank_of_an_attempt_then_the_interpreter_ends(warm, tmp_path):
 def test_a_module_that_fails_to_import_is_a_notice_and_the_rest_stays_warm(warm, tmp_path):
     w = warm(preload=("json", "no_such_module_anywhere"))
     assert w.ready(30)
-    assert len(w.notices()) == 1 and "no_such_module_anywhere" in w.notices()[0]
+    assert len(w.hello["notices"]) == 1 and "no_such_module_anywhere" in w.hello["notices"][0]
 
 
 def test_a_module_that_initialized_cuda_starts_the_ranks_cold_and_says_which(warm, tmp_path):
@@ -151,10 +152,34 @@ def test_a_module_that_initialized_cuda_starts_the_ranks_cold_and_says_which(war
     assert w.fork(0, ["x.py"], {}, str(tmp_path), "o", "e") is None
 
 
-def test_an_interpreter_never_used_ends_even_while_it_still_imports(warm, tmp_path):
+def test_an_interpreter_ends_with_its_agent_even_while_it_still_imports(tmp_path):
+    """Whatever ends the agent (a Go that never came, a SIGKILL), its warm interpreter goes too."""
     slow = tmp_path / "slow"
     slow.mkdir()
     (slow / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
-    w = warm(preload=("sleepy",), env={"PYTHONPATH": str(slow)})
-    w.abandon()
-    assert w.proc.poll() is not None
+    agent = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys
+        from orchestrator.node.warm import Warm
+        w = Warm(sys.executable, {{"PYTHONPATH": {str(slow)!r}}}, {str(tmp_path)!r}, {str(tmp_path / "log")!r},
+                 ("sleepy",), base=())
+        print(w.proc.pid, flush=True)
+        os._exit(0)
+    """)], capture_output=True, text=True, timeout=30)
+    pid = int(agent.stdout)
+    for _ in range(200):
+        if not os.path.exists(f"/proc/{pid}") or b"Z" in Path(f"/proc/{pid}/stat").read_bytes().split(b")")[-1][:3]:
+            break
+        signal.sigtimedwait([], 0.05)
+    assert not os.path.exists(f"/proc/{pid}") or b"Z" in Path(f"/proc/{pid}/stat").read_bytes().split(b")")[-1][:3]
+
+
+def test_a_module_target_runs_as_python_m_would(warm, tmp_path):
+    """`ddp-up CLUSTER -m pkg.train ARGS` (and the Python API's callables): the module by its name,
+    the working directory first on the path, sys.argv[0] its file."""
+    w = warm()
+    assert w.ready(30)
+    (tmp_path / "mymod.py").write_text("import json, sys\nprint(json.dumps([__name__, sys.argv, sys.path[0]]))\n")
+    out, err = tmp_path / "out", tmp_path / "err"
+    child = w.fork(0, ["-m", "mymod", "a"], {}, str(tmp_path), str(out), str(err))
+    assert child.wait(30) == 0, err.read_text()
+    assert json.loads(out.read_text()) == ["__main__", [str(tmp_path / "mymod.py"), "a"], str(tmp_path)]
