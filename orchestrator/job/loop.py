@@ -176,6 +176,7 @@ class JobLoop:
         if event is not None and not isinstance(event, Wake):
             if self.following and isinstance(event, Message) and isinstance(event.frame, wire.Replayed):
                 self.following.record(event.frame, event.node == self.plan.master.index)  # the header's start, master
+                self.up_since(event.node, event.frame.started)
             for at, each in self.following.order.take_timed(event) if self.following else ((None, event),):
                 self.pace.recorded = at  # a replayed frame's own time: bars thinned by it, not by the replay's speed
                 for ask in self.reports.handle(each):
@@ -402,6 +403,11 @@ class Job(JobLoop):
         for text in notices:
             self.view.notice(text)
         return problems
+
+    def up_since(self, node: int, started) -> None:
+        """An attached node's `up`, from the wall-clock start its record gives (not the attach's)."""
+        if isinstance(started, (int, float)) and not isinstance(started, bool) and 0 <= node < len(self.status):
+            self.status[node].started_at = self.clock() - max(0.0, self.wall() - started)
 
     def go(self) -> None:
         frames = phases.go_frames(self.plan, self.status, self.master_port, self.supervisor_port)

@@ -286,6 +286,16 @@ def test_attaching_replays_every_node_and_decides_nothing(tmp_path):
     assert (result.started, result.ended, result.elapsed, result.master_text) == (499.5, 530.0, 30.5, "10.0.0.1:29511")
 
 
+def test_an_attach_shows_each_node_up_since_its_job_began_not_since_the_attach():
+    h = Harness(2)
+    for node in h.nodes:
+        node.open = (lambda n: lambda: (setattr(n, "started", True), n.say(wire.Started()),
+                                        n.say(wire.Replayed(started=h.clock.now - 41, master="h:1"))))(node)
+    h.signal_at(T0 + 5)
+    h.job.follow()
+    assert [round(s.row(h.clock.now).uptime) for s in h.job.status] == [41 + 5, 41 + 5], h.clock.now
+
+
 def test_ctrl_c_while_attached_detaches_and_sends_nothing():
     h = Harness(2)
     for node in h.nodes:
