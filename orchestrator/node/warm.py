@@ -297,8 +297,8 @@ for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
     signal.signal(getattr(signal, name), lambda sig, _: os.kill(pid, sig))
 line = answers.readline()
 code = json.loads(line)["code"] if line else 1
-if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
+if code < 0:  # ended by a signal: the stand-in by the same one (SIGKILL's disposition cannot be set)
+    -code == signal.SIGKILL or signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
 os._exit(code)
 '''

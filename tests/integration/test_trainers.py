@@ -28,13 +28,14 @@ TRAINERS = {
 
 
 @pytest.mark.long
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])  # warm: ignored under accelerate (cold)
 @pytest.mark.parametrize("name", TRAINERS)
 def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_progress(cluster, cluster_file,
-                                                                                          tmp_path, name):
+                                                                                          tmp_path, name, warm):
     module, script, args, launcher, cause, resumed, bar, checkpoint = TRAINERS[name]
     pytest.importorskip(module)
     out_dir = tmp_path / "ckpt"
-    path = cluster_file([(0, 1), (1, 1)], launcher=launcher, restarts=1, restart_delay=0.5,
+    path = cluster_file([(0, 1), (1, 1)], launcher=launcher, restarts=1, restart_delay=0.5, warm=warm,
                         env={"OMP_NUM_THREADS": 1, "TOKENIZERS_PARALLELISM": "false"})
     code, out, _ = ddp_up("--no-dashboard", str(path), str(EXAMPLES / script), "--out", str(out_dir), *args,
                           timeout=240)
