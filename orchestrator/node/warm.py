@@ -348,7 +348,6 @@ class Warm:
         self.started = {}  # local rank -> pid, as the interpreter reports them
         self.forked = threading.Condition(self.lock)
         self.buffer = b""
-        self.closed = False  # its attempt's ranks were all asked for: a later attempt's start cold
         self.report = report  # report(text): its notices, once, on the job's stderr
         threading.Thread(target=self.read, name="warm", daemon=True).start()
 
@@ -427,7 +426,6 @@ class Warm:
 
     def close(self):
         """No more forks: the interpreter exits once its children have (at once without any)."""
-        self.closed = True
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:

@@ -92,7 +92,7 @@ class Workers:
     def __init__(self, launch, env, match, report, warm=None):
         self.opts, script, args = launch
         self.argv = [sys.executable, "-u", script] + list(args)
-        self.warm = warm if warm is not None and not warm.closed else None  # warm.Warm: the ranks forked from it
+        self.warm = warm  # warm.Warm: the ranks forked from it (this attempt's own: run.WarmLine)
         self.env, self.match, self.report = env, match, report
         self.procs = {}  # Popen -> local rank
         self.ends = {}  # local rank -> when it ended (wall clock)
@@ -121,13 +121,11 @@ class Workers:
         where = worker_dir(log_dir, local_rank)
         env = worker_env(self.opts, local_rank, self.env)
         env["TORCHELASTIC_ERROR_FILE"] = os.path.join(where, "error.json")  # where @record writes, as under torchrun
-        out, err = (open(os.path.join(where, name), "ab") for name in ("stdout.log", "stderr.log"))
-        if self.warm is not None:
-            out.close(), err.close()
-            child = self.warm.fork(local_rank, self.argv[2:], env, os.getcwd(), out.name, err.name)
-            if child is not None:
-                return child
-            out, err = (open(name, "ab") for name in (out.name, err.name))
+        paths = [os.path.join(where, name) for name in ("stdout.log", "stderr.log")]
+        child = self.warm.fork(local_rank, self.argv[2:], env, os.getcwd(), *paths) if self.warm else None
+        if child is not None:
+            return child
+        out, err = (open(path, "ab") for path in paths)
         try:
             return subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True)
