@@ -250,7 +250,7 @@ class Launch:
             argv, env = self.in_container(argv, env)
         else:
             argv = [sys.executable if a == argv[0] else a for a in argv]
-        self.proc, pipes = started_launcher(argv, env, None if self.box is not None else warm)
+        self.proc, pipes = started_launcher(argv, env, warm)
         self.out.send(wire.Started())
         self.rank_ends = RankEnds(self.proc.pid, self.match, self.spec.nproc or 1,
                                   lambda: self.out.send(wire.RanksEnded()))

@@ -249,9 +249,9 @@ class WarmLine:
 
 
 def warm_interpreters(spec, attempt, job_env, state_dir, out):
-    """Warm start (`launcher: none` or torchrun, no container): the WarmLine of this node; None
-    for a cold start."""
-    if not spec.warm or spec.container:
+    """Warm start (the spec says where: plan.launch.warms): the WarmLine of this node; None for a
+    cold start."""
+    if not spec.warm:
         return None
     last = spec.restarts + spec.recoveries if spec.detach else attempt
     line = WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, out), attempt, last)

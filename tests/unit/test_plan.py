@@ -141,3 +141,16 @@ def test_launcher_accelerate_passes_ddp_ups_ranks_and_the_node_adds_its_own_opti
     uneven = parse_cluster("launcher: accelerate\nnodes: [{host: a, gpus: 2}, {host: b, gpus: 1}]\n", "c.yaml")
     with pytest.raises(UsageError, match="launcher: accelerate starts the same number of processes on every node"):
         make_plan(uneven, "train.py", [], "J", "/w")
+
+
+@pytest.mark.parametrize("launcher, node, warm", [("torchrun", 0, True), ("none", 0, True), ("torchrun", 1, False),
+                                                   ("legacy", 0, False)])
+def test_warm_start_is_decided_once_here_per_node(launcher, node, warm):
+    """torchrun and ddp-up's own launcher, a script, no container (node 1 has one): the node's
+    agent makes a warm interpreter only where its RunSpec says so, and torchrun runs stand-ins."""
+    text = CLUSTER.replace("env: {NCCL_SOCKET_IFNAME: eth1}}", "container: {image: img}}") + \
+        f"warm: true\nlauncher: {launcher}\n"
+    p = make_plan(parse_cluster(text, "/etc/c.yaml"), "train.py", [], "20261122-000000-abcdef", "/here")
+    assert p.agent_spec(p.nodes[node]).warm is warm
+    argv = p.launcher_argv(p.nodes[node], 29400)
+    assert ("--no-python" in argv and "-S" in argv) is (warm and launcher == "torchrun")
