@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.remote import sshmaster
 from orchestrator.config.cluster import cluster_id_for
-from orchestrator.node.procs import STUB_MARK, TAG_CLUSTER, TAG_JOB, find_tagged, is_alive, proc_bytes
+from orchestrator.node.procs import TAG_CLUSTER, TAG_JOB, find_tagged, is_alive, is_launcher, proc_bytes
 
 
 def all_pids() -> list[int]:
@@ -103,9 +103,8 @@ def environ(pid: int) -> dict[str, str]:
 
 def worker_pid(job: str, rank: int) -> int | None:
     for p in job_processes(job):
-        # not torchrun, nor under warm start the stand-in torchrun runs for the rank (warm.WARM_STUB)
-        if environ(p["pid"]).get("RANK") == str(rank) and "torch.distributed.run" not in p["cmd"] \
-                and STUB_MARK not in p["cmd"]:
+        # not a launcher: torchrun, nor under warm start the stand-in torchrun runs for the rank
+        if environ(p["pid"]).get("RANK") == str(rank) and not is_launcher(p):
             return p["pid"]
     return None
 
