@@ -42,7 +42,8 @@ from .plan.launch import new_job_id
 # Keyword options, as the command line's: name -> (flag, takes a value)
 OPTIONS = {"hang_timeout": ("--hang-timeout", True), "restarts": ("--restarts", True), "ranks": ("--ranks", True),
            "sync": ("--sync", False), "preflight": ("--no-preflight", False), "collapse": ("--collapse", False),
-           "allow_busy_gpus": ("--allow-busy-gpus", False), "dashboard": ("--dashboard", False)}
+           "allow_busy_gpus": ("--allow-busy-gpus", False), "allow_unhealthy_gpus": ("--allow-unhealthy-gpus", False),
+           "dashboard": ("--dashboard", False)}
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto
     called on every rank with ``args`` and ``kwargs`` after the process group is up (``backend``:
     "auto" picks nccl with CUDA, else gloo; None: no group), or a script path (or ``-m module``:
     ``target="-m", args=["pkg.train", ...]``) with ``args``. ``options`` are the command line's
-    (hang_timeout, restarts, ranks, sync, preflight, collapse, allow_busy_gpus, dashboard).
+    (hang_timeout, restarts, ranks, sync, preflight, collapse, allow_busy_gpus,
+    allow_unhealthy_gpus, dashboard).
     ``on_line(line)`` gets every line of every rank (views/callback.Line: host, node, rank, stream,
     text) as it arrives. A Run, or with ``detach`` (scripts only) a Detached handle."""
     from .commands.up import main_up

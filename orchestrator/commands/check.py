@@ -21,7 +21,8 @@ from ..job.loop import Job
 from ..plan.launch import make_plan, new_job_id
 from ..remote import signals
 from ..views.terminal import terminal_console
-from .common import (Parser, add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections,
+from . import gpus
+from .common import (Parser, QuietView, add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections,
                      table_console)
 
 
@@ -36,34 +37,14 @@ def check_parser() -> argparse.ArgumentParser:
     p.add_argument("--collective", action="store_true",
                    help="after the checks, run a short real all_reduce across the nodes (NCCL on GPUs, else gloo) "
                         "and time every node's link; nodes far slower than the median are named (exit 3)")
-    p.add_argument("--json", action="store_true", help="one JSON object per node, for scripts (not with --collective)")
+    p.add_argument("--gpus", action="store_true",
+                   help="after the checks, measure every GPU of every node at once (matmul TFLOPs, device copy and "
+                        "host-to-GPU GB/s) against the median of its model and its data-sheet peak; GPUs far "
+                        "slower are named with what nvidia-smi says about them (exit 3)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per node (with --gpus: per GPU), for scripts (not with --collective)")
     add_node_sources(p)
     return p
-
-
-class _QuietView:
-    """ddp-check shows a table at the end, not the nodes' chatter."""
-
-    def __init__(self, console: Console):
-        self.console = console
-
-    def lines(self, node, lines) -> None:
-        pass
-
-    def bars(self, node, bars, at=None) -> None:
-        pass
-
-    def event(self, kind, text, **fields) -> None:
-        pass
-
-    def node_state(self, status) -> None:
-        pass
-
-    def tick(self, snapshot) -> None:
-        pass
-
-    def notice(self, text: str) -> None:
-        self.console.print(f"ddp-check {text}", markup=False)
 
 
 def main_check(argv: list[str] | None = None) -> int:
@@ -82,8 +63,10 @@ def main_check(argv: list[str] | None = None) -> int:
             return interrupted("ddp-check", e, "while checking; nothing was started")
         if args.collective:
             return check_collective(config, console, inbox)
+        if args.gpus:
+            return gpus.check_gpus(config, console, inbox, args.json)
         plan = make_plan(config, args.script or "", [], new_job_id(), os.getcwd())
-        job = Job(plan, _QuietView(console), inbox=inbox)
+        job = Job(plan, QuietView(console), inbox=inbox)
         try:
             problems = job.check()
         finally:
@@ -101,7 +84,7 @@ def main_check(argv: list[str] | None = None) -> int:
     return EXIT_SETUP if problems else EXIT_OK
 
 
-class _ProbeView(_QuietView):
+class _ProbeView(QuietView):
     """Keeps the probe's report, and the last lines of each node for when there is none."""
 
     def __init__(self, console: Console):

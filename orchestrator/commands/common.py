@@ -152,6 +152,32 @@ def jupyter_live(console: Console) -> bool:
 PIPED_WIDTH = 10_000  # a table printed to a pipe or a file: as wide as its rows are
 
 
+class QuietView:
+    """A job's view that shows a table at the end (ddp-check's), not the nodes' chatter: only
+    ddp-up's own notices, under the command's name."""
+
+    def __init__(self, console: Console, prog: str = "ddp-check"):
+        self.console, self.prog = console, prog
+
+    def lines(self, node, lines) -> None:
+        pass
+
+    def bars(self, node, bars, at=None) -> None:
+        pass
+
+    def event(self, kind, text, **fields) -> None:
+        pass
+
+    def node_state(self, status) -> None:
+        pass
+
+    def tick(self, snapshot) -> None:
+        pass
+
+    def notice(self, text: str) -> None:
+        self.console.print(f"{self.prog} {text}", markup=False)
+
+
 def table_console() -> Console:
     """The console for a command's table: on a terminal, its width; into a pipe or a file, every
     column whole (no job id or state cut at 80 columns for the script that reads it)."""

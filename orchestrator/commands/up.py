@@ -35,6 +35,7 @@ from ..run.runloop import Caller, run_job
 from ..views.terminal import terminal_console
 from ..views.logfiles import RunLogs
 from ..views.transfer import transfer_progress
+from . import gpus
 from .common import (NODE_SOURCE_FLAGS, Parser, add_node_sources, add_view_options, cluster_and_script, duration_arg,
                      interrupted, is_cluster_file, make_view, node_source, report, resolve_nodes, ssh_connections)
 
@@ -88,6 +89,9 @@ def up_parser() -> argparse.ArgumentParser:
                         "other processes on the GPUs) and the choice of network interface they make")
     p.add_argument("--allow-busy-gpus", action="store_true",
                    help="start even where other processes hold memory on the job's GPUs (listed as a notice)")
+    p.add_argument("--allow-unhealthy-gpus", action="store_true",
+                   help="start even on GPUs that nvidia-smi reports unhealthy (uncorrected ECC errors, memory "
+                        "waiting for a reset, a hardware slowdown; listed as a notice)")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
                    help="where each job's logs and summary.json go (DIR/<job-id>/; default: runs)")
     return p
@@ -240,7 +244,8 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
                                                       config.source_text)
     def planner(cluster, attempt):
         plan = make_plan(cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
-                         detach=args.detach, allow_busy_gpus=args.allow_busy_gpus, attempt=attempt, restarts=limit,
+                         detach=args.detach, allow_busy_gpus=args.allow_busy_gpus,
+                         allow_unhealthy_gpus=args.allow_unhealthy_gpus, attempt=attempt, restarts=limit,
                          recoveries=recovery_limit(config, limit), commit=record and record.commit)
         return replace(plan, hooks=caller.call.hooks()) if caller.call else plan  # a function: its runner, its payload
 
@@ -252,6 +257,10 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
         return EXIT_OK
     if sync:
         copy_workdirs(plan, sync, args.runs_dir, config.path, console)
+    stopped = gpus.gate(restarts.first_cluster(), console, inbox, args.allow_unhealthy_gpus) \
+        if config.measure_gpus else None
+    if stopped is not None:
+        return stopped
     view = make_view(plan, console, args)
     inbox.check()
     logs = RunLogs(plan, args.runs_dir, warn=view.notice)

@@ -126,6 +126,7 @@ class ClusterConfig:
     flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/flight.py): the stuck collective, stragglers
     warm: bool = False  # fork every rank from an interpreter that imported torch already (node/warm.py)
     preload: tuple[str, ...] = ()  # warm: what that interpreter imports besides torch
+    measure_gpus: bool = False  # before the launch, ddp-check --gpus's measure; a slow GPU stops it
     notify: tuple = ()  # notify.Target: who hears of the job's events (a URL's token is a secret)
     # the cluster file's text as it was read and parsed, once: the run's record is made from it
     source_text: str = field(default="", repr=False, compare=False)

@@ -34,7 +34,8 @@ SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup", "contai
 TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "startup_timeout",
             "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
-            "spares", "min_nodes", "flight_recorder", "notify", "fetch", "warm", "preload", *SHARED_KEYS)
+            "spares", "min_nodes", "flight_recorder", "notify", "fetch", "warm", "preload", "measure_gpus",
+            *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none", "accelerate")
 TRANSPORTS = ("ssh", "srun", "local")
@@ -78,6 +79,7 @@ RULES = {  # top-level settings that are one checked value each
     "fetch": rule("fetch_paths", ()),
     "warm": rule("boolean", False),
     "preload": rule("module_names", ()),
+    "measure_gpus": rule("boolean", False),
 }
 SSH_RULES = {  # `ssh:`, or the same keys on a node
     "user": rule("string"),

@@ -10,7 +10,7 @@ import os
 import re
 
 from ..config.containers import preflight_allowance
-from ..diagnose import preflight
+from ..diagnose import gpuhealth, preflight
 from ..errors import NodeProblem, SetupError
 from ..node import wire
 
@@ -45,8 +45,10 @@ def cross_checks(plan, statuses, master_port: int | None) -> tuple[list[NodeProb
     """Across nodes, once they answered the probe: the same torch as the master, enough GPUs, a real
     TCP path to the master. (the problems, the notices to show)"""
     busy, busy_notices = preflight.busy_gpus(statuses, plan.allow_busy_gpus)
-    problems = preflight.cross_node_problems(statuses, plan.master.index, f"{plan.master_addr}:{master_port}", busy)
-    notices = preflight.skew_notices(statuses) + busy_notices + \
+    unhealthy, health_notices = gpuhealth.health_problems(statuses, plan.allow_unhealthy_gpus)
+    problems = preflight.cross_node_problems(statuses, plan.master.index, f"{plan.master_addr}:{master_port}",
+                                             busy + unhealthy)
+    notices = preflight.skew_notices(statuses) + busy_notices + health_notices + \
         preflight.accelerate_notices(statuses, plan.script, plan.launcher, uses_accelerate(plan.script))
     return problems, notices + ([] if problems else preflight.interface_notices(statuses))
 

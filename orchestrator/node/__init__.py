@@ -10,6 +10,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
 
   wire        the protocol: every frame, both directions, every mode (shared with the controller)
   facts       what the node's network and GPUs look like (interfaces, routes, nvidia-smi)
+  gpuhealth   what nvidia-smi says of the GPUs' health (ECC, remapped rows, clock events, PCIe, NVLink)
   policy      the decisions both ends make (restart limit and delay, hang, root cause, silence)
   stragglers  which node arrives last at the collectives (ddp-up's, and a detached job's supervisor's)
   procs       the job's processes: tags, find, signal, kill
@@ -17,6 +18,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   screen      a worker's stream as a terminal shows it: lines done, and bars still drawn
   relay       the writer that owns stdout, the launcher's pipes and the workers' log files
   failures    what the job's failed ranks left here (error files, tracebacks) and when
+  zygote      warm start: the warm interpreter's own code, run as `python -c` (and torchrun's stand-in)
   warm        warm start: an interpreter that imported torch, the ranks forked from it
   workers     `launcher: none`: the agent starts the workers itself (in a container, their own launcher does)
   container   `container:`: the launcher in an image, its container's whole life kept by the agent
@@ -39,6 +41,6 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   main        the table from spec frame to mode
 """
 
-SHIPPED = ("wire", "facts", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "warm", "workers", "container", "checks", "stacks", "events", "launch", "run",
+SHIPPED = ("wire", "facts", "gpuhealth", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "zygote", "warm", "workers", "container", "checks", "stacks", "events", "launch", "run",
            "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from . import container, facts, wire
+from . import container, facts, gpuhealth, wire
 from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, find_tagged
 from .state import JOB_ID, claim_node_dir, job_in_use
 
@@ -235,4 +235,5 @@ def ready(spec, torch, env, port, supervisor_port):
         hostname=socket.gethostname(), python=sys.version.split()[0], torch=torch.get("torch"),
         cuda=torch.get("cuda"), nccl=torch.get("nccl"), gpus=count_gpus(env), time=time.time(),
         disk_free=shutil.disk_usage(".").free, port=port, supervisor_port=supervisor_port,
-        busy_gpus=facts.query_busy_gpus(env.get("CUDA_VISIBLE_DEVICES"), spec.nproc) or None)
+        busy_gpus=facts.query_busy_gpus(env.get("CUDA_VISIBLE_DEVICES"), spec.nproc) or None,
+        gpu_health=gpuhealth.query_health(env.get("CUDA_VISIBLE_DEVICES"), spec.nproc) or None)

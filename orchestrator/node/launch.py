@@ -142,7 +142,7 @@ def hooks_dir(state_dir, attempt):
 def started_launcher(argv, env, warm=None):
     """The launcher's process (a Popen, or a warm.WarmChild) and the read ends of its stdout and
     stderr, ours to close. torchrun is forked from the warm interpreter where there is one: it then
-    starts without importing torch, and its workers (warm.WARM_STUB) ask that interpreter too."""
+    starts without importing torch, and its workers (zygote.WARM_STUB) ask that interpreter too."""
     if warm is not None and argv[1:4] == ["-u", "-m", "torch.distributed.run"]:
         (out_r, out_w), (err_r, err_w), null = os.pipe(), os.pipe(), os.open(os.devnull, os.O_RDONLY)
         try:  # the write ends go with the request: the interpreter's child has them when it starts

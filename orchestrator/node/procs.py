@@ -84,10 +84,10 @@ def is_alive(pid):
     return stat is not None and stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X", b"")
 
 
-# How a warm interpreter's command line starts (warm.ZYGOTE): its children are the ranks, as a
+# How a warm interpreter's command line starts (zygote.ZYGOTE): its children are the ranks, as a
 # launcher's are, and it is never signalled as a rank is (its forked ranks take their own names).
 WARM_MARK = "'ddp_up_warm';"
-# How a warm rank's stand-in under torchrun starts (warm.WARM_STUB): torchrun's worker, which asks the
+# How a warm rank's stand-in under torchrun starts (zygote.WARM_STUB): torchrun's worker, which asks the
 # warm interpreter for the rank and passes signals on to it; never signalled as a rank itself.
 STUB_MARK = "'ddp_up_warm_rank';"
 # in a launcher's command line (plan.py's; `launcher: none`'s in a container, container.WORKERS_MAIN; warm start's)

@@ -99,7 +99,7 @@ class Runner:
         threading.Thread(target=events.read_controller, args=(sys.stdin.buffer, self.events.put, self.heard),
                          name="stdin", daemon=True).start()
         event = self.wait_for_go()
-        if not isinstance(event, events.Go):  # (a warm interpreter ends with this agent: see warm.ZYGOTE)
+        if not isinstance(event, events.Go):  # (a warm interpreter ends with this agent: see zygote.ZYGOTE)
             remove_node_dir(self.dir, keep_logs=False)
             self.out.send(wire.Exited(code=None, signal=None, stopped=True, reason=event.reason))
             self.out.drain(5)
@@ -256,9 +256,9 @@ def warm_interpreters(spec, attempt, job_env, state_dir, out):
     last = spec.restarts + spec.recoveries if spec.detach else attempt
     line = WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, out), attempt, last)
     first, deadline = line.ready.get(attempt), time.monotonic() + READY_WAIT
-    while first is not None and not first.ready(spec.heartbeat) and time.monotonic() < deadline:
+    while first is not None and not first.answered(spec.heartbeat) and time.monotonic() < deadline:
         out.send(wire.Heartbeat(), block=False)  # before the node says Ready; its heartbeats go on meanwhile
-    if first is not None and not first.ready(0):
+    if first is not None and not first.answered(0):
         first.proc.kill()
         line.ready[attempt] = None
         out.send(wire.Output("err", None, b"ddp-up: warm start: the imports took too long; the ranks start cold\n"))
@@ -271,7 +271,7 @@ def warm_interpreter(spec, attempt, job_env, state_dir, out):
     env.update(spec_tags(spec, attempt))  # ddp-kill and the sweeps find it, and its ranks
     if (spec.nproc or 1) > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # read once, at torch's import: as workers.worker_env
-    try:  # its socket for torchrun's stand-ins (warm.WARM_STUB), and the attempt's hook its ranks run
+    try:  # its socket for torchrun's stand-ins (zygote.WARM_STUB), and the attempt's hook its ranks run
         return Warm(sys.executable, env, os.getcwd(), os.path.join(state_dir, "warm.%d.log" % attempt), spec.preload or (),
                     listen=os.path.join(state_dir, "warm.%d.sock" % attempt),
                     hook=os.path.join(hooks_dir(state_dir, attempt), "sitecustomize.py"),

@@ -42,7 +42,7 @@ def workers_of(match):
     """(pid, rank, local rank) of every worker among the processes that carry ``match``."""
     found = []
     for proc in find_tagged(match):
-        if is_launcher(proc):  # a warm rank's stand-in for torchrun (warm.WARM_STUB) carries its RANK too
+        if is_launcher(proc):  # a warm rank's stand-in for torchrun (zygote.WARM_STUB) carries its RANK too
             continue
         rank = read_environ_value(proc["pid"], b"RANK")
         local = read_environ_value(proc["pid"], b"LOCAL_RANK")

@@ -309,6 +309,7 @@ class Ready(Frame):
     port: int | None = None  # the master node's free port, when it picked one
     supervisor_port: int | None = None  # detach, the master node: where its supervisor listens
     busy_gpus: list | None = None  # others' processes on the job's GPUs: [{"gpu", "pid", "user", "cmd", "mib"}]
+    gpu_health: list | None = None  # what nvidia-smi says of the job's GPUs, one dict each (gpuhealth.parse_health)
 
 
 @_frame(TO_CONTROLLER)

@@ -22,7 +22,7 @@ from ..node.launch import ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, unconfigure
 from ..node.notify import DETACHED_KINDS
 from ..node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from ..node.state import JOB_ID
-from ..node.warm import WARM_STUB
+from ..node.zygote import WARM_STUB
 from ..node.workers import OWN_LAUNCHER
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its
@@ -81,6 +81,7 @@ class LaunchPlan:
     peer_token: str | None = field(default=None, repr=False)  # detach: the secret the job's agents prove to each other
     retention: float = 7 * 86400.0  # detach: how long its record and logs stay on the nodes after its end
     allow_busy_gpus: bool = False  # start even where other processes hold memory on the job's GPUs
+    allow_unhealthy_gpus: bool = False  # start even on GPUs whose health is fatal (diagnose/gpuhealth.py)
     module: str | None = None  # run this module (torchrun -m) instead of the script: one of ``hooks``
     hooks: Mapping[str, str] = field(default_factory=dict)  # file name -> text each agent writes and puts on PYTHONPATH
     attempt: int = 0  # restarts: 0 for the first run, then 1, 2... (DDP_UP_ATTEMPT in every process)
@@ -126,7 +127,8 @@ class LaunchPlan:
         if self.launcher == "none":
             return [OWN_LAUNCHER, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
                     f"--first-rank={node.first_rank}", f"--world-size={self.world_size}",
-                    f"--master-addr={self.master_addr}", f"--master-port={port}", self.script, *self.script_args]
+                    f"--master-addr={self.master_addr}", f"--master-port={port}",
+                    *(["-m", self.module] if self.module is not None else [self.script]), *self.script_args]
         python = cfg.container.python if cfg.container else cfg.python  # the image's, in a container
         if self.launcher == "accelerate":  # `accelerate launch`: it runs torchrun in its own process
             return [python, "-u", "-m", "accelerate.commands.launch", f"--num_machines={len(self.nodes)}",
@@ -242,9 +244,9 @@ FIRST = Attempt()
 
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
               job_id: str, local_cwd: str, hang_timeout: float | None = None,
-              run_token: str | None = None, detach: bool = False, allow_busy_gpus: bool = False,
-              attempt: Attempt = FIRST, restarts: int = 0, recoveries: int = 0,
-              commit: str | None = None) -> LaunchPlan:
+              run_token: str | None = None, detach: bool = False,
+              allow_busy_gpus: bool = False, allow_unhealthy_gpus: bool = False,
+              attempt: Attempt = FIRST, restarts: int = 0, recoveries: int = 0, commit: str | None = None) -> LaunchPlan:
     """Assign node ranks (file order) and contiguous global ranks; resolve per-node settings.
     ``restarts``: with ``detach``, how many times the job's own supervisor may start it again
     (a run that stays makes its own restarts, each attempt a plan of its own)."""
@@ -279,7 +281,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         detach=detach,
         peer_token=secrets.token_hex(32) if detach else None,
         retention=config.retention,
-        allow_busy_gpus=allow_busy_gpus,
+        allow_busy_gpus=allow_busy_gpus, allow_unhealthy_gpus=allow_unhealthy_gpus,
         attempt=attempt.number,
         quarantined=attempt.quarantined,
         vetted=dict(attempt.vetted),

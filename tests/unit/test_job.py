@@ -303,6 +303,26 @@ def test_busy_gpus_allowed_start_with_a_notice_and_gpu_use_reaches_the_dashboard
     assert h.job.snapshot().nodes[0].gpus == "75% 40/80G"
 
 
+def test_an_unhealthy_gpu_stops_the_launch_before_go_unless_allowed():
+    sick = {"index": 3, "uuid": "GPU-3", "ecc_uncorrected": 2, "pcie_width": 8, "pcie_width_max": 16}
+    h = Harness(2)
+    h.nodes[1].ready = dict(gpu_health=[sick])
+    with pytest.raises(SetupError) as e:
+        h.job.run()
+    [problem] = e.value.problems
+    assert problem.node == "h1" and problem.what.startswith("GPU 3: 2 uncorrected ECC error(s)"), problem
+    assert "nvidia-smi -r -i 3" in problem.fix and "--allow-unhealthy-gpus" in problem.fix
+    assert all(n.kinds() == ["Probe"] for n in h.nodes)  # no Go anywhere
+    h = Harness(2, replan=dict(allow_unhealthy_gpus=True))
+    h.nodes[1].ready = dict(gpu_health=[sick])
+    for node in h.nodes:
+        node.exit_code = 0
+    assert h.job.run().exit_code == 0
+    said = [t for t in h.view.notices if "GPU 3" in t]
+    assert len(said) == 2 and said[0].startswith("h1: GPU 3: 2 uncorrected ECC error(s)"), said
+    assert said[0].endswith("(--allow-unhealthy-gpus)") and said[1].startswith("h1: GPU 3: PCIe link x8 of x16")
+
+
 def test_gpu_memory_a_jobs_process_still_holds_after_its_end_is_named():
     h = Harness(1)
     h.job.events.put(Message(0, wire.Exited(code=0, signal=None, stopped=False, reason=None,

@@ -141,15 +141,50 @@ def test_a_module_that_fails_to_import_is_a_notice_and_the_rest_stays_warm(warm,
     assert len(w.hello["notices"]) == 1 and "no_such_module_anywhere" in w.hello["notices"][0]
 
 
-def test_a_module_that_initialized_cuda_starts_the_ranks_cold_and_says_which(warm, tmp_path):
+# What each kind of early CUDA use does to torch (each seen on an H200, torch 2.11): a context made
+# (torch.cuda.init()), or only the device count asked of the driver (torch.cuda.is_available()),
+# after which torch marks every forked child a "bad fork" and refuses CUDA there.
+EAGER = {"context": "import torch\ntorch.cuda.is_initialized = lambda: True\n",
+         "device count": "import os, torch\nforked = []\nos.register_at_fork(after_in_child=lambda: forked.append(1))\n"
+                         "torch.cuda._is_in_bad_fork = lambda: bool(forked)\n"}
+
+
+@pytest.mark.parametrize("use", sorted(EAGER))
+def test_a_module_that_initialized_cuda_starts_the_ranks_cold_and_says_which(warm, tmp_path, use):
     fake = tmp_path / "fake"
     (fake / "torch").mkdir(parents=True)
-    (fake / "torch" / "__init__.py").write_text("class cuda:\n    is_initialized = staticmethod(lambda: False)\n")
-    (fake / "eager.py").write_text("import torch\ntorch.cuda.is_initialized = lambda: True\n")
+    (fake / "torch" / "__init__.py").write_text("class cuda:\n    is_initialized = staticmethod(lambda: False)\n"
+                                                "    _is_in_bad_fork = staticmethod(lambda: False)\n")
+    (fake / "eager.py").write_text(EAGER[use])
+    (fake / "harmless.py").write_text("import torch\n")
+    assert warm(base=("torch",), preload=("harmless",), env={"PYTHONPATH": str(fake)}).ready(30)
     w = warm(base=("torch",), preload=("eager",), env={"PYTHONPATH": str(fake)})
     assert not w.ready(30)
     assert "importing eager initialized CUDA" in w.why_cold()
     assert w.fork(0, ["x.py"], {}, str(tmp_path), "o", "e") is None
+
+
+def test_an_interpreter_that_said_cold_is_not_waited_for_as_if_it_still_imported(warm, tmp_path, monkeypatch):
+    """Its Ready goes at once, with the one notice it gave: not after READY_WAIT, nor with a second
+    notice that the imports took too long (seen on an H200, where a preload initialized CUDA)."""
+    from types import SimpleNamespace
+
+    from orchestrator.node import run, wire
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("class cuda:\n    is_initialized = staticmethod(lambda: True)\n")
+    cold = warm(base=("torch",), env={"PYTHONPATH": str(fake)})
+    monkeypatch.setattr(run, "warm_interpreter", lambda *args: cold)
+    monkeypatch.setattr(run, "READY_WAIT", 60.0)
+    sent = []
+    out = SimpleNamespace(send=lambda frame, block=True: sent.append(frame))
+    spec = SimpleNamespace(warm=True, detach=False, heartbeat=0.05)
+    line = run.warm_interpreters(spec, 0, {}, str(tmp_path), out)
+    assert cold.answered(0) and not cold.ready(0)  # back before READY_WAIT: it had answered
+    said = [f.data for f in sent if isinstance(f, wire.Output)]
+    assert not any(b"took too long" in d for d in said), said
+    assert cold.proc.wait(10) == 0  # it ended on its own, not killed as a slow one
+    assert line.take(0) is cold
 
 
 def test_an_interpreter_ends_with_its_agent_even_while_it_still_imports(tmp_path):
