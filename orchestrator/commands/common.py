@@ -36,8 +36,9 @@ EXITS = {
               "70 internal error, 128+N killed by signal N",
     "ddp-kill": "0 every node answered and nothing of the job(s) is left, 1 a node could not be reached or a "
                 "process outlived SIGKILL, 2 bad cluster file or usage, 128+N killed by signal N",
-    "ddp-check": "0 every node is ready, 1 --collective could not run, 2 bad cluster file or usage, 3 a node is "
-                 "not ready (or, with --collective, a link far slower than the others), 128+N killed by signal N",
+    "ddp-check": "0 every node is ready, 1 --collective or --gpus could not run, 2 bad cluster file or usage, 3 a "
+                 "node is not ready (or, with --collective, a link far slower than the others; with --gpus, a GPU "
+                 "far slower than its peers or not measured), 128+N killed by signal N",
     "ddp-ls": "0 listed, 2 bad cluster file or usage, 3 a node could not be asked (the others' jobs are "
               "listed), 128+N killed by signal N",
     "ddp-attach": "the job's own status once it has ended (0 ok, 1 failed), 0 when left while it runs, 2 bad "
