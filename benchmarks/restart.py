@@ -1,6 +1,6 @@
 """Issue 18's speed: from a failure to the next attempt's first line, against a fresh launch.
 
-    python3 -m benchmarks.restart [--nodes 4] [--repeat 5] [--delay 1]
+    python3 -m benchmarks.restart [--nodes 4] [--repeat 5] [--delay 1] [--warm]
 
 On the namespace SSH cluster, one process per node, a trivial gloo job (job.py run --steps 0):
 - fresh: `ddp-up` started to the first READY line of any rank;
@@ -9,6 +9,8 @@ On the namespace SSH cluster, one process per node, a trivial gloo job (job.py r
 - detached: the same with `--detach` (the job's own agents restart it), timed on the lines of a
   `ddp-attach` started as soon as `--detach` returns.
 The target: restart - delay <= 1.2 x fresh. The three alternate in each repeat; ratios within one.
+With --warm, the two restarts are timed again with `warm: true` (each attempt's ranks forked from
+an interpreter that imported torch), alternating with the cold ones; ratios warm / cold.
 """
 
 from __future__ import annotations
@@ -77,7 +79,10 @@ def failure_to_restart(w: Watched, delay: float, what: str) -> float:
 
 
 def main() -> None:
-    args = cluster_args(__doc__, "4", lambda p: p.add_argument("--delay", type=float, default=1.0))
+    def more(p):
+        p.add_argument("--delay", type=float, default=1.0)
+        p.add_argument("--warm", action="store_true", help="time the restarts warm too (warm: true)")
+    args = cluster_args(__doc__, "4", more)
     with tempfile.TemporaryDirectory(prefix="ddp-up-bench-") as tmp_name:
         tmp = Path(tmp_name)
         for n in args.sizes:
@@ -87,11 +92,17 @@ def main() -> None:
                 path = cluster.cluster_file(tmp / "cluster.yaml", [(node, 1) for node in cluster.nodes],
                                             python=sys.executable, workdir=str(tmp), restart_delay=args.delay,
                                             env={"OMP_NUM_THREADS": 1})
+                warm = cluster.cluster_file(tmp / "warm.yaml", [(node, 1) for node in cluster.nodes],
+                                            python=sys.executable, workdir=str(tmp), restart_delay=args.delay,
+                                            env={"OMP_NUM_THREADS": 1}, warm=True)
                 ways = {"fresh": fresh, "restart": lambda p, runs: restart(p, runs, args.delay),
                         "detached": lambda p, runs: detached(p, runs, args.delay)}
+                if args.warm:
+                    ways.update({"restart warm": lambda p, runs: restart(warm, runs, args.delay),
+                                 "detached warm": lambda p, runs: detached(warm, runs, args.delay)})
                 got = {way: [] for way in ways}
                 for r in range(args.repeat):
-                    order = list(ways)[r % 3:] + list(ways)[:r % 3]
+                    order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
                     for way in order:
                         got[way].append(ways[way](path, tmp / "runs"))
                     print(f"{n} nodes, repeat {r}: fresh launch to first line {got['fresh'][-1]:.2f} s; failure to "
@@ -108,6 +119,12 @@ def main() -> None:
             print("|---|---|---|---|---|")
             print(f"| {spread(got['fresh'])} | {spread(got['restart'])} | {spread(ratios['restart'])} "
                   f"| {spread(got['detached'])} | {spread(ratios['detached'])} |\n", flush=True)
+            if args.warm:
+                print("| | cold (s) | warm (s) | warm / cold |\n|---|---|---|---|")
+                for way in ("restart", "detached"):
+                    pairs = [w / c for w, c in zip(got[f"{way} warm"], got[way])]
+                    print(f"| {way} | {spread(got[way])} | {spread(got[f'{way} warm'])} | {spread(pairs)} |")
+                print(flush=True)
 
 
 if __name__ == "__main__":

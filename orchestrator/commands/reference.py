@@ -26,6 +26,8 @@ RANK_ENVIRONMENT = {
     "DDP_UP_ATTEMPT": "0 for the first run, then 1, 2... after each restart: resume from a checkpoint when > 0",
     "DDP_UP_FLIGHT_DIR": "where the ranks' Flight Recorder records go (private to the job)",
     "DDP_UP_FLIGHT_EVERY": "how often a rank writes its Flight Recorder record, in seconds",
+    "DDP_UP_RANK_PID": "set by ddp-up's hook in the rank's own process, so its children (a DataLoader's workers) are "
+                       "not taken for the rank when it tells that its script ended",
     "TORCH_FR_BUFFER_SIZE": "the Flight Recorder on (torch 2.9 and later; the older name before)",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "NCCL writes its Flight Recorder record on a collective timeout",
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "where that record goes (the job's private directory)",

@@ -201,8 +201,8 @@ class NodeReports:
             if not self.following:  # a detached job's nodes stop when another fails: that one is the cause
                 return [Record(self.table.failure(node, None, frame.code, status.slurm_cancel or
                                                   f"stopped on the node: {frame.reason}", None, "outside"))]
-        elif state == "done":
-            self.table.set(node, "done")
+        elif state == "done":  # with the node's word on it, if any (a death in teardown after the scripts' end)
+            self.table.set(node, "done", reason=frame.reason)
             self.hang.node_done(self.clock())
         else:
             self.table.set(node, "failed", reason=frame.reason or f"launcher exited with {how}")

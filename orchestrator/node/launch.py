@@ -17,8 +17,8 @@ import time
 from . import container, events, facts, flight, policy, wire
 from .checks import CALL_HOOK, job_env
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, TAG_ATTEMPT, TAGS, carries, find_tagged, is_launcher, kill_tagged, read_tags, signal_ranks,
-                    signal_tagged, spec_tags, wait_gone)
+from .procs import (KILL_WAIT, TAG_ATTEMPT, TAGS, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged, read_tags,
+                    signal_name, signal_ranks, signal_tagged, spec_tags, wait_gone)
 from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
 from .state import open_regular, per_attempt, private_dir, remove_quietly, write_private
@@ -135,6 +135,19 @@ def results_of(launch):
     return call_results(hooks_dir(launch.dir, launch.attempt), spec.nproc or 1)
 
 
+TEARDOWN = "every rank ended its script, then the launcher %s: a death in Python's teardown after the " \
+    "script's end (torch's threads), not counted as a failure"
+
+
+def ended_scripts(state_dir, attempt):
+    """The ranks whose scripts ended cleanly in ``attempt``: the ended.RANK files stacks.END_WATCH left."""
+    try:
+        names = os.listdir(hooks_dir(state_dir, attempt))
+    except OSError:
+        return set()
+    return {int(name[6:]) for name in names if name.startswith("ended.") and name[6:].isdigit()}
+
+
 def hooks_dir(state_dir, attempt):
     return os.path.join(state_dir, per_attempt("hooks", attempt))  # a detached restart: same state dir
 
@@ -224,11 +237,10 @@ class Launch:
         env.setdefault(SHUTDOWN_TIMEOUT, str(int(math.ceil(self.spec.stop_grace))))
         hooks = dict(self.spec.hooks or {})
         recorder = self.spec.flight_recorder and self.record_collectives(env)
-        if self.spec.stack_dumps or recorder:
-            hooks["sitecustomize.py"] = sitecustomize(self.spec.stack_dumps, flight.RECORDER_HOOK if recorder else "")
-        if hooks:
-            where = write_hooks(self.dir, self.attempt, hooks)
-            env["PYTHONPATH"] = where + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # always: besides the stack dumps and the recorder, it tells a rank's clean end (stacks.END_WATCH)
+        hooks["sitecustomize.py"] = sitecustomize(self.spec.stack_dumps, flight.RECORDER_HOOK if recorder else "")
+        where = write_hooks(self.dir, self.attempt, hooks)
+        env["PYTHONPATH"] = where + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
     def record_collectives(self, env):
@@ -310,7 +322,8 @@ class Launch:
         are still there (ranks still saving; torchrun gives up on a second SIGTERM, as under Slurm,
         where every process of the step gets it) have ended, at most ``seconds`` from now. They
         keep the whole grace: only what is left then is killed (end)."""
-        left = [p["pid"] for p in find_tagged(self.match)]
+        # not the warm interpreter: it carries the attempt's tags and lives as long as this agent
+        left = [p["pid"] for p in find_tagged(self.match) if WARM_MARK not in p["cmd"]]
         attempt = self.attempt
 
         def wait():
@@ -369,3 +382,20 @@ class Launch:
         apps = facts.parse_apps(facts.nvidia_smi(facts.APPS_QUERY))
         ours = [app for app in apps if carries(read_tags(app["pid"]), self.match)]
         return [facts.holder(app, app["uuid"], facts.process_owner) for app in ours] or None
+
+
+def outcome(launch, code, stopped, reason):
+    """The end of ``launch`` (a Launch) here, for its Exited: (exit code, reason, failures, ends). A launcher
+    that failed only because ranks died after their scripts ended cleanly, every rank of this
+    node (stacks.END_WATCH), and none left an exception, ended the job's work: code 0, and the
+    reason says so (torch's threads can abort the interpreter's teardown)."""
+    code = launch.end(code)
+    if launch.relay_died and not stopped:  # ranks' lines were lost: never an "ok"
+        return code or 1, launch.relay_died, *launch.failures(stopped)
+    failures, ends = launch.failures(stopped)
+    every_rank_ended = len(ended_scripts(launch.dir, launch.attempt)) >= (launch.spec.nproc or 1)
+    if code and not stopped and not failures and every_rank_ended:
+        died = "was killed by %s" % signal_name(code) if signal_name(code) else "exited with code %d" % code
+        launch.out.send(wire.Output("err", None, ("ddp-up: %s\n" % (TEARDOWN % died)).encode()))  # said, and logged
+        return 0, TEARDOWN % died, None, ends
+    return code, reason, failures, ends

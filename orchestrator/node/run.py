@@ -21,7 +21,7 @@ import time
 
 from . import checks, events, policy, wire
 from .container import box_for
-from .launch import TERMINAL_ENV, Launch, hooks_dir, results_of
+from .launch import TERMINAL_ENV, Launch, hooks_dir, outcome, results_of
 from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name, spec_tags
 from .state import killed_by_ddp_kill, remove_node_dir
 from .warm import READY_WAIT, Warm
@@ -215,10 +215,7 @@ class Runner:
     def finish(self, code, stopped, reason, graceful=False):
         """The job's end here: what is left of it killed, every line relayed, then its Exited
         (``graceful``: a stop whose grace ran out for what it killed)."""
-        code = self.launch.end(code)
-        if self.launch.relay_died and not stopped:  # ranks' lines were lost: never an "ok"
-            code, reason = code or 1, self.launch.relay_died
-        failures, ends = self.launch.failures(stopped)
+        code, reason, failures, ends = outcome(self.launch, code, stopped, reason)
         for result in results_of(self.launch):
             self.out.send(result)
         self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason,

@@ -19,6 +19,30 @@ PYSPY_TIMEOUT = 20.0  # seconds for one py-spy dump
 HOOK_HEAD = "import faulthandler, importlib.machinery, importlib.util, os, sys\n"
 DUMP_LINE = "faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up: stack dump when a job looks hung\n" \
     % DUMP_SIGNAL
+# A rank that ended its script cleanly (no uncaught exception, no sys.exit with a failure) leaves
+# ended.RANK beside this hook as it exits: a death after that, in the interpreter's teardown (torch's
+# C++ threads at exit), is then not taken for the script's failure (launch.ended_in_teardown). Only
+# the rank's own process: DDP_UP_RANK_PID tells its children (a DataLoader's workers) apart.
+END_WATCH = """def _ddp_up_watch_end(where):
+    if "RANK" not in os.environ or os.environ.get("DDP_UP_RANK_PID"):
+        return  # not a rank (the launcher), or a rank's own child
+    import atexit
+    os.environ["DDP_UP_RANK_PID"], said, real_exit = str(os.getpid()), [], sys.exit
+    def exit(status=None):
+        said.append(status)
+        real_exit(status)
+    sys.exit = exit
+    def ended():
+        failed = (said and said[-1] not in (None, 0)) or hasattr(sys, "last_type") or hasattr(sys, "last_exc")
+        if not failed and os.environ.get("RANK", "").isdigit():
+            try:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                os.close(os.open(os.path.join(where, "ended." + os.environ["RANK"]), flags, 0o600))
+            except OSError:
+                pass
+    atexit.register(ended)
+_ddp_up_watch_end(os.path.dirname(os.path.abspath(__file__)))
+"""
 HOOK_CHAIN = """if not globals().get("_ddp_up_warm"):  # a rank forked warm: its interpreter ran the one we shadow
     _here = os.path.dirname(os.path.abspath(__file__))  # stays on sys.path: ddp-check's probe is there
     _spec = importlib.machinery.PathFinder.find_spec(  # the sitecustomize we shadow, if any
@@ -32,7 +56,7 @@ def sitecustomize(dumps, more=""):
     """The hook's text: the stack dump's handler where ``dumps``, then ``more`` (the Flight
     Recorder's thread, flight.RECORDER_HOOK), then whatever sitecustomize it shadows (a rank forked
     warm runs it too, with ``_ddp_up_warm`` set: its interpreter ran that one already)."""
-    return HOOK_HEAD + (DUMP_LINE if dumps else "") + more + HOOK_CHAIN
+    return HOOK_HEAD + END_WATCH + (DUMP_LINE if dumps else "") + more + HOOK_CHAIN
 
 
 DUMP_HOOK = sitecustomize(True)

@@ -43,3 +43,35 @@ def test_a_process_without_the_hook_does_not_catch_it():
     finally:
         p.kill()
         p.wait(5)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("script,ended", [
+    ("print('done')", True),
+    ("import sys; sys.exit(0)", True),
+    ("import sys; sys.exit(3)", False),
+    ("import sys; sys.exit('a message is a failure')", False),
+    ("raise RuntimeError('boom')", False),
+    ("import os; os._exit(0)", False),  # no Python exit at all: no teardown to die in either
+])
+def test_a_rank_that_ended_its_script_cleanly_says_so_as_it_exits_and_only_then(tmp_path, script, ended):
+    (tmp_path / "sitecustomize.py").write_text(DUMP_HOOK)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RANK": "5"}
+    env.pop("DDP_UP_RANK_PID", None)
+    subprocess.run([sys.executable, "-c", script], env=env, stderr=subprocess.DEVNULL, timeout=60)
+    assert (tmp_path / "ended.5").exists() == ended
+
+
+def test_a_ranks_own_children_and_a_process_without_a_rank_leave_nothing(tmp_path):
+    """A DataLoader's spawned worker runs the hook too, with the rank's RANK: it is not the rank."""
+    (tmp_path / "sitecustomize.py").write_text(DUMP_HOOK)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RANK": "2"}
+    env.pop("DDP_UP_RANK_PID", None)
+    child = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'print(1)'], check=True); sys.exit(3)"
+    done = subprocess.run([sys.executable, "-c", child], env=env, stdout=subprocess.DEVNULL, timeout=60)
+    assert done.returncode == 3 and not (tmp_path / "ended.2").exists()  # the child's clean end is not the rank's
+    env.pop("RANK")
+    subprocess.run([sys.executable, "-c", "print(1)"], env=env, stdout=subprocess.DEVNULL, timeout=60)
+    assert list(tmp_path.glob("ended.*")) == []

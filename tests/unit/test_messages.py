@@ -100,7 +100,7 @@ def test_an_unknown_option_names_the_near_one(parser, typo, near, capsys):
     (up_parser, ["0 ok", "1 job failed", "2 bad config or usage", "3 a node could not be set up", "70 internal error",
                  "128+N"]),
     (kill_parser, ["0 every node answered", "1 a node could not be reached", "2 bad cluster file", "128+N"]),
-    (check_parser, ["0 every node is ready", "1 --collective could not run", "3 a node is not ready", "128+N"]),
+    (check_parser, ["0 every node is ready", "1 --collective or --gpus could not run", "3 a node is not ready", "128+N"]),
     (ls_parser, ["0 listed", "3 a node could not be asked", "128+N"]),
     (lambda: attach_parser(), ["the job's own status", "3 no such job", "128+N"]),
     (lambda: logs_parser(), ["0 printed", "3 no such job", "128+N"])])

@@ -1,0 +1,41 @@
+"""A job whose every rank ended its script is not called failed because a rank then died in the
+interpreter's teardown (torch's C++ threads at exit abort it now and then): the node says so, the
+job succeeds, and `restarts:` does not run it again. A script that failed first still fails."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.harness import runner
+from tests.harness.runner import ddp_up, run_dir
+
+SCRIPT = str(Path(__file__).parent.parent / "scripts" / "teardown.py")
+LAUNCHERS = pytest.mark.parametrize("launcher", ["none", "torchrun"])
+
+
+@LAUNCHERS
+def test_a_death_after_every_script_ended_is_not_a_failure_and_is_not_restarted(tmp_path, launcher):
+    path = runner.local_cluster(tmp_path, nodes=2, gpus=2, launcher=launcher, restarts=1, restart_delay=0)
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "--barrier", str(tmp_path / "barrier"), timeout=180)
+    assert code == 0, out
+    assert out.count("SCRIPT ENDED") == 4, out  # one attempt: no restart
+    assert re.search(r"! ddp-up: every rank ended its script, then the launcher .*not counted as a failure", out), out
+    assert re.search(r"ddp-up job \S+ ok after", out), out
+    summary = json.loads((run_dir(re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)) / "summary.json").read_text())
+    assert [n["state"] for n in summary["nodes"]] == ["done", "done"]
+    assert all("not counted as a failure" in n["reason"] for n in summary["nodes"]), summary["nodes"]
+
+
+@LAUNCHERS
+@pytest.mark.parametrize("how", [["--exit", "3"], ["--raise"]])
+def test_a_script_that_failed_before_its_teardown_still_fails(tmp_path, launcher, how):
+    path = runner.local_cluster(tmp_path, nodes=1, gpus=2, launcher=launcher)
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, *how, timeout=180)
+    assert code == 1, out
+    assert "not counted as a failure" not in out, out
+    if how == ["--raise"]:
+        assert re.search(r"RuntimeError: boom before the teardown", out), out

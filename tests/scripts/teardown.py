@@ -1,0 +1,32 @@
+"""A rank that ends its script, then dies in the C library's exit after Python's own teardown, as
+torch's threads can abort it ("terminate called without an active exception"): the C library's
+exit list gets abort(), which runs after every Python atexit handler and finalizer.
+
+    teardown.py [--barrier DIR] [--exit N | --raise]
+
+--barrier: every rank waits for the others' scripts to end too (files in DIR), and the abort comes a
+second after: no rank's abort (and its launcher's stop of the others) cuts another's script short.
+--exit N, --raise: end the script with sys.exit(N), or an uncaught exception, first.
+"""
+
+import ctypes
+import os
+import sys
+import time
+
+libc = ctypes.CDLL(None)
+libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
+print(f"SCRIPT ENDED rank={os.environ.get('RANK')}", flush=True)
+if "--barrier" in sys.argv:
+    where = sys.argv[sys.argv.index("--barrier") + 1]
+    os.makedirs(where, exist_ok=True)
+    open(os.path.join(where, os.environ["RANK"]), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(where)) < int(os.environ["WORLD_SIZE"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the exit list runs last in, first out: this sleep, then the abort
+    libc.__cxa_atexit(ctypes.cast(libc.sleep, ctypes.c_void_p), ctypes.c_void_p(1), None)
+if "--raise" in sys.argv:
+    raise RuntimeError("boom before the teardown")
+if "--exit" in sys.argv:
+    sys.exit(int(sys.argv[sys.argv.index("--exit") + 1]))
