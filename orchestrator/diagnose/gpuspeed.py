@@ -75,6 +75,7 @@ class Measured:
     rates: dict = field(default_factory=dict)  # METRICS key -> rate, those measured
     error: str | None = None
     no_gpu: bool = False
+    seconds: float | None = None  # the rank's own time, from its start (torch's import) to its report
 
 
 def read_report(node: int, text: str) -> Measured | None:
@@ -93,7 +94,7 @@ def read_report(node: int, text: str) -> Measured | None:
     return Measured(node=node, local_rank=local, name=_text(report.get("name")) or "?", uuid=_text(report.get("uuid")),
                     dtype="float32" if report.get("dtype") == "float32" else "bfloat16",
                     rates={k: v for k, v in rates.items() if v is not None}, error=_text(report.get("error")),
-                    no_gpu=report.get("no_gpu") is True)
+                    no_gpu=report.get("no_gpu") is True, seconds=_rate(report.get("seconds")))
 
 
 def peaks_of(name: str, dtype: str, health: dict) -> dict:
@@ -203,5 +204,6 @@ def records(verdicts: list[Verdict], labels: list[str]) -> list[dict]:
     return [{"node": v.measured.node, "host": labels[v.measured.node] if v.measured.node < len(labels) else None,
              "local_rank": v.measured.local_rank, "gpu": v.gpu, "uuid": v.measured.uuid, "model": v.measured.name,
              "dtype": v.measured.dtype, **v.measured.rates, "vs_median": v.vs_median, "vs_peak": v.vs_peak,
-             "slow": v.slow, "why": list(v.why), "error": v.measured.error, "health": v.health}
+             "slow": v.slow, "why": list(v.why), "error": v.measured.error, "seconds": v.measured.seconds,
+             "health": v.health}
             for v in verdicts]
