@@ -182,6 +182,8 @@ def rename(words, name, added):
         start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end
         text = "\0".join(words).encode()[:end - start - 1]
         ctypes.memmove(start, text + b"\0" * (end - start - len(text)), end - start)
+        if added is None:  # the interpreter's own name: its environment keeps the room for its ranks'
+            return
         start, end = int(fields[47]), int(fields[48])  # env_start, env_end
         at = ctypes.string_at(start, end - start).rfind(b"\0ROOM_VAR=") + 1
         if at > 0:
@@ -250,6 +252,8 @@ def bound_to_agent(agent):
 
 
 bound_to_agent(int(sys.argv[3]))
+rename([sys.executable, "-u", "-c", "THE_MARK # ddp-up's warm interpreter: torch imported, the ranks forked from it"],
+       "ddp-up-warm", None)  # in ps and top, a line and a name, not this whole program
 ctl = socket.socket(fileno=int(sys.argv[1]))
 listener = listen(sys.argv[4])  # before the imports: a stand-in that asks early waits in its queue
 prepare(ctl, [n for n in sys.argv[2].split(",") if n])
@@ -261,7 +265,7 @@ if MODULE:
     runpy.run_module(TARGET, run_name="__main__", alter_sys=True)
 else:
     runpy.run_path(TARGET, run_name="__main__")
-'''.replace("ROOM_VAR", ROOM_VAR)
+'''.replace("ROOM_VAR", ROOM_VAR).replace("THE_MARK", WARM_MARK)
 
 # torchrun's worker under warm start, in its place: ``python -S -c WARM_STUB SCRIPT ARGS``. It asks
 # the node's warm interpreter (its socket: beside PET_LOG_DIR, by attempt) for the rank, with its

@@ -141,6 +141,20 @@ def test_a_module_that_fails_to_import_is_a_notice_and_the_rest_stays_warm(warm,
     assert len(w.hello["notices"]) == 1 and "no_such_module_anywhere" in w.hello["notices"][0]
 
 
+
+def test_the_interpreter_shows_in_ps_as_one_named_line_and_still_carries_its_mark(warm, tmp_path):
+    from orchestrator.node.procs import WARM_MARK
+    w = warm()
+    assert w.ready(30), w.hello
+    words = Path(f"/proc/{w.proc.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    assert words[:3] == [sys.executable.encode(), b"-u", b"-c"] and len(words) == 4, words
+    assert words[3].decode().startswith(WARM_MARK) and len(words[3]) < 120, words
+    assert Path(f"/proc/{w.proc.pid}/comm").read_text().strip() == "ddp-up-warm"
+    child, out, _ = fork(w, tmp_path, SCRIPT, "0")  # its ranks still get their own variables in /proc
+    assert child.wait(30) == 0, (tmp_path / "warm.log").read_text()
+    assert json.loads(out.read_text())["env"] == "r"
+
+
 # What each kind of early CUDA use does to torch (each seen on an H200, torch 2.11): a context made
 # (torch.cuda.init()), or only the device count asked of the driver (torch.cuda.is_available()),
 # after which torch marks every forked child a "bad fork" and refuses CUDA there.
