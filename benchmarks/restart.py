@@ -89,12 +89,10 @@ def main() -> None:
             cluster = SSHCluster(n, tmp / f"cluster{n}")
             cluster.up()
             try:
-                path = cluster.cluster_file(tmp / "cluster.yaml", [(node, 1) for node in cluster.nodes],
-                                            python=sys.executable, workdir=str(tmp), restart_delay=args.delay,
-                                            env={"OMP_NUM_THREADS": 1})
-                warm = cluster.cluster_file(tmp / "warm.yaml", [(node, 1) for node in cluster.nodes],
-                                            python=sys.executable, workdir=str(tmp), restart_delay=args.delay,
-                                            env={"OMP_NUM_THREADS": 1}, warm=True)
+                path, warm = (cluster.cluster_file(tmp / name, [(node, 1) for node in cluster.nodes],
+                                                   python=sys.executable, workdir=str(tmp), restart_delay=args.delay,
+                                                   env={"OMP_NUM_THREADS": 1}, warm=is_warm)
+                              for name, is_warm in (("cluster.yaml", False), ("warm.yaml", True)))
                 ways = {"fresh": fresh, "restart": lambda p, runs: restart(p, runs, args.delay),
                         "detached": lambda p, runs: detached(p, runs, args.delay)}
                 if args.warm:

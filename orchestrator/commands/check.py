@@ -22,7 +22,7 @@ from ..plan.launch import make_plan, new_job_id
 from ..remote import signals
 from ..views.terminal import terminal_console
 from . import gpus
-from .common import (Parser, QuietView, add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections,
+from .common import (Parser, QuietView, ReportView, add_node_sources, interrupted, load_or_report, report, resolve_nodes, ssh_connections,
                      table_console)
 
 
@@ -84,21 +84,18 @@ def main_check(argv: list[str] | None = None) -> int:
     return EXIT_SETUP if problems else EXIT_OK
 
 
-class _ProbeView(QuietView):
-    """Keeps the probe's report, and the last lines of each node for when there is none."""
+class _ProbeView(ReportView):
+    """Keeps the collective probe's report (rank 0's)."""
 
     def __init__(self, console: Console):
         super().__init__(console)
         self.report: dict | None = None
-        self.last: dict[int, list[str]] = {}
 
-    def lines(self, node, lines) -> None:
-        for line in lines:
-            report = collective.read_report(line.text) if line.rank == 0 else None
-            if report is not None:
-                self.report = report
-            else:
-                self.last[node.index] = (self.last.get(node.index, []) + [line.text])[-8:]
+    def take(self, node, line) -> bool:
+        report = collective.read_report(line.text) if line.rank == 0 else None
+        if report is not None:
+            self.report = report
+        return report is not None
 
 
 def check_collective(config, console: Console, inbox: signals.SignalInbox) -> int:

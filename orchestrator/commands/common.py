@@ -179,6 +179,24 @@ class QuietView:
         self.console.print(f"{self.prog} {text}", markup=False)
 
 
+class ReportView(QuietView):
+    """ddp-check's probes (the collective's, the GPUs'): the report lines ``take`` keeps, and each
+    node's last other lines, for when a probe failed before its report."""
+
+    def __init__(self, console: Console, prog: str = "ddp-check"):
+        super().__init__(console, prog)
+        self.last: dict[int, list[str]] = {}
+
+    def lines(self, node, lines) -> None:
+        for line in lines:
+            if not self.take(node, line):
+                self.last[node.index] = (self.last.get(node.index, []) + [line.text])[-8:]
+
+    def take(self, node, line) -> bool:
+        """Whether ``line`` was a report, kept."""
+        return False
+
+
 def table_console() -> Console:
     """The console for a command's table: on a terminal, its width; into a pipe or a file, every
     column whole (no job id or state cut at 80 columns for the script that reads it)."""

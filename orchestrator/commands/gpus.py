@@ -16,25 +16,23 @@ from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_SETUP, Interrupted, SetupErr
 from ..job.loop import Job
 from ..plan.launch import new_job_id
 from ..remote import signals
-from .common import QuietView, interrupted, report, table_console
+from .common import ReportView, interrupted, report, table_console
 
 
-class GpuView(QuietView):
-    """Keeps every rank's measure, and the last lines of each node for when there is none."""
+class GpuView(ReportView):
+    """Keeps every rank's measure (one each at most)."""
 
     def __init__(self, console: Console, prog: str, ranks: int):
         super().__init__(console, prog)
         self.ranks = ranks
         self.measures: list[gpuspeed.Measured] = []
-        self.last: dict[int, list[str]] = {}
 
-    def lines(self, node, lines) -> None:
-        for line in lines:
-            measured = gpuspeed.read_report(node.index, line.text)
-            if measured is not None and len(self.measures) < self.ranks:
-                self.measures.append(measured)
-            else:
-                self.last[node.index] = (self.last.get(node.index, []) + [line.text])[-8:]
+    def take(self, node, line) -> bool:
+        measured = gpuspeed.read_report(node.index, line.text)
+        if measured is None or len(self.measures) >= self.ranks:
+            return False
+        self.measures.append(measured)
+        return True
 
 
 @dataclass
@@ -60,8 +58,6 @@ class GpuMeasure:
 def measure(config, console: Console, inbox: signals.SignalInbox, prog: str) -> GpuMeasure:
     """Every GPU of ``config``'s nodes measured at once (the preflight of a launch first). SetupError
     where a node is not ready; Interrupted on a stop from the user."""
-    if all(n.gpus == 0 for n in config.nodes):
-        return GpuMeasure([n.host for n in config.nodes], no_gpu=True)
     plan = gpuspeed.measure_plan(config, new_job_id(), os.getcwd())
     view = GpuView(console, prog, plan.world_size)
     job = Job(plan, view, inbox=inbox)

@@ -11,7 +11,6 @@ and nothing to compare it with: the table shows it, and no node is named.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from ..config.cluster import ClusterConfig
 from ..node.stragglers import Lateness, LateWatch
 from ..plan.launch import LaunchPlan, make_plan
 from ..remote.sync import human_bytes
+from .logparse import tagged_json
 
 MODULE = "ddp_up_collective"
 REPORT = "DDP_UP_COLLECTIVE "
@@ -41,13 +41,8 @@ def probe_plan(config: ClusterConfig, job_id: str, cwd: str) -> LaunchPlan:
 
 def read_report(text: str) -> dict | None:
     """The probe's report from one line rank 0 printed, or None if the line is not it."""
-    if not text.startswith(REPORT):
-        return None
-    try:
-        report = json.loads(text[len(REPORT):])
-    except ValueError:
-        return None
-    return report if isinstance(report, dict) and "links" in report else None
+    report = tagged_json(text, REPORT)
+    return report if report is not None and "links" in report else None
 
 
 @dataclass(frozen=True)

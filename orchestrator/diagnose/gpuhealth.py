@@ -62,13 +62,19 @@ def findings(gpu: dict) -> list[GpuFinding]:
     return sorted(found, key=lambda f: not f.fatal)
 
 
-def _clocks(gpu: dict) -> str:
+def _clock_text(gpu: dict) -> str:
+    """``37 °C, SM clock 345 of 1980 MHz``, of what the driver said; "" if nothing."""
     parts = []
     if gpu.get("temp") is not None:
         parts.append(f"{gpu['temp']} °C")
     if gpu.get("sm_clock") is not None and gpu.get("sm_max"):
         parts.append(f"SM clock {gpu['sm_clock']} of {gpu['sm_max']} MHz")
-    return f" ({', '.join(parts)})" if parts else ""
+    return ", ".join(parts)
+
+
+def _clocks(gpu: dict) -> str:
+    text = _clock_text(gpu)
+    return f" ({text})" if text else ""
 
 
 def _link_findings(gpu: dict) -> list[GpuFinding]:
@@ -78,8 +84,8 @@ def _link_findings(gpu: dict) -> list[GpuFinding]:
         found.append(GpuFinding(index, f"PCIe link x{width} of x{width_max}: host-device copies run at "
                                        f"{width}/{width_max} speed", "reseat the GPU or check its slot and riser", False))
     gen, gen_max = gpu.get("pcie_gen"), gpu.get("pcie_gen_max")
-    idle = gpu.get("reasons", 0) & 0x1 if isinstance(gpu.get("reasons"), int) else True
-    if isinstance(gen, int) and isinstance(gen_max, int) and gen < gen_max and not idle:
+    # idle: read off the clock event mask by node/gpuhealth.py; unknown counts as idle (nothing said)
+    if isinstance(gen, int) and isinstance(gen_max, int) and gen < gen_max and not gpu.get("idle", True):
         found.append(GpuFinding(index, f"PCIe link at gen {gen} of {gen_max} while in use",
                                 "check the slot's and the BIOS's PCIe settings", False))
     if gpu.get("nvlink_down"):
@@ -93,8 +99,7 @@ def _link_findings(gpu: dict) -> list[GpuFinding]:
 def describe(gpu: dict) -> str:
     """One line of what nvidia-smi says about a GPU, for a slow one in ddp-check --gpus."""
     parts = [f.what for f in findings(gpu)] or ["nothing wrong by nvidia-smi"]
-    if gpu.get("temp") is not None or gpu.get("sm_clock") is not None:
-        parts.append(_clocks(gpu).strip(" ()"))
+    parts.append(_clock_text(gpu))
     if gpu.get("pcie_gen") is not None and gpu.get("pcie_width") is not None:
         parts.append(f"PCIe gen {gpu['pcie_gen']} x{gpu['pcie_width']}")
     return "; ".join(p for p in parts if p)

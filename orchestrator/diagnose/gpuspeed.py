@@ -10,7 +10,6 @@ data-sheet peak where PEAKS knows it (PEAK_FLOOR), which catches a node whose GP
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, field, replace
@@ -23,6 +22,7 @@ from ..clean import outside
 from ..config.cluster import ClusterConfig
 from ..plan.launch import LaunchPlan, make_plan
 from .gpuhealth import describe
+from .logparse import tagged_json
 
 MODULE = "ddp_up_gpu_measure"
 REPORT = "DDP_UP_GPU "
@@ -81,13 +81,8 @@ class Measured:
 def read_report(node: int, text: str) -> Measured | None:
     """A rank's report from one line it printed, or None if the line is not one. Every field is
     checked: the line is the rank's output."""
-    if not text.startswith(REPORT):
-        return None
-    try:
-        report = json.loads(text[len(REPORT):])
-    except ValueError:
-        return None
-    local = report.get("local_rank") if isinstance(report, dict) else None
+    report = tagged_json(text, REPORT)
+    local = report.get("local_rank") if report is not None else None
     if not isinstance(local, int) or isinstance(local, bool):
         return None
     rates = {key: _rate(report.get(key)) for key, _ in METRICS}

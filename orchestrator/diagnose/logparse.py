@@ -1,8 +1,9 @@
-"""Parsing what torchrun and the workers print: stack dumps here; torchrun's failure report in
-node/report.py, which the nodes read too. Pure."""
+"""Parsing what torchrun and the workers print: stack dumps and ddp-check's probe reports here;
+torchrun's failure report in node/report.py, which the nodes read too. Pure."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from ..node.flight import RECORDER_FRAME
@@ -62,3 +63,16 @@ class StackReport:
         collective = self.collective.get(rank)
         where = self.where.get(rank, "?")
         return f"in {collective} (from {where})" if collective else f"not in a collective ({where})"
+
+
+def tagged_json(text: str, tag: str) -> dict | None:
+    """The JSON object one of ddp-check's probes (the collective's, the GPUs') printed on a line
+    after ``tag``, or None where the line is not one. The line is a rank's output: its fields are
+    the caller's to check."""
+    if not text.startswith(tag):
+        return None
+    try:
+        found = json.loads(text[len(tag):])
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None

@@ -21,7 +21,7 @@ DUMP_LINE = "faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up:
     % DUMP_SIGNAL
 # A rank that ended its script cleanly (no uncaught exception, no sys.exit with a failure) leaves
 # ended.RANK beside this hook as it exits: a death after that, in the interpreter's teardown (torch's
-# C++ threads at exit), is then not taken for the script's failure (launch.ended_in_teardown). Only
+# C++ threads at exit), is then not taken for the script's failure (launch.outcome). Only
 # the rank's own process: DDP_UP_RANK_PID tells its children (a DataLoader's workers) apart.
 END_WATCH = """def _ddp_up_watch_end(where):
     if "RANK" not in os.environ or os.environ.get("DDP_UP_RANK_PID"):

@@ -127,8 +127,8 @@ class LaunchPlan:
         if self.launcher == "none":
             return [OWN_LAUNCHER, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
                     f"--first-rank={node.first_rank}", f"--world-size={self.world_size}",
-                    f"--master-addr={self.master_addr}", f"--master-port={port}",
-                    *(["-m", self.module] if self.module is not None else [self.script]), *self.script_args]
+                    f"--master-addr={self.master_addr}", f"--master-port={port}", *self._entrypoint(cfg.python),
+                    *self.script_args]
         python = cfg.container.python if cfg.container else cfg.python  # the image's, in a container
         if self.launcher == "accelerate":  # `accelerate launch`: it runs torchrun in its own process
             return [python, "-u", "-m", "accelerate.commands.launch", f"--num_machines={len(self.nodes)}",
