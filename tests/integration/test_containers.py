@@ -99,7 +99,9 @@ def wait_ready(launch: Launch, path: Path, ranks: int) -> None:
     def started():
         return len(list(path.parent.glob("ready.0.*"))) == ranks or launch.proc.poll() is not None
 
-    assert procs.wait_for(started, timeout=60) and launch.proc.poll() is None, \
+    # bounded, not slept: it returns as every rank starts. 120 s: under the whole suite's load (four
+    # workers on two cores), an image's start and torch's import in it once took longer than 60 s
+    assert procs.wait_for(started, timeout=120) and launch.proc.poll() is None, \
         f"not every rank started: {sorted(p.name for p in path.parent.glob('ready.*'))}\n{launch.output}"
 
 
