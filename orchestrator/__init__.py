@@ -19,7 +19,7 @@ made safe to show), version. From Python: ``from orchestrator import launch, Job
 
 from .version import __version__
 
-__all__ = ["launch", "fetch", "Run", "JobFailed", "LaunchRefused", "FetchFailed", "Detached"]
+__all__ = ["launch", "fetch", "release_warm", "Run", "JobFailed", "LaunchRefused", "FetchFailed", "Detached"]
 
 
 def __getattr__(name):

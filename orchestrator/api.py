@@ -20,6 +20,10 @@ A failed run raises JobFailed, which names the root cause (rank, host, the rank'
 carries the remote traceback and the summary. Ctrl-C (a notebook's "interrupt kernel") stops the
 job as on the command line, every rank with its grace, and raises KeyboardInterrupt.
 ``detach=True`` returns a Detached handle on the job that ddp-ls and ddp-attach see.
+
+With ``warm: true`` in the cluster, each node keeps its warm interpreter (torch imported) from one
+launch to the next, for as long as this Python process lives: a second launch forks its ranks at
+once. ``release_warm()`` ends them sooner.
 """
 
 from __future__ import annotations
@@ -107,7 +111,7 @@ def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto
     argv = ["--runs-dir", runs_dir, "--job-id", job_id, *flags(options), *(["--detach"] if detach else []),
             path, *script]
     results: list = []
-    code = main_up(argv, Caller(call, results.append, on_line))
+    code = main_up(argv, Caller(call, results.append, on_line, kept=kept()))
     if code in (2, 3):
         if path != cluster:  # the dict's file: nothing started, so nothing will look for it
             os.unlink(path)
@@ -120,6 +124,25 @@ def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto
         return Detached(path, job_id, runs_dir)
     run = ended(job_id, os.path.join(runs_dir, job_id), code, path)
     return replace(run, results=returned(run, results[-1].values if results else {})) if call else run
+
+
+_KEPT = []  # this process's kept interpreters (run/kept.Kept), made at the first launch
+
+
+def kept():
+    """This session's warm interpreters, kept from one launch to the next (`warm: true`)."""
+    if not _KEPT:
+        from .run.kept import Kept
+
+        _KEPT.append(Kept())
+    return _KEPT[0]
+
+
+def release_warm() -> None:
+    """End this session's kept warm interpreters now, on every node (they end with this process
+    anyway): the next launch starts new ones."""
+    if _KEPT:
+        _KEPT[0].close()
 
 
 def shipped(target, args, kwargs, backend):

@@ -270,7 +270,7 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
         code = run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
                        cluster_arg=shlex.join(ours_for_attach(args)),
                        restarts=restarts if restarts.any and not args.detach else None, notifier=notifier,
-                       caller=caller)
+                       caller=kept_across_attempts(caller, plan, restarts))
     except Exception as e:  # a node not ready (exit 3), a signal before the start, a bug (70): said, then raised
         if notifier is not None:
             notifier.unstarted(e)
@@ -282,6 +282,17 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
             return interrupted("ddp-up", e, f"while fetching {', '.join(config.fetch)} (the job had ended with exit "
                                             f"status {code}); what arrived whole is kept, no partial file is left")
     return code
+
+
+def kept_across_attempts(caller: Caller, plan: LaunchPlan, restarts: Restarts) -> Caller:
+    """Warm start with restarts: each node's warm interpreter is kept from one attempt to the next
+    (run/kept.py), so that a restart forks from one that imported before the failure. It ends
+    with this process."""
+    if caller.kept or not plan.warm or plan.detach or not restarts.any:
+        return caller
+    from ..run.kept import Kept
+
+    return replace(caller, kept=Kept())
 
 
 def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str], console: Console) -> int:

@@ -28,6 +28,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   events      the agent's own events, named once
   launch      one attempt's processes here: started, relayed, signalled, ended
   run         run mode, attached (controller watching): preflight, Go, the job's loop and end
+  keep        keep mode: a warm interpreter kept ready for every launch of one Python session
   decide      a detached job's decisions, pure
   notify      an event as JSON, to a webhook or a command (a detached job's, and ddp-up's own)
   supervisor  a detached job's supervisor and every other node's link to it
@@ -42,5 +43,5 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
 """
 
 SHIPPED = ("wire", "facts", "gpuhealth", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "zygote", "warm", "workers", "container", "checks", "stacks", "events", "launch", "run",
-           "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
+           "keep", "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
 PACKAGE = "ddp_up_node"  # the package's name on a node

@@ -23,6 +23,7 @@ from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
 from .state import open_regular, per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
+from .zygote import SOCKET_VAR
 
 SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's --shutdown-timeout, read by torchrun and torch.distributed.launch
 TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what torchrun passes on to its ranks by default
@@ -159,7 +160,8 @@ def started_launcher(argv, env, warm=None):
     if warm is not None and argv[1:4] == ["-u", "-m", "torch.distributed.run"]:
         (out_r, out_w), (err_r, err_w), null = os.pipe(), os.pipe(), os.open(os.devnull, os.O_RDONLY)
         try:  # the write ends go with the request: the interpreter's child has them when it starts
-            child = warm.fork(None, argv[2:], env, os.getcwd(), fds=[null, out_w, err_w])
+            child = warm.fork(None, argv[2:], dict(env, **{SOCKET_VAR: warm.socket}), os.getcwd(),
+                              fds=[null, out_w, err_w])
         finally:
             os.close(out_w), os.close(err_w), os.close(null)
         if child is not None:

@@ -18,6 +18,7 @@ MODES = {
     wire.FollowSpec: "replay.follow",
     wire.ListSpec: "replay.list_jobs",
     wire.FetchSpec: "fetch.fetch",
+    wire.KeepSpec: "keep.keep",
 }
 
 

@@ -21,10 +21,10 @@ import time
 
 from . import checks, events, policy, wire
 from .container import box_for
-from .launch import TERMINAL_ENV, Launch, hooks_dir, outcome, results_of
+from .launch import TERMINAL_ENV, Launch, outcome, results_of
 from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name, spec_tags
 from .state import killed_by_ddp_kill, remove_node_dir
-from .warm import READY_WAIT, Warm
+from .warm import READY_WAIT, KeptWarm, Warm
 
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
 
@@ -245,36 +245,51 @@ class WarmLine:
         return self.ready.pop(attempt, None)
 
 
+class KeptLine:
+    """The Python session's kept interpreter (node/keep.py), the same for every attempt."""
+
+    def __init__(self, kept):
+        self.kept = kept
+        self.ready = {None: kept}
+
+    def take(self, attempt):
+        return self.kept if self.ready else None
+
+
 def warm_interpreters(spec, attempt, job_env, state_dir, out):
-    """Warm start (the spec says where: plan.launch.warms): the WarmLine of this node; None for a
-    cold start."""
+    """Warm start (the spec says where: plan.launch.warms): the WarmLine of this node, or the
+    session's KeptLine; None for a cold start. Ready waits for its imports, at most READY_WAIT."""
     if not spec.warm:
         return None
-    last = spec.restarts + spec.recoveries if spec.detach else attempt
-    line = WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, out), attempt, last)
-    first, deadline = line.ready.get(attempt), time.monotonic() + READY_WAIT
+    report = lambda text: out.send(wire.Output("err", None, text.encode()))  # noqa: E731
+    if spec.keep:
+        line = KeptLine(KeptWarm(spec.keep, report))
+        first = line.kept
+    else:
+        last = spec.restarts + spec.recoveries if spec.detach else attempt
+        line = WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, report), attempt, last)
+        first = line.ready.get(attempt)
+    deadline = time.monotonic() + READY_WAIT
     while first is not None and not first.answered(spec.heartbeat) and time.monotonic() < deadline:
         out.send(wire.Heartbeat(), block=False)  # before the node says Ready; its heartbeats go on meanwhile
     if first is not None and not first.answered(0):
-        first.proc.kill()
-        line.ready[attempt] = None
-        out.send(wire.Output("err", None, b"ddp-up: warm start: the imports took too long; the ranks start cold\n"))
+        first.give_up()
+        line.ready.clear()
+        report("ddp-up: warm start: the imports took too long; the ranks start cold\n")
     return line
 
 
-def warm_interpreter(spec, attempt, job_env, state_dir, out):
+def warm_interpreter(spec, attempt, job_env, state_dir, report):
     """Attempt ``attempt``'s warm interpreter, or None where it cannot start (a cold start)."""
     env = dict(TERMINAL_ENV, **job_env)  # as its ranks' (launch.launch_env), less the Go's
     env.update(spec_tags(spec, attempt))  # ddp-kill and the sweeps find it, and its ranks
     if (spec.nproc or 1) > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # read once, at torch's import: as workers.worker_env
-    try:  # its socket for torchrun's stand-ins (zygote.WARM_STUB), and the attempt's hook its ranks run
+    try:  # its socket for torchrun's stand-ins (zygote.WARM_STUB)
         return Warm(sys.executable, env, os.getcwd(), os.path.join(state_dir, "warm.%d.log" % attempt), spec.preload or (),
-                    listen=os.path.join(state_dir, "warm.%d.sock" % attempt),
-                    hook=os.path.join(hooks_dir(state_dir, attempt), "sitecustomize.py"),
-                    report=lambda text: out.send(wire.Output("err", None, text.encode())))
+                    listen=os.path.join(state_dir, "warm.%d.sock" % attempt), report=report)
     except OSError as e:
-        out.send(wire.Output("err", None, ("ddp-up: warm start: %s; the ranks start cold\n" % e).encode()))
+        report("ddp-up: warm start: %s; the ranks start cold\n" % e)
         return None
 
 

@@ -31,10 +31,12 @@ import subprocess
 import threading
 import time
 
+from .state import state_root
 from .zygote import ROOM, ROOM_VAR, ZYGOTE
 
 PRELOAD = ("torch", "torch.distributed")  # what every warm interpreter imports, before the cluster file's
 READY_WAIT = 20.0  # seconds a node's Ready waits for its imports; a rank asked for before they are done starts cold
+APPEAR_WAIT = 5.0  # seconds a kept interpreter's socket may take to appear (its keeper's start), once asked for
 LINE_MAX = 1 << 20  # bytes of one line from the interpreter (it is the job's Python: bounded)
 
 class WarmChild:
@@ -62,15 +64,16 @@ class Warm:
     """The agent's side of one warm interpreter: started at once, ready (or not) later. ``fork``
     gives a WarmChild, or None where the ranks start cold (not ready, gone, or it said why)."""
 
-    def __init__(self, python, env, cwd, log, preload=(), base=PRELOAD, listen="", hook="", report=None):
+    def __init__(self, python, env, cwd, log, preload=(), base=PRELOAD, listen="", keep=False, report=None):
         names = list(base) + [n for n in preload if n not in base]
         env = dict(env)
         env.pop(ROOM_VAR, None)
         env[ROOM_VAR] = "." * ROOM  # last: see rename in ZYGOTE
+        self.socket = listen  # where torchrun's stand-ins ask (zygote.SOCKET_VAR)
         self.sock, theirs = socket.socketpair()
         with open(log, "ab") as err:  # its own errors (a crash while importing): the ranks' go to their logs
             self.proc = subprocess.Popen([python, "-u", "-c", ZYGOTE, str(theirs.fileno()), ",".join(names), str(os.getpid()),
-                                          listen, hook],
+                                          listen, "keep" if keep else ""],
                                          env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                          pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
@@ -134,6 +137,10 @@ class Warm:
         """Whether it said ready or cold (or ended) within ``timeout`` seconds."""
         return self.said.wait(timeout)
 
+    def give_up(self):
+        """It took too long: this attempt starts cold."""
+        self.proc.kill()
+
     def why_cold(self):
         """The one notice for a user whose ranks start cold, or None."""
         if self.hello is None:
@@ -179,3 +186,107 @@ def watch_orphan(child, every=0.5):
         except OSError:
             pass
         time.sleep(every)
+
+
+def kept_dir(name):
+    """Where a kept interpreter (node/keep.py) listens: the user's private state root, by its name."""
+    return os.path.join(state_root(), ".warm-%s" % name)
+
+
+class KeptWarm:
+    """The agent's side of a kept interpreter: the Python session's (node/keep.py), made ready
+    before this launch and used by every launch of the session. Warm's interface; each fork is a
+    connection to its socket that stays open while the rank runs (the rank is killed if the
+    connection ends first: this agent gone), as torchrun's stand-ins ask."""
+
+    def __init__(self, name, report=None):
+        self.path = self.socket = os.path.join(kept_dir(name), "sock")
+        self.report, self.hello, self.asking, self.first_try = report, None, None, None
+
+    def answered(self, timeout):
+        """Whether it said ready or cold within ``timeout`` seconds (its socket may not exist yet:
+        its keeper was started with this launch)."""
+        deadline = time.monotonic() + timeout
+        while self.hello is None:
+            try:
+                self.asking = self.asking or self.connect(b'\n{"hello": 1}\n')
+                self.asking.settimeout(max(0.01, deadline - time.monotonic()))
+                line = self.asking.makefile("rb").readline(LINE_MAX)
+                self.hello = json.loads(line) if line else {"cold": "the warm interpreter of this session ended"}
+            except (FileNotFoundError, ConnectionRefusedError):
+                self.first_try = self.first_try or time.monotonic()
+                if time.monotonic() - self.first_try > APPEAR_WAIT:
+                    self.hello = {"cold": "this session's warm interpreter is not there"}
+                elif time.monotonic() >= deadline:
+                    return False
+                else:
+                    time.sleep(0.05)  # its keeper, started with this launch, has not bound the socket yet
+            except socket.timeout:
+                return False
+            except (OSError, ValueError) as e:
+                self.hello = {"cold": "the warm interpreter of this session did not answer (%s)" % e}
+            if self.hello is not None:
+                self.asking = self.asking and self.asking.close()
+                for notice in ([self.why_cold()] if "cold" in self.hello else []) + list(self.hello.get("notices") or ()):
+                    self.report and self.report("ddp-up: warm start: %s\n" % notice)
+        return True
+
+    def ready(self, timeout=READY_WAIT):
+        return self.answered(timeout) and "ready" in self.hello
+
+    def why_cold(self):
+        return Warm.why_cold(self)
+
+    def give_up(self):
+        """It took too long: this launch starts cold (the interpreter is the session's: it stays)."""
+        self.hello = self.hello or {"cold": "the warm interpreter of this session was not ready in time"}
+
+    def connect(self, first, fds=()):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.path)
+            conn.sendmsg([first[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+            conn.sendall(first[1:])
+        except OSError:
+            conn.close()
+            raise
+        return conn
+
+    def fork(self, local_rank, argv, env, cwd, stdout=None, stderr=None, timeout=30.0, fds=None):
+        if not self.ready():
+            return None
+        opened = [] if fds else [os.open(os.devnull, os.O_RDONLY)] + [
+            os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            for path in (stdout, stderr)]
+        request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()
+        try:
+            conn = self.connect(b"\n" + request + b"\n", fds or opened)
+        except OSError:
+            return None
+        finally:
+            for fd in opened:
+                os.close(fd)
+        answers = conn.makefile("rb")
+        try:
+            conn.settimeout(timeout)
+            child = WarmChild(int(json.loads(answers.readline(LINE_MAX))["pid"]))
+            conn.settimeout(None)
+        except (OSError, ValueError, KeyError, TypeError):
+            conn.close()
+            return None
+        threading.Thread(target=self.watch, args=(conn, answers, child), name="warm-rank", daemon=True).start()
+        return child
+
+    @staticmethod
+    def watch(conn, answers, child):
+        """Its end, as the interpreter reports it; if the interpreter went first, as its pid ends."""
+        try:
+            line = answers.readline(LINE_MAX)
+            child.end(int(json.loads(line)["code"])) if line else watch_orphan(child)
+        except (OSError, ValueError, KeyError, TypeError):
+            watch_orphan(child)
+        finally:
+            conn.close()
+
+    def close(self):
+        """The interpreter is the session's: it forks the next launch's ranks."""

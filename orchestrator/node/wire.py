@@ -181,6 +181,7 @@ class RunSpec(Frame):
     commit: str | None = None  # detach: the commit the job ran from, for its record (ddp-ls)
     warm: bool = False  # `launcher: none`: fork every rank from a warm interpreter (node/warm.py)
     preload: list | None = None  # warm: modules it imports besides torch
+    keep: str | None = None  # warm: the kept interpreter its ranks are forked from (node/keep.py), by its name
     container: dict | None = None  # the image the launcher runs in: runtime, image, pull, mounts, options, python (node/container.py)
     workers_code: dict | None = None  # `launcher: none` in a container: {"procs", "workers"} sources, run in the image
 
@@ -190,6 +191,18 @@ class DetectSpec(Frame):
     """Report what planning needs to know (the GPU count the job would see)."""
 
     env: dict[str, str]
+
+
+@_frame(TO_AGENT)
+class KeepSpec(Frame):
+    """Keep a warm interpreter ready for the launches of one Python session (node/keep.py), until
+    the controller goes (end of stdin) or is silent for ``orphan_timeout`` seconds."""
+
+    name: str  # the kept interpreter's name: the launches' RunSpec.keep
+    env: dict[str, str]
+    preload: list | None
+    nproc: int | None
+    orphan_timeout: float
 
 
 @_frame(TO_AGENT)
@@ -246,7 +259,7 @@ class ListSpec(Frame):
     """Report the detached jobs recorded on this node (running and finished)."""
 
 
-SPECS = (RunSpec, DetectSpec, SweepSpec, SyncSpec, FollowSpec, ListSpec, FetchSpec)
+SPECS = (RunSpec, DetectSpec, SweepSpec, SyncSpec, FollowSpec, ListSpec, FetchSpec, KeepSpec)
 
 
 # --- run mode -----------------------------------------------------------------------------------
@@ -469,6 +482,15 @@ class Arrivals(Frame):
 @_frame(TO_CONTROLLER)
 class Detected(Frame):
     gpus: int
+
+
+@_frame(TO_CONTROLLER)
+class Kept(Frame):
+    """Keep mode: the interpreter answered: ready (its imports done, in ``seconds``), or why not."""
+
+    ready: bool
+    why: str | None = None
+    seconds: float | None = None
 
 
 @_frame(TO_CONTROLLER)

@@ -8,6 +8,7 @@ from .procs import STUB_MARK, WARM_MARK
 
 ROOM_VAR = "DDP_UP_WARM_ROOM"  # the interpreter's last variable: room for its ranks' own in /proc/PID/environ
 ROOM = 8192
+SOCKET_VAR = "DDP_UP_WARM_SOCKET"  # torchrun's environment under warm start: where its stand-ins ask
 
 ZYGOTE = WARM_MARK + r'''
 import array, json, os, signal, socket, struct, sys, time
@@ -20,7 +21,9 @@ def say(conn, obj):
         pass  # a stand-in gone (torchrun killed it): its rank is reaped all the same
 
 
-def prepare(ctl, names):
+def prepare(ctl, names, keep):
+    # Its one answer to the agent (and, kept, to every launch's hello): ready, or cold and why.
+    global HELLO
     started, notices = time.monotonic(), []
     for name in names:
         try:
@@ -29,9 +32,13 @@ def prepare(ctl, names):
             notices.append("preload %s failed (%s: %s): the ranks import it themselves" % (name, type(e).__name__, e))
             continue
         if cuda_touched():
-            say(ctl, {"cold": "importing %s initialized CUDA, and a process forked after that cannot use it" % name})
-            os._exit(0)
-    say(ctl, {"ready": os.getpid(), "seconds": round(time.monotonic() - started, 3), "notices": notices})
+            HELLO = {"cold": "importing %s initialized CUDA, and a process forked after that cannot use it" % name}
+            say(ctl, HELLO)
+            if not keep:
+                os._exit(0)
+            return  # kept: it answers the launches' hellos with why, and forks nothing
+    HELLO = {"ready": os.getpid(), "seconds": round(time.monotonic() - started, 3), "notices": notices}
+    say(ctl, HELLO)
 
 
 def cuda_touched():
@@ -78,7 +85,8 @@ def listen(path):
 
 def asked(listener):
     # (a stand-in's connection, its request with its stdin, stdout and stderr), or None: one of
-    # this user's processes only, answered within 10 s.
+    # this user's processes only, answered within 10 s. A kept interpreter's launches ask first
+    # whether it is ready ({"hello": 1}, without descriptors): its HELLO answers.
     conn, _ = listener.accept()
     try:
         conn.settimeout(10)
@@ -94,9 +102,16 @@ def asked(listener):
             if not chunk:
                 break
             line += chunk
-        if uid != os.getuid() or len(fds) != 3:
-            raise ValueError("not a stand-in of this job")
+        if uid != os.getuid():
+            raise ValueError("not this user's")
         request = json.loads(line)
+        if request.get("hello") and not len(fds):
+            say(conn, HELLO)
+            raise ValueError("answered")
+        if len(fds) != 3 or "cold" in HELLO:
+            for fd in fds:
+                os.close(fd)
+            raise ValueError("not a stand-in's request, or nothing to fork from")
         request["fds"] = list(fds)
         conn.settimeout(None)
         return conn, request
@@ -194,7 +209,25 @@ def rename(words, name, added):
         pass  # a name is never worth a rank
 
 
-def become(request, hook):
+def repath(mine, theirs):
+    # sys.path as the rank's own PYTHONPATH makes it in a cold start (ddp-up's hooks, the Python
+    # API's function runner, the user's own): right after the script's folder, in place of the
+    # interpreter's.
+    # Returns the sitecustomize a cold start would have run that this interpreter did not: the
+    # first on the rank's own part of the path (ddp-up's hook of the attempt), or None.
+    mine, theirs = [p for p in mine.split(os.pathsep) if p], [p for p in theirs.split(os.pathsep) if p]
+    if mine == theirs:
+        return None
+    gone = set(mine) | set(os.path.abspath(p) for p in mine)
+    sys.path[1:] = [os.path.abspath(p) for p in theirs] + [p for p in sys.path[1:] if p not in gone]
+    for entry in theirs:
+        hook = os.path.join(os.path.abspath(entry), "sitecustomize.py")
+        if os.path.abspath(entry) not in gone and os.path.isfile(hook):
+            return hook
+    return None
+
+
+def become(request):
     os.setsid()
     if "fds" in request:  # a stand-in's: the stdio torchrun gave it
         for fd, given in enumerate(request["fds"]):
@@ -215,13 +248,14 @@ def become(request, hook):
     os.environ.update(request["env"])
     first = ("RANK", "LOCAL_RANK")
     added = sorted(((k, v) for k, v in request["env"].items() if before.get(k) != v), key=lambda kv: kv[0] not in first)
+    hook = repath(before.get("PYTHONPATH", ""), request["env"].get("PYTHONPATH", ""))
     argv = list(request["argv"])
     if argv[0] == "-m":  # python -m MODULE ARGS: the working directory first on the path
         sys.argv, sys.path[0], target = argv[1:], os.getcwd(), argv[1]
     else:
         sys.argv, sys.path[0], target = argv, os.path.dirname(os.path.abspath(argv[0])), os.path.abspath(argv[0])
     rename([sys.executable, "-u"] + argv, os.path.basename(target), added)
-    if hook and os.path.isfile(hook):  # ddp-up's sitecustomize of this attempt: its interpreter ran the user's
+    if hook:  # ddp-up's sitecustomize of this attempt, on the rank's path only: its interpreter ran the user's
         with open(hook) as f:
             exec(compile(f.read(), hook, "exec"), {"__name__": "ddp_up_hook", "__file__": hook, "_ddp_up_warm": True})
     return argv[0] == "-m", target
@@ -256,8 +290,9 @@ rename([sys.executable, "-u", "-c", "THE_MARK # ddp-up's warm interpreter: torch
        "ddp-up-warm", None)  # in ps and top, a line and a name, not this whole program
 ctl = socket.socket(fileno=int(sys.argv[1]))
 listener = listen(sys.argv[4])  # before the imports: a stand-in that asks early waits in its queue
-prepare(ctl, [n for n in sys.argv[2].split(",") if n])
-MODULE, TARGET = become(serve(ctl, listener), sys.argv[5])
+HELLO = {}
+prepare(ctl, [n for n in sys.argv[2].split(",") if n], sys.argv[5] == "keep")
+MODULE, TARGET = become(serve(ctl, listener))
 sys.excepthook = from_script
 del ctl, listener, prepare, serve, become, rename, bound_to_agent, listen, asked
 import runpy
@@ -268,7 +303,7 @@ else:
 '''.replace("ROOM_VAR", ROOM_VAR).replace("THE_MARK", WARM_MARK)
 
 # torchrun's worker under warm start, in its place: ``python -S -c WARM_STUB SCRIPT ARGS``. It asks
-# the node's warm interpreter (its socket: beside PET_LOG_DIR, by attempt) for the rank, with its
+# the node's warm interpreter (its socket: SOCKET_VAR, which torchrun was given) for the rank, with its
 # own stdin, stdout and stderr, environment and working directory; passes every signal torchrun or
 # ddp-up sends it on to the rank; and ends as the rank ended (its code, or the same signal).
 # Without a warm interpreter to answer, it becomes the cold worker itself (exec): torchrun's own
@@ -278,8 +313,9 @@ import array, json, os, signal, socket, sys
 here = os.getcwd()
 try:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    os.chdir(os.path.dirname(os.environ["PET_LOG_DIR"]))
-    s.connect("warm.%s.sock" % os.environ.get("DDP_UP_ATTEMPT", "0"))
+    where = os.environ.pop("SOCKET_VAR")
+    os.chdir(os.path.dirname(where))
+    s.connect(os.path.basename(where))
     os.chdir(here)
     s.sendmsg([b"\n"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
     s.sendall(json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": here}).encode() + b"\n")
@@ -296,4 +332,4 @@ if code < 0:  # ended by a signal: the stand-in by the same one (SIGKILL's dispo
     -code == signal.SIGKILL or signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
 os._exit(code)
-'''
+'''.replace("SOCKET_VAR", SOCKET_VAR)

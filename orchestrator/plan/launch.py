@@ -74,6 +74,7 @@ class LaunchPlan:
     flight_recorder: bool = True  # every rank records its collectives (node/flight.py)
     warm: bool = False  # ranks forked from a warm interpreter (node/warm.py; `launcher: none`)
     preload: tuple[str, ...] = ()  # what it imports besides torch
+    kept: Mapping[int, str] = field(default_factory=dict)  # warm: node index -> the session's kept interpreter (run/kept.py)
     launcher: str = "torchrun"
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
     run_token: str = ""  # tags this launch's processes apart from any other with the same job id
@@ -189,7 +190,7 @@ class LaunchPlan:
             stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat,
             stack_dumps=self.hang_timeout is not None or self.startup_timeout is not None,
             flight_recorder=self.flight_recorder,
-            warm=self.warms(node), preload=list(self.preload) or None,
+            warm=self.warms(node), preload=list(self.preload) or None, keep=self.kept.get(node.index),
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt,
             container=node.config.container.wire() if node.config.container else None,

@@ -35,12 +35,13 @@ class AgentCall:
     must be it (sync connects while it scans its tree)."""
 
     def __init__(self, node: NodeConfig, spec: wire.Frame | None, transport: Transport | None = None, setup: bool = False,
-                 mode: type | None = None):
+                 mode: type | None = None, tags: dict[str, str] | None = None):
         self.node = node
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         # With setup, the node's `setup:` runs first, in its workdir: for questions about the job's environment.
         self.channel = AgentChannel(node, transport or transport_for(node), spec, self._frames, self._inbox.put,
-                                    setup=node.setup if setup else (), workdir=node.workdir if setup else None, mode=mode)
+                                    setup=node.setup if setup else (), workdir=node.workdir if setup else None, mode=mode,
+                                    tags=tags)
 
     def open(self) -> NodeProblem | None:
         """Connect and start the agent; the reason if that failed."""

@@ -30,6 +30,7 @@ class Caller:
     call: Call | None = None
     on_result: Callable[[JobResult], None] | None = None
     on_line: Callable[[Line], None] | None = None
+    kept: Callable[[LaunchPlan], LaunchPlan] | None = None  # warm: the kept interpreters (kept.Kept) to fork from
 
 
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
@@ -45,6 +46,7 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
     swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
     with console_view, logs:
         while True:
+            plan = caller.kept(plan) if caller.kept else plan  # warm: interpreters kept from one attempt to the next
             job = Job(plan, views, preflight=preflight, inbox=inbox, shown=console_view.ranks)
             started = time.time()
             result, cause, unstarted = run_attempt(job, plan, views, logs, records, restarting=restarts is not None)

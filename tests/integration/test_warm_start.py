@@ -6,14 +6,19 @@ cause with the rank's exception, ddp-kill, Ctrl-C, nothing left behind."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import queue
 import re
 import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from orchestrator.node.state import state_root
 from tests.harness import procs, runner
 from tests.harness.runner import ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
@@ -100,11 +105,66 @@ def test_ctrl_c_ends_a_warm_job_and_leaves_nothing(tmp_path, launcher):
     assert procs.wait_no_job_processes(launch.job_id, 15) == []
 
 
-def test_an_attached_restart_runs_warm_too(tmp_path):
-    """The next attempt's agents make their own warm interpreter (tagged with its attempt)."""
+def test_an_attached_restart_forks_from_the_interpreter_made_before_the_failure(tmp_path):
+    """Each node's warm interpreter is kept from one attempt to the next: the restart's ranks are
+    its children, as the failed attempt's were."""
     path = warm_cluster(tmp_path, "torchrun", nodes=2, gpus=1, restarts=1, restart_delay=0)
     code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "run", "--fail-rank", "1", "--exit-code", "3",
                           "--fail-attempts", "0", timeout=240)
     assert code == 0, out
-    assert re.findall(r"\| READY rank=\d world=2 .* warm=(\w+) attempt=1$", out, re.M) == ["True"] * 2, out
+    parents = dict(re.findall(r"\| READY rank=(\d) world=2 .* ppid=(\d+) warm=True attempt=0$", out, re.M))
+    assert len(set(parents.values())) == 2, out  # one interpreter a node
+    assert dict(re.findall(r"\| READY rank=(\d) world=2 .* ppid=(\d+) warm=True attempt=1$", out, re.M)) == parents, out
     assert procs.wait_no_job_processes(job_of(out), 15) == []
+
+
+# A Python session (a notebook's kernel): two launches of a function, then it waits until the test
+# closes its stdin (its normal end) or kills it (a kernel killed).
+SESSION = """
+import json, sys
+from orchestrator import api, launch
+
+def parent():
+    import os
+    return os.getppid()
+
+for _ in range(2):
+    print(json.dumps(launch(sys.argv[1], parent, runs_dir=sys.argv[2]).results), flush=True)
+print(json.dumps(sorted(keeper.name for keeper in api.kept().keepers.values())), flush=True)
+sys.stdin.read()
+"""
+
+
+def kept_processes(names: list[str]) -> list[int]:
+    """The processes of these kept interpreters: their keepers and the interpreters themselves."""
+    return [pid for pid in procs.all_pids() if procs.environ(pid).get("DDP_UP_KEEP") in names]
+
+
+@pytest.mark.parametrize("launcher,end", [("none", "killed"), ("torchrun", "exits")])
+def test_a_second_launch_from_python_forks_from_the_interpreter_the_first_made(tmp_path, launcher, end):
+    """Its ranks are children of the same warm interpreter on each node as the first launch's; and
+    the interpreters end with the Python session, however it ends, leaving nothing."""
+    path = warm_cluster(tmp_path, launcher, nodes=2, gpus=2)
+    session = subprocess.Popen([sys.executable, "-c", SESSION, str(path), str(tmp_path / "runs")], cwd=runner.REPO,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=lambda: [lines.put(line) for line in itertools.chain(session.stdout, [""])],
+                     daemon=True).start()
+    said, out = [], []
+    try:
+        while len(said) < 3 and (not out or out[-1]):  # "": the session ended
+            out.append(lines.get(timeout=240))
+            if out[-1].startswith(("{", "[")):
+                said.append(json.loads(out[-1]))
+        assert len(said) == 3, "".join(out)
+        first, second, names = said
+        assert len(set(first.values())) == 2 and first == second, "".join(out)  # one interpreter a node, both times
+        assert sorted(set(kept_processes(names)) & set(first.values())) == sorted(set(first.values()))
+    finally:
+        if end == "killed":  # a notebook's kernel killed: no atexit, the kernel closes its pipes
+            session.kill()
+        else:
+            session.stdin.close()
+        session.wait(60)
+    assert procs.wait_for(lambda: not kept_processes(names), 30), kept_processes(names)
+    assert not [p for p in Path(state_root()).glob(".warm-*") if p.name[len(".warm-"):] in names]

@@ -60,7 +60,7 @@ def init():
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
     assert t.item() == world * (world + 1) / 2, t.item()
-    print(f"READY rank={rank} world={world} host={os.uname().nodename} pid={os.getpid()} warm={WARM} "
+    print(f"READY rank={rank} world={world} host={os.uname().nodename} pid={os.getpid()} ppid={os.getppid()} warm={WARM} "
           f"attempt={os.environ.get('DDP_UP_ATTEMPT', '-')}", flush=True)
     return dist, rank
 

@@ -34,6 +34,8 @@ EXAMPLES = [
     wire.Collectives(ranks={"0": [["0", "default_pg", 3, "all_reduce", False, [[4]], ["Float"], [[4]], ["Float"], 1]]}),
     wire.Arrivals(times=[["0", 3, 1795506773.25, 1]]),
     wire.RanksUp(ranks=[0, 1]), wire.RanksEnded(),
+    wire.KeepSpec(name="0123abcd-1", env={"A": "1"}, preload=["json"], nproc=2, orphan_timeout=30.0),
+    wire.Kept(ready=False, why="importing x initialized CUDA", seconds=None),
     wire.Bars(bars=[["err", 0, [" 45%|####      | 450/1000 [00:12<00:15, 36.20it/s]"]]]),
 ]
 PEER_EXAMPLES = [wire.Challenge(nonce="ab"), wire.Join(node=2, proof="cd"), wire.Heartbeat(),

@@ -192,7 +192,7 @@ def test_an_interpreter_that_said_cold_is_not_waited_for_as_if_it_still_imported
     monkeypatch.setattr(run, "READY_WAIT", 60.0)
     sent = []
     out = SimpleNamespace(send=lambda frame, block=True: sent.append(frame))
-    spec = SimpleNamespace(warm=True, detach=False, heartbeat=0.05)
+    spec = SimpleNamespace(warm=True, detach=False, heartbeat=0.05, keep=None)
     line = run.warm_interpreters(spec, 0, {}, str(tmp_path), out)
     assert cold.answered(0) and not cold.ready(0)  # back before READY_WAIT: it had answered
     said = [f.data for f in sent if isinstance(f, wire.Output)]
@@ -232,3 +232,19 @@ def test_a_module_target_runs_as_python_m_would(warm, tmp_path):
     child = w.fork(0, ["-m", "mymod", "a"], {}, str(tmp_path), str(out), str(err))
     assert child.wait(30) == 0, err.read_text()
     assert json.loads(out.read_text()) == ["__main__", [str(tmp_path / "mymod.py"), "a"], str(tmp_path)]
+
+
+def test_a_rank_s_own_pythonpath_is_on_its_path_as_in_a_cold_start(warm, tmp_path):
+    """The Python API's ranks run `-m ddp_up_call` from the attempt's hook folder, which only the
+    rank's PYTHONPATH names: the interpreter started before that folder was made."""
+    w = warm(env={"PYTHONPATH": str(tmp_path / "its_own")})
+    assert w.ready(30)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "hooked.py").write_text("import json, sys\nprint(json.dumps(sys.path[:3]))\n")
+    out, err = tmp_path / "out", tmp_path / "err"
+    child = w.fork(0, ["-m", "hooked"], {"PYTHONPATH": f"{hooks}{os.pathsep}{tmp_path / 'user'}"}, str(tmp_path),
+                   str(out), str(err))
+    assert child.wait(30) == 0, err.read_text()
+    path = json.loads(out.read_text())
+    assert path == [str(tmp_path), str(hooks), str(tmp_path / "user")]

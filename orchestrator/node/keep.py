@@ -1,0 +1,108 @@
+"""Keep mode: a warm interpreter (warm.Warm) kept ready on this node for every launch of one Python
+session (orchestrator.launch called again), so that each one forks its ranks without importing
+torch. The controller starts it once, through the same transport as an agent, and holds its
+stdin: the keeper, and with it the interpreter (PR_SET_PDEATHSIG), ends when that closes (the
+session's end, its Ctrl-C, its kill: the kernel closes the pipe or the connection), or when the
+controller is silent for the spec's orphan_timeout, as every agent does.
+
+Each launch's agent finds it by its name (RunSpec.keep) in this user's private state root
+(warm.kept_dir) and asks on its socket: a hello first (ready, or cold and why), then one
+connection per fork (warm.KeptWarm). It belongs to no job: no job's tags, so no job's cleanup
+touches it; its own tag (TAG_KEEP) names it in /proc/PID/environ.
+"""
+
+import os
+import re
+import shutil
+import socket
+import sys
+import threading
+import time
+
+from . import wire
+from .checks import job_env
+from .launch import TERMINAL_ENV
+from .state import private_dir, state_root, unsafe_state
+from .warm import Warm, kept_dir
+
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TAG_KEEP = "DDP_UP_KEEP"
+
+
+def keep(spec, writer):
+    if not NAME.fullmatch(spec.name):
+        writer.send(wire.Failed("a kept interpreter's name is letters, digits, '-' and '_'", "use one ddp-up version"))
+        writer.drain(5)
+        return 2
+    where = kept_dir(spec.name)
+    why = private_dir(state_root())
+    if why is None:
+        remove_stale(state_root())
+        why = private_dir(where)
+    if why:
+        writer.send(unsafe_state(where, why))
+        writer.drain(5)
+        return 3
+    warm = Warm(sys.executable, interpreter_env(spec), os.getcwd(), os.path.join(where, "log"), spec.preload or (),
+                listen=os.path.join(where, "sock"), keep=True)
+    threading.Thread(target=tell_ready, args=(warm, writer), name="kept", daemon=True).start()
+    try:
+        hold(spec, warm)
+    finally:
+        warm.proc.kill()
+        warm.proc.wait()
+        shutil.rmtree(where, ignore_errors=True)
+    return 0
+
+
+def interpreter_env(spec):
+    """Its environment: the job's, as a launch's warm interpreter has it (run.warm_interpreter),
+    with its own tag instead of a job's."""
+    env = dict(TERMINAL_ENV, **job_env(spec.env))
+    env[TAG_KEEP] = spec.name
+    if (spec.nproc or 1) > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def tell_ready(warm, writer):
+    warm.answered(None)
+    hello = warm.hello or {}
+    writer.send(wire.Kept(ready="ready" in hello, why=warm.why_cold(), seconds=hello.get("seconds")))
+
+
+def hold(spec, warm, every=1.0):
+    """Until the controller's stdin ends, it is silent too long, or the interpreter is gone."""
+    heard, ended = [time.monotonic()], threading.Event()
+
+    def read():
+        try:
+            while wire.read_frame(sys.stdin.buffer) is not None:
+                heard[0] = time.monotonic()
+        except (OSError, ValueError, wire.ProtocolError):
+            pass
+        ended.set()
+
+    threading.Thread(target=read, name="stdin", daemon=True).start()
+    while not ended.wait(every):
+        if time.monotonic() - heard[0] > spec.orphan_timeout or warm.proc.poll() is not None:
+            return
+
+
+def remove_stale(root):
+    """Kept interpreters' directories whose keeper was killed (nothing listens there): a keeper
+    ends by removing its own, but SIGKILL ends it without."""
+    for entry in os.listdir(root):
+        path = os.path.join(root, entry)
+        if not entry.startswith(".warm-") or private_dir(path, create=False):
+            continue
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(os.path.join(path, "sock"))
+        except (ConnectionRefusedError, FileNotFoundError):
+            if os.path.lexists(os.path.join(path, "sock")):
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+        finally:
+            probe.close()

@@ -1,0 +1,109 @@
+"""Warm interpreters kept across launches (node/keep.py), one per node, for as long as this process
+wants them: the next `orchestrator.launch()` of a Python session (a notebook's next cell), and the
+next attempt of a run that restarts, fork their ranks from an interpreter that imported torch
+during an earlier one, before the failure.
+
+A launch's plan gets the kept interpreters' names (LaunchPlan.kept), which its agents ask for by
+name; one not ready yet, or gone, is no error: that node starts cold, with a notice. Each keeper
+is an agent connection this process holds: it ends when the connection does, at ``close()``, at
+this process's exit, or when the kernel closes it (a killed kernel), and when this process is
+silent for the cluster's orphan_timeout, as any agent does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import secrets
+import threading
+from dataclasses import replace
+
+from ..node import wire
+from ..node.keep import TAG_KEEP
+from ..plan.launch import LaunchPlan, NodePlan
+from ..remote.oneshot import AgentCall
+from ..remote.parallel import on_each
+
+
+class Keeper:
+    """One node's kept interpreter, as this process holds it: its agent connection."""
+
+    def __init__(self, plan: LaunchPlan, node: NodePlan):
+        self.name = secrets.token_hex(8)
+        spec = plan.agent_spec(node)  # the interpreter a launch's agent would make: its environment, its imports
+        self.call = AgentCall(node.config, wire.KeepSpec(name=self.name, env=spec.env, preload=spec.preload,
+                                                         nproc=spec.nproc, orphan_timeout=spec.orphan_timeout),
+                              setup=True, tags={TAG_KEEP: self.name})
+
+    def open(self) -> bool:
+        """Connected and started: it imports while the launch goes on."""
+        if self.call.open() is None:
+            return True
+        self.close()
+        return False
+
+    def alive(self) -> bool:
+        proc = self.call.channel.proc
+        return proc is not None and proc.exit_status(0) is None
+
+    def beat(self) -> None:
+        try:
+            self.call.send(wire.Heartbeat())
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.call.close()
+
+
+class Kept:
+    """This process's kept interpreters, by node: what a launch's plan is given (``kept(plan)``)."""
+
+    def __init__(self):
+        self.keepers: dict[str, Keeper] = {}
+        self.lock = threading.Lock()
+        self.ended = threading.Event()  # the heartbeats' end
+        self.every: float | None = None  # seconds between heartbeats, while keepers run
+        atexit.register(self.close)
+
+    def __call__(self, plan: LaunchPlan) -> LaunchPlan:
+        """``plan`` with its nodes' kept interpreters (started now where a node has none yet)."""
+        if not plan.warm or plan.detach:  # a detached job outlives this process, and so its ranks
+            return plan
+        wanted = {node.index: (node, fit(plan, node)) for node in plan.nodes if plan.warms(node)}
+        with self.lock:
+            for key in [key for _, key in wanted.values() if key in self.keepers and not self.keepers[key].alive()]:
+                self.keepers.pop(key).close()
+            new = {key: Keeper(plan, node) for node, key in wanted.values() if key not in self.keepers}
+            # each bounded by its connect_timeout; a signal meanwhile is the Job's to act on, next
+            opened = on_each(list(new.values()), Keeper.open, inbox=None, name="keep")
+            self.keepers.update((key, keeper) for (key, keeper), ok in zip(new.items(), opened) if ok)
+            if self.every is None:
+                self.every, self.ended = plan.heartbeat, threading.Event()
+                threading.Thread(target=self.beat, args=(self.ended,), name="kept-heartbeats", daemon=True).start()
+            names = {index: self.keepers[key].name for index, (_, key) in wanted.items() if key in self.keepers}
+        return replace(plan, kept=names)
+
+    def beat(self, ended: threading.Event) -> None:
+        while not ended.wait(self.every):
+            with self.lock:
+                keepers = list(self.keepers.values())
+            for keeper in keepers:
+                keeper.beat()
+
+    def close(self) -> None:
+        """Every kept interpreter ends (its keeper sees its connection close)."""
+        with self.lock:
+            for keeper in self.keepers.values():
+                keeper.close()
+            self.keepers.clear()
+            self.ended.set()
+            self.every = None
+
+
+def fit(plan: LaunchPlan, node: NodePlan) -> str:
+    """What makes a node's interpreter fit a launch: the node, how it is reached, its Python,
+    environment, setup and workdir, and what it imports. Not the cluster's id: a dict's cluster
+    is a new file at every launch. Hashed: the environment may hold secrets."""
+    text = repr((node.index, node.config, node.workdir, plan.agent_spec(node).env, plan.preload))
+    return hashlib.sha256(text.encode()).hexdigest()
