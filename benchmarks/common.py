@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import shlex
 import statistics
@@ -32,10 +33,12 @@ class Sample:
     max_rss_mb: float  # the largest resident set among them
     code: int
     output: str
+    lines_at: float | None = None  # seconds from start until ``lines`` (timed's) had all appeared
 
 
-def timed(argv: list[str], timeout: float, **popen) -> Sample:
-    """Run argv to the end; its rusage comes from wait4, so nothing else on the machine counts."""
+def timed(argv: list[str], timeout: float, lines: tuple[str, int] | None = None, **popen) -> Sample:
+    """Run argv to the end; its rusage comes from wait4, so nothing else on the machine counts.
+    ``lines``: (a pattern, a count): when that many output lines matching it had appeared."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **popen)
     def kill() -> None:  # the command and every child it left (the manual way leaves ssh clients)
@@ -44,8 +47,15 @@ def timed(argv: list[str], timeout: float, **popen) -> Sample:
 
     timer = threading.Timer(timeout, kill)
     timer.start()
+    pattern, wanted = (re.compile(lines[0]), lines[1]) if lines else (None, 0)
+    seen, lines_at, chunks = 0, None, []
     try:
-        out = proc.stdout.read()
+        for line in proc.stdout:
+            chunks.append(line)
+            if pattern is not None and lines_at is None and pattern.search(line.decode(errors="replace")):
+                seen += 1
+                lines_at = time.monotonic() - t0 if seen >= wanted else None
+        out = b"".join(chunks)
         _, status, usage = os.wait4(proc.pid, 0)
     except BaseException:
         kill()
@@ -54,7 +64,7 @@ def timed(argv: list[str], timeout: float, **popen) -> Sample:
         timer.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen from waiting again
     return Sample(time.monotonic() - t0, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
-                  proc.returncode, out.decode(errors="replace"))
+                  proc.returncode, out.decode(errors="replace"), lines_at)
 
 
 def compile_like_pip(tree: Path | None = None) -> None:

@@ -7,8 +7,9 @@ of benchmarks/launch.py (init_process_group + one all_reduce, gloo), each repeat
   manual   `ssh node torchrun ...` per node, then `wait` (what a user types by hand)
   cold     ddp-up with --launcher (torchrun, or none: ddp-up's own): every rank imports torch
            after the Go
-  warm     the same with `warm: true`: every node imports torch once, while the preflight runs,
-           and forks its ranks from that interpreter
+  warm     the same with `warm: true` (the default): every node imports torch once, while the
+           preflight runs, and forks its ranks from that interpreter
+Each is timed to every rank's first line (its process group up) and to its exit.
 Ratios are taken within a repeat; the machine's peak memory in use is printed for each. These
 machines have 2 cores: every node's imports are paid on the same two.
 """
@@ -28,6 +29,7 @@ from tests.harness.runner import REPO, UP
 from tests.harness.sshcluster import SSHCluster
 
 MODES = ("cold", "warm")
+READY = r"READY rank=\d+ "  # each rank's first line, once its process group is up (tests/scripts/job.py)
 
 
 class WarmBench(Bench):
@@ -45,7 +47,7 @@ class WarmBench(Bench):
         script = parallel_ssh_script(self.cluster, nodes, lambda k: torchrun_line(
             nodes, k, port, str(self.tmp), tag, JOB, self.procs))
         with MemoryWatch() as mem:
-            s = timed(["bash", "-c", script], TIMEOUT)
+            s = timed(["bash", "-c", script], TIMEOUT, lines=(READY, n * self.procs))
         return _ok(s, f"parallel ssh at {n} nodes"), mem.peak
 
     def ddp_up_mode(self, n: int, mode: str) -> tuple[Sample, int]:
@@ -55,7 +57,7 @@ class WarmBench(Bench):
         path.write_text(text)
         with MemoryWatch() as mem:
             s = timed([sys.executable, "-c", UP, "--no-dashboard", "--runs-dir", str(self.runs), str(path), SCRIPT,
-                       *JOB], TIMEOUT, cwd=REPO, env=env_for(None))
+                       *JOB], TIMEOUT, lines=(READY, n * self.procs), cwd=REPO, env=env_for(None))
         return _ok(s, f"ddp-up {mode} at {n} nodes"), mem.peak
 
 
@@ -81,6 +83,7 @@ def main() -> int:
                         f"{k} {v[0].wall:.2f} s" for k, v in row.items()), file=sys.stderr, flush=True)
         finally:
             cluster.down()
+    report_first_lines(args, rows)
     print(f"\nlaunch to exit of a trivial torch job, {args.procs} process(es) per node, launcher {args.launcher}, "
           f"{args.repeat} runs; median (min-max), s")
     print("| nodes | manual ssh + torchrun | ddp-up cold | ddp-up warm | warm / manual | warm / cold "
@@ -99,6 +102,19 @@ def main() -> int:
               f"| {spread([w / c for w, c in zip(wall('warm'), wall('cold'))])} "
               f"| {peak('manual'):.1f} / {peak('cold'):.1f} / {peak('warm'):.1f} |")
     return 0
+
+
+def report_first_lines(args, rows: dict[int, list[dict]]) -> None:
+    print(f"\nlaunch to every rank's first line (its process group up), {args.procs} process(es) per node, "
+          f"launcher {args.launcher}, {args.repeat} runs; median (min-max), s")
+    print("| nodes | manual ssh + torchrun | ddp-up cold | ddp-up warm | warm / manual | warm / cold |")
+    print("|---|---|---|---|---|---|")
+    for n in args.sizes:
+        def first(mode):
+            return [run[mode][0].lines_at or float("nan") for run in rows[n]]
+        print(f"| {n} | {spread(first('manual'))} | {spread(first('cold'))} | {spread(first('warm'))} "
+              f"| {spread([w / m for w, m in zip(first('warm'), first('manual'))])} "
+              f"| {spread([w / c for w, c in zip(first('warm'), first('cold'))])} |")
 
 
 if __name__ == "__main__":

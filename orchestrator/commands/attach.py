@@ -122,6 +122,9 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
         problems = [s.problem for s in job.status if s.problem is not None]
         if job.interrupted:
             return 128 + job.interrupted
+        console.file.flush()  # what the last write left buffered: a reader gone by now is told here
+        if signal.SIGPIPE in inbox.received:  # stdout went before the last line was out: nothing more to say
+            return 128 + signal.SIGPIPE
         ended = all(s.terminal and s.state != "error" for s in job.status)
         shown = records if len(records) > 1 else ()  # a job that never restarted: as before restarts
         if ended:

@@ -292,7 +292,11 @@ def kept_across_attempts(caller: Caller, plan: LaunchPlan, restarts: Restarts) -
         return caller
     from ..run.kept import Kept
 
-    return replace(caller, kept=Kept())
+    kept, spares = Kept(), restarts.roster.spares
+    if spares:  # a spare keeps one ready too, for the attempt it joins
+        first = restarts.first_cluster()
+        kept.ahead(restarts.plan(replace(first, nodes=tuple(replace(n, rank=i) for i, n in enumerate(spares))), 0))
+    return replace(caller, kept=kept)
 
 
 def _submit(args: argparse.Namespace, argv: list[str], sbatch_options: list[str], console: Console) -> int:

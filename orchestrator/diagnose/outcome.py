@@ -43,6 +43,9 @@ From any non-terminal state: a stop request sends Stop (stop_grace + margin), th
 then the node is declared lost and swept. Terminal states never change.
 """
 TERMINAL = frozenset({"done", "failed", "stopped", "lost", "error"})
+# A rank's exit code that is the stop a launcher sends the survivors of a failure (SIGTERM, SIGINT,
+# SIGHUP, as Popen and torchrun's report give it): a consequence, when it ties with another end
+STOP_CODES = frozenset({-15, -2, -1})
 
 FailureKind = Literal["own", "hung", "lost", "outside"]
 """Whose doing a failure was, which decides what a restart after it costs (attempts.py):
@@ -153,7 +156,8 @@ class JobResult:
 
     @property
     def root_cause(self) -> Failure | None:
-        return policy.earliest(self.failures, lambda f: f.at, lambda f: f.window, lambda f: f.exception)
+        return policy.earliest(self.failures, lambda f: f.at, lambda f: f.window, lambda f: f.exception,
+                               lambda f: f.exit_code in STOP_CODES)
 
     def ending(self, attempts=()) -> str:
         """``job J ok after 17.0 s in 2 attempts (exit status 0)``: how the run ended, over all its

@@ -155,6 +155,7 @@ class JobLoop:
         self.interrupted: int | None = None  # the first signal's number
         self.signals_seen = 0  # how many of the inbox's signals this loop has acted on
         self.started, self._next_heartbeat = clock(), 0.0
+        self.went: float | None = None  # wall clock of the Go, once it went
         self.detached = False  # detach: every node runs, and this loop let go of the job
         self.following: Following | None = None  # attached to a detached job: its journals, read (see follow)
         self.channel_ended: set[int] = set()  # nodes whose channel reported its end (Closed)
@@ -412,6 +413,7 @@ class Job(JobLoop):
     def go(self) -> None:
         frames = phases.go_frames(self.plan, self.status, self.master_port, self.supervisor_port)
         self.hang.started(self.clock())
+        self.went = self.wall()  # the ranks start: how long the attempt ran counts from here (attempts.ran)
         for session, status, frame in zip(self.sessions, self.status, frames):
             session.send(frame)
             status.started_at = self.clock()

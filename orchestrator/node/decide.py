@@ -54,6 +54,11 @@ class RestartBook:
         self.budget, self.words = next_attempt(states, root, self.pending, self.limits, self.used, self.listed)
         return self.budget, self.words
 
+    def started(self, now):
+        """The first attempt's ranks start (its Go): how long it ran counts from here, as a restart's
+        does, not from before its preflight (a warm start's first attempt imports torch there)."""
+        self.began = now
+
     def begin(self, now):
         """The attempt decided on begins: its budget is used."""
         self.used[self.budget] = self.used.get(self.budget, 0) + 1

@@ -65,8 +65,8 @@ def own_failure(failures, ends, first_rank):
 
 
 class DetachedRun(Runner):
-    """The run with the detached job's hooks: its supervisor or its link to it, its journal and
-    record, and the restarts its supervisor decides."""
+    """The run with the detached job's hooks: its supervisor or link, journal, record, restarts."""
+    warm_before_ready = True  # every node's ranks start together (run.await_warm)
 
     def __init__(self, spec, writer, clock=time.monotonic):
         Runner.__init__(self, spec, writer, clock)

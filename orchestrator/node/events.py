@@ -74,6 +74,11 @@ class Halt(wire.Frame):
 
 
 @wire.value()
+class WarmAnswered(wire.Frame):
+    """The warm interpreter said ready or cold (its imports are over): the node may say Ready."""
+
+
+@wire.value()
 class Restart(wire.Frame):
     """The supervisor starts the next attempt (``frame``: the wire.Restart)."""
     frame: wire.Frame

@@ -164,6 +164,7 @@ class RankEnds:
     (RanksEnded: the launcher, torchrun at its exit barrier, finishing is no hang)."""
 
     RESCAN = 1.0
+    FIRST_RESCAN = 0.05  # until every worker was seen: a warm rank (forked) can be up, and gone, within a second
 
     def __init__(self, launcher_pid, match, count=0, on_all=lambda: None):
         self.launcher, self.match = launcher_pid, match
@@ -171,6 +172,7 @@ class RankEnds:
         self.ends = {}
         self.watching = {}  # pidfd -> local rank
         self.seen = set()
+        self.seen_ranks = set()  # local ranks found so far
         self.wake_r, self.wake_w = None, None
         self.thread = None
 
@@ -184,7 +186,8 @@ class RankEnds:
     def run(self):
         while True:
             self.find()
-            ready = select.select([self.wake_r] + list(self.watching), [], [], self.RESCAN)[0]
+            rescan = self.RESCAN if len(self.seen_ranks) >= self.count else self.FIRST_RESCAN
+            ready = select.select([self.wake_r] + list(self.watching), [], [], rescan)[0]
             now = time.time()
             for fd in ready:
                 if fd != self.wake_r:
@@ -207,6 +210,7 @@ class RankEnds:
             local = read_environ_value(pid, b"LOCAL_RANK")
             if not carries(read_tags(pid), self.match) or not (local or "").isdigit():
                 continue
+            self.seen_ranks.add(int(local))
             try:
                 self.watching[os.pidfd_open(pid)] = int(local)
             except OSError:

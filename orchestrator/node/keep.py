@@ -22,6 +22,7 @@ import time
 from . import wire
 from .checks import job_env
 from .launch import TERMINAL_ENV
+from .run import install_handlers
 from .state import private_dir, state_root, unsafe_state
 from .warm import Warm, kept_dir
 
@@ -43,11 +44,15 @@ def keep(spec, writer):
         writer.send(unsafe_state(where, why))
         writer.drain(5)
         return 3
+    ended = threading.Event()
+    # as an agent's: a stop ends it (and its interpreter); SIGUSR1 and SIGUSR2 are ignored, here and
+    # in the ranks forked from it, as a launch's (Slurm sends them to every process of every step)
+    install_handlers(lambda *_: ended.set())
     warm = Warm(sys.executable, interpreter_env(spec), os.getcwd(), os.path.join(where, "log"), spec.preload or (),
                 listen=os.path.join(where, "sock"), keep=True)
     threading.Thread(target=tell_ready, args=(warm, writer), name="kept", daemon=True).start()
     try:
-        hold(spec, warm)
+        hold(spec, warm, ended)
     finally:
         warm.proc.kill()
         warm.proc.wait()
@@ -71,9 +76,10 @@ def tell_ready(warm, writer):
     writer.send(wire.Kept(ready="ready" in hello, why=warm.why_cold(), seconds=hello.get("seconds")))
 
 
-def hold(spec, warm, every=1.0):
-    """Until the controller's stdin ends, it is silent too long, or the interpreter is gone."""
-    heard, ended = [time.monotonic()], threading.Event()
+def hold(spec, warm, ended, every=1.0):
+    """Until the controller's stdin ends, it is silent too long, the interpreter is gone, or a
+    signal stopped it (``ended``)."""
+    heard = [time.monotonic()]
 
     def read():
         try:

@@ -23,7 +23,7 @@ from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
 from .state import open_regular, per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
-from .zygote import SOCKET_VAR
+from .zygote import PASS_VAR, SOCKET_VAR
 
 SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's --shutdown-timeout, read by torchrun and torch.distributed.launch
 TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what torchrun passes on to its ranks by default
@@ -153,14 +153,15 @@ def hooks_dir(state_dir, attempt):
     return os.path.join(state_dir, per_attempt("hooks", attempt))  # a detached restart: same state dir
 
 
-def started_launcher(argv, env, warm=None):
+def started_launcher(argv, env, warm=None, stop_signal="SIGTERM"):
     """The launcher's process (a Popen, or a warm.WarmChild) and the read ends of its stdout and
     stderr, ours to close. torchrun is forked from the warm interpreter where there is one: it then
     starts without importing torch, and its workers (zygote.WARM_STUB) ask that interpreter too."""
     if warm is not None and argv[1:4] == ["-u", "-m", "torch.distributed.run"]:
         (out_r, out_w), (err_r, err_w), null = os.pipe(), os.pipe(), os.open(os.devnull, os.O_RDONLY)
         try:  # the write ends go with the request: the interpreter's child has them when it starts
-            child = warm.fork(None, argv[2:], dict(env, **{SOCKET_VAR: warm.socket}), os.getcwd(),
+            passed = ",".join(dict.fromkeys(TORCHRUN_SIGNALS + (stop_signal,)))  # what torchrun stops its workers with
+            child = warm.fork(None, argv[2:], dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed}), os.getcwd(),
                               fds=[null, out_w, err_w])
         finally:
             os.close(out_w), os.close(err_w), os.close(null)
@@ -264,7 +265,7 @@ class Launch:
             argv, env = self.in_container(argv, env)
         else:
             argv = [sys.executable if a == argv[0] else a for a in argv]
-        self.proc, pipes = started_launcher(argv, env, warm)
+        self.proc, pipes = started_launcher(argv, env, warm, self.spec.stop_signal)
         self.out.send(wire.Started())
         self.rank_ends = RankEnds(self.proc.pid, self.match, self.spec.nproc or 1,
                                   lambda: self.out.send(wire.RanksEnded()))

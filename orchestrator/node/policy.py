@@ -199,14 +199,15 @@ def peer_lost(exception):
     return bool(exception) and PEER_LOST.search(exception[:2000]) is not None
 
 
-def earliest(failures, when, window=lambda failure: 0.0, exception=lambda failure: None):
+def earliest(failures, when, window=lambda failure: 0.0, exception=lambda failure: None, stopped=lambda failure: False):
     """The root cause: the failure that happened first, or None. ``when(failure)``: its time;
     ``window(failure)``: how much later it may really have been (torchrun's report says the
     second: 1.0; an error file's time is exact: 0); ``exception(failure)``: the rank's exception
     text, or None (a death by a signal). Every failure that may have happened as early as the
     first ties with it, and a tie goes to a rank's own exception, then to a death by a signal,
-    then to an exception that only says a peer went away: when one rank raises, gloo and NCCL
-    abort or disconnect its peers. A first failure that says a peer went away reaches
+    then to a death by a stop signal (``stopped(failure)``: the SIGTERM torchrun sends the
+    survivors of a failed rank), then to an exception that only says a peer went away: when one
+    rank raises, gloo and NCCL abort or disconnect its peers. A first failure that says a peer went away reaches
     PEER_LOST_REACH seconds further for the failure that caused it (a log's time is its last
     write, which can come after the peer's own)."""
     if not failures:
@@ -214,7 +215,7 @@ def earliest(failures, when, window=lambda failure: 0.0, exception=lambda failur
 
     def order(f):
         text = exception(f)
-        return (2 if peer_lost(text) else 0 if text else 1), when(f)
+        return (3 if peer_lost(text) else 0 if text else 2 if stopped(f) else 1), when(f)
     first = min(failures, key=when)
     reach = window(first) + (PEER_LOST_REACH if peer_lost(exception(first)) else 0.0)
     return min((f for f in failures if when(f) <= when(first) + reach), key=order)

@@ -45,6 +45,7 @@ class Runner:
         self.for_good = False  # no restart: a signal to this agent, the controller's Stop or silence; not a Halt
 
     # --- hooks a detached run overrides ---------------------------------------------------------
+    warm_before_ready = False  # where the node waits for its warm interpreter's imports (await_warm)
 
     def prepare(self):
         """After a passed preflight, before Ready: a detached run's supervisor listens. Its port."""
@@ -93,12 +94,10 @@ class Runner:
             self.out.send(problem)
             self.out.drain(5)
             return 3
-        self.warm = warm_interpreters(self.spec, self.attempt, self.job_env(), self.dir, self.out)
-        self.out.send(checks.ready(self.spec, self.torch, self.job_env(), self.held and self.held.port,
-                                   supervisor_port))
+        self.warm = warm_interpreters(self.spec, self.attempt, self.job_env(), self.dir, self.out)  # it imports now
         threading.Thread(target=events.read_controller, args=(sys.stdin.buffer, self.events.put, self.heard),
                          name="stdin", daemon=True).start()
-        event = self.wait_for_go()
+        event = ready_and_go(self, supervisor_port)
         if not isinstance(event, events.Go):  # (a warm interpreter ends with this agent: see zygote.ZYGOTE)
             remove_node_dir(self.dir, keep_logs=False)
             self.out.send(wire.Exited(code=None, signal=None, stopped=True, reason=event.reason))
@@ -228,6 +227,43 @@ class Runner:
         return 0
 
 
+def ready_and_go(runner, supervisor_port):
+    """Ready, then the Go (or the Stop that ends the job before it starts), with the wait for the
+    warm interpreter's imports where the run has it (await_warm)."""
+    event = await_warm(runner) if runner.warm_before_ready else None
+    if event is None:
+        runner.out.send(checks.ready(runner.spec, runner.torch, runner.job_env(), runner.held and runner.held.port,
+                                     supervisor_port))
+        event = runner.wait_for_go()
+    if isinstance(event, events.Go) and not runner.warm_before_ready:  # the ranks wait for the imports
+        event = await_warm(runner) or event
+    return event
+
+
+def await_warm(runner):
+    """The wait for the warm interpreter's imports (begun once the preflight passed, while the
+    controller readies the other nodes), at most READY_WAIT; then the ranks start cold
+    (Forker.usable). Attached, after the Go: Ready says the preflight passed, so a node that
+    failed its preflight stops the others at once. Detached (runner.warm_before_ready), before
+    Ready: every node's ranks start together, and ddp-up lets go of a job that runs everywhere.
+    None, or the Stop that came meanwhile. Events are taken as in any phase (runner.next_event):
+    heartbeats go on, probes and stack dumps are answered."""
+    first = runner.warm and runner.warm.first
+    if first is None:
+        return None
+    threading.Thread(target=lambda: first.answered(READY_WAIT) and runner.events.put(events.WarmAnswered()),
+                     name="warm-wait", daemon=True).start()
+    deadline = runner.clock() + READY_WAIT
+    while runner.clock() < deadline:
+        event = runner.next_event(deadline)
+        if isinstance(event, events.WarmAnswered):
+            return None
+        if isinstance(event, events.Stop):
+            return event
+    first.patience = 0  # too long: the ranks start cold, and the interpreter is ended (Forker.usable)
+    return None
+
+
 class WarmLine:
     """A node's warm interpreters (warm.Warm), one an attempt: the first made once its preflight
     passed, importing while the controller readies the other nodes; for a detached job with
@@ -237,6 +273,7 @@ class WarmLine:
     def __init__(self, make, attempt, last):
         self.make, self.last = make, last  # make(attempt) -> warm.Warm or None; last: the last attempt here
         self.ready = {attempt: make(attempt)}
+        self.first = self.ready[attempt]  # the one the node's Ready waits for (Runner.await_warm)
 
     def take(self, attempt):
         """Attempt ``attempt``'s interpreter (None: it starts cold), the next one on its way."""
@@ -249,11 +286,10 @@ class KeptLine:
     """The Python session's kept interpreter (node/keep.py), the same for every attempt."""
 
     def __init__(self, kept):
-        self.kept = kept
-        self.ready = {None: kept}
+        self.kept = self.first = kept
 
     def take(self, attempt):
-        return self.kept if self.ready else None
+        return self.kept
 
 
 def warm_interpreters(spec, attempt, job_env, state_dir, out):
@@ -263,20 +299,9 @@ def warm_interpreters(spec, attempt, job_env, state_dir, out):
         return None
     report = lambda text: out.send(wire.Output("err", None, text.encode()))  # noqa: E731
     if spec.keep:
-        line = KeptLine(KeptWarm(spec.keep, report))
-        first = line.kept
-    else:
-        last = spec.restarts + spec.recoveries if spec.detach else attempt
-        line = WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, report), attempt, last)
-        first = line.ready.get(attempt)
-    deadline = time.monotonic() + READY_WAIT
-    while first is not None and not first.answered(spec.heartbeat) and time.monotonic() < deadline:
-        out.send(wire.Heartbeat(), block=False)  # before the node says Ready; its heartbeats go on meanwhile
-    if first is not None and not first.answered(0):
-        first.give_up()
-        line.ready.clear()
-        report("ddp-up: warm start: the imports took too long; the ranks start cold\n")
-    return line
+        return KeptLine(KeptWarm(spec.keep, report))
+    last = spec.restarts + spec.recoveries if spec.detach else attempt
+    return WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, report), attempt, last)
 
 
 def warm_interpreter(spec, attempt, job_env, state_dir, report):

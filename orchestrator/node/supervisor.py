@@ -164,6 +164,7 @@ class Supervisor:
         """Accept the other nodes; ``watch``: tick every heartbeat on a thread of its own (its
         tests call tick themselves, in fake time)."""
         now = self.launched = self.clock()
+        self.book.started(now)
         self.heard = {node: now for node in range(self.spec.nodes)}  # joining is due from Go on
         self.door.open()
         if watch:

@@ -35,7 +35,7 @@ from .state import state_root
 from .zygote import ROOM, ROOM_VAR, ZYGOTE
 
 PRELOAD = ("torch", "torch.distributed")  # what every warm interpreter imports, before the cluster file's
-READY_WAIT = 20.0  # seconds a node's Ready waits for its imports; a rank asked for before they are done starts cold
+READY_WAIT = 60.0  # seconds a node's ranks wait after the Go for its imports; then they start cold
 APPEAR_WAIT = 5.0  # seconds a kept interpreter's socket may take to appear (its keeper's start), once asked for
 LINE_MAX = 1 << 20  # bytes of one line from the interpreter (it is the job's Python: bounded)
 
@@ -60,12 +60,34 @@ class WarmChild:
         return self.returncode
 
 
-class Warm:
+TOO_LONG = "ddp-up: warm start: the imports took too long; the ranks start cold\n"
+
+
+class Forker:
+    """What both kinds of warm interpreter share: how long a fork waits for the imports."""
+
+    patience = READY_WAIT  # seconds a fork waits; 0 once the node waited its READY_WAIT after the Go (run.await_warm)
+    late = False  # it was given up on: this attempt starts cold
+
+    def usable(self):
+        """Whether ranks can be forked now; if the imports are still not done, it is given up on,
+        once, with one notice, and the ranks start cold."""
+        if self.ready(self.patience):
+            return True
+        if not self.late:
+            self.late, importing = True, self.hello is None
+            self.give_up()
+            if importing and self.report:
+                self.report(TOO_LONG)
+        return False
+
+
+class Warm(Forker):
     """The agent's side of one warm interpreter: started at once, ready (or not) later. ``fork``
     gives a WarmChild, or None where the ranks start cold (not ready, gone, or it said why)."""
 
     def __init__(self, python, env, cwd, log, preload=(), base=PRELOAD, listen="", keep=False, report=None):
-        names = list(base) + [n for n in preload if n not in base]
+        names = ["?" + n for n in base] + [n for n in preload if n not in base]  # ?: quiet if missing (zygote)
         env = dict(env)
         env.pop(ROOM_VAR, None)
         env[ROOM_VAR] = "." * ROOM  # last: see rename in ZYGOTE
@@ -150,7 +172,7 @@ class Warm:
     def fork(self, local_rank, argv, env, cwd, stdout=None, stderr=None, timeout=30.0, fds=None):
         """A WarmChild running ``argv`` (SCRIPT ARGS) as local rank ``local_rank``; None if the
         interpreter cannot fork it (the caller starts that rank cold)."""
-        if not self.ready():  # done already, but for a detached restart's (see run.warm_interpreters)
+        if not self.usable():  # ready already, but for a detached restart's, or after a long import
             return None
         request = {"start": local_rank, "argv": list(argv), "env": dict(env), "cwd": cwd, "stdout": stdout,
                    "stderr": stderr, **({"fds": True} if fds else {})}  # fds: its stdin, stdout, stderr, sent along
@@ -193,7 +215,7 @@ def kept_dir(name):
     return os.path.join(state_root(), ".warm-%s" % name)
 
 
-class KeptWarm:
+class KeptWarm(Forker):
     """The agent's side of a kept interpreter: the Python session's (node/keep.py), made ready
     before this launch and used by every launch of the session. Warm's interface; each fork is a
     connection to its socket that stays open while the rank runs (the rank is killed if the
@@ -253,7 +275,7 @@ class KeptWarm:
         return conn
 
     def fork(self, local_rank, argv, env, cwd, stdout=None, stderr=None, timeout=30.0, fds=None):
-        if not self.ready():
+        if not self.usable():
             return None
         opened = [] if fds else [os.open(os.devnull, os.O_RDONLY)] + [
             os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

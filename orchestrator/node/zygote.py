@@ -9,6 +9,10 @@ from .procs import STUB_MARK, WARM_MARK
 ROOM_VAR = "DDP_UP_WARM_ROOM"  # the interpreter's last variable: room for its ranks' own in /proc/PID/environ
 ROOM = 8192
 SOCKET_VAR = "DDP_UP_WARM_SOCKET"  # torchrun's environment under warm start: where its stand-ins ask
+# and the signals they pass on to their rank: those torchrun stops its workers with. Not SIGUSR1 or
+# SIGUSR2 unless the job stops with one: ddp-up and Slurm send those to every rank straight, and
+# Slurm to every process of its step, the stand-in too (which ignores them, as torchrun does).
+PASS_VAR = "DDP_UP_WARM_PASS_ON"
 
 ZYGOTE = WARM_MARK + r'''
 import array, json, os, signal, socket, struct, sys, time
@@ -26,10 +30,12 @@ def prepare(ctl, names, keep):
     global HELLO
     started, notices = time.monotonic(), []
     for name in names:
+        quiet, name = name.startswith("?"), name.lstrip("?")  # ?: the default's (torch), not the user's
         try:
             __import__(name)
         except BaseException as e:  # an ImportError, or whatever the module raised
-            notices.append("preload %s failed (%s: %s): the ranks import it themselves" % (name, type(e).__name__, e))
+            if not quiet:  # a job without torch (`launcher: none`) is no news: it runs warm all the same
+                notices.append("preload %s failed (%s: %s): the ranks import it themselves" % (name, type(e).__name__, e))
             continue
         if cuda_touched():
             HELLO = {"cold": "importing %s initialized CUDA, and a process forked after that cannot use it" % name}
@@ -311,10 +317,10 @@ else:
 WARM_STUB = STUB_MARK + r'''
 import array, json, os, signal, socket, sys
 here = os.getcwd()
+where, passed = os.environ.pop("SOCKET_VAR", ""), os.environ.pop("PASS_VAR", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
 try:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    where = os.environ.pop("SOCKET_VAR")
-    os.chdir(os.path.dirname(where))
+    os.chdir(os.path.dirname(where) or "/nonexistent")
     s.connect(os.path.basename(where))
     os.chdir(here)
     s.sendmsg([b"\n"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
@@ -324,7 +330,7 @@ try:
 except Exception:
     os.chdir(here)
     os.execv(sys.executable, [sys.executable, "-u"] + sys.argv[1:])
-for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+for name in passed.split(","):
     signal.signal(getattr(signal, name), lambda sig, _: os.kill(pid, sig))
 line = answers.readline()
 code = json.loads(line)["code"] if line else 1
@@ -332,4 +338,4 @@ if code < 0:  # ended by a signal: the stand-in by the same one (SIGKILL's dispo
     -code == signal.SIGKILL or signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
 os._exit(code)
-'''.replace("SOCKET_VAR", SOCKET_VAR)
+'''.replace("SOCKET_VAR", SOCKET_VAR).replace("PASS_VAR", PASS_VAR)

@@ -122,8 +122,10 @@ class LaunchPlan:
         """Seconds between heartbeats, both ways: several per orphan_timeout, at most 5 s."""
         return round(min(5.0, self.orphan_timeout / 4), 3)
 
-    def launcher_argv(self, node: NodePlan, port: int | str) -> list[str]:
+    def launcher_argv(self, node: NodePlan, port: int | str, warm: bool | None = None) -> list[str]:
+        """The launcher's command line on ``node``; ``warm=False``: as by hand, cold (shell_line)."""
         cfg = node.config
+        warm = self.warms(node) if warm is None else warm
         # `none`: the agent starts the workers itself (node/workers.py), with what a launcher would get
         if self.launcher == "none":
             return [OWN_LAUNCHER, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
@@ -145,7 +147,7 @@ class LaunchPlan:
             f"--master-port={port}",
             "--redirects=3",  # worker output to files on the node, relayed by the agent's tailer
             *self._signals(),
-            *self._entrypoint(python, self.warms(node)),
+            *self._entrypoint(python, warm),
             *self.script_args,
         ]
 
@@ -165,8 +167,9 @@ class LaunchPlan:
     def _entrypoint(self, python: str, warm: bool = False) -> list[str]:
         if self.module is not None:  # ddp-up's own program (ddp-check --collective), from the hooks
             return ["-m", self.module]
-        if warm:  # torchrun's worker: a stand-in that asks the node's warm interpreter for the rank
-            return ["--no-python", python, "-S", "-c", WARM_STUB, self.script]
+        if warm:  # torchrun's worker: a stand-in that asks the node's warm interpreter for the rank; its
+            # code attached to -c: torchrun names a failed worker by its first argument not an option
+            return ["--no-python", python, "-S", "-c" + WARM_STUB, self.script]
         if self.launcher == "legacy":  # torch.distributed.launch passed --local_rank=N before the args
             return ["--no-python", python, "-u", "-c", LEGACY_SHIM, self.script]
         return [self.script]
@@ -205,8 +208,9 @@ class LaunchPlan:
         return [t.wire() for t in self.notify if t.kind in DETACHED_KINDS] or None
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
-        """The launch as one copy-pasteable shell line (for --dry-run and error reports)."""
-        argv = self.launcher_argv(node, port)
+        """The launch as one copy-pasteable shell line (for --dry-run and error reports): cold, as
+        a user would type it (a warm launch's torchrun runs stand-ins for its ranks, see node/zygote.py)."""
+        argv = self.launcher_argv(node, port, warm=False)
         env = {**node.tags(self), **node.env}
         if ACCELERATE_NODE_OPTIONS in argv:  # as a node without an accelerate config of its own runs it
             argv = with_node_options(argv, unconfigured_options(env))

@@ -49,6 +49,7 @@ class AttemptRecord:
     end: str = "failed"  # why it ended: one of ENDS
     signature: str | None = None  # how it failed, numbers left out (crash_loop compares them)
     next: str | None = None  # what came after it: "restart 1 of 3", "recovery 1 of 3", or why nothing did
+    went: float | None = None  # wall clock of its Go: how long it ran counts from there (crash_loop)
 
     def as_dict(self, iso) -> dict:
         return {"attempt": self.number, "started": iso(self.started), "ended": iso(self.ended),
@@ -107,7 +108,7 @@ def crash_loop(records: list[AttemptRecord]) -> str | None:
 
 def ran(records: list[AttemptRecord]) -> list[tuple[int, str | None, float]]:
     """The attempts as the restart decision takes them: (number, signature, seconds it ran)."""
-    return [(r.number, r.signature, r.ended - r.started) for r in records]
+    return [(r.number, r.signature, r.ended - (r.went or r.started)) for r in records]
 
 
 @dataclass
@@ -168,14 +169,15 @@ class Roster:
 
 
 def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool],
-                   could_not_start: bool = False) -> AttemptRecord:
-    """The record of attempt ``plan.attempt``, ended now (one that could not start: exit status 3)."""
+                   could_not_start: bool = False, went: float | None = None) -> AttemptRecord:
+    """The record of attempt ``plan.attempt``, ended now (one that could not start: exit status 3);
+    ``went``: when its Go went (a first attempt's preflight, with its imports, is not how far it got)."""
     root = result.root_cause
     end = attempt_end(result, cause, could_not_start)
     what = root.render() if root else (cause[0] and f"{cause[0]} {'could not start' if end == 'could not start' else 'lost'}")
     return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
                          result.exit_code if end != "could not start" else EXIT_SETUP,
-                         plan.mask(what) if what else None, end, failure_signature(result))
+                         plan.mask(what) if what else None, end, failure_signature(result), went=went)
 
 
 def blame(result: JobResult) -> tuple[str | None, bool]:

@@ -75,14 +75,23 @@ class Kept:
             for key in [key for _, key in wanted.values() if key in self.keepers and not self.keepers[key].alive()]:
                 self.keepers.pop(key).close()
             new = {key: Keeper(plan, node) for node, key in wanted.values() if key not in self.keepers}
-            # each bounded by its connect_timeout; a signal meanwhile is the Job's to act on, next
-            opened = on_each(list(new.values()), Keeper.open, inbox=None, name="keep")
-            self.keepers.update((key, keeper) for (key, keeper), ok in zip(new.items(), opened) if ok)
+        # each bounded by its connect_timeout; a signal meanwhile is the Job's to act on, next
+        opened = on_each(list(new.values()), Keeper.open, inbox=None, name="keep")
+        with self.lock:
+            for (key, keeper), ok in zip(new.items(), opened):
+                if ok and key not in self.keepers:
+                    self.keepers[key] = keeper
+                elif ok:  # another call made one meanwhile
+                    keeper.close()
             if self.every is None:
                 self.every, self.ended = plan.heartbeat, threading.Event()
                 threading.Thread(target=self.beat, args=(self.ended,), name="kept-heartbeats", daemon=True).start()
             names = {index: self.keepers[key].name for index, (_, key) in wanted.items() if key in self.keepers}
         return replace(plan, kept=names)
+
+    def ahead(self, plan: LaunchPlan) -> None:
+        """Start ``plan``'s nodes' interpreters now, in the background, for a later attempt (spares)."""
+        threading.Thread(target=self, args=(plan,), name="keep-ahead", daemon=True).start()
 
     def beat(self, ended: threading.Event) -> None:
         while not ended.wait(self.every):
@@ -103,7 +112,8 @@ class Kept:
 
 def fit(plan: LaunchPlan, node: NodePlan) -> str:
     """What makes a node's interpreter fit a launch: the node, how it is reached, its Python,
-    environment, setup and workdir, and what it imports. Not the cluster's id: a dict's cluster
-    is a new file at every launch. Hashed: the environment may hold secrets."""
-    text = repr((node.index, node.config, node.workdir, plan.agent_spec(node).env, plan.preload))
+    environment, setup and workdir, and what it imports. Not its place in the run (a spare takes
+    another's), nor the cluster's id (a dict's cluster is a new file at every launch). Hashed:
+    the environment may hold secrets."""
+    text = repr((replace(node.config, rank=0, line=None), node.workdir, plan.agent_spec(node).env, plan.preload))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -53,7 +53,7 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             swept_later.append(job)
             if job.detached:
                 return detached_notices(plan, console_view, cluster_arg)
-            records.append(attempt_record(plan, result, started, cause, could_not_start=unstarted))
+            records.append(attempt_record(plan, result, started, cause, could_not_start=unstarted, went=job.went))
             if restarts is None or records[-1].end in ("succeeded", "stopped"):
                 break
             restarts.vet(job.status)

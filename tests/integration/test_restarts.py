@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,7 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(clu
     launch = Launch([str(path), SCRIPT, "run", "--steps", "30", "--step-time", "0.2", "--checkpoint", str(checkpoint)])
     try:
         launch.wait_line(r"step 4 rank=1$", 120)
+        kept = procs.wait_for(lambda: len(kept_interpreters()) >= 3 and kept_interpreters(), 60)  # the spare's too
         cluster.partition(lost)
         code = launch.wait(240)
     finally:
@@ -67,8 +69,10 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(clu
     out = launch.output
     assert code == 0, out
     assert f"{lost.addr} is out for the rest of the run (lost); spare {spare.addr} takes its place as node 1" in out
-    assert re.search(rf"^{re.escape(spare.addr)}\s+r1\s+\| READY rank=1 world=2 host={spare.name} .* attempt=1$",
-                     out, re.M), out
+    ready = re.search(rf"^{re.escape(spare.addr)}\s+r1\s+\| READY rank=1 world=2 host={spare.name} .* ppid=(\d+) "
+                      r"warm=True attempt=1$", out, re.M)
+    assert ready, out
+    assert int(ready.group(1)) in kept, (ready.group(0), kept)  # forked from the interpreter it kept ready before
     resumed = int(re.search(r"resumed at step (\d+) rank=0", out).group(1))
     assert resumed >= 5 and "step 29 rank=1" in out, out
     attempts = summary(out)["attempts"]
@@ -146,3 +150,13 @@ def test_ddp_kill_of_a_run_with_restarts_left_saves_every_checkpoint_and_ends_it
     assert "stopped by ddp-kill; stopping all nodes" in out, out
     attempts = summary(out)["attempts"]
     assert [(a["attempt"], a["end"], a["next"]) for a in attempts] == [(0, "stopped", None)], attempts
+
+
+def kept_interpreters() -> set[int]:
+    """The warm interpreters kept across attempts (node/keep.py) running now, any run's."""
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+    return {pid for pid in procs.all_pids() if "DDP_UP_KEEP" in procs.environ(pid) and b"'ddp_up_warm';" in cmdline(pid)}

@@ -2,6 +2,7 @@ import pytest
 
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.node import wire
+from orchestrator.node.zygote import WARM_STUB
 from orchestrator.plan.launch import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path
 
 CLUSTER = """\
@@ -28,9 +29,14 @@ def test_global_ranks_are_contiguous_in_node_order():
 
 def test_launcher_argv_golden():
     p = plan()
+    torchrun = ["/opt/py/bin/python3", "-u", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=3",
+                "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29400", "--redirects=3"]
+    # warm start, the default: torchrun's workers are stand-ins that ask the node's warm interpreter
     assert p.launcher_argv(p.nodes[1], 29400) == [
-        "/opt/py/bin/python3", "-u", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=3",
-        "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29400", "--redirects=3", "train.py", "--lr", "0.1"]
+        *torchrun, "--no-python", "/opt/py/bin/python3", "-S", "-c" + WARM_STUB, "train.py", "--lr", "0.1"]
+    cold = make_plan(parse_cluster(CLUSTER + "warm: false\n", "/etc/c.yaml"), "train.py", ["--lr", "0.1"], "j", "/here")
+    assert cold.launcher_argv(cold.nodes[1], 29400) == [*torchrun, "train.py", "--lr", "0.1"]
+    assert p.launcher_argv(p.nodes[1], 29400, warm=False) == cold.launcher_argv(cold.nodes[1], 29400)  # by hand
 
 
 def test_agent_spec_golden():
@@ -40,7 +46,7 @@ def test_agent_spec_golden():
         job="20261122-000000-abcdef", node=0, cluster=p.cluster_id, run=p.run_token, workdir="~/proj",
         script="train.py", env={},
         pick_port=False, check_port=29400, orphan_timeout=20.0, stop_grace=10.0, heartbeat=5.0, stack_dumps=False,
-        nproc=1, flight_recorder=True)
+        nproc=1, flight_recorder=True, warm=True)
     assert p.agent_spec(p.nodes[1]).check_port is None  # only the master checks its port
     assert p.agent_spec(p.nodes[1]).env["NCCL_SOCKET_IFNAME"] == "eth1"
 

@@ -104,6 +104,15 @@ def test_the_earliest_failure_wins_and_a_tie_goes_to_an_exception_over_a_signal(
     assert pick([exact("signal", T0, None), exact("exception", T0, "RuntimeError: boom")]) == "exception"
 
 
+def test_a_tie_between_signal_deaths_goes_to_the_one_that_was_no_stop():
+    """A rank killed (SIGKILL: the OOM killer, or a user), and torchrun's SIGTERM to its peer, both
+    known to the second from torchrun's report: the SIGTERM is what the kill made happen."""
+    pick = lambda fs: policy.earliest(fs, lambda f: f["at"], lambda f: 1.0, lambda f: None,  # noqa: E731
+                                      lambda f: f["code"] == -15)["n"]
+    assert pick([{"n": "terminated", "at": T0, "code": -15}, {"n": "killed", "at": T0, "code": -9}]) == "killed"
+    assert pick([{"n": "terminated", "at": T0, "code": -15}, {"n": "killed", "at": T0 + 2, "code": -9}]) == "terminated"
+
+
 GLOO_PEER = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
              "closed by peer [127.0.0.1]:19139. This is typically caused by a remote worker crashing.")
 

@@ -192,13 +192,53 @@ def test_an_interpreter_that_said_cold_is_not_waited_for_as_if_it_still_imported
     monkeypatch.setattr(run, "READY_WAIT", 60.0)
     sent = []
     out = SimpleNamespace(send=lambda frame, block=True: sent.append(frame))
-    spec = SimpleNamespace(warm=True, detach=False, heartbeat=0.05, keep=None)
-    line = run.warm_interpreters(spec, 0, {}, str(tmp_path), out)
+    spec = SimpleNamespace(warm=True, detach=False, heartbeat=0.05, keep=None, job="j", node=0, run="r", attempt=0,
+                           orphan_timeout=30.0)
+    runner = run.Runner(spec, out)
+    runner.warm = line = run.warm_interpreters(spec, 0, {}, str(tmp_path), out)
+    assert run.await_warm(runner) is None
     assert cold.answered(0) and not cold.ready(0)  # back before READY_WAIT: it had answered
     said = [f.data for f in sent if isinstance(f, wire.Output)]
     assert not any(b"took too long" in d for d in said), said
     assert cold.proc.wait(10) == 0  # it ended on its own, not killed as a slow one
     assert line.take(0) is cold
+
+
+def test_a_stop_while_the_interpreter_imports_is_acted_on_at_once(warm, tmp_path, monkeypatch):
+    """Another node failed its preflight: this one stops now, not once its imports are done."""
+    from types import SimpleNamespace
+
+    from orchestrator.node import events, run
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "slowmod.py").write_text("import time\ntime.sleep(60)\n")
+    slow = warm(preload=("slowmod",), env={"PYTHONPATH": str(fake)})
+    monkeypatch.setattr(run, "warm_interpreter", lambda *args: slow)
+    spec = SimpleNamespace(warm=True, detach=False, heartbeat=0.05, keep=None, job="j", node=0, run="r", attempt=0,
+                           orphan_timeout=30.0)
+    runner = run.Runner(spec, SimpleNamespace(send=lambda frame, block=True: None))
+    runner.warm = run.warm_interpreters(spec, 0, {}, str(tmp_path), runner.out)
+    runner.events.put(events.Stop("stopped by ddp-up"))
+    assert run.await_warm(runner) == events.Stop("stopped by ddp-up")
+    assert not slow.answered(0)  # still importing: nothing waited for it
+
+
+def test_imports_still_running_at_the_go_start_the_ranks_cold_with_one_notice(warm, tmp_path):
+    """The node's Ready waited READY_WAIT already (patience 0): the ranks start cold at once, the
+    interpreter is ended (its import would take the ranks' CPU), and it says so once."""
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "slowmod.py").write_text("import time\ntime.sleep(60)\n")
+    slow = warm(preload=("slowmod",), env={"PYTHONPATH": str(fake)})
+    said = []
+    slow.report, slow.patience = said.append, 0
+    assert [fork_or_none(slow, tmp_path, r) for r in (0, 1)] == [None, None]
+    assert said == ["ddp-up: warm start: the imports took too long; the ranks start cold\n"]
+    assert slow.proc.wait(10) == -signal.SIGKILL
+
+
+def fork_or_none(w, tmp_path, rank):
+    return w.fork(rank, [str(tmp_path / "x.py")], {}, str(tmp_path), str(tmp_path / "o"), str(tmp_path / "e"))
 
 
 def test_an_interpreter_ends_with_its_agent_even_while_it_still_imports(tmp_path):
