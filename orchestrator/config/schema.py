@@ -97,7 +97,7 @@ EXAMPLE = {
     "hang_timeout": "10m", "startup_timeout": "20m", "launcher": "accelerate", "env_file": ".env",
     "forward_env": "[WANDB_*, HF_TOKEN]", "secrets": "[MY_API_KEY]", "sync": "{src: ., exclude: [data/]}",
     "retention": "3d", "restarts": "3", "restart_delay": "30s", "no_restart_on_exit": "[2]", "recoveries": "5",
-    "spares": "1", "min_nodes": "3", "flight_recorder": "false", "notify": "[ntfy://my-topic]", "warm": "false",
+    "spares": "1", "min_nodes": "3", "flight_recorder": "false", "notify": "[ntfy://my-topic]", "warm": "true",
     "preload": "[lightning, transformers]", "measure_gpus": "true",
     "fetch": "[ckpt, logs/metrics.json]", "python": "~/venv/bin/python", "workdir": "~/project",
     "env": "{NCCL_DEBUG: WARN}", "transport": "srun", "gpus": "auto", "setup": "module load cuda/12.4",

@@ -31,7 +31,8 @@ def test_launcher_argv_golden():
     p = plan()
     torchrun = ["/opt/py/bin/python3", "-u", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=3",
                 "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29400", "--redirects=3"]
-    # warm start, the default: torchrun's workers are stand-ins that ask the node's warm interpreter
+    p = make_plan(parse_cluster(CLUSTER + "warm: true\n", "/etc/c.yaml"), "train.py", ["--lr", "0.1"], "j", "/here")
+    # warm start: torchrun's workers are stand-ins that ask the node's warm interpreter
     assert p.launcher_argv(p.nodes[1], 29400) == [
         *torchrun, "--no-python", "/opt/py/bin/python3", "-S", "-c" + WARM_STUB, "train.py", "--lr", "0.1"]
     cold = make_plan(parse_cluster(CLUSTER + "warm: false\n", "/etc/c.yaml"), "train.py", ["--lr", "0.1"], "j", "/here")
@@ -46,7 +47,7 @@ def test_agent_spec_golden():
         job="20261122-000000-abcdef", node=0, cluster=p.cluster_id, run=p.run_token, workdir="~/proj",
         script="train.py", env={},
         pick_port=False, check_port=29400, orphan_timeout=20.0, stop_grace=10.0, heartbeat=5.0, stack_dumps=False,
-        nproc=1, flight_recorder=True, warm=True)
+        nproc=1, flight_recorder=True)
     assert p.agent_spec(p.nodes[1]).check_port is None  # only the master checks its port
     assert p.agent_spec(p.nodes[1]).env["NCCL_SOCKET_IFNAME"] == "eth1"
 
