@@ -75,7 +75,7 @@ class Halt(wire.Frame):
 
 @wire.value()
 class WarmAnswered(wire.Frame):
-    """The warm interpreter said ready or cold (its imports are over): the node may say Ready."""
+    """The warm interpreter said ready or cold (its imports are over): the node goes on (run.await_warm)."""
 
 
 @wire.value()

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from . import wire
+from . import events, policy, wire
 from .checks import job_env
 from .launch import TERMINAL_ENV
 from .run import install_handlers
@@ -78,20 +78,19 @@ def tell_ready(warm, writer):
 
 def hold(spec, warm, ended, every=1.0):
     """Until the controller's stdin ends, it is silent too long, the interpreter is gone, or a
-    signal stopped it (``ended``)."""
+    signal stopped it (``ended``). The controller is read as every agent reads it."""
     heard = [time.monotonic()]
 
-    def read():
-        try:
-            while wire.read_frame(sys.stdin.buffer) is not None:
-                heard[0] = time.monotonic()
-        except (OSError, ValueError, wire.ProtocolError):
-            pass
-        ended.set()
+    def post(event):
+        if isinstance(event, (events.ControllerGone, events.Stop)):
+            ended.set()
 
-    threading.Thread(target=read, name="stdin", daemon=True).start()
+    def hear():
+        heard[0] = time.monotonic()
+
+    threading.Thread(target=events.read_controller, args=(sys.stdin.buffer, post, hear), name="stdin", daemon=True).start()
     while not ended.wait(every):
-        if time.monotonic() - heard[0] > spec.orphan_timeout or warm.proc.poll() is not None:
+        if policy.silence(time.monotonic(), heard[0], spec.orphan_timeout) is not None or warm.proc.poll() is not None:
             return
 
 

@@ -27,6 +27,12 @@ from .zygote import PASS_VAR, SOCKET_VAR
 
 SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's --shutdown-timeout, read by torchrun and torch.distributed.launch
 TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what torchrun passes on to its ranks by default
+
+
+def torchrun_passes_on(stop_signal):
+    """The signals torchrun passes on to its workers in a job that stops with ``stop_signal``:
+    its own, and that one (plan.launch tells torchrun with --signals-to-handle)."""
+    return tuple(dict.fromkeys(TORCHRUN_SIGNALS + (stop_signal,)))
 GPU_SAMPLE = 5.0  # seconds between GPU samples for the dashboard (nvidia-smi costs ~50 ms of CPU)
 
 
@@ -160,7 +166,7 @@ def started_launcher(argv, env, warm=None, stop_signal="SIGTERM"):
     if warm is not None and argv[1:4] == ["-u", "-m", "torch.distributed.run"]:
         (out_r, out_w), (err_r, err_w), null = os.pipe(), os.pipe(), os.open(os.devnull, os.O_RDONLY)
         try:  # the write ends go with the request: the interpreter's child has them when it starts
-            passed = ",".join(dict.fromkeys(TORCHRUN_SIGNALS + (stop_signal,)))  # what torchrun stops its workers with
+            passed = ",".join(torchrun_passes_on(stop_signal))  # what the stand-ins pass on to their ranks
             child = warm.fork(None, argv[2:], dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed}), os.getcwd(),
                               fds=[null, out_w, err_w])
         finally:

@@ -273,7 +273,7 @@ class WarmLine:
     def __init__(self, make, attempt, last):
         self.make, self.last = make, last  # make(attempt) -> warm.Warm or None; last: the last attempt here
         self.ready = {attempt: make(attempt)}
-        self.first = self.ready[attempt]  # the one the node's Ready waits for (Runner.await_warm)
+        self.first = self.ready[attempt]  # the one the node waits for (await_warm)
 
     def take(self, attempt):
         """Attempt ``attempt``'s interpreter (None: it starts cold), the next one on its way."""
@@ -294,7 +294,7 @@ class KeptLine:
 
 def warm_interpreters(spec, attempt, job_env, state_dir, out):
     """Warm start (the spec says where: plan.launch.warms): the WarmLine of this node, or the
-    session's KeptLine; None for a cold start. Ready waits for its imports, at most READY_WAIT."""
+    session's KeptLine; None for a cold start. Its imports are waited for in await_warm."""
     if not spec.warm:
         return None
     report = lambda text: out.send(wire.Output("err", None, text.encode()))  # noqa: E731

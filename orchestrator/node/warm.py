@@ -81,6 +81,12 @@ class Forker:
                 self.report(TOO_LONG)
         return False
 
+    def why_cold(self):
+        """The one notice for a user whose ranks start cold, or None."""
+        if self.hello is None:
+            return "the warm interpreter did not get ready; the ranks start cold"
+        return "%s; the ranks start cold" % self.hello["cold"] if "cold" in self.hello else None
+
 
 class Warm(Forker):
     """The agent's side of one warm interpreter: started at once, ready (or not) later. ``fork``
@@ -162,12 +168,6 @@ class Warm(Forker):
     def give_up(self):
         """It took too long: this attempt starts cold."""
         self.proc.kill()
-
-    def why_cold(self):
-        """The one notice for a user whose ranks start cold, or None."""
-        if self.hello is None:
-            return "the warm interpreter did not get ready; the ranks start cold"
-        return "%s; the ranks start cold" % self.hello["cold"] if "cold" in self.hello else None
 
     def fork(self, local_rank, argv, env, cwd, stdout=None, stderr=None, timeout=30.0, fds=None):
         """A WarmChild running ``argv`` (SCRIPT ARGS) as local rank ``local_rank``; None if the
@@ -255,9 +255,6 @@ class KeptWarm(Forker):
 
     def ready(self, timeout=READY_WAIT):
         return self.answered(timeout) and "ready" in self.hello
-
-    def why_cold(self):
-        return Warm.why_cold(self)
 
     def give_up(self):
         """It took too long: this launch starts cold (the interpreter is the session's: it stays)."""

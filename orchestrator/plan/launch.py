@@ -18,7 +18,8 @@ from ..config.masking import mask_secrets
 from ..errors import UsageError
 from ..node import wire
 from ..node.container import ENV_FILE, Box
-from ..node.launch import ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, unconfigured_options, with_node_options
+from ..node.launch import (ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, torchrun_passes_on, unconfigured_options,
+                           with_node_options)
 from ..node.notify import DETACHED_KINDS
 from ..node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from ..node.state import JOB_ID
@@ -162,7 +163,7 @@ class LaunchPlan:
         SIGQUIT); another stop_signal would kill it, and leave the ranks without one."""
         if self.stop_signal in TORCHRUN_SIGNALS:
             return []
-        return [f"--signals-to-handle={','.join((*TORCHRUN_SIGNALS, self.stop_signal))}"]
+        return [f"--signals-to-handle={','.join(torchrun_passes_on(self.stop_signal))}"]
 
     def _entrypoint(self, python: str, warm: bool = False) -> list[str]:
         if self.module is not None:  # ddp-up's own program (ddp-check --collective), from the hooks
