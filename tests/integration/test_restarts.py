@@ -55,12 +55,16 @@ def test_when_restarts_run_out_the_run_fails_with_no_further_attempt(cluster, cl
 
 def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(cluster, cluster_file, tmp_path):
     lost, spare = cluster.nodes[1], cluster.nodes[2]
-    path = cluster_file([(0, 1), (1, 1), (2, 1)], spares=1, restarts=1, restart_delay=0.5, orphan_timeout=3)
+    path = cluster_file([(0, 1), (1, 1), (2, 1)], spares=1, restarts=1, restart_delay=0.5, orphan_timeout=3,
+                        warm=True, env={"OMP_NUM_THREADS": 1, "THIS_TEST": str(tmp_path)})
     checkpoint = tmp_path / "ckpt"
-    launch = Launch([str(path), SCRIPT, "run", "--steps", "30", "--step-time", "0.2", "--checkpoint", str(checkpoint)])
+    # long enough that the job is still running once the spare's interpreter is ready, however slow
+    launch = Launch([str(path), SCRIPT, "run", "--steps", "60", "--step-time", "0.2", "--checkpoint", str(checkpoint)])
     try:
         launch.wait_line(r"step 4 rank=1$", 120)
-        kept = procs.wait_for(lambda: len(kept_interpreters()) >= 3 and kept_interpreters(), 60)  # the spare's too
+        ours = lambda: kept_interpreters(str(tmp_path))  # noqa: E731
+        kept = procs.wait_for(lambda: len(ours()) >= 3 and ours(), 60)  # the spare's too
+        assert kept and "step 59 rank=0" not in launch.output, launch.output
         cluster.partition(lost)
         code = launch.wait(240)
     finally:
@@ -74,7 +78,7 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(clu
     assert ready, out
     assert int(ready.group(1)) in kept, (ready.group(0), kept)  # forked from the interpreter it kept ready before
     resumed = int(re.search(r"resumed at step (\d+) rank=0", out).group(1))
-    assert resumed >= 5 and "step 29 rank=1" in out, out
+    assert resumed >= 5 and "step 59 rank=1" in out, out
     attempts = summary(out)["attempts"]
     assert [a["nodes"] for a in attempts] == [[n.addr for n in cluster.nodes[:2]], [cluster.nodes[0].addr, spare.addr]]
     assert attempts[0]["root_cause"].startswith(f"{lost.addr} (node 1)") and attempts[1]["root_cause"] is None
@@ -152,11 +156,18 @@ def test_ddp_kill_of_a_run_with_restarts_left_saves_every_checkpoint_and_ends_it
     assert [(a["attempt"], a["end"], a["next"]) for a in attempts] == [(0, "stopped", None)], attempts
 
 
-def kept_interpreters() -> set[int]:
-    """The warm interpreters kept across attempts (node/keep.py) running now, any run's."""
-    def cmdline(pid: int) -> bytes:
+def kept_interpreters(test: str) -> set[int]:
+    """The warm interpreters kept across attempts (node/keep.py) running now for this test. They
+    belong to no job (no job's cleanup may end them), so another test worker's are told apart by
+    the cluster file's `env:`, which they carry."""
+    def ours(pid: int) -> bool:
+        env = procs.environ(pid)
+        return "DDP_UP_KEEP" in env and env.get("THIS_TEST") == test
+
+    def warm(pid: int) -> bool:
         try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes()
+            return b"'ddp_up_warm';" in Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
-            return b""
-    return {pid for pid in procs.all_pids() if "DDP_UP_KEEP" in procs.environ(pid) and b"'ddp_up_warm';" in cmdline(pid)}
+            return False
+
+    return {pid for pid in procs.all_pids() if ours(pid) and warm(pid)}
