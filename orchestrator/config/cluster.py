@@ -124,7 +124,8 @@ class ClusterConfig:
     spares: int = 0  # the last this many nodes stay idle, to replace a node that fails
     min_nodes: int | None = None  # without a free spare, go on with this many nodes or more (None: never fewer)
     flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/flight.py): the stuck collective, stragglers
-    warm: bool = False  # fork every rank from an interpreter that imported torch already (node/warm.py); false: cold
+    warm: bool | None = None  # fork every rank from an interpreter that imported torch already (node/warm.py); false: cold;
+    # None: the default (plan.launch.warm_start)
     preload: tuple[str, ...] = ()  # warm: what that interpreter imports besides torch
     measure_gpus: bool = False  # before the launch, ddp-check --gpus's measure; a slow GPU stops it
     notify: tuple = ()  # notify.Target: who hears of the job's events (a URL's token is a secret)

@@ -70,7 +70,8 @@ MEANING = {
     "flight_recorder": "torch's Flight Recorder in every rank: the stuck collective, stragglers",
     "notify": "where the job's events go: Apprise URLs, a webhook, a command",
     "fetch": "paths brought back from every node when the job ends, into runs/<job>/fetched/",
-    "warm": "fork every rank from an interpreter on its node that imported torch before the launch; false: the cold start",
+    "warm": "fork every rank from an interpreter on its node that imported torch before the launch; false: the cold start; "
+            "left out: on under launcher: torchrun or with preload:, off otherwise",
     "preload": "warm: modules that interpreter imports too, besides torch",
     "measure_gpus": "before the launch, measure every GPU (as ddp-check --gpus) and refuse one far slower than its peers",
     "python": "the interpreter on the node",

@@ -77,7 +77,7 @@ RULES = {  # top-level settings that are one checked value each
     "spares": rule("integer", 0, low=0),
     "flight_recorder": rule("boolean", True),
     "fetch": rule("fetch_paths", ()),
-    "warm": rule("boolean", False),
+    "warm": rule("boolean"),  # left out: on where it pays (plan.launch.warm_start)
     "preload": rule("module_names", ()),
     "measure_gpus": rule("boolean", False),
 }

@@ -248,6 +248,15 @@ class Attempt:
 FIRST = Attempt()
 
 
+def warm_start(config: ClusterConfig) -> bool:
+    """`warm:` as the cluster file says, or its default: on under torchrun, whose nodes have torch and
+    whose ranks are a torch job's, and wherever `preload:` names what to import; off under
+    `launcher: none`, which may start any program (a node with no torch would import it in vain)."""
+    if config.warm is not None:
+        return config.warm
+    return config.launcher == "torchrun" or bool(config.preload)
+
+
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],
               job_id: str, local_cwd: str, hang_timeout: float | None = None,
               run_token: str | None = None, detach: bool = False,
@@ -277,7 +286,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         stop_grace=config.stop_grace,
         stop_signal=config.stop_signal,
         flight_recorder=config.flight_recorder,
-        warm=config.warm,
+        warm=warm_start(config),
         preload=config.preload,
         hang_timeout=hang_timeout if hang_timeout is not None else config.hang_timeout,
         startup_timeout=config.startup_timeout,

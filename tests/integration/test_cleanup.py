@@ -206,11 +206,12 @@ def test_ctrl_c_gives_every_rank_its_whole_grace_once_and_prints_no_launcher_tra
 
 
 def launcher_keys(launcher: str) -> dict:
-    """"warm", "warm-torchrun": `launcher: none` or torchrun with warm start (the ranks forked from
-    the node's warm interpreter; under torchrun, its workers are stand-ins that pass signals on)."""
+    """"torchrun", "none": the cold start (`warm: false`, under torchrun not the default); "warm",
+    "warm-torchrun": `launcher: none` or torchrun with warm start (the ranks forked from the node's
+    warm interpreter; under torchrun, its workers are stand-ins that pass signals on)."""
     if launcher.startswith("warm"):
         return {"launcher": launcher.partition("-")[2] or "none", "warm": True}
-    return {"launcher": launcher}
+    return {"launcher": launcher, "warm": False}
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "none", "warm", "warm-torchrun"])

@@ -47,9 +47,17 @@ def test_agent_spec_golden():
         job="20261122-000000-abcdef", node=0, cluster=p.cluster_id, run=p.run_token, workdir="~/proj",
         script="train.py", env={},
         pick_port=False, check_port=29400, orphan_timeout=20.0, stop_grace=10.0, heartbeat=5.0, stack_dumps=False,
-        nproc=1, flight_recorder=True)
+        nproc=1, flight_recorder=True, warm=True)  # warm start: torchrun's default
     assert p.agent_spec(p.nodes[1]).check_port is None  # only the master checks its port
     assert p.agent_spec(p.nodes[1]).env["NCCL_SOCKET_IFNAME"] == "eth1"
+
+
+@pytest.mark.parametrize("keys, warm", [("", True), ("launcher: none\n", False),
+                                        ("launcher: none\npreload: [numpy]\n", True), ("warm: false\n", False),
+                                        ("launcher: none\nwarm: true\n", True)])
+def test_warm_start_is_on_by_default_where_the_nodes_surely_have_torch_or_preload_asks(keys, warm):
+    p = make_plan(parse_cluster(CLUSTER + keys, "/etc/c.yaml"), "train.py", [], "j", "/here")
+    assert p.agent_spec(p.nodes[0]).warm is warm
 
 
 def test_auto_port_is_picked_by_the_master_only():
