@@ -94,9 +94,9 @@ class OpenSSHProcess(LocalProcess):
             pass
 
 
-def ssh_args(node: NodeConfig, control: bool = False) -> list[str]:
+def ssh_args(node: NodeConfig, control: bool = False, master: bool = True) -> list[str]:
     """ssh and its options for ``node``, up to (not including) ``-- HOST``; with ``control``,
-    through the run's shared connection to it."""
+    through the run's shared connection to it (``master``: see SSHRun.options)."""
     ssh = node.ssh
     args = [shutil.which("ssh") or "ssh"]
     config = CONTROL.config_for(ssh)
@@ -104,7 +104,7 @@ def ssh_args(node: NodeConfig, control: bool = False) -> list[str]:
         args += ["-F", config or ssh.config_file]
     args += ["-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(ssh.connect_timeout))}"]
     if control:
-        args += CONTROL.options(node)
+        args += CONTROL.options(node, master)
     if ssh.user:
         args += ["-l", ssh.user]
     if ssh.port:
@@ -121,11 +121,12 @@ class OpenSSHTransport(Transport):
     """Nothing to open ahead: ssh connects when the agent starts, and a failure to connect is its
     exit status 255 with its reason on stderr (see ``ssh_failure``). ``shared``: through the run's
     connection to the node; else a connection of its own (a lost node's sweep: the shared one may
-    be dead without knowing it, and a session asked of it would wait far past ConnectTimeout)."""
+    be dead without knowing it, and a session asked of it would wait far past ConnectTimeout).
+    ``master``: whether it may become that connection (SSHRun.options)."""
 
-    def __init__(self, node: NodeConfig, shared: bool = True, bulk: bool = False):
+    def __init__(self, node: NodeConfig, shared: bool = True, bulk: bool = False, master: bool = True):
         super().__init__(node)
-        self.shared, self.bulk = shared, bulk
+        self.shared, self.bulk, self.master = shared, bulk, master
 
     def connect(self) -> None:
         pass
@@ -136,7 +137,7 @@ class OpenSSHTransport(Transport):
         own = [] if self.shared else ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
         if self.bulk:
             own += bulk_ciphers(self.node)
-        argv = [*ssh_args(self.node, control=self.shared), *own, "--", self.node.host, command]
+        argv = [*ssh_args(self.node, control=self.shared, master=self.master), *own, "--", self.node.host, command]
         slot = GATE.enter(self.node.ssh.max_parallel)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -59,10 +59,15 @@ class SSHRun:
                 self.dir = tempfile.mkdtemp(prefix=f"ddp-up-ssh-{os.getpid()}-", dir=parent)
             return self.dir
 
-    def options(self, node: NodeConfig) -> list[str]:
+    def options(self, node: NodeConfig, master: bool = True) -> list[str]:
+        """``master``: this ssh becomes the node's master where there is none yet. Two that start
+        together would race to be it, and the loser says so on stderr ("ControlSocket ... already
+        exists"): a connection that starts beside the run's first one (a kept interpreter's, as the
+        agent's starts) uses the master where there is one, else a connection of its own."""
         where = self._where()
         # %C: a hash of the connection's endpoints, short enough for a socket path
-        return ["-o", "ControlMaster=auto", "-o", f"ControlPath={where}/%C", "-o", f"ControlPersist={PERSIST}"]
+        return ["-o", f"ControlMaster={'auto' if master else 'no'}", "-o", f"ControlPath={where}/%C",
+                "-o", f"ControlPersist={PERSIST}"]
 
     def config_for(self, ssh: SSHSettings) -> str | None:
         """A config file that puts the cluster file's identity file and known_hosts before the

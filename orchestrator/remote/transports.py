@@ -12,13 +12,14 @@ from .srun import SrunTransport
 from .transport import LocalTransport, Transport
 
 
-def transport_for(node: NodeConfig, shared: bool = True, bulk: bool = False) -> Transport:
+def transport_for(node: NodeConfig, shared: bool = True, bulk: bool = False, master: bool = True) -> Transport:
     """How to reach ``node``; ``shared``: over the run's SSH connection to it, where there is one;
-    ``bulk``: for a connection that carries bulk bytes (see openssh.bulk_ciphers)."""
+    ``bulk``: for a connection that carries bulk bytes (see openssh.bulk_ciphers); ``master``:
+    whether it may become the run's connection (sshmaster.SSHRun.options)."""
     if node.transport == "local":
         return LocalTransport(node)
     if node.transport == "srun":
         return SrunTransport(node)
     if node.ssh.client == "openssh":
-        return OpenSSHTransport(node, shared, bulk)
+        return OpenSSHTransport(node, shared, bulk, master)
     return SSHTransport(node)

@@ -23,6 +23,7 @@ from ..node.keep import TAG_KEEP
 from ..plan.launch import LaunchPlan, NodePlan
 from ..remote.oneshot import AgentCall
 from ..remote.parallel import on_each
+from ..remote.transports import transport_for
 
 
 class Keeper:
@@ -31,9 +32,10 @@ class Keeper:
     def __init__(self, plan: LaunchPlan, node: NodePlan):
         self.name = secrets.token_hex(8)
         spec = plan.agent_spec(node)  # the interpreter a launch's agent would make: its environment, its imports
+        # opened as the launch's agents are: it uses the node's shared connection, never races them to make it
         self.call = AgentCall(node.config, wire.KeepSpec(name=self.name, env=spec.env, preload=spec.preload,
                                                          nproc=spec.nproc, orphan_timeout=spec.orphan_timeout),
-                              setup=True, tags={TAG_KEEP: self.name})
+                              transport_for(node.config, master=False), setup=True, tags={TAG_KEEP: self.name})
 
     def open(self) -> bool:
         """Connected and started: it imports while the launch goes on."""

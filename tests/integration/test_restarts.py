@@ -72,6 +72,7 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(clu
         launch.proc.kill()
     out = launch.output
     assert code == 0, out
+    assert "disabling multiplexing" not in out, out  # the kept interpreters' ssh never raced the agents' for the master
     assert f"{lost.addr} is out for the rest of the run (lost); spare {spare.addr} takes its place as node 1" in out
     ready = re.search(rf"^{re.escape(spare.addr)}\s+r1\s+\| READY rank=1 world=2 host={spare.name} .* ppid=(\d+) "
                       r"warm=True attempt=1$", out, re.M)

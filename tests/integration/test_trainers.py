@@ -28,15 +28,18 @@ TRAINERS = {
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])  # warm: ignored under accelerate (cold)
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 @pytest.mark.parametrize("name", TRAINERS)
 def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_progress(cluster, cluster_file,
                                                                                           tmp_path, name, warm):
     module, script, args, launcher, cause, resumed, bar, checkpoint = TRAINERS[name]
     pytest.importorskip(module)
+    env = {"OMP_NUM_THREADS": 1, "TOKENIZERS_PARALLELISM": "false"}
+    if warm and launcher == "accelerate":  # `accelerate launch` starts its ranks cold, itself: the Accelerate
+        launcher = "torchrun"              # script forked warm is the same script under torchrun, on the CPU
+        env["ACCELERATE_USE_CPU"] = "1"    # as ddp-up's own warning says (accelerate launch sets it)
     out_dir = tmp_path / "ckpt"
-    path = cluster_file([(0, 1), (1, 1)], launcher=launcher, restarts=1, restart_delay=0.5, warm=warm,
-                        env={"OMP_NUM_THREADS": 1, "TOKENIZERS_PARALLELISM": "false"})
+    path = cluster_file([(0, 1), (1, 1)], launcher=launcher, restarts=1, restart_delay=0.5, warm=warm, env=env)
     code, out, _ = ddp_up("--no-dashboard", str(path), str(EXAMPLES / script), "--out", str(out_dir), *args,
                           timeout=240)
     assert code == 0, out
@@ -44,4 +47,5 @@ def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_p
     assert re.search(rf"\| {re.escape(resumed)}$", out, re.M), out  # from its own checkpoint, in attempt 1
     assert re.search(bar, out), out  # the bar, as its final state
     assert "ok after" in out and "in 2 attempts" in out
+    assert "start cold" not in out, out  # warm: the interpreter served every rank, in both attempts
     assert (out_dir / checkpoint).exists()
