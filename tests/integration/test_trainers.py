@@ -27,9 +27,14 @@ TRAINERS = {
 }
 
 
+# As users run them: Lightning and the HF Trainer under torchrun, warm (the default); the Accelerate
+# script under `accelerate launch` (its ranks start cold: it starts them itself) and under torchrun,
+# warm. The cold torchrun start (`warm: false`) is the command line of old, tested in test_cleanup.
+CASES = [("lightning", None), ("hf_trainer", None), ("accelerate", False), ("accelerate", True)]
+
+
 @pytest.mark.long
-@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
-@pytest.mark.parametrize("name", TRAINERS)
+@pytest.mark.parametrize("name, warm", CASES, ids=["lightning", "hf_trainer", "accelerate-launch", "accelerate-warm"])
 def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_progress(cluster, cluster_file,
                                                                                           tmp_path, name, warm):
     module, script, args, launcher, cause, resumed, bar, checkpoint = TRAINERS[name]
@@ -39,7 +44,8 @@ def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_p
         launcher = "torchrun"              # script forked warm is the same script under torchrun, on the CPU
         env["ACCELERATE_USE_CPU"] = "1"    # as ddp-up's own warning says (accelerate launch sets it)
     out_dir = tmp_path / "ckpt"
-    path = cluster_file([(0, 1), (1, 1)], launcher=launcher, restarts=1, restart_delay=0.5, warm=warm, env=env)
+    keys = {} if warm is None else {"warm": warm}  # None: the default
+    path = cluster_file([(0, 1), (1, 1)], launcher=launcher, restarts=1, restart_delay=0.5, env=env, **keys)
     code, out, _ = ddp_up("--no-dashboard", str(path), str(EXAMPLES / script), "--out", str(out_dir), *args,
                           timeout=240)
     assert code == 0, out
