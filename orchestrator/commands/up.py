@@ -22,7 +22,7 @@ from ..config.clusterfile import load_cluster
 from ..config.validate import LONGEST, MOST_RESTARTS
 from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
 from ..node.facts import IFNAME_VARS
-from ..plan.launch import LaunchPlan, check_job_id, make_plan, new_job_id
+from ..plan.launch import LaunchPlan, check_job_id, make_plan, new_job_id, warm_refused
 from ..plan.sbatch import SBATCH_SCRIPT, split_sbatch, submit
 from ..remote import signals
 from ..remote.fetch import fetch_outputs
@@ -261,7 +261,7 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
         if config.measure_gpus else None
     if stopped is not None:
         return stopped
-    view = make_view(plan, console, args)
+    view = view_for(config, plan, console, args)
     inbox.check()
     logs = RunLogs(plan, args.runs_dir, warn=view.notice)
     logs.record(record)
@@ -282,6 +282,15 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
             return interrupted("ddp-up", e, f"while fetching {', '.join(config.fetch)} (the job had ended with exit "
                                             f"status {code}); what arrived whole is kept, no partial file is left")
     return code
+
+
+def view_for(config, plan: LaunchPlan, console: Console, args: argparse.Namespace):
+    """The job's view, and the first thing it says: where `warm: true` cannot apply."""
+    view = make_view(plan, console, args)
+    cold = warm_refused(config, plan)
+    if cold:
+        view.notice(cold)
+    return view
 
 
 def kept_across_attempts(caller: Caller, plan: LaunchPlan, restarts: Restarts) -> Caller:

@@ -73,7 +73,7 @@ class LaunchPlan:
     startup_timeout: float | None = None  # config.ClusterConfig's
     stop_signal: str = "SIGTERM"  # a stop's first signal to every rank (config.ClusterConfig's)
     flight_recorder: bool = True  # every rank records its collectives (node/flight.py)
-    warm: bool = False  # ranks forked from a warm interpreter (node/warm.py; `launcher: none`)
+    warm: bool = False  # ranks forked from a warm interpreter (node/warm.py), where plan.warms(node)
     preload: tuple[str, ...] = ()  # what it imports besides torch
     kept: Mapping[int, str] = field(default_factory=dict)  # warm: node index -> the session's kept interpreter (run/kept.py)
     launcher: str = "torchrun"
@@ -255,6 +255,19 @@ def warm_start(config: ClusterConfig) -> bool:
     if config.warm is not None:
         return config.warm
     return config.launcher == "torchrun" or bool(config.preload)
+
+
+def warm_refused(config: ClusterConfig, plan: LaunchPlan) -> str | None:
+    """What a cluster file that says `warm: true` is told where its ranks start cold anyway (the
+    default says nothing: it asked for nothing): once, so that a cold start is not taken for a warm one."""
+    cold = [node for node in plan.nodes if not plan.warms(node)]
+    if config.warm is not True or not cold or plan.module is not None:
+        return None
+    if plan.launcher not in ("none", "torchrun"):
+        where = f"under `launcher: {plan.launcher}`, which starts the ranks itself"
+    else:
+        where = f"in a container (`container:`), on {', '.join(node.label for node in cold)}"
+    return f"warm: true does not apply {where}: the ranks start cold there (see the warm start guide)"
 
 
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],

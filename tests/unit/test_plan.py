@@ -3,7 +3,7 @@ import pytest
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.node import wire
 from orchestrator.node.zygote import WARM_STUB
-from orchestrator.plan.launch import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path
+from orchestrator.plan.launch import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path, warm_refused
 
 CLUSTER = """\
 nodes:
@@ -169,3 +169,16 @@ def test_warm_start_is_decided_once_here_per_node(launcher, node, warm):
     assert p.agent_spec(p.nodes[node]).warm is warm
     argv = p.launcher_argv(p.nodes[node], 29400)
     assert ("--no-python" in argv and "-S" in argv) is (warm and launcher == "torchrun")
+
+
+@pytest.mark.parametrize("keys, said", [
+    ("warm: true\nlauncher: legacy\n", "warm: true does not apply under `launcher: legacy`, which starts the ranks "
+                                        "itself: the ranks start cold there (see the warm start guide)"),
+    ("warm: true\n", "warm: true does not apply in a container (`container:`), on gpu-b: the ranks start cold there "
+                     "(see the warm start guide)"),
+    ("", None),  # the default asked for nothing: nothing to tell
+    ("warm: false\n", None)])
+def test_warm_true_where_it_cannot_apply_is_said_once(keys, said):
+    config = parse_cluster(CLUSTER.replace("env: {NCCL_SOCKET_IFNAME: eth1}}", "container: {image: img}}") + keys,
+                           "/etc/c.yaml")
+    assert warm_refused(config, make_plan(config, "train.py", [], "j", "/here")) == said
