@@ -34,6 +34,20 @@ def test_dry_run_connects_to_nothing(tmp_path, capsys):
            "192.0.2.1 takes>" in out
 
 
+@pytest.mark.parametrize("keys, said", [
+    ("", "# warm start: each rank is forked from an interpreter that imported torch, and runs as the line below "
+         "would run it (with warm: false, that line runs as it is)"),
+    ("preload: [lightning]\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1, container: {image: img}}]\n",
+     "# warm start on a: each rank is forked from an interpreter that imported torch, lightning, and runs as"),
+    ("warm: false\n", None), ("launcher: none\n", None)])
+def test_dry_run_says_whether_the_ranks_start_warm(tmp_path, capsys, keys, said):
+    c = tmp_path / "c.yaml"
+    c.write_text(keys if "nodes:" in keys else "nodes: [{host: 192.0.2.1, gpus: 2}]\n" + keys)
+    assert main_up(["--dry-run", "--job-id", "J", str(c), "t.py"]) == 0
+    out = capsys.readouterr().out
+    assert (said in out) if said else ("warm start" not in out), out
+
+
 def test_the_controller_never_imports_torch():
     import subprocess
     import sys
