@@ -330,8 +330,13 @@ try:
 except Exception:
     os.chdir(here)
     os.execv(sys.executable, [sys.executable, "-u"] + sys.argv[1:])
+def pass_on(sig, _):
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass  # the rank has ended: its status is on its way (its end is not this signal's failure)
 for name in passed.split(","):
-    signal.signal(getattr(signal, name), lambda sig, _: os.kill(pid, sig))
+    signal.signal(getattr(signal, name), pass_on)
 line = answers.readline()
 code = json.loads(line)["code"] if line else 1
 if code < 0:  # ended by a signal: the stand-in by the same one (SIGKILL's disposition cannot be set)

@@ -1,0 +1,64 @@
+"""torchrun's worker under warm start (zygote.WARM_STUB), against a stand-in for the warm
+interpreter: a stop signal that reaches it after its rank ended (and was reaped) is no failure of
+its own: it ends with the rank's status, without a traceback."""
+
+import array
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from orchestrator.node.zygote import PASS_VAR, SOCKET_VAR, WARM_STUB
+
+
+def test_a_stop_after_the_rank_ended_ends_the_stand_in_with_the_ranks_status(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer exists: the rank, reaped by its interpreter
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "s"))
+    listener.listen(1)
+    asked, signalled = threading.Event(), threading.Event()
+
+    def interpreter():
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rb") as lines:
+            _, extra, _, _ = conn.recvmsg(1, socket.CMSG_SPACE(3 * 4))  # the stand-in's stdio, as the interpreter
+            for _, _, data in extra:                                       # takes them: closed here, or its
+                for fd in array.array("i", data[:len(data) - len(data) % 4]):  # pipes never end
+                    os.close(fd)
+            lines.readline()
+            conn.sendall(json.dumps({"pid": gone.pid}).encode() + b"\n")
+            asked.set()
+            signalled.wait(10)  # the stop reached the stand-in before the rank's status
+            conn.sendall(json.dumps({"code": 0}).encode() + b"\n")
+
+    serving = threading.Thread(target=interpreter, daemon=True)
+    serving.start()
+    env = dict(os.environ, **{SOCKET_VAR: str(tmp_path / "s"), PASS_VAR: "SIGTERM"})
+    stub = subprocess.Popen([sys.executable, "-S", "-c", WARM_STUB, "train.py"], env=env, cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert asked.wait(10) and catches(stub.pid, signal.SIGTERM, 10)  # its handler in place: passing on
+        stub.send_signal(signal.SIGTERM)
+        signalled.set()
+        _, err = stub.communicate(timeout=10)
+    finally:
+        stub.kill()
+        listener.close()
+    assert stub.returncode == 0 and b"Traceback" not in err, err
+
+
+def catches(pid: int, sig: int, timeout: float) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` (its SigCgt in /proc) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as f:
+            caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+        if caught >> (sig - 1) & 1:
+            return True
+        time.sleep(0.01)
+    return False
