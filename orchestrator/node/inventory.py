@@ -9,7 +9,7 @@ import shutil
 import time
 
 from .procs import TAG_CLUSTER, TAG_JOB, find_tagged
-from .state import (JOB_ID, OUTCOME, RECORD, RETENTION, checked_record, cluster_of, live_state, parse_node_dir,
+from .state import (JOB_ID, OUTCOME, RECORD, RETENTION, checked_record, cluster_of, live_record, live_state, parse_node_dir,
                     private_dir, read_record, state_root)
 
 
@@ -37,7 +37,7 @@ def recorded_jobs():
             if record is not None and size > LISTING_MOST:
                 skipped.append("%s: not listed, the listing is full" % os.path.join(path, RECORD))
             elif record is not None:
-                record["state"] = live_state(record)
+                record = live_record(record, path)
                 record["outcome"] = read_record(path, OUTCOME)
                 found.append((path, record))
     return found, skipped

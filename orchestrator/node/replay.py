@@ -7,7 +7,7 @@ import time
 
 from . import wire
 from .inventory import recorded_jobs, remove_stale_state
-from .state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_state, open_regular, per_attempt, read_bars,
+from .state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_record, live_state, open_regular, per_attempt, read_bars,
                     read_record, read_regular)
 
 
@@ -28,8 +28,8 @@ def follow(spec, writer):
     with os.fdopen(fd, "rb", buffering=0) as f:
         skip = backlog_to_skip(f, spec.tail) if spec.tail is not None else {}
         while not writer.broken:
-            record = read_record(where) or {}
-            state, current = live_state(record), record.get("attempt", 0)
+            record = live_record(read_record(where) or {}, where)
+            state, current = record["state"], record.get("attempt", 0)
             running = attempt_live(state, current, spec.attempt)
             data = f.read(1 << 20)
             if data:

@@ -362,6 +362,17 @@ def live_state(record):
     return state
 
 
+def live_record(record, where):
+    """``record`` with "state" its live state. An agent records its end, then exits: a record read
+    just before the end and a look at its pid just after would call a finished job lost, so where
+    the agent is gone the record is read once more, and only one that still says it runs is lost."""
+    if record.get("state") in ("running", "restarting") and live_state(record) == "lost":
+        again = read_record(where)
+        if again is not None and again.get("job") == record.get("job"):
+            record = again
+    return dict(record, state=live_state(record))
+
+
 def job_node_dir(job, node):
     """The node directory of ``job`` here, or None (not a job id, or not a private directory on
     a private state root: never one reached through a link)."""

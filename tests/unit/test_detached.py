@@ -607,6 +607,24 @@ def test_a_damaged_record_outcome_or_journal_hides_nothing_else(tmp_path, monkey
     assert got == frames[:2] and "unexpected frame" in damage
 
 
+def test_a_job_that_records_its_end_between_the_read_and_the_pid_look_is_done_not_lost(tmp_path, monkeypatch):
+    """An agent records "done", then exits. ddp-ls read its record just before the end and looked
+    at its pid just after: that called a finished job lost (a detached job's wait said "lost")."""
+    monkeypatch.setattr(state.tempfile, "tempdir", str(tmp_path))
+    where = Path(state.state_root()) / "job1" / "node0"
+    where.mkdir(parents=True, mode=0o700)
+    for d in (where.parent.parent, where.parent):
+        os.chmod(d, 0o700)
+    gone = {"job": "job1", "node": 0, "state": "running", "pid": 2 ** 22 + 1, "started": time.time() - 5,
+            "ended": None, "code": None, "retention": 1e9, "attempt": 0}  # past pid_max: no process has it
+    state.write_record(str(where), dict(gone, state="done", ended=time.time(), code=0))
+    real = inventory.checked_record
+    monkeypatch.setattr(inventory, "checked_record", lambda path: (dict(gone), None) if path == str(where) else real(path))
+    listed, _ = inventory.recorded_jobs()  # the read saw "running"; the pid it names has ended since
+    assert [(r["state"], r["code"]) for _, r in listed] == [("done", 0)]
+    assert state.live_record(gone, str(where / "elsewhere"))["state"] == "lost"  # no end recorded: lost
+
+
 def test_ddp_kill_of_one_cluster_file_touches_no_state_of_another_clusters_job(tmp_path, monkeypatch):
     """Nodes that share one /tmp (an NFS TMPDIR): `ddp-kill CLUSTER` said it removed the state of
     a job launched from another cluster file. A node directory keeps its job's cluster id."""
