@@ -66,6 +66,7 @@ class Session(Protocol):
     """What the job needs of a node session (NodeSession; fakes in the unit tests)."""
 
     last_heard: float
+    heard: bool  # the agent said something (before that, its start: phases.first_word)
     started: bool
 
     def open(self) -> None: ...
@@ -221,7 +222,8 @@ class JobLoop:
                 continue
             if beat:
                 session.send(wire.Heartbeat())
-            silent = policy.silence(now, session.last_heard, self.plan.orphan_timeout)
+            limit = self.plan.orphan_timeout if session.heard else phases.first_word(self.plan, status.plan)
+            silent = policy.silence(now, session.last_heard, limit)
             if silent is not None:
                 self.lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
         decision = self.hang.check(now, self.status, self.stop.requested, self.flight.blamed)

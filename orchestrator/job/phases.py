@@ -26,6 +26,13 @@ def ready_deadline(plan, now: float) -> float:
                                     for n in plan.nodes)
 
 
+def first_word(plan, node) -> float:
+    """How long a node's agent may be silent before its first frame, once its process exists: its
+    start (the session over the connection, `setup:`, the interpreter and its modules) takes more
+    than a heartbeat on a loaded node. A node that never speaks is overdue at the ready deadline."""
+    return max(plan.orphan_timeout, node.config.ssh.connect_timeout + SETUP_MARGIN)
+
+
 def overdue(statuses) -> list[tuple[int, NodeProblem]]:
     """The nodes still connecting at the deadline, each with its problem."""
     return [(s.plan.index, NodeProblem(s.plan.label, "no ready report from the node agent",

@@ -37,6 +37,11 @@ class NodeSession:
         return self.channel.last_heard
 
     @property
+    def heard(self) -> bool:
+        """The agent has said something: from then on, its silence is judged by orphan_timeout."""
+        return self.channel.heard
+
+    @property
     def started(self) -> bool:
         """The agent process exists (heartbeats can go)."""
         return self.channel.proc is not None

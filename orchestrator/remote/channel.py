@@ -89,6 +89,7 @@ class AgentChannel:
         self.workdir = workdir
         self.clock = clock
         self.last_heard = clock()
+        self.heard = False  # whether the agent said anything yet (its start may take longer than a heartbeat)
         self.proc: RemoteProcess | None = None
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._write_lock = threading.Lock()
@@ -196,7 +197,7 @@ class AgentChannel:
         decoder = wire.Decoder(wire.TO_CONTROLLER)
         error = None
         while chunk := self.proc.read_stdout():
-            self.last_heard = self.clock()
+            self.last_heard, self.heard = self.clock(), True
             try:
                 frames = decoder.feed(chunk)
             except wire.ProtocolError as e:

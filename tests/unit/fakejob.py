@@ -92,6 +92,8 @@ class FakeNode:
     probed: dict = field(default_factory=dict)  # more of the Probed answer: the node's interfaces
     ready: dict = field(default_factory=dict)  # more of the Ready report: others' processes on its GPUs
     silent_since: float | None = None
+    first_word_after: float = 0.0  # its agent's start takes this long (a loaded node, a slow `setup:`)
+    heard: bool = False
     started: bool = False
     cancelled: bool = False
     closed: bool = False
@@ -109,8 +111,17 @@ class FakeNode:
         if not self.connects:
             return
         self.started = True
+        if self.first_word_after and not self.heard:
+            self.silent_since = self.clock()
+            self.queue.at(self.clock() + self.first_word_after, self.first_word)
+            return
+        self.heard = True
         self.say(wire.Ready(hostname=f"n{self.index}", time=self.clock(), port=29500 if self.master else None,
                             **{**READY, **self.ready}))
+
+    def first_word(self) -> None:
+        self.silent_since, self.first_word_after = None, 0.0
+        self.open()
 
     def send(self, frame: wire.Frame) -> None:
         self.sent.append(frame)

@@ -87,6 +87,20 @@ def test_a_silent_node_is_lost_after_orphan_timeout():
     assert result.root_cause.at == pytest.approx(T0 + 10, abs=0.3)
 
 
+def test_an_agent_slower_to_start_than_orphan_timeout_is_not_lost_but_one_that_never_speaks_is():
+    """Until its first frame, an agent is starting (the session, `setup:`, the interpreter): a
+    loaded node took longer than a 3 s orphan_timeout, and the job failed as if the node were down."""
+    h = Harness(2, orphan_timeout=3)
+    h.nodes[1].first_word_after = 12.0  # within connect_timeout (10 s) + the setup margin
+    for n in h.nodes:
+        n.exit_code, n.run_for = 0, 2.0
+    assert h.job.run().exit_code == 0 and h.states() == ["done", "done"]
+    h = Harness(2, orphan_timeout=3)
+    h.nodes[1].first_word_after = 1e9
+    with pytest.raises(SetupError, match="h1: no ready report from the node agent"):  # at the ready deadline
+        h.job.run()
+
+
 def test_a_frame_that_makes_no_sense_now_is_a_protocol_error_naming_the_node():
     h = Harness(2)
     h.queue.at(T0 + 1, Message(1, wire.Detected(gpus=3)))
