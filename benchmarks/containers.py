@@ -1,13 +1,15 @@
 """Container cost: what does ddp-up add to a job that runs in an image?
 
-    python3 -m benchmarks.containers [--repeat 5] [--runtime podman|docker]
+    python3 -m benchmarks.containers [--repeat 5] [--runtime podman|docker] [--ranks 1]
 
-Two `transport: local` nodes, one rank each, a gloo all-reduce (torch imported in each rank):
-the test image of tests/harness/podman.py (an empty root filesystem, the test's Python
-bind-mounted read-only). Three ways, interleaved in each repeat:
+Two `transport: local` nodes, `--ranks` ranks each, a gloo all-reduce (torch imported in each
+rank): the test image of tests/harness/podman.py (an empty root filesystem, the test's Python
+bind-mounted read-only). Four ways, interleaved in each repeat:
   hand     the baseline: the two `RUNTIME run ... torchrun` lines a user types, started together
   ddp-up   the same job through ddp-up with `container:` (preflight, the versions read from the
-           image once and kept, the containers named, watched and removed)
+           image once and kept, the containers named, watched and removed), warm start (the
+           default under torchrun: the image's interpreter imports torch once, the ranks are forked)
+  cold     the same with `warm: false`: torchrun and each rank import torch
   host     the same job through ddp-up without a container, for reference
 Prints each way's median wall time and its ratio to the baseline; the first ddp-up run reads the
 image's versions in a container of its own (later ones find them kept), shown on its own row.
@@ -38,12 +40,12 @@ dist.destroy_process_group()
 """
 
 
-def by_hand(store, work: Path, port: int) -> float:
+def by_hand(store, work: Path, port: int, ranks: int) -> float:
     """The baseline: each node's container started by hand, both at once."""
     conf = store.config()
     mounts = [f"--volume={m}" for m in conf["mounts"]] + [f"--volume={work}:{work}"]
     lines = [[store.runtime, "run", "--rm", "--network=host", "--ipc=host", *mounts, f"--workdir={work}", IMAGE,
-              conf["python"], "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+              conf["python"], "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={ranks}", f"--node-rank={rank}",
               "--master-addr=127.0.0.1", f"--master-port={port}", "train.py"] for rank in (0, 1)]
     start = time.monotonic()
     procs = [subprocess.Popen(line, env={**_env(), **store.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -62,9 +64,9 @@ def through_ddp_up(store, cluster: Path, runs: Path) -> float:
     return time.monotonic() - start
 
 
-def cluster_file(work: Path, name: str, container: dict | None) -> Path:
+def cluster_file(work: Path, name: str, container: dict | None, ranks: int, **keys) -> Path:
     data = {"transport": "local", "python": sys.executable, "workdir": str(work), "env": {"OMP_NUM_THREADS": 1},
-            "nodes": [{"host": f"local-{i}", "gpus": 1} for i in range(2)]}
+            "nodes": [{"host": f"local-{i}", "gpus": ranks} for i in range(2)], **keys}
     if container:
         data["container"] = container
     path = work / name
@@ -76,6 +78,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--runtime", choices=("podman", "docker"), default="podman")
+    ap.add_argument("--ranks", type=int, default=1, help="ranks per node")
     args = ap.parse_args()
     why = available() or (docker_available() if args.runtime == "docker" else None)
     if why:
@@ -90,21 +93,24 @@ def main() -> int:
         (work / "train.py").write_text(TRAIN)
         store = (Docker if args.runtime == "docker" else Podman)(root / "store", root / "tmp").up()
         try:
-            boxed, host = cluster_file(work, "boxed.yaml", store.config()), cluster_file(work, "host.yaml", None)
-            times: dict[str, list[float]] = {"hand": [], "ddp-up": [], "host": []}
-            first = through_ddp_up(store, boxed, root / "runs")  # reads the versions from the image: kept after
+            files = {"ddp-up": cluster_file(work, "boxed.yaml", store.config(), args.ranks),
+                     "cold": cluster_file(work, "cold.yaml", store.config(), args.ranks, warm=False),
+                     "host": cluster_file(work, "host.yaml", None, args.ranks)}
+            times: dict[str, list[float]] = {"hand": [], **{way: [] for way in files}}
+            first = through_ddp_up(store, files["ddp-up"], root / "runs")  # reads the versions from the image: kept
             for i in range(args.repeat):
-                times["hand"].append(by_hand(store, work, 29400 + i))
-                times["ddp-up"].append(through_ddp_up(store, boxed, root / "runs"))
-                times["host"].append(through_ddp_up(store, host, root / "runs"))
+                times["hand"].append(by_hand(store, work, 29400 + i, args.ranks))
+                for way, cluster in files.items():
+                    times[way].append(through_ddp_up(store, cluster, root / "runs"))
             left = store.containers()
         finally:
             store.down()
     base = statistics.median(times["hand"])
-    print(f"{args.runtime}, 2 local nodes x 1 rank, gloo all-reduce, {args.repeat} repeats (median wall time)")
+    print(f"{args.runtime}, 2 local nodes x {args.ranks} rank(s), gloo all-reduce, {args.repeat} repeats (median wall time)")
     print(f"{'way':<28} {'seconds':>8} {'vs hand':>8}")
-    rows = [("hand (2 x `run` by hand)", base), ("ddp-up, container", statistics.median(times["ddp-up"])),
-            ("ddp-up, container, 1st run", first), ("ddp-up, host (no container)", statistics.median(times["host"]))]
+    rows = [("hand (2 x `run` by hand)", base), ("ddp-up, container, warm", statistics.median(times["ddp-up"])),
+            ("ddp-up, container, 1st run", first), ("ddp-up, container, cold", statistics.median(times["cold"])),
+            ("ddp-up, host (no container)", statistics.median(times["host"]))]
     for name, seconds in rows:
         print(f"{name:<28} {seconds:>8.2f} {seconds / base:>8.2f}")
     print(f"containers left after the runs: {len(left)}")

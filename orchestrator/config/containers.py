@@ -43,11 +43,16 @@ class ContainerConfig:
                 "options": list(self.options), "python": self.python}
 
 
-def workers_code() -> dict[str, str]:
-    """`launcher: none` in a container: the modules its launcher runs in the image (workers.main,
-    and procs, which workers imports), as RunSpec.workers_code carries them."""
+# What a container's first process runs in the image (container.BOX_MAIN), by its main module: the
+# node modules it imports, stdlib only
+BOX_MODULES = {"workers": ("procs", "workers"), "boxwarm": ("procs", "zygote", "warm", "boxwarm")}
+
+
+def box_code(main: str) -> dict[str, str]:
+    """The sources of ``main``'s modules (BOX_MODULES), as RunSpec.box_code carries them: `launcher:
+    none`'s workers, or warm start's launcher under torchrun."""
     here = Path(node.__file__).parent
-    return {name: (here / f"{name}.py").read_text(encoding="utf-8") for name in ("procs", "workers")}
+    return {name: (here / f"{name}.py").read_text(encoding="utf-8") for name in BOX_MODULES[main]}
 
 
 def preflight_allowance(config: ContainerConfig | None) -> float:

@@ -40,8 +40,14 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   sync        sync mode: the workdir copy
   fetch       fetch mode: files back from the node (ddp-fetch)
   main        the table from spec frame to mode
+
+IN_IMAGE are node modules no agent runs: a container's first process runs them in the image, sent
+with the job (RunSpec.box_code, container.BOX_MAIN), with the shipped modules they import.
+
+  boxwarm     warm start in a container: the warm interpreter started in the image, torchrun forked from it
 """
 
 SHIPPED = ("wire", "facts", "gpuhealth", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "zygote", "warm", "workers", "container", "checks", "stacks", "events", "launch", "run",
            "keep", "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
+IN_IMAGE = ("boxwarm",)
 PACKAGE = "ddp_up_node"  # the package's name on a node

@@ -37,12 +37,12 @@ COMMAND_WAIT = 60.0  # a runtime's quick commands (inspect, kill, rm, ps): a dae
 PULL_WAIT = 1800.0  # an image of 20 GB over a slow link
 PROBE_WAIT = 120.0  # the versions, read in a container of the image (a cold start reads a big image)
 
-# `launcher: none` in a container: the workers' launcher is workers.main, from the package
-# ``BOX_PACKAGE`` (the sources of workers.py and procs.py the controller sent, RunSpec.workers_code)
-# written beside the env file (argv[1]); the Go's options and the script follow.
+# Node code a container's first process runs in the image, from the package BOX_PACKAGE (RunSpec.box_code)
+# written beside the env file (argv[1]): `launcher: none`'s workers.main (the Go's options and the script
+# follow), or warm start's boxwarm.main under torchrun (its own arguments, then torchrun's command line).
 BOX_PACKAGE = "ddp_up_box"
 CODE_DIR = ".code"  # the package's directory: the env file's path and this
-WORKERS_MAIN = "import sys;sys.path.insert(0,sys.argv[1]);from ddp_up_box.workers import main;main(sys.argv[2:])"
+BOX_MAIN = "import sys;sys.path.insert(0,sys.argv[1]);from ddp_up_box.%s import main;sys.exit(main(sys.argv[2:]))"
 
 # The container's first process: the job's environment from the private file (argv[1]), the
 # workdir (argv[2]), then the launcher (argv[3:]) in its place, so it carries the tags.
@@ -115,12 +115,16 @@ class Box:
     def run_argv(self, command, env_file=None, name=None):
         """The client's argv that runs ``command`` in the image (through LOADER with ``env_file``)."""
         if command and command[0] == OWN_LAUNCHER:
-            command = [self.python, "-S", "-c", WORKERS_MAIN, (env_file or "") + CODE_DIR] + list(command[1:])
+            command = self.box_main("workers", env_file, command[1:])
         if env_file is not None:
             command = [self.python, "-S", "-c", LOADER, env_file, self.workdir] + list(command)
         build = {"apptainer": self.apptainer, "singularity": self.apptainer, "enroot": self.enroot,
                  "pyxis": self.pyxis}.get(self.runtime, self.daemon_run)
         return build(command, name or self.name)
+
+    def box_main(self, module, env_file, args):
+        """The command that runs ``module``.main(``args``) from the package beside ``env_file``."""
+        return [self.python, "-S", "-c", BOX_MAIN % module, (env_file or "") + CODE_DIR] + list(args)
 
     def daemon_run(self, command, name):
         argv = [self.exe, "run", "--rm", "--name", name, "--pull=never", "--network=host", "--ipc=host"]
@@ -168,14 +172,16 @@ class Box:
                 "--container-mounts=%s" % ",".join(mounts), "--container-workdir=%s" % self.workdir]
         return argv + self.options + list(command)
 
-    def start_args(self, argv, env, base, own, env_file, code=None):
+    def start_args(self, argv, env, base, own, env_file, code=None, warm=None):
         """(the client's argv, its environment) that start the launcher ``argv`` with the job's
         ``env`` (see inner_env) in ``env_file``; the client gets the agent's own ``base`` (the
         runtime's settings) and the tags. An earlier attempt's container is gone first.
-        ``code``: {module: source} of the workers' package, for OWN_LAUNCHER."""
+        ``code``: the package the image runs (BOX_MAIN) for OWN_LAUNCHER, or with ``warm``, boxwarm's arguments."""
         write_env(env_file, inner_env(env, base, own, self.gpus))
-        if argv[0] == OWN_LAUNCHER:
+        if argv[0] == OWN_LAUNCHER or warm is not None:
             write_package(env_file + CODE_DIR, code or {})
+        if warm is not None:
+            argv = self.box_main("boxwarm", env_file, list(warm) + ["--"] + list(argv))
         self.remove_earlier()
         return self.run_argv(argv, env_file), dict(base, **{k: env[k] for k in TAGS if k in env})
 
@@ -247,7 +253,7 @@ def write_env(path, env):
 
 
 def write_package(where, code):
-    """``where``/BOX_PACKAGE/ with ``code``'s modules, private, for WORKERS_MAIN."""
+    """``where``/BOX_PACKAGE/ with ``code``'s modules, private, for BOX_MAIN."""
     package = os.path.join(where, BOX_PACKAGE)
     for path in (where, package):
         os.mkdir(path, 0o700)

@@ -159,11 +159,27 @@ def hooks_dir(state_dir, attempt):
     return os.path.join(state_dir, per_attempt("hooks", attempt))  # a detached restart: same state dir
 
 
+def runs_torchrun(argv):
+    """Whether ``argv`` is the plan's torchrun line, ``PYTHON -u -m torch.distributed.run ...``: the
+    one a warm interpreter forks (its ``-m ...`` part), on the host or in a container."""
+    return argv[1:4] == ["-u", "-m", "torch.distributed.run"]
+
+
+def warm_in_box(spec, state_dir, attempt, argv):
+    """boxwarm's arguments where torchrun starts from a warm interpreter in the container (its
+    socket and log in the node's state directory, bound at the same path inside), else None."""
+    if not spec.warm or not runs_torchrun(argv):
+        return None
+    where = os.path.join(state_dir, "warm.%d" % attempt)
+    return [where + ".sock", where + ".log", ",".join(spec.preload or ()), ",".join(torchrun_passes_on(spec.stop_signal)),
+            str(spec.nproc or 1), hooks_dir(state_dir, attempt)]
+
+
 def started_launcher(argv, env, warm=None, stop_signal="SIGTERM"):
     """The launcher's process (a Popen, or a warm.WarmChild) and the read ends of its stdout and
     stderr, ours to close. torchrun is forked from the warm interpreter where there is one: it then
     starts without importing torch, and its workers (zygote.WARM_STUB) ask that interpreter too."""
-    if warm is not None and argv[1:4] == ["-u", "-m", "torch.distributed.run"]:
+    if warm is not None and runs_torchrun(argv):
         (out_r, out_w), (err_r, err_w), null = os.pipe(), os.pipe(), os.open(os.devnull, os.O_RDONLY)
         try:  # the write ends go with the request: the interpreter's child has them when it starts
             passed = ",".join(torchrun_passes_on(stop_signal))  # what the stand-ins pass on to their ranks
@@ -286,7 +302,8 @@ class Launch:
         the job's environment in a private file, never on a command line (Box.start_args)."""
         self.env_file = os.path.join(self.dir, per_attempt(container.ENV_FILE, self.attempt))
         own = set(self.spec.env or ()) | set(self.go_env) | set(TAGS) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT, *TERMINAL_ENV}
-        return self.box.start_args(argv, env, job_env(None), own, self.env_file, self.spec.workers_code)
+        return self.box.start_args(argv, env, job_env(None), own, self.env_file, self.spec.box_code,
+                                   warm_in_box(self.spec, self.dir, self.attempt, argv))
 
     def answer(self, event):
         """What the job's processes are asked while they run: their stacks (events.Dump), or a

@@ -295,7 +295,7 @@ class KeptLine:
 def warm_interpreters(spec, attempt, job_env, state_dir, out):
     """Warm start (the spec says where: plan.launch.warms): the WarmLine of this node, or the
     session's KeptLine; None for a cold start. Its imports are waited for in await_warm."""
-    if not spec.warm:
+    if not spec.warm or spec.container:  # in a container, the interpreter is the image's (boxwarm.py)
         return None
     report = lambda text: out.send(wire.Output("err", None, text.encode()))  # noqa: E731
     if spec.keep:

@@ -31,7 +31,6 @@ import subprocess
 import threading
 import time
 
-from .state import state_root
 from .zygote import ROOM, ROOM_VAR, ZYGOTE
 
 PRELOAD = ("torch", "torch.distributed")  # what every warm interpreter imports, before the cluster file's
@@ -143,9 +142,9 @@ class Warm(Forker):
     def take(self, message):
         if "ready" in message or "cold" in message:
             self.hello = message
-            self.said.set()
             for notice in ([self.why_cold()] if "cold" in message else []) + list(message.get("notices") or ()):
                 self.report and self.report("ddp-up: warm start: %s\n" % notice)
+            self.said.set()  # after the notices: one who waits for the answer and then execs loses none (boxwarm)
         elif "started" in message:
             with self.lock:
                 child = self.children[message["pid"]] = WarmChild(int(message["pid"]))
@@ -212,6 +211,8 @@ def watch_orphan(child, every=0.5):
 
 def kept_dir(name):
     """Where a kept interpreter (node/keep.py) listens: the user's private state root, by its name."""
+    from .state import state_root  # here: a container's warm start runs this module without state's (boxwarm)
+
     return os.path.join(state_root(), ".warm-%s" % name)
 
 

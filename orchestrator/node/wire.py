@@ -179,11 +179,11 @@ class RunSpec(Frame):
     secrets: list | None = None
     notify: list | None = None  # detach: [[kind, value, events or None]]: webhook and command targets (node/notify.py)
     commit: str | None = None  # detach: the commit the job ran from, for its record (ddp-ls)
-    warm: bool = False  # `launcher: none`: fork every rank from a warm interpreter (node/warm.py)
+    warm: bool = False  # fork every rank from a warm interpreter (node/warm.py; in a container, node/boxwarm.py)
     preload: list | None = None  # warm: modules it imports besides torch
     keep: str | None = None  # warm: the kept interpreter its ranks are forked from (node/keep.py), by its name
     container: dict | None = None  # the image the launcher runs in: runtime, image, pull, mounts, options, python (node/container.py)
-    workers_code: dict | None = None  # `launcher: none` in a container: {"procs", "workers"} sources, run in the image
+    box_code: dict | None = None  # in a container, {module: source} its first process runs (container.BOX_MAIN)
 
 
 @_frame(TO_AGENT)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..config.cluster import ClusterConfig, NodeConfig, node_workdir, quote_path
-from ..config.containers import workers_code
+from ..config.containers import box_code
 from ..config.masking import mask_secrets
 from ..errors import UsageError
 from ..node import wire
@@ -153,10 +153,11 @@ class LaunchPlan:
         ]
 
     def warms(self, node: NodePlan) -> bool:
-        """Whether ``node``'s ranks are forked from a warm interpreter (node/warm.py): ddp-up's own
-        launcher or torchrun, a script (not a module), no container."""
-        return self.warm and self.launcher in ("none", "torchrun") and self.module is None \
-            and node.config.container is None
+        """Whether ``node``'s ranks are forked from a warm interpreter (node/warm.py): a script (not a
+        module) under torchrun, on the host or in a container (node/boxwarm.py), or under ddp-up's own
+        launcher on the host."""
+        return self.warm and self.module is None and (
+            self.launcher == "torchrun" or (self.launcher == "none" and node.config.container is None))
 
     def _signals(self) -> list[str]:
         """torchrun passes on to the ranks only the signals it handles (SIGTERM, SIGINT, SIGHUP,
@@ -198,7 +199,7 @@ class LaunchPlan:
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt,
             container=node.config.container.wire() if node.config.container else None,
-            workers_code=workers_code() if node.config.container and self.launcher == "none" else None, **detached)
+            box_code=code_in_image(self, node), **detached)
 
     def _detached_notify(self, node: NodePlan) -> list | None:
         """The webhook and command targets, for the master node (its supervisor's events) and one
@@ -248,6 +249,14 @@ class Attempt:
 FIRST = Attempt()
 
 
+def code_in_image(plan: LaunchPlan, node: NodePlan) -> dict | None:
+    """The node code a container's first process runs in the image: `launcher: none`'s workers, or
+    the launcher that starts the warm interpreter there and forks torchrun from it; None on the host."""
+    if node.config.container is None or not (plan.launcher == "none" or plan.warms(node)):
+        return None
+    return box_code("workers" if plan.launcher == "none" else "boxwarm")
+
+
 def warm_start(config: ClusterConfig) -> bool:
     """`warm:` as the cluster file says, or its default: on under torchrun, whose nodes have torch and
     whose ranks are a torch job's, and wherever `preload:` names what to import; off under
@@ -266,7 +275,7 @@ def warm_refused(config: ClusterConfig, plan: LaunchPlan) -> str | None:
     if plan.launcher not in ("none", "torchrun"):
         where = f"under `launcher: {plan.launcher}`, which starts the ranks itself"
     else:
-        where = f"in a container (`container:`), on {', '.join(node.label for node in cold)}"
+        where = f"in a container under `launcher: none`, on {', '.join(node.label for node in cold)}"
     return f"warm: true does not apply {where}: the ranks start cold there (see the warm start guide)"
 
 

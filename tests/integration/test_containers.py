@@ -123,16 +123,29 @@ def test_a_job_runs_in_named_containers_with_its_secret_in_no_command_line_or_co
     out = launch.output
     for rank in range(3):
         assert f"rank {rank} token ok uid 0 in {path.parent} (a container)" in out
+        assert f"rank {rank} warm True attempt 0" in out  # torchrun's default: forked from the image's warm interpreter
         assert f"rank {rank} sum 6" in out
+    assert "warm start" not in out  # no notice: nothing fell back to a cold start
     assert TOKEN not in out
 
 
 def test_a_restart_starts_fresh_containers_for_the_next_attempt(podman, boxed):
-    path = boxed(gpus=(1, 1), restarts=1, restart_delay=0, launcher="none")
+    """Each attempt's container starts its own warm interpreter in the image: both attempts' ranks
+    are forked from one."""
+    path = boxed(gpus=(1, 1), restarts=1, restart_delay=0)
     launch = up(podman, path, "retry")
     assert launch.wait(90) == 0, launch.output
     assert "rank 1 sum 3" in launch.output
     assert len(list(path.parent.glob("ready.1.*"))) == 2
+    for attempt in (0, 1):
+        assert [f"rank {r} warm True attempt {attempt}" in launch.output for r in (0, 1)] == [True, True], launch.output
+
+
+def test_warm_false_in_a_container_is_the_cold_start(podman, boxed):
+    path = boxed(gpus=(1,), warm=False)
+    launch = up(podman, path, "retry")  # attempt 0 of rank 0 fails with exit 3: no restart asked for
+    assert launch.wait(90) == 1, launch.output
+    assert "rank 0 warm False attempt 0" in launch.output and "rank 0 exited with code 3" in launch.output, launch.output
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "none"])

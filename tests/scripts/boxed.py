@@ -15,8 +15,9 @@ import signal
 import sys
 import time
 
-import torch
-import torch.distributed as dist
+WARM = "torch" in sys.modules  # imported before this script began: forked from a warm interpreter (node/boxwarm.py)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 where, mode = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")
@@ -25,6 +26,7 @@ attempt = int(os.environ.get("DDP_UP_ATTEMPT", "0"))
 boxed = any(os.path.exists(p) for p in ("/run/.containerenv", "/.dockerenv"))  # podman's, docker's
 print("rank %d token %s uid %d in %s%s" % (rank, "ok" if os.environ.get("BOX_TOKEN") == "s3cr3t-value-42" else "MISSING",
                                            os.getuid(), os.getcwd(), " (a container)" if boxed else ""), flush=True)
+print("rank %d warm %s attempt %d" % (rank, WARM, attempt), flush=True)
 with open(os.path.join(where, "ready.%d.%d" % (attempt, rank)), "w"):
     pass
 

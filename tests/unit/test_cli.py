@@ -38,6 +38,8 @@ def test_dry_run_connects_to_nothing(tmp_path, capsys):
     ("", "# warm start: each rank is forked from an interpreter that imported torch, and runs as the line below "
          "would run it (with warm: false, that line runs as it is)"),
     ("preload: [lightning]\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1, container: {image: img}}]\n",
+     "# warm start: each rank is forked from an interpreter that imported torch, lightning, and runs as"),
+    ("launcher: none\npreload: [lightning]\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1, container: {image: img}}]\n",
      "# warm start on a: each rank is forked from an interpreter that imported torch, lightning, and runs as"),
     ("warm: false\n", None), ("launcher: none\n", None)])
 def test_dry_run_says_whether_the_ranks_start_warm(tmp_path, capsys, keys, said):

@@ -66,12 +66,12 @@ def test_a_bad_container_names_its_key_and_line(text, key, words):
 def test_launcher_none_runs_its_own_launcher_in_the_image_from_the_sources_sent(tmp_path):
     cfg = parse("launcher: none\ncontainer: img\nnodes: [{host: a, gpus: 2}]\n")
     plan = make_plan(cfg, "t.py", [], "j1", str(tmp_path))
-    code = plan.agent_spec(plan.nodes[0]).workers_code
+    code = plan.agent_spec(plan.nodes[0]).box_code
     assert set(code) == {"procs", "workers"} and "def main(argv)" in code["workers"]
     box = Box(CONF, TAGS, "/work")
     argv = box.run_argv(plan.launcher_argv(plan.nodes[0], 29500), "/s/env.json")
     inner = argv[argv.index(CONF["image"]) + 1:]
-    assert inner[6:11] == ["python3", "-S", "-c", container.WORKERS_MAIN, "/s/env.json.code"]
+    assert inner[6:11] == ["python3", "-S", "-c", container.BOX_MAIN % "workers", "/s/env.json.code"]
     assert inner[11:] == ["--nproc-per-node=2", "--node-rank=0", "--first-rank=0", "--world-size=2",
                           "--master-addr=a", "--master-port=29500", "t.py"]
     container.write_package(str(tmp_path / "code"), code)

@@ -158,11 +158,12 @@ def test_launcher_accelerate_passes_ddp_ups_ranks_and_the_node_adds_its_own_opti
         make_plan(uneven, "train.py", [], "J", "/w")
 
 
-@pytest.mark.parametrize("launcher, node, warm", [("torchrun", 0, True), ("none", 0, True), ("torchrun", 1, False),
-                                                   ("legacy", 0, False)])
+@pytest.mark.parametrize("launcher, node, warm", [("torchrun", 0, True), ("none", 0, True), ("torchrun", 1, True),
+                                                   ("none", 1, False), ("legacy", 0, False)])
 def test_warm_start_is_decided_once_here_per_node(launcher, node, warm):
-    """torchrun and ddp-up's own launcher, a script, no container (node 1 has one): the node's
-    agent makes a warm interpreter only where its RunSpec says so, and torchrun runs stand-ins."""
+    """torchrun (on the host, or in a container: node 1 has one) and ddp-up's own launcher on the
+    host, a script: the node's agent makes a warm interpreter only where its RunSpec says so, and
+    torchrun runs stand-ins."""
     text = CLUSTER.replace("env: {NCCL_SOCKET_IFNAME: eth1}}", "container: {image: img}}") + \
         f"warm: true\nlauncher: {launcher}\n"
     p = make_plan(parse_cluster(text, "/etc/c.yaml"), "train.py", [], "20261122-000000-abcdef", "/here")
@@ -174,8 +175,9 @@ def test_warm_start_is_decided_once_here_per_node(launcher, node, warm):
 @pytest.mark.parametrize("keys, said", [
     ("warm: true\nlauncher: legacy\n", "warm: true does not apply under `launcher: legacy`, which starts the ranks "
                                         "itself: the ranks start cold there (see the warm start guide)"),
-    ("warm: true\n", "warm: true does not apply in a container (`container:`), on gpu-b: the ranks start cold there "
-                     "(see the warm start guide)"),
+    ("warm: true\nlauncher: none\n", "warm: true does not apply in a container under `launcher: none`, on gpu-b: "
+                                      "the ranks start cold there (see the warm start guide)"),
+    ("warm: true\n", None),  # torchrun's ranks start warm in a container too
     ("", None),  # the default asked for nothing: nothing to tell
     ("warm: false\n", None)])
 def test_warm_true_where_it_cannot_apply_is_said_once(keys, said):

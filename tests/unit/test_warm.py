@@ -192,7 +192,7 @@ def test_an_interpreter_that_said_cold_is_not_waited_for_as_if_it_still_imported
     monkeypatch.setattr(run, "READY_WAIT", 60.0)
     sent = []
     out = SimpleNamespace(send=lambda frame, block=True: sent.append(frame))
-    spec = SimpleNamespace(warm=True, detach=False, heartbeat=0.05, keep=None, job="j", node=0, run="r", attempt=0,
+    spec = SimpleNamespace(warm=True, container=None, detach=False, heartbeat=0.05, keep=None, job="j", node=0, run="r", attempt=0,
                            orphan_timeout=30.0)
     runner = run.Runner(spec, out)
     runner.warm = line = run.warm_interpreters(spec, 0, {}, str(tmp_path), out)
@@ -214,7 +214,7 @@ def test_a_stop_while_the_interpreter_imports_is_acted_on_at_once(warm, tmp_path
     (fake / "slowmod.py").write_text("import time\ntime.sleep(60)\n")
     slow = warm(preload=("slowmod",), env={"PYTHONPATH": str(fake)})
     monkeypatch.setattr(run, "warm_interpreter", lambda *args: slow)
-    spec = SimpleNamespace(warm=True, detach=False, heartbeat=0.05, keep=None, job="j", node=0, run="r", attempt=0,
+    spec = SimpleNamespace(warm=True, container=None, detach=False, heartbeat=0.05, keep=None, job="j", node=0, run="r", attempt=0,
                            orphan_timeout=30.0)
     runner = run.Runner(spec, SimpleNamespace(send=lambda frame, block=True: None))
     runner.warm = run.warm_interpreters(spec, 0, {}, str(tmp_path), runner.out)

@@ -1,0 +1,79 @@
+"""Warm start in a container, under torchrun: the container's first process, after container.LOADER.
+
+The agent stays on the host and the job's Python is in the image, so the node's warm interpreter
+(warm.Warm, zygote.ZYGOTE) has to start inside the container: this small launcher starts it there,
+forks torchrun from it once torch is imported, and then is what torchrun is in a cold container:
+the process the runtime signals (``docker kill``, ``podman kill``), which passes each stop signal
+on to torchrun, and ends with torchrun's exit status. torchrun's workers are the stand-ins of a
+warm start on the host (zygote.WARM_STUB): they ask the interpreter on its socket in the node's
+state directory, which is bound into the container at the same path.
+
+Where the interpreter cannot fork (an import initialized CUDA, or the imports took longer than
+warm.READY_WAIT), its one notice goes to stderr and torchrun takes this process's place, as in a
+cold start: without the socket in their environment, the stand-ins start their ranks cold.
+
+It runs from the package the agent writes beside the env file (container.BOX_PACKAGE), stdlib only:
+    python -S -c BOX_MAIN%boxwarm PACKAGE SOCKET LOG PRELOAD PASS_ON NPROC HOOKS -- PYTHON -u -m torch.distributed.run ...
+"""
+
+import os
+import signal
+import sys
+import time
+
+from .warm import READY_WAIT, Warm
+from .zygote import PASS_VAR, SOCKET_VAR
+
+
+def main(argv):
+    sock, log, preload, passed, nproc, hooks, launcher = argv[0], argv[1], argv[2], argv[3], int(argv[4]), argv[5], argv[7:]
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # as the agent on the host (run.install_handlers): the ranks
+        signal.signal(sig, signal.SIG_IGN)  # inherit it; ddp-up sends these to the ranks straight
+    pending = []  # recorded here, acted on in the loops below: what torchrun would pass on to its workers
+    for name in passed.split(","):
+        signal.signal(getattr(signal, name), lambda sig, _frame: pending.append(sig))
+    env = interpreter_env(os.environ, hooks)
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")  # read once, at torch's import: as torchrun sets it for its workers
+    warm = Warm(sys.executable, env, os.getcwd(), log, [n for n in preload.split(",") if n], listen=sock, report=say)
+    deadline = time.monotonic() + READY_WAIT
+    while not pending and not warm.answered(0.1) and time.monotonic() < deadline:
+        pass
+    if pending:  # stopped before anything started: nothing to pass it on to
+        warm.give_up()
+        return 128 + pending[0]
+    # torchrun's command line is PYTHON -u -m torch.distributed.run ARGS: the interpreter is the
+    # Python and -u alike (its streams are unbuffered), and runs -m ... ARGS in the child
+    warm.patience = 0  # waited already: a fork now is taken or given up on at once
+    child = warm.fork(None, launcher[2:], dict(os.environ, **{SOCKET_VAR: sock, PASS_VAR: passed}), os.getcwd(),
+                      fds=[0, 1, 2])
+    if child is None:
+        warm.give_up()
+        warm.proc.wait()
+        os.execvp(launcher[0], launcher)
+    while not child.ended.wait(0.1):
+        while pending:
+            try:
+                os.kill(child.pid, pending.pop(0))
+            except OSError:
+                pass  # torchrun has ended: its status is on its way
+    warm.close()
+    code = child.returncode
+    return code if code >= 0 else 128 - code  # as a shell reports a signal's end (this process may be pid 1)
+
+
+def interpreter_env(environ, hooks):
+    """The job's environment less ddp-up's hooks on PYTHONPATH: the interpreter must not run the
+    attempt's sitecustomize (its stack dumps, its Flight Recorder) as its own; each rank runs it
+    once forked (zygote.repath), as the host's warm interpreter, started without them, has it."""
+    env = dict(environ)
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != hooks]
+    env.pop("PYTHONPATH", None)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
+def say(text):
+    sys.stderr.write(text)
+    sys.stderr.flush()

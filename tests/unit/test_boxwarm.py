@@ -1,0 +1,92 @@
+"""Warm start in a container (node/boxwarm.py), run as the container runs it: the package the
+agent writes beside the env file, `python -S -c BOX_MAIN`, and a real warm interpreter (zygote.ZYGOTE).
+A stand-in for torch (an empty package first on PYTHONPATH) keeps the imports instant, and a
+stand-in for torchrun (`-m fakerun`) says whether it was forked warm, then exits or holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.containers import box_code
+from orchestrator.node import boxwarm, container
+
+FAKERUN = textwrap.dedent("""\
+    import os, signal, sys, time
+    print("launcher warm=%s socket=%s" % ("torch" in sys.modules, "DDP_UP_WARM_SOCKET" in os.environ), flush=True)
+    if sys.argv[1] == "exit":
+        sys.exit(int(sys.argv[2]))
+    signal.signal(signal.SIGTERM, lambda sig, _: (print("launcher got", sig, flush=True), sys.exit(5)))
+    print("holding", flush=True)
+    time.sleep(60)
+    """)
+
+
+@pytest.fixture
+def box(tmp_path):
+    """(start(mode, *args, cuda=False) -> Popen of boxwarm as a container's first process)."""
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(
+        "import os\nclass cuda:\n    is_initialized = staticmethod(lambda: os.environ.get('FAKE_CUDA') == '1')\n")
+    (fake / "torch" / "distributed.py").write_text("")
+    (fake / "fakerun.py").write_text(FAKERUN)
+    container.write_package(str(tmp_path / "env.json.code"), box_code("boxwarm"))
+    hooks = tmp_path / "hooks.0"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text("print('HOOK RAN in', __import__('os').getpid(), flush=True)\n")
+    started = []
+
+    def start(*args: str, cuda: bool = False) -> subprocess.Popen:
+        argv = [sys.executable, "-S", "-c", container.BOX_MAIN % "boxwarm", str(tmp_path / "env.json.code"),
+                str(tmp_path / "warm.0.sock"), str(tmp_path / "warm.0.log"), "", "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "1",
+                str(hooks), "--", sys.executable, "-u", "-m", "fakerun", *args]
+        env = dict(os.environ, PYTHONPATH=f"{hooks}{os.pathsep}{fake}", FAKE_CUDA="1" if cuda else "0")
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def test_torchrun_is_forked_warm_and_its_exit_status_is_the_containers(box):
+    proc = box("exit", "3")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, (out, err)
+    assert "launcher warm=True socket=True" in out and err == ""
+    # the attempt's hook runs in what is forked (torchrun, as at a cold start; each rank), never in the interpreter
+    assert out.count("HOOK RAN") == 1, out
+
+
+def test_a_stop_signal_from_the_runtime_is_passed_on_to_torchrun(box):
+    proc = box("hold")
+    assert proc.stdout.readline().startswith("HOOK RAN")
+    assert proc.stdout.readline() == "launcher warm=True socket=True\n"
+    assert proc.stdout.readline() == "holding\n"
+    proc.send_signal(signal.SIGTERM)  # `podman kill --signal=SIGTERM`: to the container's first process
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out, err) == (5, "launcher got 15\n", "")
+
+
+def test_an_interpreter_that_cannot_fork_gives_way_to_the_cold_launcher_with_one_notice(box):
+    proc = box("exit", "0", cuda=True)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+    assert "launcher warm=False socket=False" in out  # its stand-ins then start their ranks cold
+    assert err.count("ddp-up: warm start: importing torch initialized CUDA") == 1, err
+
+
+def test_the_interpreter_runs_without_the_attempts_hooks_on_its_path():
+    env = boxwarm.interpreter_env({"PYTHONPATH": f"/s/hooks.1{os.pathsep}/mine", "X": "1"}, "/s/hooks.1")
+    assert env == {"PYTHONPATH": "/mine", "X": "1"}
+    assert boxwarm.interpreter_env({"PYTHONPATH": "/s/hooks.1"}, "/s/hooks.1") == {}
+    assert Path(boxwarm.__file__).name == "boxwarm.py"
