@@ -71,6 +71,18 @@ def test_a_forked_rank_is_what_python_script_args_would_be(warm, tmp_path):
     assert seen["cmdline"].split("\0")[:4] == [sys.executable, "-u", script, "3"]  # ps names the rank's script
 
 
+def test_what_the_interpreter_imported_is_frozen_out_of_the_ranks_collections(warm, tmp_path):
+    """gc.freeze() before the forks: a rank's collections, and the last one at its exit, skip the
+    interpreter's objects (a forked rank with torch imported took 0.8 s to exit, 0.3 s frozen)."""
+    w = warm(preload=("json", "email.parser"))
+    assert w.ready(30), w.hello
+    child, out, err = fork(w, tmp_path, "import gc, sys\nprint(gc.get_freeze_count(), gc.isenabled(), "
+                                        "'email.parser' in sys.modules)\n")
+    assert child.wait(30) == 0, err.read_text()
+    frozen, enabled, preloaded = out.read_text().split()
+    assert int(frozen) > 1000 and enabled == "True" and preloaded == "True"  # the rank's own objects: collected
+
+
 def test_proc_environ_shows_what_the_rank_added_to_its_interpreter_s_environment(warm, tmp_path):
     """ddp-kill, the stack dumps and ps -e read a rank's RANK from /proc/PID/environ."""
     w = warm()
