@@ -32,10 +32,8 @@ def main(argv):
     pending = []  # recorded here, acted on in the loops below: what torchrun would pass on to its workers
     for name in passed.split(","):
         signal.signal(getattr(signal, name), lambda sig, _frame: pending.append(sig))
-    env = interpreter_env(os.environ, hooks)
-    if nproc > 1:
-        env.setdefault("OMP_NUM_THREADS", "1")  # read once, at torch's import: as torchrun sets it for its workers
-    warm = Warm(sys.executable, env, os.getcwd(), log, [n for n in preload.split(",") if n], listen=sock, report=say)
+    warm = Warm(sys.executable, interpreter_env(os.environ, hooks), os.getcwd(), log, [n for n in preload.split(",") if n],
+                listen=sock, report=say, nproc=nproc)
     deadline = time.monotonic() + READY_WAIT
     while not pending and not warm.answered(0.1) and time.monotonic() < deadline:
         pass

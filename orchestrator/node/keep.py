@@ -49,7 +49,7 @@ def keep(spec, writer):
     # in the ranks forked from it, as a launch's (Slurm sends them to every process of every step)
     install_handlers(lambda *_: ended.set())
     warm = Warm(sys.executable, interpreter_env(spec), os.getcwd(), os.path.join(where, "log"), spec.preload or (),
-                listen=os.path.join(where, "sock"), keep=True)
+                listen=os.path.join(where, "sock"), keep=True, nproc=spec.nproc or 1)
     threading.Thread(target=tell_ready, args=(warm, writer), name="kept", daemon=True).start()
     try:
         hold(spec, warm, ended)
@@ -65,8 +65,6 @@ def interpreter_env(spec):
     with its own tag instead of a job's."""
     env = dict(TERMINAL_ENV, **job_env(spec.env))
     env[TAG_KEEP] = spec.name
-    if (spec.nproc or 1) > 1:
-        env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 

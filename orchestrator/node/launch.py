@@ -23,6 +23,7 @@ from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
 from .state import open_regular, per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
+from .warm import attempt_files
 from .zygote import PASS_VAR, SOCKET_VAR
 
 SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's --shutdown-timeout, read by torchrun and torch.distributed.launch
@@ -170,8 +171,7 @@ def warm_in_box(spec, state_dir, attempt, argv):
     socket and log in the node's state directory, bound at the same path inside), else None."""
     if not spec.warm or not runs_torchrun(argv):
         return None
-    where = os.path.join(state_dir, "warm.%d" % attempt)
-    return [where + ".sock", where + ".log", ",".join(spec.preload or ()), ",".join(torchrun_passes_on(spec.stop_signal)),
+    return [*attempt_files(state_dir, attempt), ",".join(spec.preload or ()), ",".join(torchrun_passes_on(spec.stop_signal)),
             str(spec.nproc or 1), hooks_dir(state_dir, attempt)]
 
 

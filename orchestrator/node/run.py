@@ -24,7 +24,7 @@ from .container import box_for
 from .launch import TERMINAL_ENV, Launch, outcome, results_of
 from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name, spec_tags
 from .state import killed_by_ddp_kill, remove_node_dir
-from .warm import READY_WAIT, KeptWarm, Warm
+from .warm import READY_WAIT, KeptWarm, Warm, attempt_files
 
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
 
@@ -308,11 +308,10 @@ def warm_interpreter(spec, attempt, job_env, state_dir, report):
     """Attempt ``attempt``'s warm interpreter, or None where it cannot start (a cold start)."""
     env = dict(TERMINAL_ENV, **job_env)  # as its ranks' (launch.launch_env), less the Go's
     env.update(spec_tags(spec, attempt))  # ddp-kill and the sweeps find it, and its ranks
-    if (spec.nproc or 1) > 1:
-        env.setdefault("OMP_NUM_THREADS", "1")  # read once, at torch's import: as workers.worker_env
+    sock, log = attempt_files(state_dir, attempt)
     try:  # its socket for torchrun's stand-ins (zygote.WARM_STUB)
-        return Warm(sys.executable, env, os.getcwd(), os.path.join(state_dir, "warm.%d.log" % attempt), spec.preload or (),
-                    listen=os.path.join(state_dir, "warm.%d.sock" % attempt), report=report)
+        return Warm(sys.executable, env, os.getcwd(), log, spec.preload or (), listen=sock, report=report,
+                    nproc=spec.nproc or 1)
     except OSError as e:
         report("ddp-up: warm start: %s; the ranks start cold\n" % e)
         return None

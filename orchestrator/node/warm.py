@@ -91,9 +91,11 @@ class Warm(Forker):
     """The agent's side of one warm interpreter: started at once, ready (or not) later. ``fork``
     gives a WarmChild, or None where the ranks start cold (not ready, gone, or it said why)."""
 
-    def __init__(self, python, env, cwd, log, preload=(), base=PRELOAD, listen="", keep=False, report=None):
+    def __init__(self, python, env, cwd, log, preload=(), base=PRELOAD, listen="", keep=False, report=None, nproc=1):
         names = ["?" + n for n in base] + [n for n in preload if n not in base]  # ?: quiet if missing (zygote)
         env = dict(env)
+        if nproc > 1:  # read once, at torch's import: as torchrun and workers.worker_env set it for N ranks
+            env.setdefault("OMP_NUM_THREADS", "1")
         env.pop(ROOM_VAR, None)
         env[ROOM_VAR] = "." * ROOM  # last: see rename in ZYGOTE
         self.socket = listen  # where torchrun's stand-ins ask (zygote.SOCKET_VAR)
@@ -207,6 +209,13 @@ def watch_orphan(child, every=0.5):
         except OSError:
             pass
         time.sleep(every)
+
+
+def attempt_files(state_dir, attempt):
+    """(its socket, its log) of attempt ``attempt``'s warm interpreter, in the node's state directory
+    (bound at the same path into a container)."""
+    where = os.path.join(state_dir, "warm.%d" % attempt)
+    return where + ".sock", where + ".log"
 
 
 def kept_dir(name):

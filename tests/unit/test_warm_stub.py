@@ -10,9 +10,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
+from orchestrator.node.procs import catches
 from orchestrator.node.zygote import PASS_VAR, SOCKET_VAR, WARM_STUB
+from tests.harness.procs import wait_for
 
 
 def test_a_stop_after_the_rank_ended_ends_the_stand_in_with_the_ranks_status(tmp_path):
@@ -42,7 +43,8 @@ def test_a_stop_after_the_rank_ended_ends_the_stand_in_with_the_ranks_status(tmp
     stub = subprocess.Popen([sys.executable, "-S", "-c", WARM_STUB, "train.py"], env=env, cwd=tmp_path,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert asked.wait(10) and catches(stub.pid, signal.SIGTERM, 10)  # its handler in place: passing on
+        # the stand-in has its handler in place: it passes signals on
+        assert asked.wait(10) and wait_for(lambda: catches(stub.pid, signal.SIGTERM), timeout=10, interval=0.01)
         stub.send_signal(signal.SIGTERM)
         signalled.set()
         _, err = stub.communicate(timeout=10)
@@ -51,14 +53,3 @@ def test_a_stop_after_the_rank_ended_ends_the_stand_in_with_the_ranks_status(tmp
         listener.close()
     assert stub.returncode == 0 and b"Traceback" not in err, err
 
-
-def catches(pid: int, sig: int, timeout: float) -> bool:
-    """Whether ``pid`` has a handler for ``sig`` (its SigCgt in /proc) within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/status") as f:
-            caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
-        if caught >> (sig - 1) & 1:
-            return True
-        time.sleep(0.01)
-    return False
