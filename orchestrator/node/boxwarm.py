@@ -1,19 +1,24 @@
-"""Warm start in a container, under torchrun: the container's first process, after container.LOADER.
+"""Warm start in a container: the container's first process, after container.LOADER.
 
 The agent stays on the host and the job's Python is in the image, so the node's warm interpreter
-(warm.Warm, zygote.ZYGOTE) has to start inside the container: this small launcher starts it there,
-forks torchrun from it once torch is imported, and then is what torchrun is in a cold container:
-the process the runtime signals (``docker kill``, ``podman kill``), which passes each stop signal
-on to torchrun, and ends with torchrun's exit status. torchrun's workers are the stand-ins of a
-warm start on the host (zygote.WARM_STUB): they ask the interpreter on its socket in the node's
-state directory, which is bound into the container at the same path.
+(warm.Warm, zygote.ZYGOTE) has to start inside the container: this small launcher starts it there
+and, once torch is imported, is what the launcher is in a cold container: the process the runtime
+signals (``docker kill``, ``podman kill``), which passes each stop signal on, and ends with the
+launcher's exit status.
 
-Where the interpreter cannot fork (an import initialized CUDA, or the imports took longer than
-warm.READY_WAIT), its one notice goes to stderr and torchrun takes this process's place, as in a
-cold start: without the socket in their environment, the stand-ins start their ranks cold.
+- Under torchrun it forks torchrun from the interpreter and passes the signals on to it.
+  torchrun's workers are the stand-ins of a warm start on the host (zygote.WARM_STUB): they ask
+  the interpreter on its socket in the node's state directory, bound into the container at the
+  same path. Where the interpreter cannot fork (an import initialized CUDA, or the imports took
+  longer than warm.READY_WAIT), its one notice goes to stderr and torchrun takes this process's
+  place, as in a cold start: without the socket in their environment, the stand-ins start their
+  ranks cold.
+- Under `launcher: none` it is ddp-up's own launcher (workers.Workers), as workers.main is in a
+  cold container, and each rank is forked from the interpreter (cold, one by one, where it cannot).
 
 It runs from the package the agent writes beside the env file (container.BOX_PACKAGE), stdlib only:
-    python -S -c BOX_MAIN%boxwarm PACKAGE SOCKET LOG PRELOAD PASS_ON NPROC HOOKS -- PYTHON -u -m torch.distributed.run ...
+    python -S -c BOX_MAIN%boxwarm PACKAGE SOCKET LOG PRELOAD PASS_ON NPROC HOOKS -- LAUNCHER...
+where LAUNCHER is ``PYTHON -u -m torch.distributed.run ...`` or ``ddp-up-launch OPTIONS SCRIPT ARGS``.
 """
 
 import os
@@ -21,7 +26,9 @@ import signal
 import sys
 import time
 
+from .procs import TAGS
 from .warm import READY_WAIT, Warm
+from .workers import OWN_LAUNCHER, Workers, parse_launch
 from .zygote import PASS_VAR, SOCKET_VAR
 
 
@@ -40,9 +47,11 @@ def main(argv):
     if pending:  # stopped before anything started: nothing to pass it on to
         warm.give_up()
         return 128 + pending[0]
+    warm.patience = 0  # waited already: a fork now is taken or given up on at once
+    if launcher[0] == OWN_LAUNCHER:
+        return own_launcher(warm, launcher[1:], pending)
     # torchrun's command line is PYTHON -u -m torch.distributed.run ARGS: the interpreter is the
     # Python and -u alike (its streams are unbuffered), and runs -m ... ARGS in the child
-    warm.patience = 0  # waited already: a fork now is taken or given up on at once
     child = warm.fork(None, launcher[2:], dict(os.environ, **{SOCKET_VAR: sock, PASS_VAR: passed}), os.getcwd(),
                       fds=[0, 1, 2])
     if child is None:
@@ -58,6 +67,18 @@ def main(argv):
     warm.close()
     code = child.returncode
     return code if code >= 0 else 128 - code  # as a shell reports a signal's end (this process may be pid 1)
+
+
+def own_launcher(warm, argv, pending):
+    """`launcher: none`: the workers of this node, each forked from ``warm``, and each signal in
+    ``pending`` passed on to them as workers.main does; their exit status (Workers.wait)."""
+    workers = Workers(parse_launch(argv), dict(os.environ), {k: os.environ[k] for k in TAGS if k in os.environ},
+                      say, warm=warm)
+    workers.start(os.environ["PET_LOG_DIR"])  # then no more forks: the interpreter ends after its ranks
+    while not workers.done.wait(0.1):
+        while pending:
+            workers.send_signal(pending.pop(0))
+    return workers.code
 
 
 def interpreter_env(environ, hooks):

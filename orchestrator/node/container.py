@@ -39,7 +39,7 @@ PROBE_WAIT = 120.0  # the versions, read in a container of the image (a cold sta
 
 # Node code a container's first process runs in the image, from the package BOX_PACKAGE (RunSpec.box_code)
 # written beside the env file (argv[1]): `launcher: none`'s workers.main (the Go's options and the script
-# follow), or warm start's boxwarm.main under torchrun (its own arguments, then torchrun's command line).
+# follow), or warm start's boxwarm.main (its own arguments, then the launcher's command line: torchrun's or the Go's).
 BOX_PACKAGE = "ddp_up_box"
 CODE_DIR = ".code"  # the package's directory: the env file's path and this
 BOX_MAIN = "import sys;sys.path.insert(0,sys.argv[1]);from ddp_up_box.%s import main;sys.exit(main(sys.argv[2:]))"

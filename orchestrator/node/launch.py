@@ -17,7 +17,7 @@ import time
 from . import container, events, facts, flight, policy, wire
 from .checks import CALL_HOOK, job_env
 from .failures import RankEnds, rank_failures
-from .procs import (KILL_WAIT, TAG_ATTEMPT, TAGS, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged, read_tags,
+from .procs import (JOB_SIGNALS, KILL_WAIT, TAG_ATTEMPT, TAGS, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged, read_tags,
                     signal_name, signal_ranks, signal_tagged, spec_tags, wait_gone)
 from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
@@ -167,11 +167,15 @@ def runs_torchrun(argv):
 
 
 def warm_in_box(spec, state_dir, attempt, argv):
-    """boxwarm's arguments where torchrun starts from a warm interpreter in the container (its
-    socket and log in the node's state directory, bound at the same path inside), else None."""
-    if not spec.warm or not runs_torchrun(argv):
+    """boxwarm's arguments where the launcher (torchrun, or ddp-up's own) starts from a warm
+    interpreter in the container (its socket and log in the node's state directory, bound at the
+    same path inside), else None. The signals it passes on: torchrun's, or all a job may be sent,
+    as workers.main passes them on in a cold container."""
+    own = argv[0] == OWN_LAUNCHER
+    if not spec.warm or not (own or runs_torchrun(argv)):
         return None
-    return [*attempt_files(state_dir, attempt), ",".join(spec.preload or ()), ",".join(torchrun_passes_on(spec.stop_signal)),
+    passed = JOB_SIGNALS if own else torchrun_passes_on(spec.stop_signal)
+    return [*attempt_files(state_dir, attempt), ",".join(spec.preload or ()), ",".join(passed),
             str(spec.nproc or 1), hooks_dir(state_dir, attempt)]
 
 

@@ -154,10 +154,8 @@ class LaunchPlan:
 
     def warms(self, node: NodePlan) -> bool:
         """Whether ``node``'s ranks are forked from a warm interpreter (node/warm.py): a script (not a
-        module) under torchrun, on the host or in a container (node/boxwarm.py), or under ddp-up's own
-        launcher on the host."""
-        return self.warm and self.module is None and (
-            self.launcher == "torchrun" or (self.launcher == "none" and node.config.container is None))
+        module) under torchrun or ddp-up's own launcher, on the host or in a container (node/boxwarm.py)."""
+        return self.warm and self.module is None and self.launcher in ("torchrun", "none")
 
     def _signals(self) -> list[str]:
         """torchrun passes on to the ranks only the signals it handles (SIGTERM, SIGINT, SIGHUP,
@@ -250,11 +248,11 @@ FIRST = Attempt()
 
 
 def code_in_image(plan: LaunchPlan, node: NodePlan) -> dict | None:
-    """The node code a container's first process runs in the image: `launcher: none`'s workers, or
-    the launcher that starts the warm interpreter there and forks torchrun from it; None on the host."""
+    """The node code a container's first process runs in the image: the launcher that starts the
+    warm interpreter there (node/boxwarm.py), or `launcher: none`'s workers started cold; None on the host."""
     if node.config.container is None or not (plan.launcher == "none" or plan.warms(node)):
         return None
-    return box_code("workers" if plan.launcher == "none" else "boxwarm")
+    return box_code("boxwarm" if plan.warms(node) else "workers")
 
 
 def warm_start(config: ClusterConfig) -> bool:
@@ -269,14 +267,10 @@ def warm_start(config: ClusterConfig) -> bool:
 def warm_refused(config: ClusterConfig, plan: LaunchPlan) -> str | None:
     """What a cluster file that says `warm: true` is told where its ranks start cold anyway (the
     default says nothing: it asked for nothing): once, so that a cold start is not taken for a warm one."""
-    cold = [node for node in plan.nodes if not plan.warms(node)]
-    if config.warm is not True or not cold or plan.module is not None:
+    if config.warm is not True or plan.module is not None or plan.launcher in ("none", "torchrun"):
         return None
-    if plan.launcher not in ("none", "torchrun"):
-        where = f"under `launcher: {plan.launcher}`, which starts the ranks itself"
-    else:
-        where = f"in a container under `launcher: none`, on {', '.join(node.label for node in cold)}"
-    return f"warm: true does not apply {where}: the ranks start cold there (see the warm start guide)"
+    return (f"warm: true does not apply under `launcher: {plan.launcher}`, which starts the ranks itself: "
+            "the ranks start cold there (see the warm start guide)")
 
 
 def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple[str, ...],

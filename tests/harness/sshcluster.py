@@ -46,14 +46,34 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(args, check=check, capture_output=True, text=True, timeout=30)
 
 
+TAGS = range(20, 220)  # the third octet of a cluster's subnet, 10.213.TAG.0/24, and its names' suffix
+
+
+def claim_tag() -> tuple[int, socket.socket]:
+    """A subnet no other live cluster holds, in this test run (its workers, a module's own bigger
+    cluster) or another on this machine, and what holds it until down() or this process's end: a
+    Unix socket bound to an abstract name (no file to leave behind; the kernel frees the name when
+    the socket closes). A tag from a pid alone was not enough: two clusters once drew the same one,
+    and the second's up() removed the first's namespaces mid-test. A crashed run's leftovers hold
+    no name: their tag is claimed again, and up() clears them."""
+    start = os.getpid() % len(TAGS)  # spread the runs' first tries
+    for step in range(len(TAGS)):
+        tag = TAGS[(start + step) % len(TAGS)]
+        holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            holder.bind(f"\0ddp-up-tests-net{tag}")
+            return tag, holder
+        except OSError:  # EADDRINUSE: a live cluster holds it
+            holder.close()
+    raise RuntimeError(f"no free test subnet: every tag in {TAGS} is held by a live cluster")
+
+
 class SSHCluster:
-    def __init__(self, size: int, base: Path, tag: int | None = None):
-        if tag is None:  # a subnet of its own for each test run, and for each of its workers (pytest-xdist)
-            worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
-            tag = 20 + ((os.getpid() % 50) * 4 + (int(worker) % 4 if worker.isdigit() else 0)) % 200
+    def __init__(self, size: int, base: Path):
+        self.tag, self._tag_holder = claim_tag()  # a subnet of its own, held while this process lives
+        tag = self.tag
         self.size = size
         self.base = base
-        self.tag = tag
         self.net = f"10.213.{tag}"
         self.prefix = f"ddpt{tag}n"
         self.bridge = f"ddptbr{tag}"
@@ -246,6 +266,7 @@ class SSHCluster:
                 wait_gone(pids, 3.0)
         self._remove_network()
         shutil.rmtree(self.base, ignore_errors=True)
+        self._tag_holder.close()  # the subnet is free for the next cluster
 
     def _remove_network(self) -> None:
         for node in self.nodes:

@@ -150,7 +150,7 @@ def test_warm_false_in_a_container_is_the_cold_start(podman, boxed):
 
 @pytest.mark.parametrize("launcher", ["torchrun", "none"])
 def test_a_failed_rank_stops_every_container_and_a_rank_past_its_grace_is_killed(podman, boxed, launcher):
-    path = boxed(stop_grace=1, launcher=launcher)
+    path = boxed(stop_grace=1, launcher=launcher, warm=True)  # `launcher: none` is warm where asked
     launch = up(podman, path, "stubborn")
     assert launch.wait(90) == 1, launch.output  # three containers' torch imports, on a loaded 2-core machine: 50 s seen
     assert "exit code 7" in launch.output or "exitcode  : 7" in launch.output, launch.output
@@ -158,17 +158,18 @@ def test_a_failed_rank_stops_every_container_and_a_rank_past_its_grace_is_killed
 
 @pytest.mark.parametrize("launcher", ["torchrun", "none"])
 def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, boxed, launcher):
-    path = boxed(launcher=launcher)
+    path = boxed(launcher=launcher, warm=True)
     launch = up(podman, path, "hold")
     wait_ready(launch, path, 3)
     launch.signal(signal.SIGINT)
     assert launch.wait(60) == 130, launch.output
     for rank in range(3):
         assert f"rank {rank} saved on SIGTERM" in launch.output
+        assert f"rank {rank} warm True attempt 0" in launch.output  # forked from the image's warm interpreter
 
 
 def test_the_controller_killed_its_agents_remove_the_containers(podman, boxed):
-    path = boxed(gpus=(1, 1), launcher="none")
+    path = boxed(gpus=(1, 1), launcher="none", warm=True)
     launch = up(podman, path, "hold")
     wait_ready(launch, path, 2)
     job = launch.job_id
@@ -179,7 +180,7 @@ def test_the_controller_killed_its_agents_remove_the_containers(podman, boxed):
 
 
 def test_ddp_kill_removes_a_detached_jobs_containers(runtime, boxed):
-    path = boxed(gpus=(1, 1), runtime=runtime, launcher="none")
+    path = boxed(gpus=(1, 1), runtime=runtime, launcher="none")  # its default: cold, ddp-up's workers in the image
     launch = up(runtime, path, "hold", "--detach")
     assert launch.wait(60) == 0, launch.output
     assert procs.wait_for(lambda: len(list(path.parent.glob("ready.0.*"))) == 2, timeout=60), launch.output

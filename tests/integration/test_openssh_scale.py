@@ -23,8 +23,7 @@ NODES = 64
 def big_cluster(tmp_path_factory):
     if available():
         pytest.skip(available())
-    tag = 20 + (os.getpid() + 101) % 200  # not the session cluster's
-    c = SSHCluster(NODES + 1, tmp_path_factory.mktemp("bigcluster"), tag=tag)
+    c = SSHCluster(NODES + 1, tmp_path_factory.mktemp("bigcluster"))  # a subnet no other cluster holds
     try:
         yield c.up()
     finally:

@@ -14,6 +14,8 @@ from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.node import container
 from orchestrator.node.container import LOADER, Box, inner_env, label_filters
+from orchestrator.node.launch import warm_in_box
+from orchestrator.node.procs import JOB_SIGNALS
 from orchestrator.plan.launch import make_plan
 
 TAGS = {"DDP_UP_JOB": "j1", "DDP_UP_NODE": "1", "DDP_UP_ATTEMPT": "2", "DDP_UP_CLUSTER": "c", "DDP_UP_RUN": "r"}
@@ -61,6 +63,23 @@ def test_a_bad_container_names_its_key_and_line(text, key, words):
             """)
     message = str(e.value)
     assert f"c.yaml:4: nodes[0].{key}" in message and words in message, message
+
+
+def test_launcher_none_with_warm_start_runs_boxwarm_which_passes_every_job_signal_on(tmp_path):
+    """`warm: true` under `launcher: none` in a container: the first process is boxwarm, with the
+    Go's own launcher line after its arguments, and it passes on every signal workers.main would."""
+    cfg = parse("launcher: none\nwarm: true\nstop_signal: SIGINT\ncontainer: img\nnodes: [{host: a, gpus: 2}]\n")
+    plan = make_plan(cfg, "t.py", [], "j1", str(tmp_path))
+    spec = plan.agent_spec(plan.nodes[0])
+    assert spec.warm and set(spec.box_code) == {"procs", "workers", "zygote", "warm", "boxwarm"}
+    go = plan.launcher_argv(plan.nodes[0], 29500)
+    warm = warm_in_box(spec, "/s", 1, go)
+    assert warm == ["/s/warm.1.sock", "/s/warm.1.log", "", ",".join(JOB_SIGNALS), "2", "/s/hooks.1"]
+    box = Box(CONF, TAGS, "/work")
+    argv, _ = box.start_args(go, {}, {}, set(), str(tmp_path / "env.json"), spec.box_code, warm)
+    inner = argv[argv.index(CONF["image"]) + 1:]
+    assert inner[9:] == [container.BOX_MAIN % "boxwarm", str(tmp_path / "env.json.code"), *warm, "--", *go]
+    assert warm_in_box(spec, "/s", 1, ["accelerate", "launch", "t.py"]) is None  # not a launcher it forks
 
 
 def test_launcher_none_runs_its_own_launcher_in_the_image_from_the_sources_sent(tmp_path):

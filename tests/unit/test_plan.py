@@ -159,25 +159,27 @@ def test_launcher_accelerate_passes_ddp_ups_ranks_and_the_node_adds_its_own_opti
 
 
 @pytest.mark.parametrize("launcher, node, warm", [("torchrun", 0, True), ("none", 0, True), ("torchrun", 1, True),
-                                                   ("none", 1, False), ("legacy", 0, False)])
+                                                   ("none", 1, True), ("legacy", 0, False), ("legacy", 1, False)])
 def test_warm_start_is_decided_once_here_per_node(launcher, node, warm):
-    """torchrun (on the host, or in a container: node 1 has one) and ddp-up's own launcher on the
-    host, a script: the node's agent makes a warm interpreter only where its RunSpec says so, and
-    torchrun runs stand-ins."""
+    """torchrun and ddp-up's own launcher, on the host or in a container (node 1 has one), a
+    script: the node's agent makes a warm interpreter only where its RunSpec says so, torchrun runs
+    stand-ins, and a container runs the launcher that starts the interpreter in the image."""
     text = CLUSTER.replace("env: {NCCL_SOCKET_IFNAME: eth1}}", "container: {image: img}}") + \
         f"warm: true\nlauncher: {launcher}\n"
     p = make_plan(parse_cluster(text, "/etc/c.yaml"), "train.py", [], "20261122-000000-abcdef", "/here")
     assert p.agent_spec(p.nodes[node]).warm is warm
     argv = p.launcher_argv(p.nodes[node], 29400)
     assert ("--no-python" in argv and "-S" in argv) is (warm and launcher == "torchrun")
+    code = p.agent_spec(p.nodes[node]).box_code
+    assert (sorted(code) if code else None) == (None if node == 0 or launcher == "legacy" else
+                                                 ["boxwarm", "procs", "warm", "workers", "zygote"])
 
 
 @pytest.mark.parametrize("keys, said", [
     ("warm: true\nlauncher: legacy\n", "warm: true does not apply under `launcher: legacy`, which starts the ranks "
                                         "itself: the ranks start cold there (see the warm start guide)"),
-    ("warm: true\nlauncher: none\n", "warm: true does not apply in a container under `launcher: none`, on gpu-b: "
-                                      "the ranks start cold there (see the warm start guide)"),
-    ("warm: true\n", None),  # torchrun's ranks start warm in a container too
+    ("warm: true\nlauncher: none\n", None),  # ddp-up's own launcher forks them in a container too
+    ("warm: true\n", None),  # as torchrun's ranks are
     ("", None),  # the default asked for nothing: nothing to tell
     ("warm: false\n", None)])
 def test_warm_true_where_it_cannot_apply_is_said_once(keys, said):
