@@ -382,12 +382,10 @@ def print_dry_run(plan: LaunchPlan, console: Console, tree: Tree | None = None, 
         console.print(f"# at launch, on each node: {' and '.join(unset)}=<the interface its route to "
                       f"{plan.master_addr} takes>, unless the node's environment sets it (checked first: "
                       "one that cannot reach the master is refused)", markup=False)
-    warm = [node.label for node in plan.nodes if plan.warms(node)]
-    if warm:
+    if plan.warms:
         imports = ", ".join(("torch", *plan.preload))
-        console.print(f"# warm start{'' if len(warm) == len(plan.nodes) else ' on ' + ', '.join(warm)}: each rank is "
-                      f"forked from an interpreter that imported {imports}, and runs as the line below would run it "
-                      "(with warm: false, that line runs as it is)", markup=False)
+        console.print(f"# warm start: each rank is forked from an interpreter that imported {imports}, and runs as "
+                      "the line below would run it (with warm: false, that line runs as it is)", markup=False)
     for node in plan.nodes:
         cfg = node.config
         via = "local" if cfg.transport == "local" else f"srun -w {cfg.host}" if cfg.transport == "srun" else \

@@ -73,7 +73,7 @@ class LaunchPlan:
     startup_timeout: float | None = None  # config.ClusterConfig's
     stop_signal: str = "SIGTERM"  # a stop's first signal to every rank (config.ClusterConfig's)
     flight_recorder: bool = True  # every rank records its collectives (node/flight.py)
-    warm: bool = False  # ranks forked from a warm interpreter (node/warm.py), where plan.warms(node)
+    warm: bool = False  # ranks forked from a warm interpreter (node/warm.py), where plan.warms
     preload: tuple[str, ...] = ()  # what it imports besides torch
     kept: Mapping[int, str] = field(default_factory=dict)  # warm: node index -> the session's kept interpreter (run/kept.py)
     launcher: str = "torchrun"
@@ -126,7 +126,7 @@ class LaunchPlan:
     def launcher_argv(self, node: NodePlan, port: int | str, warm: bool | None = None) -> list[str]:
         """The launcher's command line on ``node``; ``warm=False``: as by hand, cold (shell_line)."""
         cfg = node.config
-        warm = self.warms(node) if warm is None else warm
+        warm = self.warms if warm is None else warm
         # `none`: the agent starts the workers itself (node/workers.py), with what a launcher would get
         if self.launcher == "none":
             return [OWN_LAUNCHER, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
@@ -152,9 +152,11 @@ class LaunchPlan:
             *self.script_args,
         ]
 
-    def warms(self, node: NodePlan) -> bool:
-        """Whether ``node``'s ranks are forked from a warm interpreter (node/warm.py): a script (not a
-        module) under torchrun or ddp-up's own launcher, on the host or in a container (node/boxwarm.py)."""
+    @property
+    def warms(self) -> bool:
+        """Whether the ranks are forked from a warm interpreter on their node (node/warm.py): a script
+        (not a module) under torchrun or ddp-up's own launcher, on the host or in a container
+        (node/boxwarm.py)."""
         return self.warm and self.module is None and self.launcher in ("torchrun", "none")
 
     def _signals(self) -> list[str]:
@@ -193,7 +195,7 @@ class LaunchPlan:
             stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat,
             stack_dumps=self.hang_timeout is not None or self.startup_timeout is not None,
             flight_recorder=self.flight_recorder,
-            warm=self.warms(node), preload=list(self.preload) or None, keep=self.kept.get(node.index),
+            warm=self.warms, preload=list(self.preload) or None, keep=self.kept.get(node.index),
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt,
             container=node.config.container.wire() if node.config.container else None,
@@ -250,9 +252,9 @@ FIRST = Attempt()
 def code_in_image(plan: LaunchPlan, node: NodePlan) -> dict | None:
     """The node code a container's first process runs in the image: the launcher that starts the
     warm interpreter there (node/boxwarm.py), or `launcher: none`'s workers started cold; None on the host."""
-    if node.config.container is None or not (plan.launcher == "none" or plan.warms(node)):
+    if node.config.container is None or not (plan.launcher == "none" or plan.warms):
         return None
-    return box_code("boxwarm" if plan.warms(node) else "workers")
+    return box_code("boxwarm" if plan.warms else "workers")
 
 
 def warm_start(config: ClusterConfig) -> bool:

@@ -70,10 +70,10 @@ class Kept:
 
     def __call__(self, plan: LaunchPlan) -> LaunchPlan:
         """``plan`` with its nodes' kept interpreters (started now where a node has none yet)."""
-        if not plan.warm or plan.detach:  # a detached job outlives this process, and so its ranks
+        if not plan.warms or plan.detach:  # a detached job outlives this process, and so its ranks
             return plan
-        wanted = {node.index: (node, fit(plan, node)) for node in plan.nodes if plan.warms(node)
-                  and node.config.container is None}  # a container's interpreter is the image's, each attempt's
+        wanted = {node.index: (node, fit(plan, node)) for node in plan.nodes
+                  if node.config.container is None}  # a container's interpreter is the image's, each attempt's
         with self.lock:
             for key in [key for _, key in wanted.values() if key in self.keepers and not self.keepers[key].alive()]:
                 self.keepers.pop(key).close()

@@ -40,7 +40,7 @@ def test_dry_run_connects_to_nothing(tmp_path, capsys):
     ("preload: [lightning]\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1, container: {image: img}}]\n",
      "# warm start: each rank is forked from an interpreter that imported torch, lightning, and runs as"),
     ("launcher: none\npreload: [lightning]\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1, container: {image: img}}]\n",
-     "# warm start on a: each rank is forked from an interpreter that imported torch, lightning, and runs as"),
+     "# warm start: each rank is forked from an interpreter that imported torch, lightning, and runs as"),
     ("warm: false\n", None), ("launcher: none\n", None)])
 def test_dry_run_says_whether_the_ranks_start_warm(tmp_path, capsys, keys, said):
     c = tmp_path / "c.yaml"
