@@ -300,3 +300,43 @@ def test_a_rank_s_own_pythonpath_is_on_its_path_as_in_a_cold_start(warm, tmp_pat
     assert child.wait(30) == 0, err.read_text()
     path = json.loads(out.read_text())
     assert path == [str(tmp_path), str(hooks), str(tmp_path / "user")]
+
+
+FAKE_RUN = textwrap.dedent('''
+    import atexit, sys, threading, time
+    def late():
+        time.sleep(0.3)
+        print("thread joined", flush=True)
+    threading.Thread(target=late).start()  # not a daemon: the end waits for it, as Python's does
+    atexit.register(lambda: print("atexit ran", flush=True))
+    print("launcher ran", flush=True)
+    if sys.argv[1] == "raise":
+        raise RuntimeError("a rank failed")
+    sys.exit(int(sys.argv[1]) if sys.argv[1] != "none" else None)
+''')
+
+
+@pytest.mark.parametrize("how, code", [("3", 3), ("none", 0), ("raise", 1)])
+def test_torchrun_forked_ends_as_python_would_without_the_interpreters_teardown(warm, tmp_path, how, code):
+    """torchrun (`-m torch.distributed.run`, here a stand-in package first on the path) joins its
+    threads, runs its atexit functions and ends with Python's status, but frees no module's objects
+    (a forked process would write to every page it shares with its interpreter): the object that
+    says so when freed never does."""
+    fake = tmp_path / "fake" / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("class Freed:\n    def __del__(self):\n        print('teardown ran', flush=True)\n"
+                                      "KEPT = Freed()\n")
+    (fake / "run.py").write_text(FAKE_RUN)
+    w = warm()
+    assert w.ready(30)
+    out, err = tmp_path / "out", tmp_path / "err"
+    child = w.fork(None, ["-m", "torch.distributed.run", how], {"PYTHONPATH": str(tmp_path / "fake")}, str(tmp_path),
+                   str(out), str(err))
+    assert child is not None and child.wait(30) == code, err.read_text()
+    assert out.read_text().splitlines() == ["launcher ran", "thread joined", "atexit ran"], (out.read_text(), err.read_text())
+    assert ("RuntimeError: a rank failed" in err.read_text()) is (how == "raise")
+    (tmp_path / "mine.py").write_text("import torch.distributed\n" + FAKE_RUN)  # a user's module: torn down as usual
+    child = w.fork(None, ["-m", "mine", how], {"PYTHONPATH": str(tmp_path / "fake")}, str(tmp_path), str(out), str(err))
+    assert child.wait(30) == code
+    assert out.read_text().splitlines()[-1] == "teardown ran", out.read_text()
