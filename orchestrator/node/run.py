@@ -22,7 +22,7 @@ import time
 from . import checks, events, policy, wire
 from .container import box_for
 from .launch import TERMINAL_ENV, Launch, outcome, results_of
-from .procs import TAG_JOB, TAG_NODE, TAG_RUN, signal_name, spec_tags
+from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, TAG_RUN, signal_name, spec_tags
 from .state import killed_by_ddp_kill, remove_node_dir
 from .warm import READY_WAIT, KeptWarm, Warm, attempt_files
 
@@ -265,21 +265,22 @@ def await_warm(runner):
 
 
 class WarmLine:
-    """A node's warm interpreters (warm.Warm), one an attempt: the first made once its preflight
-    passed, importing while the controller readies the other nodes; for a detached job with
-    attempts left, the next one made as each attempt starts, so that a restart's ranks are forked
-    from an interpreter that had imported before the failure."""
+    """A node's warm interpreter (warm.Warm), made once its preflight passed, importing while the
+    controller readies the other nodes. Attached, an agent runs one attempt: it has one (a
+    restart's comes from the session's kept interpreters: run/kept.py). Detached, the agent runs
+    every attempt, and one interpreter forks them all (``lasting``): a restart's ranks come from
+    the interpreter that imported before the job began, never from one still importing. If that
+    one has ended (its imports gave up, or it died), the next attempt makes another."""
 
-    def __init__(self, make, attempt, last):
-        self.make, self.last = make, last  # make(attempt) -> warm.Warm or None; last: the last attempt here
-        self.ready = {attempt: make(attempt)}
-        self.first = self.ready[attempt]  # the one the node waits for (await_warm)
+    def __init__(self, make, attempt, lasting):
+        self.make, self.lasting = make, lasting  # make(attempt) -> warm.Warm or None
+        self.first = self.current = make(attempt)  # the one the node waits for (await_warm)
 
     def take(self, attempt):
-        """Attempt ``attempt``'s interpreter (None: it starts cold), the next one on its way."""
-        if attempt < self.last and attempt + 1 not in self.ready:
-            self.ready[attempt + 1] = self.make(attempt + 1)
-        return self.ready.pop(attempt, None)
+        """Attempt ``attempt``'s interpreter (None: it starts cold)."""
+        if self.lasting and self.current is not None and self.current.proc.poll() is not None:
+            self.current = self.make(attempt)  # it ended: another, ready for this attempt or the next
+        return self.current
 
 
 class KeptLine:
@@ -300,18 +301,24 @@ def warm_interpreters(spec, attempt, job_env, state_dir, out):
     report = lambda text: out.send(wire.Output("err", None, text.encode()))  # noqa: E731
     if spec.keep:
         return KeptLine(KeptWarm(spec.keep, report))
-    last = spec.restarts + spec.recoveries if spec.detach else attempt
-    return WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, report), attempt, last)
+    lasting = bool(spec.detach and spec.restarts + spec.recoveries)
+    return WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, report, lasting), attempt, lasting)
 
 
-def warm_interpreter(spec, attempt, job_env, state_dir, report):
-    """Attempt ``attempt``'s warm interpreter, or None where it cannot start (a cold start)."""
+def warm_interpreter(spec, attempt, job_env, state_dir, report, lasting=False):
+    """A warm interpreter made for attempt ``attempt``, or None where it cannot start (a cold
+    start). ``lasting``: it forks every later attempt too (WarmLine), and so carries the job's
+    tags less the attempt's: an attempt's end kills what carries its own (launch.Launch.end), the
+    job's end and ddp-kill what carries the job's."""
     env = dict(TERMINAL_ENV, **job_env)  # as its ranks' (launch.launch_env), less the Go's
-    env.update(spec_tags(spec, attempt))  # ddp-kill and the sweeps find it, and its ranks
+    tags = spec_tags(spec, attempt)  # ddp-kill and the sweeps find it, and its ranks
+    if lasting:
+        tags.pop(TAG_ATTEMPT)
+    env.update(tags)
     sock, log = attempt_files(state_dir, attempt)
     try:  # its socket for torchrun's stand-ins (zygote.WARM_STUB)
         return Warm(sys.executable, env, os.getcwd(), log, spec.preload or (), listen=sock, report=report,
-                    nproc=spec.nproc or 1)
+                    nproc=spec.nproc or 1, lasting=lasting)
     except OSError as e:
         report("ddp-up: warm start: %s; the ranks start cold\n" % e)
         return None

@@ -91,7 +91,9 @@ class Warm(Forker):
     """The agent's side of one warm interpreter: started at once, ready (or not) later. ``fork``
     gives a WarmChild, or None where the ranks start cold (not ready, gone, or it said why)."""
 
-    def __init__(self, python, env, cwd, log, preload=(), base=PRELOAD, listen="", keep=False, report=None, nproc=1):
+    def __init__(self, python, env, cwd, log, preload=(), base=PRELOAD, listen="", keep=False, report=None, nproc=1,
+                 lasting=False):
+        self.lasting = lasting  # it forks every attempt of a detached job (run.WarmLine): an attempt does not close it
         names = ["?" + n for n in base] + [n for n in preload if n not in base]  # ?: quiet if missing (zygote)
         env = dict(env)
         if nproc > 1:  # read once, at torch's import: as torchrun and workers.worker_env set it for N ranks
@@ -191,7 +193,10 @@ class Warm(Forker):
             return self.started.pop(local_rank, None)
 
     def close(self):
-        """No more forks: the interpreter exits once its children have (at once without any)."""
+        """No more forks: the interpreter exits once its children have (at once without any). A
+        lasting one forks the next attempt's ranks: it ends with its agent (zygote.bound_to_agent)."""
+        if self.lasting:
+            return
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:

@@ -340,3 +340,42 @@ def test_torchrun_forked_ends_as_python_would_without_the_interpreters_teardown(
     child = w.fork(None, ["-m", "mine", how], {"PYTHONPATH": str(tmp_path / "fake")}, str(tmp_path), str(out), str(err))
     assert child.wait(30) == code
     assert out.read_text().splitlines()[-1] == "teardown ran", out.read_text()
+
+
+def test_a_detached_job_forks_every_attempt_from_one_interpreter_that_no_attempt_end_kills(tmp_path, monkeypatch):
+    """Detached with restarts left, the agent runs every attempt: one interpreter forks them all
+    (a restart never waits for one still importing). It carries the job's tags less the
+    attempt's, so an attempt's end (launch.Launch.end, by the attempt's tags) leaves it; an
+    attempt's close leaves it open; once it has ended, the next attempt makes another."""
+    import functools
+    from types import SimpleNamespace
+
+    from orchestrator.node import run
+    from orchestrator.node.procs import carries, read_tags
+    monkeypatch.setattr(run, "Warm", functools.partial(Warm, base=()))  # no torch: not the subject
+    spec = SimpleNamespace(warm=True, container=None, detach=True, restarts=1, recoveries=0, keep=None, preload=None,
+                           nproc=1, job="20261128-000000-aaaaaa", node=0, run="r1", cluster="c1")
+    line = run.warm_interpreters(spec, 0, {"PATH": os.environ["PATH"]}, str(tmp_path),
+                                 SimpleNamespace(send=lambda frame, block=True: None))
+    made = [line.take(0)]
+    try:
+        first = made[0]
+        assert first.ready(30)
+        tags = read_tags(first.proc.pid)
+        assert tags["DDP_UP_JOB"] == spec.job and carries(tags, {"DDP_UP_NODE": "0", "DDP_UP_RUN": "r1"})
+        assert not carries(tags, {"DDP_UP_ATTEMPT": "0"})  # attempt 0's end does not take it
+        child, _, _ = fork(first, tmp_path, "import sys\nsys.exit(0)\n")
+        first.close()  # as Workers does once an attempt's ranks are all forked
+        assert child.wait(30) == 0
+        assert line.take(1) is first and first.proc.poll() is None
+        child, _, _ = fork(first, tmp_path, "import sys\nsys.exit(4)\n", rank=1)
+        assert child.wait(30) == 4
+        first.proc.kill()
+        first.proc.wait(10)
+        made.append(line.take(2))
+        assert made[1] is not first and made[1].ready(30)
+    finally:
+        for w in made:
+            if w is not None and w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait(10)
