@@ -311,10 +311,9 @@ def warm_interpreter(spec, attempt, job_env, state_dir, report, lasting=False):
     tags less the attempt's: an attempt's end kills what carries its own (launch.Launch.end), the
     job's end and ddp-kill what carries the job's."""
     env = dict(TERMINAL_ENV, **job_env)  # as its ranks' (launch.launch_env), less the Go's
-    tags = spec_tags(spec, attempt)  # ddp-kill and the sweeps find it, and its ranks
-    if lasting:
-        tags.pop(TAG_ATTEMPT)
-    env.update(tags)
+    env.update(spec_tags(spec, attempt))  # ddp-kill and the sweeps find it, and its ranks
+    if lasting:  # (the agent's own environment carries its first attempt's too)
+        env.pop(TAG_ATTEMPT)
     sock, log = attempt_files(state_dir, attempt)
     try:  # its socket for torchrun's stand-ins (zygote.WARM_STUB)
         return Warm(sys.executable, env, os.getcwd(), log, spec.preload or (), listen=sock, report=report,

@@ -355,7 +355,7 @@ def test_a_detached_job_forks_every_attempt_from_one_interpreter_that_no_attempt
     monkeypatch.setattr(run, "Warm", functools.partial(Warm, base=()))  # no torch: not the subject
     spec = SimpleNamespace(warm=True, container=None, detach=True, restarts=1, recoveries=0, keep=None, preload=None,
                            nproc=1, job="20261128-000000-aaaaaa", node=0, run="r1", cluster="c1")
-    line = run.warm_interpreters(spec, 0, {"PATH": os.environ["PATH"]}, str(tmp_path),
+    line = run.warm_interpreters(spec, 0, {"PATH": os.environ["PATH"], "DDP_UP_ATTEMPT": "0"}, str(tmp_path),  # the agent's
                                  SimpleNamespace(send=lambda frame, block=True: None))
     made = [line.take(0)]
     try:
