@@ -6,8 +6,9 @@ On the namespace SSH cluster, one process per node, a trivial gloo job (job.py r
 - fresh: `ddp-up` started to the first READY line of any rank;
 - restart: `ddp-up` with `restarts: 1`, `restart_delay: --delay`, where rank 1 fails in attempt 0
   just after READY; from its failure line to the first READY line of attempt 1, less the delay;
-- detached: the same with `--detach` (the job's own agents restart it), timed on the lines of a
-  `ddp-attach` started as soon as `--detach` returns.
+- detached: the same with `--detach` (the job's own agents restart it), timed by the wall-clock
+  times its ranks print on those two lines (job.py's $JOB_TIMES), read from a `ddp-attach` started
+  as soon as `--detach` returns: the attach may replay them both at once.
 The target: restart - delay <= 1.2 x fresh. The three alternate in each repeat; ratios within one.
 With --warm, the two restarts are timed again with `warm: true` (each attempt's ranks forked from
 an interpreter that imported torch), alternating with the cold ones; ratios warm / cold.
@@ -63,7 +64,17 @@ def detached(cluster_yaml: Path, runs: Path, delay: float) -> float:
         raise SystemExit(f"--detach failed:\n{up.stdout[-3000:]}")
     w = Watched([sys.executable, "-c", ATTACH, "--no-dashboard", "--runs-dir", str(runs), str(cluster_yaml),
                  found.group(1)], cwd=REPO, env=_env())
-    return failure_to_restart(w, delay, "detached job")
+    try:  # timed by when the lines were printed ($JOB_TIMES): the attach, started after --detach returned,
+        # may be shown both at once, replayed (a warm restart can be over before it starts)
+        if w.wait(180) != 0:
+            raise SystemExit(f"detached job failed:\n{w.text[-3000:]}")
+    finally:
+        w.kill()
+    failed = re.search(r"rank 1 failing with \d+ t=([\d.]+)", w.text)
+    ready = re.search(r"READY rank=\d+ .* attempt=1 t=([\d.]+)", w.text)
+    if not failed or not ready:
+        raise SystemExit(f"detached job: no timed failure or restart line:\n{w.text[-3000:]}")
+    return float(ready.group(1)) - float(failed.group(1)) - delay
 
 
 def failure_to_restart(w: Watched, delay: float, what: str) -> float:
@@ -91,7 +102,7 @@ def main() -> None:
             try:
                 path, warm = (cluster.cluster_file(tmp / name, [(node, 1) for node in cluster.nodes],
                                                    python=sys.executable, workdir=str(tmp), restart_delay=args.delay,
-                                                   env={"OMP_NUM_THREADS": 1}, warm=is_warm)
+                                                   env={"OMP_NUM_THREADS": 1, "JOB_TIMES": 1}, warm=is_warm)
                               for name, is_warm in (("cluster.yaml", False), ("warm.yaml", True)))
                 ways = {"fresh": fresh, "restart": lambda p, runs: restart(p, runs, args.delay),
                         "detached": lambda p, runs: detached(p, runs, args.delay)}

@@ -46,6 +46,12 @@ def finish(code):
     os._exit(code)  # torch 2.13 + gloo can abort in interpreter teardown
 
 
+def stamp():
+    """" t=WALL" where $JOB_TIMES is set (the benchmarks: a detached job's lines are replayed to an
+    attach that starts late, so they time the job by when its lines were printed), else nothing."""
+    return f" t={time.time():.3f}" if os.environ.get("JOB_TIMES") else ""
+
+
 def init():
     import torch
     import torch.distributed as dist
@@ -61,7 +67,7 @@ def init():
     dist.all_reduce(t)
     assert t.item() == world * (world + 1) / 2, t.item()
     print(f"READY rank={rank} world={world} host={os.uname().nodename} pid={os.getpid()} ppid={os.getppid()} warm={WARM} "
-          f"attempt={os.environ.get('DDP_UP_ATTEMPT', '-')}", flush=True)
+          f"attempt={os.environ.get('DDP_UP_ATTEMPT', '-')}{stamp()}", flush=True)
     return dist, rank
 
 
@@ -90,7 +96,7 @@ def run(argv):
     dist, rank = init()
     attempt = os.environ.get("DDP_UP_ATTEMPT", "0")
     if rank == opts["fail-rank"] and (not opts["fail-attempts"] or attempt in opts["fail-attempts"].split(",")):
-        print(f"rank {rank} failing with {opts['exit-code']}", file=sys.stderr, flush=True)
+        print(f"rank {rank} failing with {opts['exit-code']}{stamp()}", file=sys.stderr, flush=True)
         finish(opts["exit-code"])
     if opts["raise-rank"] >= 0:
         raise_in(dist, rank, opts["raise-rank"])
