@@ -43,6 +43,7 @@ class Runner:
         self.launch = None  # the current attempt's processes (launch.Launch), from Go on
         self.attempt = spec.attempt
         self.for_good = False  # no restart: a signal to this agent, the controller's Stop or silence; not a Halt
+        self.warm_said = HeldFrames(writer)  # the warm interpreter's notices, sent once the preflight passed
 
     # --- hooks a detached run overrides ---------------------------------------------------------
     warm_before_ready = False  # where the node waits for its warm interpreter's imports (await_warm)
@@ -90,11 +91,12 @@ class Runner:
         install_handlers(self.on_signal)
         problem, supervisor_port = self.preflight()
         if problem:
+            end_early(self.warm)
             remove_node_dir(self.dir, keep_logs=False)
             self.out.send(problem)
             self.out.drain(5)
             return 3
-        self.warm = warm_interpreters(self.spec, self.attempt, self.job_env(), self.dir, self.out)  # it imports now
+        self.warm_said.release()
         threading.Thread(target=events.read_controller, args=(sys.stdin.buffer, self.events.put, self.heard),
                          name="stdin", daemon=True).start()
         event = ready_and_go(self, supervisor_port)
@@ -111,14 +113,16 @@ class Runner:
         problem = checks.check_paths(self.spec)
         if problem:
             return problem, None
-        box = box_for(self.spec, self.attempt, None, self.job_env())
-        self.torch, problem = checks.versions(self.spec, self.job_env(), box, self.out)
-        if problem:
-            return problem, None
         self.dir, problem = checks.claim_state(self.spec)
         if problem:
             return problem, None
         self.log_dir = os.path.join(self.dir, "logs")
+        # it imports while the rest runs; a node that then fails says why, not also how its ranks start
+        self.warm = warm_interpreters(self.spec, self.attempt, self.job_env(), self.dir, self.warm_said)
+        box = box_for(self.spec, self.attempt, None, self.job_env())
+        self.torch, problem = checks.versions(self.spec, self.job_env(), box, self.out)
+        if problem:
+            return problem, None
         self.held, problem = checks.hold_port(self.spec)
         return (problem, None) if problem else (None, self.prepare())
 
@@ -281,6 +285,35 @@ class WarmLine:
         if self.lasting and self.current is not None and self.current.proc.poll() is not None:
             self.current = self.make(attempt)  # it ended: another, ready for this attempt or the next
         return self.current
+
+
+class HeldFrames:
+    """A writer's ``send`` that holds what it is given until ``release``, then passes it on."""
+
+    def __init__(self, out):
+        self.out, self.held, self.lock = out, [], threading.Lock()
+
+    def send(self, frame, block=True):
+        with self.lock:
+            if self.held is not None:
+                self.held.append(frame)
+                return
+        self.out.send(frame, block)
+
+    def release(self):
+        with self.lock:
+            held, self.held = self.held, None
+        for frame in held or ():
+            self.out.send(frame)
+
+
+def end_early(line):
+    """A warm interpreter started for a node whose preflight then failed: ended now, before its
+    state directory goes (it would die with this agent all the same)."""
+    first = line and line.first
+    if isinstance(first, Warm) and first.proc.poll() is None:
+        first.give_up()
+        first.proc.wait()
 
 
 class KeptLine:

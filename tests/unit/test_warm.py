@@ -379,3 +379,24 @@ def test_a_detached_job_forks_every_attempt_from_one_interpreter_that_no_attempt
             if w is not None and w.proc.poll() is None:
                 w.proc.kill()
                 w.proc.wait(10)
+
+
+def test_a_node_whose_preflight_fails_ends_its_early_interpreter_and_says_nothing_of_it(warm, tmp_path):
+    """The interpreter starts as the preflight begins (it imports while the versions are read):
+    its notices are held until the preflight passed, and a node that fails ends it first."""
+    from types import SimpleNamespace
+
+    from orchestrator.node import run
+    sent = []
+    held = run.HeldFrames(SimpleNamespace(send=lambda frame, block=True: sent.append(frame)))
+    held.send("warm notice")
+    assert sent == []
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "slowmod.py").write_text("import time\ntime.sleep(60)\n")
+    slow = warm(preload=("slowmod",), env={"PYTHONPATH": str(fake)})
+    run.end_early(SimpleNamespace(first=slow))  # the preflight failed: nothing is released
+    assert slow.proc.poll() is not None and sent == []
+    held.release()  # it passed: what was held goes, in order, and then each as it comes
+    held.send("later")
+    assert sent == ["warm notice", "later"]
