@@ -17,7 +17,7 @@ import time
 from . import container, events, facts, flight, policy, wire
 from .checks import CALL_HOOK, job_env
 from .failures import RankEnds, rank_failures
-from .procs import (JOB_SIGNALS, KILL_WAIT, TAG_ATTEMPT, TAGS, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged, read_tags,
+from .procs import (JOB_SIGNALS, KILL_WAIT, TAG_ATTEMPT, TAGS, TORCHRUN, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged, read_tags,
                     signal_name, signal_ranks, signal_tagged, spec_tags, wait_gone)
 from .relay import Tailer, join_while_moving, pump
 from .stacks import dump_all, sitecustomize
@@ -163,7 +163,7 @@ def hooks_dir(state_dir, attempt):
 def runs_torchrun(argv):
     """Whether ``argv`` is the plan's torchrun line, ``PYTHON -u -m torch.distributed.run ...``: the
     one a warm interpreter forks (its ``-m ...`` part), on the host or in a container."""
-    return argv[1:4] == ["-u", "-m", "torch.distributed.run"]
+    return argv[1:4] == ["-u", "-m", TORCHRUN]
 
 
 def warm_in_box(spec, state_dir, attempt, argv):

@@ -90,9 +90,10 @@ WARM_MARK = "'ddp_up_warm';"
 # How a warm rank's stand-in under torchrun starts (zygote.WARM_STUB): torchrun's worker, which asks the
 # warm interpreter for the rank and passes signals on to it; never signalled as a rank itself.
 STUB_MARK = "'ddp_up_warm_rank';"
+TORCHRUN = "torch.distributed.run"  # torchrun's module: the plan's launcher line runs `python -u -m TORCHRUN`
 # in a launcher's command line (plan.py's; in a container, container.BOX_MAIN's of `launcher: none` and of warm
 # start under torchrun; warm start's)
-LAUNCHER_MARKS = ("torch.distributed.run", "torch.distributed.launch", "ddp_up_box.workers", "ddp_up_box.boxwarm",
+LAUNCHER_MARKS = (TORCHRUN, "torch.distributed.launch", "ddp_up_box.workers", "ddp_up_box.boxwarm",
                   WARM_MARK, STUB_MARK)
 
 

@@ -245,7 +245,7 @@ def ready_and_go(runner, supervisor_port):
 
 
 def await_warm(runner):
-    """The wait for the warm interpreter's imports (begun once the preflight passed, while the
+    """The wait for the warm interpreter's imports (begun as the preflight began, going on while the
     controller readies the other nodes), at most READY_WAIT; then the ranks start cold
     (Forker.usable). Attached, after the Go: Ready says the preflight passed, so a node that
     failed its preflight stops the others at once. Detached (runner.warm_before_ready), before
@@ -269,8 +269,8 @@ def await_warm(runner):
 
 
 class WarmLine:
-    """A node's warm interpreter (warm.Warm), made once its preflight passed, importing while the
-    controller readies the other nodes. Attached, an agent runs one attempt: it has one (a
+    """A node's warm interpreter (warm.Warm), made as its preflight begins, importing while the
+    preflight runs and the controller readies the other nodes. Attached, an agent runs one attempt: it has one (a
     restart's comes from the session's kept interpreters: run/kept.py). Detached, the agent runs
     every attempt, and one interpreter forks them all (``lasting``): a restart's ranks come from
     the interpreter that imported before the job began, never from one still importing. If that

@@ -4,7 +4,7 @@ torchrun's worker in its place. Both run as ``python -c`` text on the node, stdl
 job's own Python; nothing of ddp-up's is importable there.
 """
 
-from .procs import STUB_MARK, WARM_MARK
+from .procs import STUB_MARK, TORCHRUN, WARM_MARK
 
 ROOM_VAR = "DDP_UP_WARM_ROOM"  # the interpreter's last variable: room for its ranks' own in /proc/PID/environ
 ROOM = 8192
@@ -343,13 +343,13 @@ MODULE, TARGET = become(serve(ctl, listener))
 sys.excepthook = from_script
 del ctl, listener, prepare, serve, become, rename, bound_to_agent, listen, asked
 import runpy
-if MODULE and TARGET == "torch.distributed.run":  # torchrun: ddp-up's launcher, never the user's program
+if MODULE and TARGET == "THE_TORCHRUN":  # torchrun: ddp-up's launcher, never the user's program
     without_teardown(lambda: runpy.run_module(TARGET, run_name="__main__", alter_sys=True))
 elif MODULE:
     runpy.run_module(TARGET, run_name="__main__", alter_sys=True)
 else:
     runpy.run_path(TARGET, run_name="__main__")
-'''.replace("ROOM_VAR", ROOM_VAR).replace("THE_MARK", WARM_MARK)
+'''.replace("ROOM_VAR", ROOM_VAR).replace("THE_MARK", WARM_MARK).replace("THE_TORCHRUN", TORCHRUN)
 
 # torchrun's worker under warm start, in its place: ``python -S -c WARM_STUB SCRIPT ARGS``. It asks
 # the node's warm interpreter (its socket: SOCKET_VAR, which torchrun was given) for the rank, with its

@@ -21,7 +21,7 @@ from ..node.container import ENV_FILE, Box
 from ..node.launch import (ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, torchrun_passes_on, unconfigured_options,
                            with_node_options)
 from ..node.notify import DETACHED_KINDS
-from ..node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
+from ..node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, TORCHRUN
 from ..node.state import JOB_ID
 from ..node.zygote import WARM_STUB
 from ..node.workers import OWN_LAUNCHER
@@ -140,7 +140,7 @@ class LaunchPlan:
                     f"--main_process_ip={self.master_addr}", f"--main_process_port={port}", "--same_network",
                     ACCELERATE_NODE_OPTIONS, *self._entrypoint(python), *self.script_args]
         return [
-            python, "-u", "-m", "torch.distributed.run",
+            python, "-u", "-m", TORCHRUN,
             f"--nnodes={len(self.nodes)}",
             f"--nproc-per-node={cfg.gpus}",
             f"--node-rank={node.index}",
@@ -269,7 +269,7 @@ def warm_start(config: ClusterConfig) -> bool:
 def warm_refused(config: ClusterConfig, plan: LaunchPlan) -> str | None:
     """What a cluster file that says `warm: true` is told where its ranks start cold anyway (the
     default says nothing: it asked for nothing): once, so that a cold start is not taken for a warm one."""
-    if config.warm is not True or plan.module is not None or plan.launcher in ("none", "torchrun"):
+    if config.warm is not True or plan.warms or plan.module is not None:
         return None
     return (f"warm: true does not apply under `launcher: {plan.launcher}`, which starts the ranks itself: "
             "the ranks start cold there (see the warm start guide)")
