@@ -33,8 +33,11 @@ SLOW_RATIO = 3.0  # a node whose link figure is a third of the median, or less, 
 
 def probe_plan(config: ClusterConfig, job_id: str, cwd: str) -> LaunchPlan:
     """One process per node (a link is a node's, not a GPU's), under torchrun whatever the
-    cluster file's launcher, running the probe shipped in the spec."""
-    one_each = replace(config, nodes=tuple(replace(n, gpus=1) for n in config.nodes), launcher="torchrun")
+    cluster file's launcher, running the probe shipped in the spec. Warm unless the cluster file
+    says `warm: false`: torchrun and the probe forked from one interpreter that imported torch (a
+    node imports it once, not twice), and only torch: the job's own `preload:` is not the probe's."""
+    one_each = replace(config, nodes=tuple(replace(n, gpus=1) for n in config.nodes), launcher="torchrun",
+                       preload=())
     source = (Path(__file__).parent / "collective_probe.py").read_text()
     return replace(make_plan(one_each, "", [], job_id, cwd), module=MODULE, hooks={f"{MODULE}.py": source})
 

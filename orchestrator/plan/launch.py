@@ -154,10 +154,9 @@ class LaunchPlan:
 
     @property
     def warms(self) -> bool:
-        """Whether the ranks are forked from a warm interpreter on their node (node/warm.py): a script
-        (not a module) under torchrun or ddp-up's own launcher, on the host or in a container
-        (node/boxwarm.py)."""
-        return self.warm and self.module is None and self.launcher in ("torchrun", "none")
+        """Whether the ranks are forked from a warm interpreter on their node (node/warm.py): under
+        torchrun or ddp-up's own launcher, on the host or in a container (node/boxwarm.py)."""
+        return self.warm and self.launcher in ("torchrun", "none")
 
     def _signals(self) -> list[str]:
         """torchrun passes on to the ranks only the signals it handles (SIGTERM, SIGINT, SIGHUP,
@@ -167,11 +166,13 @@ class LaunchPlan:
         return [f"--signals-to-handle={','.join(torchrun_passes_on(self.stop_signal))}"]
 
     def _entrypoint(self, python: str, warm: bool = False) -> list[str]:
-        if self.module is not None:  # ddp-up's own program (ddp-check --collective), from the hooks
-            return ["-m", self.module]
+        # ddp-up's own program (ddp-check's probes) runs from the hooks, which are on the rank's path
+        target = ["-m", self.module] if self.module is not None else [self.script]
         if warm:  # torchrun's worker: a stand-in that asks the node's warm interpreter for the rank; its
             # code attached to -c: torchrun names a failed worker by its first argument not an option
-            return ["--no-python", python, "-S", "-c" + WARM_STUB, self.script]
+            return ["--no-python", python, "-S", "-c" + WARM_STUB, *target]
+        if self.module is not None:
+            return target
         if self.launcher == "legacy":  # torch.distributed.launch passed --local_rank=N before the args
             return ["--no-python", python, "-u", "-c", LEGACY_SHIM, self.script]
         return [self.script]

@@ -63,3 +63,18 @@ def test_the_probe_runs_one_process_per_node_under_torchrun_from_the_shipped_mod
     assert argv[2:4] == ["-m", "torch.distributed.run"] and argv[-2:] == ["-m", collective.MODULE]
     spec = plan.agent_spec(plan.nodes[0])
     assert "import torch.distributed as dist" in spec.hooks[f"{collective.MODULE}.py"] and spec.script == ""
+
+
+def test_the_probe_forks_warm_with_torch_alone_unless_the_cluster_file_says_warm_false():
+    config = parse_cluster("preload: [lightning]\nnodes: [{host: a, gpus: 2}, {host: b, gpus: 2}]\n")
+    plan = collective.probe_plan(config, "J", "/tmp")
+    argv = plan.launcher_argv(plan.nodes[0], 29500)
+    # torchrun's worker is the stand-in, which asks the node's interpreter for `-m MODULE`
+    assert argv[-6:-3] == ["--no-python", plan.nodes[0].config.python, "-S"] and argv[-3].startswith("-c"), argv
+    assert argv[-2:] == ["-m", collective.MODULE]
+    spec = plan.agent_spec(plan.nodes[0])
+    assert spec.warm and not spec.preload  # the job's preload is the job's: the probe needs torch only
+    cold = collective.probe_plan(parse_cluster("warm: false\nnodes: [{host: a, gpus: 1}, {host: b, gpus: 1}]\n"),
+                                 "J", "/tmp")
+    assert not cold.agent_spec(cold.nodes[0]).warm and cold.launcher_argv(cold.nodes[0], 1)[-2:] == ["-m", collective.MODULE]
+    assert "--no-python" not in cold.launcher_argv(cold.nodes[0], 1)
