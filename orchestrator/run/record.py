@@ -24,10 +24,10 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 
 from ..config.clusterfile import masked_copy
 from ..config.masking import mask_secrets, mask_values
+from ..version import __version__
 from ..node.state import JOB_ID, read_regular
 from ..ownfiles import no_link_open, own_dir
 
@@ -133,12 +133,8 @@ class RunRecord:
 
     @classmethod
     def take(cls, argv: list[str], cluster_path: str | None, source: str, cluster_text: str = "") -> RunRecord:
-        try:
-            version = metadata.version("ddp-up")
-        except metadata.PackageNotFoundError:
-            version = None
         return cls(list(argv), os.getcwd(), cluster_path, git_state(source),
-                   {"ddp_up": version, "python": platform.python_version(), "controller": platform.node()},
+                   {"ddp_up": __version__, "python": platform.python_version(), "controller": platform.node()},
                    cluster_text)
 
     @property

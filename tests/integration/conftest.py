@@ -47,9 +47,11 @@ def no_ssh_runs_left():
 @pytest.fixture
 def cluster_file(cluster, tmp_path, request):
     """Write a cluster file for [(node index 0-based, gpus), ...] with test-friendly defaults. A
-    module whose subject is not the launcher says `LAUNCHER = "none"`: its jobs then start without
-    torchrun, whose import of torch costs 1.5 s of CPU per node on a 2-core machine (the suite's
-    largest single cost, measured with process accounting)."""
+    module whose subject is not the launcher says `LAUNCHER = "none"`: its torch-free workloads
+    (job.py tick, save, env) then start without importing torch, which costs 1.5-3 s of CPU a
+    process on a 2-core machine (the suite's largest single cost, measured with process
+    accounting). A workload that imports torch costs one import a rank there, started cold; under
+    torchrun, warm by default, one a node: a test with several ranks a node says `launcher="torchrun"`."""
     launcher = getattr(request.module, "LAUNCHER", None)
 
     def make(layout: list[tuple[int, int]], **top) -> Path:

@@ -1,6 +1,7 @@
 """The notebook example (examples/notebook.ipynb), run cell by cell by a real Jupyter kernel
 (nbclient) against the sshd cluster: a function launched on every rank, each rank's return value
-back, a checkpoint fetched from every node, and a rank's exception raised in the notebook."""
+back, a checkpoint fetched from every node, and a rank's exception raised in the notebook. The cluster file's defaults are a user's: torchrun, warm,
+and the notebook's second launch forks from the interpreters its first one made."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
-
-LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cluster_file)
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
 

@@ -15,7 +15,7 @@ LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cl
 
 
 def test_log_files_hold_every_line(cluster, cluster_file):
-    path = cluster_file([(0, 2), (1, 2)])
+    path = cluster_file([(0, 2), (1, 2)], launcher="torchrun")  # torch in every rank: warm, one import a node
     code, out, _ = ddp_up("--ranks", "0", str(path), SCRIPT, "run", "--steps", "40")
     assert code == 0, out
     job = re.search(r"job (\S+):", out).group(1)
