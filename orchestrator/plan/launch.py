@@ -171,11 +171,9 @@ class LaunchPlan:
         if warm:  # torchrun's worker: a stand-in that asks the node's warm interpreter for the rank; its
             # code attached to -c: torchrun names a failed worker by its first argument not an option
             return ["--no-python", python, "-S", "-c" + WARM_STUB, *target]
-        if self.module is not None:
-            return target
-        if self.launcher == "legacy":  # torch.distributed.launch passed --local_rank=N before the args
+        if self.launcher == "legacy" and self.module is None:  # torch.distributed.launch passed --local_rank=N
             return ["--no-python", python, "-u", "-c", LEGACY_SHIM, self.script]
-        return [self.script]
+        return target
 
     def agent_spec(self, node: NodePlan) -> wire.RunSpec:
         """What the node agent needs before go: where to run, what to check, how to stop."""

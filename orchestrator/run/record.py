@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 from ..config.clusterfile import masked_copy
 from ..config.masking import mask_secrets, mask_values
-from ..version import __version__
 from ..node.state import JOB_ID, read_regular
 from ..ownfiles import no_link_open, own_dir
+from ..version import __version__
 
 DIFF_MAX = 1 << 20  # bytes of uncommitted changes kept; past it the diff is cut (and says so)
 UNTRACKED_MAX = 1000  # untracked file names listed
