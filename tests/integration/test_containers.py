@@ -24,7 +24,7 @@ import yaml
 from tests.harness import procs
 from tests.harness.exclusive import one_worker_at_a_time
 from tests.harness.podman import Docker, Podman, available, docker_available
-from tests.harness.runner import KILL, Launch
+from tests.harness.runner import CHECK, KILL, Launch
 
 BOXED = str(Path(__file__).resolve().parents[1] / "scripts" / "boxed.py")
 TOKEN = "s3cr3t-value-42"
@@ -146,6 +146,16 @@ def test_warm_false_in_a_container_is_the_cold_start(podman, boxed):
     launch = up(podman, path, "retry")  # attempt 0 of rank 0 fails with exit 3: no restart asked for
     assert launch.wait(90) == 1, launch.output
     assert "rank 0 warm False attempt 0" in launch.output and "rank 0 exited with code 3" in launch.output, launch.output
+
+
+def test_ddp_check_collective_runs_its_probe_warm_in_the_image(podman, boxed):
+    """The probe is ddp-up's own module, shipped in the hooks: torchrun and the probe are forked from
+    the image's warm interpreter, which finds it on the rank's path as a script's rank would."""
+    path = boxed(gpus=(2, 1))
+    check = Launch([str(path), "--collective"], code=CHECK, env=podman.env)
+    assert check.wait(120) == 0, check.output
+    assert "all_reduce across 2 nodes (gloo)" in check.output and "each node's link" in check.output, check.output
+    assert "warm start" not in check.output  # no notice: nothing fell back to a cold start
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "none"])
