@@ -1,7 +1,9 @@
 """The notebook example (examples/notebook.ipynb), run cell by cell by a real Jupyter kernel
 (nbclient) against the sshd cluster: a function launched on every rank, each rank's return value
-back, a checkpoint fetched from every node, and a rank's exception raised in the notebook. The cluster file's defaults are a user's: torchrun, warm,
-and the notebook's second launch forks from the interpreters its first one made."""
+back, a checkpoint fetched from every node, and a rank's exception raised in the notebook. The
+cluster file keeps a user's defaults (torchrun, warm): the second launch forks from the interpreters
+the first one made (test_warm_start checks that part), and the leak check finds them gone once the
+kernel has shut down."""
 
 from __future__ import annotations
 
