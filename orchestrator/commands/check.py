@@ -134,7 +134,7 @@ def check_collective(config, console: Console, inbox: signals.SignalInbox) -> in
                 f"{plan.nodes[late.node].label}: a straggler at the probe's collectives ({late.text()}): every "
                 "collective of the job would wait for it. Look for other load on it (top, nvidia-smi) or a slower CPU"))
     console.print(f"ddp-check: {result.elapsed:.1f} s in all, {view.report.get('seconds', 0):.1f} s of it measuring "
-                  "(the rest: connect, preflight, start, import torch)", markup=False, highlight=False)
+                  f"(the rest: connect, preflight, {collective.start_text(view.report)})", markup=False, highlight=False)
     return EXIT_SETUP if slow else EXIT_OK
 
 

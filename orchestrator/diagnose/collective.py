@@ -91,6 +91,16 @@ def lateness(report: dict) -> list[Lateness]:
     return watch.figures()
 
 
+def start_text(report: dict) -> str:
+    """What the check's time outside the measuring went to, after connect and preflight: the start
+    and each node's import of torch, and on how many nodes the probe was forked from a warm
+    interpreter (the count the ranks reported: shown only where it is one)."""
+    warm, world = report.get("warm"), report.get("world")
+    if type(warm) is not int or type(world) is not int or not 0 < warm <= world:
+        return "start, import torch"
+    return f"start, import torch; the probe forked from a warm interpreter on {warm} of {world} nodes"
+
+
 def pace_text(late: Lateness | None) -> Text:
     if late is None:
         return Text("")

@@ -22,7 +22,9 @@ import statistics
 import sys
 import time
 
-import torch
+WARM = "torch" in sys.modules  # imported before this module ran: forked from the node's warm interpreter
+
+import torch  # noqa: E402 - after the look at what was imported before
 import torch.distributed as dist
 
 SIZES = [int(s) for s in os.environ.get("DDP_UP_COLLECTIVE_SIZES", "65536,1048576,16777216").split(",")]
@@ -130,7 +132,7 @@ def main():
     started = time.perf_counter()
     reduce_times = all_reduces(device)
     mine = {"rank": rank, "host": os.uname().nodename, "links": links(rank, world, device),
-            "arrivals": arrivals(device)}
+            "arrivals": arrivals(device), "warm": WARM}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank == 0:
@@ -138,6 +140,7 @@ def main():
                   "links": [link for g in gathered for link in g["links"]],
                   "hosts": [g["host"] for g in sorted(gathered, key=lambda g: g["rank"])],
                   "arrivals": [g["arrivals"] for g in sorted(gathered, key=lambda g: g["rank"])],
+                  "warm": sum(1 for g in gathered if g["warm"]),
                   "seconds": time.perf_counter() - started}
         print("DDP_UP_COLLECTIVE " + json.dumps(report), flush=True)
     dist.barrier()

@@ -155,6 +155,7 @@ def test_ddp_check_collective_runs_its_probe_warm_in_the_image(podman, boxed):
     check = Launch([str(path), "--collective"], code=CHECK, env=podman.env)
     assert check.wait(120) == 0, check.output
     assert "all_reduce across 2 nodes (gloo)" in check.output and "each node's link" in check.output, check.output
+    assert "the probe forked from a warm interpreter on 2 of 2 nodes" in check.output, check.output
     assert "warm start" not in check.output  # no notice: nothing fell back to a cold start
 
 

@@ -58,5 +58,6 @@ def test_ddp_check_collective_names_the_node_with_the_slow_link_and_only_it(clus
     assert named == [slow.addr], out
     assert re.search(rf"│\s+2 │ {re.escape(slow.addr)}\s+│.*slow: 0\.\d\d× the median", out), out
     assert "skipped: the smaller size says too slow" in out  # 16 MB through 20 Mbit/s: not waited for
+    assert "the probe forked from a warm interpreter on 4 of 4 nodes" in out, out  # each node imported torch once
     code, out = ddp_check("--collective", str(path), timeout=150)  # the link restored: nobody is named
     assert code == 0 and "far slower" not in out, out

@@ -78,3 +78,12 @@ def test_the_probe_forks_warm_with_torch_alone_unless_the_cluster_file_says_warm
                                  "J", "/tmp")
     assert not cold.agent_spec(cold.nodes[0]).warm and cold.launcher_argv(cold.nodes[0], 1)[-2:] == ["-m", collective.MODULE]
     assert "--no-python" not in cold.launcher_argv(cold.nodes[0], 1)
+
+
+def test_the_summary_says_on_how_many_nodes_the_probe_was_forked_warm_and_only_a_count_it_can_trust():
+    assert collective.start_text({"world": 4, "warm": 4}) == \
+        "start, import torch; the probe forked from a warm interpreter on 4 of 4 nodes"
+    assert collective.start_text({"world": 4, "warm": 3}).endswith("on 3 of 4 nodes")
+    for report in ({"world": 4}, {"world": 4, "warm": 0}, {"world": 4, "warm": 5}, {"world": 4, "warm": True},
+                   {"world": 4, "warm": "4\x1b[2J"}, {"world": "4", "warm": 4}, {}):
+        assert collective.start_text(report) == "start, import torch", report  # cold, or a count not to be shown
