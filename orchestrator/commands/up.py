@@ -30,7 +30,7 @@ from ..remote.parallel import interruptible
 from ..remote.sync import Tree, human_bytes, scan, sync_all, targets
 from ..run.attempts import Restarts, recovery_limit
 from ..run.notifier import Notifier
-from ..run.record import RunRecord
+from ..run.record import RecordTaking
 from ..run.runloop import Caller, run_job
 from ..views.terminal import terminal_console
 from ..views.logfiles import RunLogs
@@ -240,8 +240,8 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
     job_id = args.job_id or new_job_id()
     limit = config.restarts if args.restarts is None else args.restarts
     sync = sync_choice(args.sync, config.sync)
-    record = None if args.dry_run else RunRecord.take(args.command, args.cluster, sync.src if sync else os.getcwd(),
-                                                      config.source_text)
+    record = None if args.dry_run else RecordTaking(args.command, args.cluster, sync.src if sync else os.getcwd(),
+                                                    config.source_text)  # git runs while the nodes connect
     def planner(cluster, attempt):
         plan = make_plan(cluster, args.script, script_args, job_id, os.getcwd(), hang_timeout=args.hang_timeout,
                          detach=args.detach, allow_busy_gpus=args.allow_busy_gpus,

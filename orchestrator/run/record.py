@@ -33,7 +33,8 @@ from ..version import __version__
 
 DIFF_MAX = 1 << 20  # bytes of uncommitted changes kept; past it the diff is cut (and says so)
 UNTRACKED_MAX = 1000  # untracked file names listed
-GIT_BUDGET = 2.0  # seconds for all of git's calls together: the launch waits no longer
+GIT_BUDGET = 2.0  # seconds for all of git's calls together (while the launch connects: RecordTaking)
+TAKE_SLACK = 1.0  # seconds past the budget for the rest of the record (the Python around git's calls)
 # Turned off, whatever the checkout's own .git/config says: each could run code from the tree.
 GIT_SAFE = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "diff.external=",
             "-c", "core.untrackedCache=false")
@@ -99,12 +100,14 @@ def excluded(patterns: tuple[str, ...]) -> list[str]:
     return [f":(exclude,glob,icase)**/{p}" for p in patterns]
 
 
-def git_state(path: str, budget: float = GIT_BUDGET) -> GitState | None:
+def git_state(path: str, budget: float | None = None, on_commit=lambda commit: None) -> GitState | None:
     """The checkout at ``path``'s state, or None where it is none (or git is missing, or slower
-    than ``budget`` seconds in all)."""
-    deadline = time.monotonic() + budget
+    than ``budget`` seconds in all, GIT_BUDGET unless given). ``on_commit`` is given the commit (or
+    None) as soon as it is known: the diff and the untracked files, which read the whole tree, come after."""
+    deadline = time.monotonic() + (GIT_BUDGET if budget is None else budget)
     root = _git(path, "rev-parse", "--show-toplevel", deadline=deadline)
     commit = _git(path, "rev-parse", "--verify", "-q", "HEAD", deadline=deadline) if root else None
+    on_commit(commit.decode().strip() if root and commit else None)
     if not root or not commit:
         return None  # not a checkout, or one without a commit yet
     branch = (_git(path, "symbolic-ref", "-q", "--short", "HEAD", deadline=deadline) or b"").decode(
@@ -132,8 +135,9 @@ class RunRecord:
     cluster_text: str = ""  # the cluster file as it was parsed (config.ClusterConfig.source_text)
 
     @classmethod
-    def take(cls, argv: list[str], cluster_path: str | None, source: str, cluster_text: str = "") -> RunRecord:
-        return cls(list(argv), os.getcwd(), cluster_path, git_state(source),
+    def take(cls, argv: list[str], cluster_path: str | None, source: str, cluster_text: str = "",
+             on_commit=lambda commit: None) -> RunRecord:
+        return cls(list(argv), os.getcwd(), cluster_path, git_state(source, on_commit=on_commit),
                    {"ddp_up": __version__, "python": platform.python_version(), "controller": platform.node()},
                    cluster_text)
 
@@ -153,6 +157,48 @@ class RunRecord:
         if self.git and self.git.diff:
             diff = self.git.diff.decode("utf-8", "surrogateescape")
             _write(where, "git.diff", mask_secrets(diff, secrets).encode("utf-8", "surrogateescape"))
+
+
+class RecordTaking:
+    """RunRecord.take in a thread of its own, begun as the launch begins: git's calls (up to
+    GIT_BUDGET, most of it in a large checkout's diff and untracked files) go on while the
+    controller connects to the nodes, instead of before. The plan waits for the commit alone
+    (``commit``); the run's logs write the record once it is taken (``taken``)."""
+
+    def __init__(self, argv: list[str], cluster_path: str | None, source: str, cluster_text: str = ""):
+        self.known, self.done = threading.Event(), threading.Event()
+        self._commit: str | None = None
+        self._record: RunRecord | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._take, args=(list(argv), cluster_path, source, cluster_text), name="run-record",
+                         daemon=True).start()
+
+    def _take(self, argv, cluster_path, source, cluster_text) -> None:
+        try:
+            self._record = RunRecord.take(argv, cluster_path, source, cluster_text, on_commit=self._committed)
+        except BaseException as e:  # a bug: raised where the record is asked for (taken)
+            self._error = e
+        finally:
+            self.known.set()
+            self.done.set()
+
+    def _committed(self, commit: str | None) -> None:
+        self._commit = commit
+        self.known.set()
+
+    @property
+    def commit(self) -> str | None:
+        self.known.wait(GIT_BUDGET + TAKE_SLACK)
+        return self._commit
+
+    def taken(self, block: bool = False) -> RunRecord | None:
+        """The record, once taken; None while git still runs (``block``: waited for until its budget
+        has passed; None then means it never ended)."""
+        if not self.done.wait(GIT_BUDGET + TAKE_SLACK if block else 0.0):
+            return None
+        if self._error is not None:
+            raise self._error
+        return self._record
 
 
 def _write(where: str, name: str, data: bytes) -> None:

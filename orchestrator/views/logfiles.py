@@ -105,6 +105,7 @@ class RunLogs:
         self.broken: str | None = None  # why line logging stopped (reported once)
         self.bar_written = Snapshots()  # by (rank, stream)
         self.sub = ""  # a restart's files go to attempt<N>/: each attempt's lines apart, none lost
+        self.taking = None  # the run's record while git's calls go on (record)
         try:
             own_dir(self.dir, private=True)
         except OSError as e:
@@ -117,7 +118,8 @@ class RunLogs:
         self.close()
 
     def close(self) -> None:
-        """Idempotent: the files of a job that ended before ``finished`` are closed too."""
+        """Idempotent: the files of a job that ended before ``finished`` are closed too (and its record written)."""
+        self.record(self.taking, block=True)
         for f in (*self.node_files.values(), *self.rank_files.values()):
             try:
                 f.close()
@@ -138,12 +140,14 @@ class RunLogs:
         return os.fdopen(no_link_open(os.path.join(where, name), fresh=self.mode == "w"), self.mode, encoding="utf-8",
                          errors="surrogateescape")
 
-    def record(self, record) -> None:
-        """What ran (runrecord.RunRecord), beside the logs; None: nothing to record (a dry run)."""
-        if record is None or self.broken is not None:
-            return
+    def record(self, taking, block: bool = False) -> None:
+        """What ran (run/record.RecordTaking), beside the logs once git has answered: at this call,
+        at a tick of the job's loop, or at the latest (``block``) as the logs close. None: a dry run."""
+        record = taking and taking.taken(block)
+        self.taking = taking if record is None and not block else None  # None: written, or git's budget has passed
         try:
-            record.write(self.dir, self.plan.secrets)
+            if record is not None and self.broken is None:
+                record.write(self.dir, self.plan.secrets)
         except OSError as e:
             self._failed(e)
 
@@ -228,7 +232,7 @@ class RunLogs:
         pass
 
     def tick(self, snapshot) -> None:
-        pass
+        self.record(self.taking)
 
     def finished(self, result, exit_code: int | None = None, attempts=()) -> None:
         """Close the line files and write summary.json with ``exit_code`` (the status ddp-up

@@ -5,6 +5,7 @@ fsmonitor, hooks and textconv never run. A pipe as the cluster file is read once
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -103,3 +104,70 @@ def test_a_runs_directory_another_user_made_is_refused(tmp_path):
     os.chown(theirs, 65534, 65534)
     with pytest.raises(OSError, match="belongs to another user"):
         own_dir(str(theirs), private=True)
+
+
+FAKE_GIT = """#!/bin/sh
+case "$*" in
+  *--show-toplevel*) echo "$FAKE_ROOT" ;;
+  *"--verify -q HEAD"*) echo 0123456789abcdef0123456789abcdef01234567 ;;
+  *symbolic-ref*) echo main ;;
+  *) while [ ! -e "$FAKE_GATE" ]; do sleep 0.01; done; printf 'notes.txt\\0' ;;  # the tree's scans: held
+esac
+"""
+
+
+def fake_git(tmp_path, monkeypatch):
+    """A git whose diff and untracked files (the calls that read a whole tree) wait for a gate file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(FAKE_GIT)
+    (bin_dir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ROOT", str(tmp_path))
+    monkeypatch.setenv("FAKE_GATE", str(tmp_path / "gate"))
+    return tmp_path / "gate"
+
+
+def one_node_plan():
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.plan.launch import make_plan
+
+    return make_plan(parse_cluster("nodes: [{host: a, gpus: 1}]\n"), "t.py", [], "J", "/")
+
+
+def test_the_launch_waits_for_the_commit_alone_and_the_logs_write_the_record_once_git_has_answered(tmp_path,
+                                                                                                   monkeypatch):
+    from orchestrator.views.logfiles import RunLogs
+
+    gate = fake_git(tmp_path, monkeypatch)
+    monkeypatch.setattr(runrecord, "GIT_BUDGET", 30.0)  # the gate, not the budget, ends git's scans here
+    taking = runrecord.RecordTaking(["ddp-up", "c.yaml", "t.py"], "c.yaml", str(tmp_path))
+    assert taking.commit == "0123456789abcdef0123456789abcdef01234567"  # while the scans still wait
+    assert taking.taken() is None
+    logs = RunLogs(one_node_plan(), str(tmp_path / "runs"))
+    logs.record(taking)
+    logs.tick(None)
+    written = tmp_path / "runs" / "J" / "run.json"
+    assert not written.exists()
+    gate.touch()
+    assert taking.done.wait(20)
+    logs.tick(None)  # the loop's next tick writes it
+    record = json.loads(written.read_text())
+    assert record["git"]["commit"].startswith("0123") and record["git"]["untracked"] == ["notes.txt"]
+    logs.close()
+
+
+def test_a_tree_scan_that_never_ends_is_stopped_at_gits_budget_and_the_record_written_without_it(tmp_path,
+                                                                                                 monkeypatch):
+    from orchestrator.views.logfiles import RunLogs
+
+    fake_git(tmp_path, monkeypatch)  # its gate never opens
+    monkeypatch.setattr(runrecord, "GIT_BUDGET", 0.5)
+    monkeypatch.setattr(runrecord, "TAKE_SLACK", 0.5)
+    taking = runrecord.RecordTaking(["ddp-up", "c.yaml", "t.py"], "c.yaml", str(tmp_path))
+    logs = RunLogs(one_node_plan(), str(tmp_path / "runs"))
+    logs.record(taking)
+    logs.close()  # waits for the record: git's scans are stopped at its budget
+    record = json.loads((tmp_path / "runs" / "J" / "run.json").read_text())
+    assert record["git"]["commit"].startswith("0123") and not record["git"]["dirty"]
+    assert record["command"] == ["ddp-up", "c.yaml", "t.py"]
