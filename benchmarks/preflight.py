@@ -1,4 +1,4 @@
-"""Issue 17's costs: the network and GPU checks added to preflight, and ddp-check --collective.
+"""What the preflight's checks cost: the network and GPU checks, and ddp-check --collective.
 
     python3 -m benchmarks.preflight [--nodes 16] [--repeat 5] [--base REV | --collective-only]
 
@@ -24,7 +24,7 @@ from benchmarks.common import cluster_args, spread, timed
 from tests.harness.runner import CHECK, REPO, _env
 from tests.harness.sshcluster import SSHCluster
 
-BASE = "16fed74"  # the last build before issue 17
+BASE = "16fed74"  # the last build before the network and GPU checks
 
 
 def ddp_check(source: Path, args: list[str]) -> tuple[float, str]:

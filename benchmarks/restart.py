@@ -1,4 +1,4 @@
-"""Issue 18's speed: from a failure to the next attempt's first line, against a fresh launch.
+"""How fast a restart is: from a failure to the next attempt's first line, against a fresh launch.
 
     python3 -m benchmarks.restart [--nodes 4] [--repeat 5] [--delay 1] [--warm]
 

@@ -55,24 +55,29 @@ PROBE_CLOSE_WAIT = 5.0
 
 
 # Run in the job's environment (its PYTHONPATH counts), without importing torch (seconds of CPU):
-# the version from its metadata, the CUDA it was built for from torch/version.py (plain text), and
-# NCCL from the pip package CUDA builds depend on (a CPU build: none).
+# the version and the CUDA it was built for from torch/version.py (plain text), and NCCL from the
+# pip package CUDA builds depend on (a CPU build: none). importlib.metadata (a third of this
+# process's CPU) only where version.py does not say or a CUDA build's NCCL is asked for.
 TORCH_PROBE = r"""
-import importlib.metadata as m, importlib.util as u, json, os, re, sys
+import importlib.util as u, json, os, re, sys
 def version(name):
     try:
+        import importlib.metadata as m
         return m.version(name)
     except Exception:
         return None
+def assigned(name, text):
+    found = re.search(r"^%s\b[^=\n]*=\s*'([^']+)'" % name, text, re.M)
+    return found.group(1) if found else None
 spec, info = u.find_spec("torch"), {}
 if spec is not None:
-    info["torch"] = version("torch") or "?"
     try:
         with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
-            found = re.search(r"^cuda\b[^=\n]*=\s*'([^']+)'", f.read(), re.M)
-        info["cuda"] = found.group(1) if found else None
+            text = f.read()
     except (OSError, TypeError):
-        info["cuda"] = None
+        text = ""
+    info["torch"] = assigned("__version__", text) or version("torch") or "?"
+    info["cuda"] = assigned("cuda", text)
     # a CPU build has no NCCL, whatever wheel an earlier CUDA install left; a CUDA build's is the
     # package for its CUDA major version first
     major = (info["cuda"] or "").split(".")[0]

@@ -5,7 +5,7 @@ Reading the system (``read_*``, ``query_*``) is kept apart from parsing and deci
 else), so the deciding half is unit-tested on the controller with recorded /proc files and
 nvidia-smi output, and gets the same answers there as on a node.
 
-The interface rule (issue 17): gloo and NCCL pick an interface themselves when nobody names one,
+The interface rule: gloo and NCCL pick an interface themselves when nobody names one,
 from what the node's hostname resolves to (gloo) or the first interface up that is not loopback or
 docker (NCCL). On real clusters that is often one the other nodes cannot reach (a management NIC,
 docker0, 127.0.1.1). The route the kernel itself takes to the master's address is the one that

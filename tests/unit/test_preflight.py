@@ -33,16 +33,23 @@ def test_the_torch_probe_reads_versions_without_importing_torch():
     assert info["torch"].startswith("2.13.0") and info["cuda"] is None and info["nccl"] is None  # the CPU wheel
 
 
-def fake_site(root, cuda, nccl_wheels):
-    """A site folder with a torch built for CUDA (None: a CPU build) and NCCL wheels installed."""
+def fake_site(root, cuda, nccl_wheels, built=None):
+    """A site folder with a torch built for CUDA (None: a CPU build) and NCCL wheels installed;
+    ``built``: the version its version.py says (None: none, and the probe reads the metadata's)."""
     (root / "torch").mkdir(parents=True)
     (root / "torch" / "__init__.py").write_text("raise SystemExit('the probe must not import torch')\n")
-    (root / "torch" / "version.py").write_text(f"cuda: Optional[str] = {cuda!r}\n")
+    said = f"__version__ = {built!r}\n" if built else ""
+    (root / "torch" / "version.py").write_text(f"{said}cuda: Optional[str] = {cuda!r}\n")
     for name, version in [("torch", "2.9.0")] + nccl_wheels:
         meta = root / f"{name.replace('-', '_')}-{version}.dist-info"
         meta.mkdir()
         (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     return {**os.environ, "PYTHONPATH": str(root)}
+
+
+def test_the_version_file_says_the_torch_version_and_its_metadata_only_where_it_does_not(tmp_path):
+    info = checks.probe_torch(fake_site(tmp_path, None, [], built="2.9.0a0+git1234"))  # a source build's
+    assert info == {"torch": "2.9.0a0+git1234", "cuda": None, "nccl": None}
 
 
 def test_a_cpu_torch_has_no_nccl_whatever_wheel_a_cuda_install_left(tmp_path):
