@@ -54,8 +54,17 @@ def jobs(path, reachable: bool = True) -> dict[str, dict]:
     return {row["job"]: row for row in map(json.loads, (line for line in out.splitlines() if line.startswith("{")))}
 
 
+ENDS = {"done", "failed", "stopped", "lost"}  # the states a job's end leaves (ddp-ls)
+
+
 def wait_state(path, job: str, states: tuple[str, ...], timeout: float) -> dict:
+    """The job's ddp-ls row once its state is one of ``states``; bounded. Its end is awaited with
+    ddp-attach, which follows the job until then: each ddp-ls is a controller and an ssh per node
+    (0.3-0.4 s of CPU), and polling one every half second for a minute cost a test 12 s of CPU. A
+    state on the way (restarting) is polled for."""
     deadline = time.monotonic() + timeout
+    if ENDS.issuperset(states):
+        run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=timeout)
     while True:
         row = jobs(path).get(job)
         if row and row["state"] in states:
