@@ -171,3 +171,23 @@ def test_a_tree_scan_that_never_ends_is_stopped_at_gits_budget_and_the_record_wr
     record = json.loads((tmp_path / "runs" / "J" / "run.json").read_text())
     assert record["git"]["commit"].startswith("0123") and not record["git"]["dirty"]
     assert record["command"] == ["ddp-up", "c.yaml", "t.py"]
+
+
+def test_a_bug_in_taking_the_record_is_shown_and_the_logs_go_on_without_it(tmp_path, monkeypatch):
+    import threading
+
+    from orchestrator.views.logfiles import RunLogs
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    shown, hooked = [], threading.Event()
+    monkeypatch.setattr(threading, "excepthook", lambda args: (shown.append(args), hooked.set()))
+    monkeypatch.setattr(runrecord.RunRecord, "take", broken)
+    taking = runrecord.RecordTaking(["ddp-up", "c.yaml", "t.py"], "c.yaml", str(tmp_path))
+    assert taking.commit is None and taking.taken(block=True) is None
+    logs = RunLogs(one_node_plan(), str(tmp_path / "runs"))
+    logs.record(taking)
+    logs.close()
+    assert logs.broken is None and not (tmp_path / "runs" / "J" / "run.json").exists()
+    assert hooked.wait(10) and [str(args.exc_value) for args in shown] == ["a bug"]
