@@ -73,13 +73,18 @@ def test_git_diff_keeps_no_binary_patch_and_no_secret_file_and_runs_nothing_of_t
     assert state.as_dict()["diff_left_out"] == ["aws_credentials.json", "prod.env"]
 
 
+def git_on_path(tmp_path, monkeypatch, script):
+    """``script`` as the `git` the record runs: first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(script)
+    (bin_dir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
 def test_a_slow_git_is_given_its_budget_and_the_launch_goes_on(tmp_path, monkeypatch):
     checkout(tmp_path)
-    slow = tmp_path / "bin"
-    slow.mkdir()
-    (slow / "git").write_text("#!/bin/sh\nsleep 30\n")
-    (slow / "git").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{slow}{os.pathsep}{os.environ['PATH']}")
+    git_on_path(tmp_path, monkeypatch, "#!/bin/sh\nsleep 30\n")
     assert runrecord.git_state(str(tmp_path), budget=0.5) is None  # and it returned within the budget
 
 
@@ -118,11 +123,7 @@ esac
 
 def fake_git(tmp_path, monkeypatch):
     """A git whose diff and untracked files (the calls that read a whole tree) wait for a gate file."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "git").write_text(FAKE_GIT)
-    (bin_dir / "git").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    git_on_path(tmp_path, monkeypatch, FAKE_GIT)
     monkeypatch.setenv("FAKE_ROOT", str(tmp_path))
     monkeypatch.setenv("FAKE_GATE", str(tmp_path / "gate"))
     return tmp_path / "gate"
