@@ -93,6 +93,9 @@ def show(found: GpuMeasure, console: Console, prog: str, as_json: bool = False) 
             print(json.dumps(record))
     elif found.verdicts:
         table_console().print(gpuspeed.render(found.verdicts, found.labels))
+        warm = gpuspeed.warm_text(found.verdicts)
+        if warm:
+            console.print(f"{prog}: {warm}", markup=False, highlight=False, style="dim")
     for line in gpuspeed.slow_lines(found.verdicts, found.labels):
         console.print(Text("✗ ", style="bold red") + outside(line))
     if found.failure:

@@ -3,7 +3,8 @@
 Never imported by the controller (it needs torch): ddp-check ships its text in the run spec, each
 agent writes it into the node's private state directory, and the launcher runs it with -m. Every
 rank measures its own GPU (LOCAL_RANK of the job's GPUs) at the same time as all the others, with
-no collective between them, and prints one line, ``DDP_UP_GPU <json>``:
+no collective between them, and prints one line, ``DDP_UP_GPU <json>``, which says whether the
+rank was forked from the node's warm interpreter (torch imported before it began):
 - matmul TFLOPs: an n x n matmul in bf16, or fp32 where the GPU has no bf16;
 - device copy GB/s: bytes read plus bytes written by a device-to-device copy;
 - host-to-device GB/s: a copy from pinned host memory.
@@ -26,6 +27,7 @@ ROUNDS = 5
 ROUND_SECONDS = 0.02
 MAX_CALLS = 50
 REPORT = "DDP_UP_GPU "
+WARM = "torch" in sys.modules  # imported before this module ran: forked from the node's warm interpreter
 
 
 def calls_per_round(one_call):
@@ -94,7 +96,7 @@ def measure_gpu(torch, index):
 
 def main():
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    report = {"rank": int(os.environ.get("RANK", "0")), "local_rank": local}
+    report = {"rank": int(os.environ.get("RANK", "0")), "local_rank": local, "warm": WARM}
     started = time.perf_counter()
     if not os.path.isdir("/proc/driver/nvidia/gpus"):  # said before torch's import, which takes seconds
         report["error"] = "no NVIDIA GPU on this node"

@@ -2,7 +2,8 @@
 others named. Pure but for the plan: reports in, verdicts and tables out.
 
 The measuring runs on the nodes (gpu_probe.py, one process per GPU, under ddp-up's own launcher:
-no rendezvous, nothing between the ranks); each rank prints one line, read here by read_report.
+no rendezvous, nothing between the ranks, each forked from the node's warm interpreter unless the
+cluster file says `warm: false`); each rank prints one line, read here by read_report.
 A GPU is judged against the median of the GPUs of the same model in the same run (SLOW_RATIO),
 which needs no table and catches a throttled GPU among healthy ones, and against its model's
 data-sheet peak where PEAKS knows it (PEAK_FLOOR), which catches a node whose GPUs are all slow.
@@ -47,8 +48,10 @@ PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}  # one
 def measure_plan(config: ClusterConfig, job_id: str, cwd: str) -> LaunchPlan:
     """One process per GPU of the job (each node's `gpus:`), under ddp-up's own launcher whatever
     the cluster file's, running the probe shipped in the spec. Unhealthy GPUs are measured too:
-    that is what the measure is for."""
-    plain = replace(config, launcher="none", warm=False)
+    that is what the measure is for. Warm unless the cluster file says `warm: false` (the probe
+    needs torch on every node, whatever the launcher), with torch alone: the job's own `preload:`
+    is not the probe's, and the probes are forked before anything touched CUDA, as a job's ranks."""
+    plain = replace(config, launcher="none", warm=config.warm is not False, preload=())
     source = (Path(__file__).parent / "gpu_probe.py").read_text()
     plan = make_plan(plain, "", [], job_id, cwd, allow_unhealthy_gpus=True)
     return replace(plan, module=MODULE, hooks={f"{MODULE}.py": source})
@@ -76,6 +79,7 @@ class Measured:
     error: str | None = None
     no_gpu: bool = False
     seconds: float | None = None  # the rank's own time, from its start (torch's import) to its report
+    warm: bool = False  # forked from the node's warm interpreter: torch was imported before it began
 
 
 def read_report(node: int, text: str) -> Measured | None:
@@ -89,7 +93,8 @@ def read_report(node: int, text: str) -> Measured | None:
     return Measured(node=node, local_rank=local, name=_text(report.get("name")) or "?", uuid=_text(report.get("uuid")),
                     dtype="float32" if report.get("dtype") == "float32" else "bfloat16",
                     rates={k: v for k, v in rates.items() if v is not None}, error=_text(report.get("error")),
-                    no_gpu=report.get("no_gpu") is True, seconds=_rate(report.get("seconds")))
+                    no_gpu=report.get("no_gpu") is True, seconds=_rate(report.get("seconds")),
+                    warm=report.get("warm") is True)
 
 
 def peaks_of(name: str, dtype: str, health: dict) -> dict:
@@ -194,11 +199,17 @@ def slow_lines(verdicts: list[Verdict], labels: list[str]) -> list[str]:
     return lines
 
 
+def warm_text(verdicts: list[Verdict]) -> str | None:
+    """On how many GPUs the probe was forked from a warm interpreter (as the ranks said), where any was."""
+    warm = sum(1 for v in verdicts if v.measured.warm)
+    return f"the probe forked from a warm interpreter for {warm} of {len(verdicts)} GPU(s)" if warm else None
+
+
 def records(verdicts: list[Verdict], labels: list[str]) -> list[dict]:
     """--json: one object a GPU."""
     return [{"node": v.measured.node, "host": labels[v.measured.node] if v.measured.node < len(labels) else None,
              "local_rank": v.measured.local_rank, "gpu": v.gpu, "uuid": v.measured.uuid, "model": v.measured.name,
              "dtype": v.measured.dtype, **v.measured.rates, "vs_median": v.vs_median, "vs_peak": v.vs_peak,
              "slow": v.slow, "why": list(v.why), "error": v.measured.error, "seconds": v.measured.seconds,
-             "health": v.health}
+             "warm": v.measured.warm, "health": v.health}
             for v in verdicts]

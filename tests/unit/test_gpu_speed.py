@@ -110,11 +110,37 @@ def test_the_h200s_own_report_is_judged_again_as_it_was_there():
 
 
 def test_the_measure_runs_one_process_per_gpu_under_ddp_ups_own_launcher_whatever_the_file_says():
-    config = parse_cluster("nodes: [{host: a, gpus: 4}, {host: b, gpus: 2}]\nlauncher: accelerate\nwarm: true\n")
+    config = parse_cluster("nodes: [{host: a, gpus: 4}, {host: b, gpus: 2}]\nlauncher: accelerate\n")
     plan = gpuspeed.measure_plan(config, "J", "/")
-    assert plan.launcher == "none" and plan.world_size == 6 and plan.allow_unhealthy_gpus and not plan.warm
+    assert plan.launcher == "none" and plan.world_size == 6 and plan.allow_unhealthy_gpus
     argv = plan.launcher_argv(plan.nodes[1], 29500)
     assert argv[-2:] == ["-m", gpuspeed.MODULE] and f"{gpuspeed.MODULE}.py" in plan.hooks
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "none", "accelerate"])
+def test_the_probes_are_forked_warm_with_torch_alone_whatever_the_launcher(launcher):
+    config = parse_cluster(f"nodes: [{{host: a, gpus: 2}}]\nlauncher: {launcher}\npreload: [lightning]\n")
+    plan = gpuspeed.measure_plan(config, "J", "/")
+    assert plan.warms and plan.preload == ()
+    [spec] = [plan.agent_spec(node) for node in plan.nodes]
+    assert spec.warm and not spec.preload
+
+
+def test_warm_false_keeps_the_measure_cold():
+    config = parse_cluster("nodes: [{host: a, gpus: 2}]\nwarm: false\n")
+    assert not gpuspeed.measure_plan(config, "J", "/").warms
+
+
+def test_a_ranks_word_on_its_warm_start_reaches_the_json_and_the_line_under_the_table():
+    warm = gpuspeed.read_report(0, gpuspeed.REPORT + json.dumps({"local_rank": 0, "name": "H200", "warm": True,
+                                                                 "tflops": 800.0}))
+    cold = gpuspeed.read_report(0, gpuspeed.REPORT + json.dumps({"local_rank": 1, "name": "H200", "warm": "yes",
+                                                                 "tflops": 800.0}))
+    assert warm.warm and not cold.warm  # only a JSON true counts: the line is the rank's output
+    verdicts = gpuspeed.judge([warm, cold], {})
+    assert [r["warm"] for r in gpuspeed.records(verdicts, ["a"])] == [True, False]
+    assert gpuspeed.warm_text(verdicts) == "the probe forked from a warm interpreter for 1 of 2 GPU(s)"
+    assert gpuspeed.warm_text(gpuspeed.judge([cold], {})) is None
 
 
 def test_a_slow_gpu_stops_a_launch_that_asked_for_the_measure_unless_allowed(monkeypatch, capsys):
