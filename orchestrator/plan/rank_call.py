@@ -11,6 +11,7 @@ message and traceback become the job's root cause. Stdlib, cloudpickle and (for 
 """
 
 import base64
+import inspect
 import os
 import sys
 
@@ -40,9 +41,17 @@ def start_group(backend):
 
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
+    if backend != "nccl":
+        dist.init_process_group(backend)
+        return dist
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    # The group bound to the rank's GPU, where this torch can (2.3 on): without it, every barrier
+    # (ours at the end, the function's own) warned in every rank that it guessed the device.
+    if "device_id" in inspect.signature(dist.init_process_group).parameters:
+        dist.init_process_group(backend, device_id=device)
+    else:
+        dist.init_process_group(backend)
     return dist
 
 

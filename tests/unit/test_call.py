@@ -36,11 +36,11 @@ def test_what_cannot_be_pickled_or_is_too_big_is_refused_before_anything_starts(
         Call.of(scaled, backend="tcp")
 
 
-def run_rank(tmp_path, call: Call, rank: int = 3):
+def run_rank(tmp_path, call: Call, rank: int = 3, local_rank: int = 0):
     """The runner as a rank runs it: ``-m ddp_up_call`` with the hooks on its path."""
     for name, text in call.hooks().items():
         (tmp_path / name).write_text(text)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RANK": str(rank), "LOCAL_RANK": "0"}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RANK": str(rank), "LOCAL_RANK": str(local_rank)}
     return subprocess.run([sys.executable, "-m", "ddp_up_call"], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -50,6 +50,37 @@ def test_the_runner_writes_the_value_as_a_new_private_file(tmp_path):
     result = tmp_path / "result.3"
     assert pickle.loads(result.read_bytes()) == {"rank": 3, "value": 42}
     assert result.stat().st_mode & 0o777 == 0o600
+
+
+FAKE_TORCH = {  # as much of torch as the runner's group uses, each call written to calls.txt
+    "torch/__init__.py": "import os\n"
+                         "from . import cuda\n"
+                         "def device(kind, index):\n    return '%s:%d' % (kind, index)\n",
+    "torch/cuda.py": "import os\n"
+                     "def is_available():\n    return True\n"
+                     "def set_device(d):\n    open(os.environ['CALLS'], 'a').write('set_device %s\\n' % d)\n",
+    "torch/distributed.py": "import os\n"
+                            "def log(text):\n    open(os.environ['CALLS'], 'a').write(text + '\\n')\n"
+                            "def init_process_group(backend{}):\n    log('init %s %s' % (backend, {}))\n"
+                            "def is_initialized():\n    return True\n"
+                            "def barrier():\n    log('barrier')\n"
+                            "def destroy_process_group():\n    log('destroy')\n",
+}
+
+
+@pytest.mark.parametrize("takes_device", [True, False], ids=["torch-2.3-on", "older-torch"])
+def test_an_nccl_group_is_bound_to_the_ranks_gpu_where_torch_can_so_no_barrier_warns(tmp_path, monkeypatch, takes_device):
+    for name, text in FAKE_TORCH.items():
+        if name.endswith("distributed.py"):
+            text = text.format(", device_id=None", "device_id") if takes_device else text.format("", "'-'")
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("CALLS", str(tmp_path / "calls.txt"))
+    done = run_rank(tmp_path, Call.of(scaled, (1,), backend="auto"), local_rank=2)
+    assert done.returncode == 0, done.stderr
+    bound = "cuda:2" if takes_device else "-"
+    assert (tmp_path / "calls.txt").read_text().split("\n") == ["set_device cuda:2", f"init nccl {bound}", "barrier",
+                                                               "destroy", ""]
 
 
 def test_the_runner_never_writes_through_a_planted_name_and_fails_a_value_too_big(tmp_path):
