@@ -265,16 +265,7 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
     inbox.check()
     logs = RunLogs(plan, args.runs_dir, warn=view.notice)
     logs.record(record)
-    notifier = Notifier(plan.notify, plan.job_id, plan.secrets, view.notice) if plan.notify else None
-    try:
-        code = run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
-                       cluster_arg=shlex.join(ours_for_attach(args)),
-                       restarts=restarts if restarts.any and not args.detach else None, notifier=notifier,
-                       caller=kept_across_attempts(caller, plan, restarts))
-    except Exception as e:  # a node not ready (exit 3), a signal before the start, a bug (70): said, then raised
-        if notifier is not None:
-            notifier.unstarted(e)
-        raise
+    code = run_planned(plan, view, logs, args, inbox, restarts, caller)
     if config.fetch and not args.detach and code < 128:  # a signal: the user wants out, not a copy
         try:
             fetch_outputs(list(restarts.roster.cluster(config).nodes), config.fetch, logs.dir, view.notice)
@@ -293,10 +284,30 @@ def view_for(config, plan: LaunchPlan, console: Console, args: argparse.Namespac
     return view
 
 
+def run_planned(plan: LaunchPlan, view, logs: RunLogs, args: argparse.Namespace,
+                             inbox: signals.SignalInbox, restarts: Restarts, caller: Caller) -> int:
+    """The job, run: a notifier told of a job that never started, and this job's own kept
+    interpreters (warm restarts) ended with it, their processes here waited for."""
+    notifier = Notifier(plan.notify, plan.job_id, plan.secrets, view.notice) if plan.notify else None
+    across = kept_across_attempts(caller, plan, restarts)
+    try:
+        return run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
+                       cluster_arg=shlex.join(ours_for_attach(args)),
+                       restarts=restarts if restarts.any and not args.detach else None, notifier=notifier,
+                       caller=across)
+    except Exception as e:  # a node not ready (exit 3), a signal before the start, a bug (70): said, then raised
+        if notifier is not None:
+            notifier.unstarted(e)
+        raise
+    finally:
+        if across.kept is not caller.kept:  # this job's own, not a Python session's
+            across.kept.close()
+
+
 def kept_across_attempts(caller: Caller, plan: LaunchPlan, restarts: Restarts) -> Caller:
     """Warm start with restarts: each node's warm interpreter is kept from one attempt to the next
-    (run/kept.py), so that a restart forks from one that imported before the failure. It ends
-    with this process."""
+    (run/kept.py), so that a restart forks from one that imported before the failure. They end
+    with the job (main_up closes them, and waits for their processes here)."""
     if caller.kept or not plan.warm or plan.detach or not restarts.any:
         return caller
     from ..run.kept import Kept

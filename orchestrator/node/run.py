@@ -15,6 +15,7 @@ module never imports it.
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from .state import killed_by_ddp_kill, remove_node_dir
 from .warm import READY_WAIT, KeptWarm, Warm, attempt_files
 
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
+REAP_WAIT = 5.0  # seconds the agent waits, at its end, for its warm interpreter's exit after a SIGKILL
 
 
 class Runner:
@@ -91,20 +93,13 @@ class Runner:
         install_handlers(self.on_signal)
         problem, supervisor_port = self.preflight()
         if problem:
-            end_early(self.warm)
-            remove_node_dir(self.dir, keep_logs=False)
-            self.out.send(problem)
-            self.out.drain(5)
-            return 3
+            return unstarted(self, problem, 3)
         self.warm_said.release()
         threading.Thread(target=events.read_controller, args=(sys.stdin.buffer, self.events.put, self.heard),
                          name="stdin", daemon=True).start()
         event = ready_and_go(self, supervisor_port)
-        if not isinstance(event, events.Go):  # (a warm interpreter ends with this agent: see zygote.ZYGOTE)
-            remove_node_dir(self.dir, keep_logs=False)
-            self.out.send(wire.Exited(code=None, signal=None, stopped=True, reason=event.reason))
-            self.out.drain(5)
-            return 0
+        if not isinstance(event, events.Go):
+            return unstarted(self, wire.Exited(code=None, signal=None, stopped=True, reason=event.reason), 0)
         return self.run_job(event.frame)
 
     def preflight(self):
@@ -226,9 +221,20 @@ class Runner:
                                   overran=self.launch.killed if graceful else None))
         if self.after_exit(code, stopped, reason, failures, ends):
             return 0  # the next attempt: same state directory, a journal and logs of its own
+        end_warm(self.warm)
         self.out.drain(self.spec.orphan_timeout)
         remove_node_dir(self.dir, keep_logs=self.keeps_logs())  # torchrun's copy: lines the controller missed
         return 0
+
+
+def unstarted(runner, frame, code):
+    """The job never started on this node (a failed preflight, a Stop before the Go): ``frame``
+    says so, once its warm interpreter and state directory are gone; ``code``, the agent's exit."""
+    end_warm(runner.warm)
+    remove_node_dir(runner.dir, keep_logs=False)
+    runner.out.send(frame)
+    runner.out.drain(5)
+    return code
 
 
 def ready_and_go(runner, supervisor_port):
@@ -307,13 +313,19 @@ class HeldFrames:
             self.out.send(frame)
 
 
-def end_early(line):
-    """A warm interpreter started for a node whose preflight then failed: ended now, before its
-    state directory goes (it would die with this agent all the same)."""
-    first = line and line.first
-    if isinstance(first, Warm) and first.proc.poll() is None:
-        first.give_up()
-        first.proc.wait()
+def end_warm(line):
+    """The job is over on this node (or never began: a failed preflight, a Stop before the Go):
+    every warm interpreter this agent started is killed if still there, and waited for, before
+    its state directory goes. It would die with this agent all the same, but then as a zombie
+    under a PID 1 that does not reap (a container's shell): one a node for every job."""
+    made = (line.first, line.current) if isinstance(line, WarmLine) else ()
+    for warm in {id(w): w for w in made if isinstance(w, Warm)}.values():
+        if warm.proc.poll() is None:
+            warm.give_up()
+        try:
+            warm.proc.wait(REAP_WAIT)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel: init has it once this agent is gone
 
 
 class KeptLine:

@@ -16,6 +16,7 @@ import atexit
 import hashlib
 import secrets
 import threading
+import time
 from dataclasses import replace
 
 from ..node import wire
@@ -24,6 +25,8 @@ from ..plan.launch import LaunchPlan, NodePlan
 from ..remote.oneshot import AgentCall
 from ..remote.parallel import on_each
 from ..remote.transports import transport_for
+
+REAP_WAIT = 5.0  # seconds, at the session's end, for the keepers' processes here to end once closed
 
 
 class Keeper:
@@ -56,6 +59,14 @@ class Keeper:
 
     def close(self) -> None:
         self.call.close()
+
+    def reap(self, deadline: float) -> None:
+        """Wait, until ``deadline`` at most, for its process here (the local agent, or the ssh
+        client) to end after ``close``: this process reaps it, rather than leave it a zombie
+        under a first process that does not reap (a container's shell) once this one is gone."""
+        proc = self.call.channel.proc
+        if proc is not None:
+            proc.exit_status(max(0.0, deadline - time.monotonic()))
 
 
 class Kept:
@@ -106,11 +117,15 @@ class Kept:
     def close(self) -> None:
         """Every kept interpreter ends (its keeper sees its connection close)."""
         with self.lock:
-            for keeper in self.keepers.values():
+            closed = list(self.keepers.values())
+            for keeper in closed:
                 keeper.close()
             self.keepers.clear()
             self.ended.set()
             self.every = None
+        deadline = time.monotonic() + REAP_WAIT  # they end at once, together: the wait is the slowest one's
+        for keeper in closed:
+            keeper.reap(deadline)
 
 
 def fit(plan: LaunchPlan, node: NodePlan) -> str:

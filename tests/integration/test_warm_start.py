@@ -118,6 +118,54 @@ def test_an_attached_restart_forks_from_the_interpreter_made_before_the_failure(
     assert procs.wait_no_job_processes(job_of(out), 15) == []
 
 
+# ddp-up under a subreaper that reaps only through waitid, as a container's first process (a shell)
+# never does: every process ddp-up's own processes did not reap comes to it, and is named.
+ORPHANS = r"""
+import ctypes, json, os, signal, subprocess, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+left = []
+
+def name(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().split("(", 1)[1].rsplit(")", 1)[0]
+
+def still_running(*_):  # what never ended: named, and killed
+    raise TimeoutError
+
+signal.signal(signal.SIGALRM, still_running)
+signal.alarm(30)
+try:
+    while True:  # each one as it ends (WNOWAIT: its name is read before it is reaped)
+        pid = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT).si_pid
+        left.append(name(pid))
+        os.waitpid(pid, 0)
+except ChildProcessError:
+    pass  # none left
+except TimeoutError:
+    for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            if open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[1] == str(os.getpid()):
+                left.append("running: " + name(pid))
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+print(json.dumps({"code": code, "left": left}))
+"""
+
+
+@pytest.mark.parametrize("restarts", [0, 1], ids=["one-attempt", "restarted"])
+def test_every_node_reaps_its_warm_interpreter_so_no_zombie_is_left_to_a_pid_1_that_does_not(tmp_path, restarts):
+    """In a container whose first process is a shell, a process whose parent ends before it is a
+    zombie for good: each job left one a node (its warm interpreter, killed at the end)."""
+    path = warm_cluster(tmp_path, "torchrun", nodes=2, gpus=1, restarts=restarts, restart_delay=0)
+    fails = ["--fail-rank", "1", "--fail-attempts", "0"] if restarts else []
+    done = subprocess.run([sys.executable, "-c", ORPHANS, sys.executable, "-c", runner.UP, "--no-dashboard", str(path),
+                           SCRIPT, "run", "--steps", "1", *fails],
+                          capture_output=True, text=True, timeout=120, env=runner._env())
+    assert json.loads(done.stdout) == {"code": 0, "left": []}, done.stderr
+
+
 # A Python session (a notebook's kernel): two launches of a function, then it waits until the test
 # closes its stdin (its normal end) or kills it (a kernel killed).
 SESSION = """

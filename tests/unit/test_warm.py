@@ -395,8 +395,8 @@ def test_a_node_whose_preflight_fails_ends_its_early_interpreter_and_says_nothin
     fake.mkdir()
     (fake / "slowmod.py").write_text("import time\ntime.sleep(60)\n")
     slow = warm(preload=("slowmod",), env={"PYTHONPATH": str(fake)})
-    run.end_early(SimpleNamespace(first=slow))  # the preflight failed: nothing is released
-    assert slow.proc.poll() is not None and sent == []
+    run.end_warm(run.WarmLine(lambda attempt: slow, 0, False))  # the preflight failed: nothing is released
+    assert slow.proc.returncode is not None and sent == []  # ended, and reaped by the agent
     held.release()  # it passed: what was held goes, in order, and then each as it comes
     held.send("later")
     assert sent == ["warm notice", "later"]
