@@ -43,7 +43,7 @@ def main() -> int:
                 cluster = where / f"{mode}.yaml"
                 cluster.write_text(yaml.safe_dump({
                     "transport": "local", "python": sys.executable, "workdir": str(where), **keys,
-                    "env": {"OMP_NUM_THREADS": 1},
+                    "env": {"OMP_NUM_THREADS": 1, "CUDA_VISIBLE_DEVICES": ""},  # the example trains on CPUs
                     "nodes": [{"host": f"local-{i}", "gpus": args.procs} for i in range(args.nodes)]}))
                 s = timed([sys.executable, "-c", UP, "--no-dashboard", "--runs-dir", str(where / "runs"), str(cluster),
                            SCRIPT, "--epochs", "1", "--out", str(where / f"ckpt-{mode}-{r}")], TIMEOUT,

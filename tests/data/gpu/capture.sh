@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Captures what ddp-up meets on a real NVIDIA GPU, as test data (run on the GPU machine, from the
-# repository's root; `capture.sh verify` reruns only the runs that fixes changed). Everything lands
+# repository's root; `capture.sh verify` reruns only the runs that fixes changed, `capture.sh warm`
+# times warm start against cold there: ddp-check --gpus, a job, a restart, launch()). Everything lands
 # in /tmp/cap, packed to $OUT/cap.tgz. Each step is bounded.
 set -u
 export PYTHONUNBUFFERED=1 COLUMNS=120
@@ -11,6 +12,7 @@ step() {  # step NAME SECONDS CMD...: output to $C/NAME.txt, exit status and sec
   local name=$1 limit=$2; shift 2; local t0=$SECONDS
   timeout -k 5 "$limit" "$@" >"$C/$name.txt" 2>&1; local rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s" >>$C/steps.txt
+  tar czf "${OUT:-/tmp}/cap.tgz" -C /tmp cap  # each step's, in case the whole run is stopped
   echo "== $name rc=$rc"; tail -n 5 "$C/$name.txt"
 }
 Q_GPUS="--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits"
@@ -21,6 +23,36 @@ if [ "${1:-}" = verify ]; then  # after fixes: the runs whose output changed, ag
   step job 180 ddp-up --no-dashboard --runs-dir $C/runs configs/local-gpus.yaml examples/train.py --steps 5
   step shared 120 ddp-up --no-dashboard --no-preflight --runs-dir $C/runs $D/shared.yaml $D/nccl_shared.py
   step check_collective 180 ddp-check --collective configs/local-gpus.yaml
+  cat $C/steps.txt; exit 0
+fi
+
+if [ "${1:-}" = warm ]; then  # warm start on the GPU, each cold run beside it with warm: false
+  step install 240 python3 -m pip install --no-deps --no-build-isolation -e .
+  step facts 60 bash -c "nproc; nvidia-smi -L; python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'"
+  stamped() {  # CMD...: its output, each line with the seconds since it was started
+    local t0=${EPOCHREALTIME/./} line
+    at() { local d=$((${EPOCHREALTIME/./} - t0)); printf '+%3d.%02d' $((d / 1000000)) $((d % 1000000 / 10000)); }
+    "$@" 2>&1 | while IFS= read -r line; do echo "$(at) $line"; done
+    echo "$(at) exit ${PIPESTATUS[0]}"
+  }
+  export -f stamped; S=(bash -c 'stamped "$@"' stamped)
+  G=${G:-configs/local-gpus.yaml}
+  [ -d /proc/driver/nvidia/gpus ] || [ "$G" != configs/local-gpus.yaml ] || { sed "s/gpus: auto/gpus: $(nvidia-smi -L | grep -c '^GPU')/" $G >$C/gpus.yaml; G=$C/gpus.yaml; }
+  sed 's/^transport: local$/transport: local\nwarm: false/' $G >$C/cold.yaml
+  for i in 1 2 3; do  # ddp-check --gpus, warm and cold in turn
+    step gpus_warm_$i 120 "${S[@]}" ddp-check --gpus --json $G
+    step gpus_cold_$i 120 "${S[@]}" ddp-check --gpus --json $C/cold.yaml
+  done
+  step gpus_text 120 ddp-check --gpus $G
+  for i in 1 2; do  # a job: launch to its first NCCL all_reduce, and to its exit
+    step job_warm_$i 180 "${S[@]}" ddp-up --no-dashboard --runs-dir $C/runs $G $D/nccl_first.py
+    step job_cold_$i 180 "${S[@]}" ddp-up --no-dashboard --runs-dir $C/runs $C/cold.yaml $D/nccl_first.py
+  done
+  step restart_warm 240 "${S[@]}" ddp-up --no-dashboard --restarts 1 --runs-dir $C/runs $G $D/nccl_first.py 0
+  step restart_cold 240 "${S[@]}" ddp-up --no-dashboard --restarts 1 --runs-dir $C/runs $C/cold.yaml $D/nccl_first.py 0
+  step launch_twice 240 "${S[@]}" python3 $D/launch_twice.py $G $C/runs
+  step lightning 240 python3 -m benchmarks.warm_trainer --repeat 2 --nodes 2 --procs 4  # CPU ranks, 16 cores
+  step leftovers 30 bash -c "ps -eo pid,args | grep -E 'ddp-up|ddp_up|torchrun|nccl_first|lightning' | grep -v grep; nvidia-smi $Q_APPS"
   cat $C/steps.txt; exit 0
 fi
 
