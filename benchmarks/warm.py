@@ -111,10 +111,20 @@ def report_first_lines(args, rows: dict[int, list[dict]]) -> None:
     print("|---|---|---|---|---|---|")
     for n in args.sizes:
         def first(mode):
-            return [run[mode][0].lines_at or float("nan") for run in rows[n]]
-        print(f"| {n} | {spread(first('manual'))} | {spread(first('cold'))} | {spread(first('warm'))} "
-              f"| {spread([w / m for w, m in zip(first('warm'), first('manual'))])} "
-              f"| {spread([w / c for w, c in zip(first('warm'), first('cold'))])} |")
+            return [run[mode][0].lines_at for run in rows[n]]
+
+        def ratios(a, b):  # the runs where both saw every rank's line (by hand, ssh's interleaving can cut one)
+            return [x / y if x is not None and y is not None else None for x, y in zip(first(a), first(b))]
+        print(f"| {n} | {seen(first('manual'))} | {seen(first('cold'))} | {seen(first('warm'))} "
+              f"| {seen(ratios('warm', 'manual'))} | {seen(ratios('warm', 'cold'))} |")
+
+
+def seen(values: list) -> str:
+    """spread of the values there are, and how many of the runs they are where some are missing."""
+    there = [v for v in values if v is not None]
+    if not there:
+        return "-"
+    return spread(there) + (f" ({len(there)} of {len(values)} runs)" if len(there) < len(values) else "")
 
 
 if __name__ == "__main__":
