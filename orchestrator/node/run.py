@@ -317,7 +317,8 @@ def end_warm(line):
     """The job is over on this node (or never began: a failed preflight, a Stop before the Go):
     every warm interpreter this agent started is killed if still there, and waited for, before
     its state directory goes. It would die with this agent all the same, but then as a zombie
-    under a PID 1 that does not reap (a container's shell): one a node for every job."""
+    under a PID 1 that does not reap (a container started without an init, whose first process
+    is a notebook server, say): one a node for every job."""
     made = (line.first, line.current) if isinstance(line, WarmLine) else ()
     for warm in {id(w): w for w in made if isinstance(w, Warm)}.values():
         if warm.proc.poll() is None:

@@ -63,7 +63,7 @@ class Keeper:
     def reap(self, deadline: float) -> None:
         """Wait, until ``deadline`` at most, for its process here (the local agent, or the ssh
         client) to end after ``close``: this process reaps it, rather than leave it a zombie
-        under a first process that does not reap (a container's shell) once this one is gone."""
+        under a first process that does not reap (a container without an init) once this one is gone."""
         proc = self.call.channel.proc
         if proc is not None:
             proc.exit_status(max(0.0, deadline - time.monotonic()))

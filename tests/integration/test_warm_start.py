@@ -118,8 +118,9 @@ def test_an_attached_restart_forks_from_the_interpreter_made_before_the_failure(
     assert procs.wait_no_job_processes(job_of(out), 15) == []
 
 
-# ddp-up under a subreaper that reaps only through waitid, as a container's first process (a shell)
-# never does: every process ddp-up's own processes did not reap comes to it, and is named.
+# ddp-up under a subreaper that reaps only through waitid, as a container's first process started
+# without an init (a notebook server) never reaps: every process ddp-up's own processes did not
+# reap comes to it, and is named.
 ORPHANS = r"""
 import ctypes, json, os, signal, subprocess, sys
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
@@ -156,8 +157,8 @@ print(json.dumps({"code": code, "left": left}))
 
 @pytest.mark.parametrize("restarts", [0, 1], ids=["one-attempt", "restarted"])
 def test_every_node_reaps_its_warm_interpreter_so_no_zombie_is_left_to_a_pid_1_that_does_not(tmp_path, restarts):
-    """In a container whose first process is a shell, a process whose parent ends before it is a
-    zombie for good: each job left one a node (its warm interpreter, killed at the end)."""
+    """In a container without an init (a notebook server first), a process whose parent ends before
+    it is a zombie for good: each job left one a node (its warm interpreter, killed at the end)."""
     path = warm_cluster(tmp_path, "none", nodes=1, gpus=1, restarts=restarts, restart_delay=0)
     fails = ["--fail-rank", "0", "--fail-attempts", "0"] if restarts else []
     done = subprocess.run([sys.executable, "-c", ORPHANS, sys.executable, "-c", runner.UP, "--no-dashboard", str(path),
