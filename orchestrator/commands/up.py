@@ -284,8 +284,8 @@ def view_for(config, plan: LaunchPlan, console: Console, args: argparse.Namespac
     return view
 
 
-def run_planned(plan: LaunchPlan, view, logs: RunLogs, args: argparse.Namespace,
-                             inbox: signals.SignalInbox, restarts: Restarts, caller: Caller) -> int:
+def run_planned(plan: LaunchPlan, view, logs: RunLogs, args: argparse.Namespace, inbox: signals.SignalInbox,
+                restarts: Restarts, caller: Caller) -> int:
     """The job, run: a notifier told of a job that never started, and this job's own kept
     interpreters (warm restarts) ended with it, their processes here waited for."""
     notifier = Notifier(plan.notify, plan.job_id, plan.secrets, view.notice) if plan.notify else None
