@@ -69,7 +69,8 @@ FAKE_TORCH = {  # as much of torch as the runner's group uses, each call written
 
 
 @pytest.mark.parametrize("takes_device", [True, False], ids=["torch-2.3-on", "older-torch"])
-def test_an_nccl_group_is_bound_to_the_ranks_gpu_where_torch_can_so_no_barrier_warns(tmp_path, monkeypatch, takes_device):
+def test_an_nccl_group_is_bound_to_the_ranks_gpu_where_torch_can_so_no_barrier_warns(tmp_path, monkeypatch,
+                                                                                     takes_device):
     for name, text in FAKE_TORCH.items():
         if name.endswith("distributed.py"):
             text = text.format(", device_id=None", "device_id") if takes_device else text.format("", "'-'")

@@ -37,7 +37,9 @@ if [ "${1:-}" = warm ]; then  # warm start on the GPU, each cold run beside it w
   }
   export -f stamped; S=(bash -c 'stamped "$@"' stamped)
   G=${G:-configs/local-gpus.yaml}
-  [ -d /proc/driver/nvidia/gpus ] || [ "$G" != configs/local-gpus.yaml ] || { sed "s/gpus: auto/gpus: $(nvidia-smi -L | grep -c '^GPU')/" $G >$C/gpus.yaml; G=$C/gpus.yaml; }
+  if [ ! -d /proc/driver/nvidia/gpus ] && [ "$G" = configs/local-gpus.yaml ]; then  # as below
+    sed "s/gpus: auto/gpus: $(nvidia-smi -L | grep -c '^GPU')/" $G >$C/gpus.yaml; G=$C/gpus.yaml
+  fi
   sed 's/^transport: local$/transport: local\nwarm: false/' $G >$C/cold.yaml
   for i in 1 2 3; do  # ddp-check --gpus, warm and cold in turn
     step gpus_warm_$i 120 "${S[@]}" ddp-check --gpus --json $G
@@ -52,7 +54,8 @@ if [ "${1:-}" = warm ]; then  # warm start on the GPU, each cold run beside it w
   step restart_cold 240 "${S[@]}" ddp-up --no-dashboard --restarts 1 --runs-dir $C/runs $C/cold.yaml $D/nccl_first.py 0
   step launch_twice 240 "${S[@]}" python3 $D/launch_twice.py $G $C/runs
   step lightning 240 python3 -m benchmarks.warm_trainer --repeat 2 --nodes 2 --procs 4  # CPU ranks, 16 cores
-  step leftovers 30 bash -c "ps -eo pid,args | grep -E 'ddp-up|ddp_up|torchrun|nccl_first|lightning' | grep -v grep; nvidia-smi $Q_APPS"
+  step leftovers 30 bash -c "ps -eo pid,stat,args | grep -E 'ddp-up|ddp_up|torchrun|nccl_first|lightning' | grep -v grep
+    nvidia-smi $Q_APPS"
   cat $C/steps.txt; exit 0
 fi
 

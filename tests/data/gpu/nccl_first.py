@@ -1,7 +1,8 @@
 """A rank that times its own start (capture.sh warm): seconds from its process's start to torch
-imported and to its first NCCL all_reduce on its GPU (gloo on a CPU, to try the script there), and whether torch was there before it began
-(forked from the node's warm interpreter). An argument N: attempt N raises after the all_reduce,
-so that a restart's next attempt is checked to use CUDA and NCCL too."""
+imported and to its first NCCL all_reduce on its GPU (gloo on a CPU, to try the script there),
+and whether torch was there before it began (forked from the node's warm interpreter). An
+argument N: attempt N raises after the all_reduce, so that a restart's next attempt is checked
+to use CUDA and NCCL too."""
 import os
 import sys
 import time
