@@ -84,6 +84,7 @@ def test_three_nodes_without_sshd_run_a_torchrun_job_over_srun(slurm, slurm_file
     assert "master dsl1:" in out, out  # the first node's name, resolved by the nodes only
     for rank, node in ((0, "dsl1"), (1, "dsl2"), (2, "dsl3")):
         assert re.search(rf"^{node}\s+r{rank}\s+\| READY rank={rank} world=3 host={node}", out, re.M), out
+    assert re.findall(r"\| READY rank=\d+ .* warm=(\w+) attempt=", out) == ["True"] * 3, out  # warm, the default
     assert not procs.wait_no_job_processes(None, 15)
 
 
