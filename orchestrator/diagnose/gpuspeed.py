@@ -54,7 +54,8 @@ def measure_plan(config: ClusterConfig, job_id: str, cwd: str) -> LaunchPlan:
     plain = replace(config, launcher="none", warm=config.warm is not False, preload=())
     source = (Path(__file__).parent / "gpu_probe.py").read_text()
     plan = make_plan(plain, "", [], job_id, cwd, allow_unhealthy_gpus=True)
-    return replace(plan, module=MODULE, hooks={f"{MODULE}.py": source})
+    # a node without an NVIDIA GPU: its probe says so before importing torch, so none is imported for it
+    return replace(plan, module=MODULE, hooks={f"{MODULE}.py": source}, warm_gpus_only=True)
 
 
 def _text(value) -> str | None:

@@ -166,13 +166,19 @@ def runs_torchrun(argv):
     return argv[1:4] == ["-u", "-m", TORCHRUN]
 
 
+def warm_here(spec):
+    """Whether this node's ranks are forked warm, as the spec says (plan.launch.warms): not where
+    it asks for GPUs that this node has none of (ddp-check --gpus, whose probe needs no torch there)."""
+    return bool(spec.warm) and not (spec.warm_gpus_only and not facts.has_nvidia_gpus())
+
+
 def warm_in_box(spec, state_dir, attempt, argv):
     """boxwarm's arguments where the launcher (torchrun, or ddp-up's own) starts from a warm
     interpreter in the container (its socket and log in the node's state directory, bound at the
     same path inside), else None. The signals it passes on: torchrun's, or all a job may be sent,
     as workers.main passes them on in a cold container."""
     own = argv[0] == OWN_LAUNCHER
-    if not spec.warm or not (own or runs_torchrun(argv)):
+    if not warm_here(spec) or not (own or runs_torchrun(argv)):
         return None
     passed = JOB_SIGNALS if own else torchrun_passes_on(spec.stop_signal)
     return [*attempt_files(state_dir, attempt), ",".join(spec.preload or ()), ",".join(passed),

@@ -22,7 +22,7 @@ import time
 
 from . import checks, events, policy, wire
 from .container import box_for
-from .launch import TERMINAL_ENV, Launch, outcome, results_of
+from .launch import TERMINAL_ENV, Launch, outcome, results_of, warm_here
 from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, TAG_RUN, signal_name, spec_tags
 from .state import killed_by_ddp_kill, remove_node_dir
 from .warm import READY_WAIT, KeptWarm, Warm, attempt_files
@@ -342,7 +342,7 @@ class KeptLine:
 def warm_interpreters(spec, attempt, job_env, state_dir, out):
     """Warm start (the spec says where: plan.launch.warms): the WarmLine of this node, or the
     session's KeptLine; None for a cold start. Its imports are waited for in await_warm."""
-    if not spec.warm or spec.container:  # in a container, the interpreter is the image's (boxwarm.py)
+    if not warm_here(spec) or spec.container:  # in a container, the interpreter is the image's (boxwarm.py)
         return None
     report = lambda text: out.send(wire.Output("err", None, text.encode()))  # noqa: E731
     if spec.keep:

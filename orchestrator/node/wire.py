@@ -180,6 +180,7 @@ class RunSpec(Frame):
     notify: list | None = None  # detach: [[kind, value, events or None]]: webhook and command targets (node/notify.py)
     commit: str | None = None  # detach: the commit the job ran from, for its record (ddp-ls)
     warm: bool = False  # fork every rank from a warm interpreter (node/warm.py; in a container, node/boxwarm.py)
+    warm_gpus_only: bool = False  # warm only on a node with NVIDIA GPUs (ddp-check --gpus: elsewhere no torch)
     preload: list | None = None  # warm: modules it imports besides torch
     keep: str | None = None  # warm: the kept interpreter its ranks are forked from (node/keep.py), by its name
     container: dict | None = None  # the image the launcher runs in: runtime, image, pull, mounts, options, python (node/container.py)

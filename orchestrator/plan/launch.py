@@ -75,6 +75,7 @@ class LaunchPlan:
     flight_recorder: bool = True  # every rank records its collectives (node/flight.py)
     warm: bool = False  # ranks forked from a warm interpreter (node/warm.py), where plan.warms
     preload: tuple[str, ...] = ()  # what it imports besides torch
+    warm_gpus_only: bool = False  # warm only on nodes with NVIDIA GPUs (ddp-check --gpus)
     kept: Mapping[int, str] = field(default_factory=dict)  # warm: node index -> the session's kept interpreter (run/kept.py)
     launcher: str = "torchrun"
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
@@ -194,7 +195,8 @@ class LaunchPlan:
             stop_grace=self.stop_grace, stop_signal=self.stop_signal, heartbeat=self.heartbeat,
             stack_dumps=self.hang_timeout is not None or self.startup_timeout is not None,
             flight_recorder=self.flight_recorder,
-            warm=self.warms, preload=list(self.preload) or None, keep=self.kept.get(node.index),
+            warm=self.warms, warm_gpus_only=self.warm_gpus_only, preload=list(self.preload) or None,
+            keep=self.kept.get(node.index),
             needs_torch=self.launcher != "none" and node.label not in self.vetted, nproc=node.nproc,
             hooks=dict(self.hooks) or None, attempt=self.attempt,
             container=node.config.container.wire() if node.config.container else None,

@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.diagnose import gpuspeed
+from orchestrator.plan.launch import make_plan
 from orchestrator.diagnose.gpuspeed import Measured
 from orchestrator.node import gpuhealth
 
@@ -124,6 +125,21 @@ def test_the_probes_are_forked_warm_with_torch_alone_whatever_the_launcher(launc
     assert plan.warms and plan.preload == ()
     [spec] = [plan.agent_spec(node) for node in plan.nodes]
     assert spec.warm and not spec.preload
+
+
+def test_a_node_without_an_nvidia_gpu_imports_no_torch_for_the_measure(monkeypatch):
+    """Its probe says "no NVIDIA GPU" before importing torch: a warm interpreter there would import
+    it in vain. A job's own spec is warm on every node alike."""
+    from orchestrator.node import facts, launch
+
+    config = parse_cluster("nodes: [{host: a, gpus: 2}]\n")
+    plan = gpuspeed.measure_plan(config, "J", "/")
+    spec, job = plan.agent_spec(plan.nodes[0]), make_plan(config, "train.py", [], "J", "/").agent_spec(plan.nodes[0])
+    assert spec.warm and spec.warm_gpus_only and job.warm and not job.warm_gpus_only
+    for gpus, expected in ((True, True), (False, False)):
+        monkeypatch.setattr(facts, "has_nvidia_gpus", lambda gpus=gpus: gpus)
+        assert launch.warm_here(spec) is expected
+        assert launch.warm_here(job) is True
 
 
 def test_warm_false_keeps_the_measure_cold():

@@ -204,8 +204,8 @@ def test_an_interpreter_that_said_cold_is_not_waited_for_as_if_it_still_imported
     monkeypatch.setattr(run, "READY_WAIT", 60.0)
     sent = []
     out = SimpleNamespace(send=lambda frame, block=True: sent.append(frame))
-    spec = SimpleNamespace(warm=True, container=None, detach=False, heartbeat=0.05, keep=None, job="j", node=0, run="r", attempt=0,
-                           orphan_timeout=30.0)
+    spec = SimpleNamespace(warm=True, warm_gpus_only=False, container=None, detach=False, heartbeat=0.05, keep=None,
+                           job="j", node=0, run="r", attempt=0, orphan_timeout=30.0)
     runner = run.Runner(spec, out)
     runner.warm = line = run.warm_interpreters(spec, 0, {}, str(tmp_path), out)
     assert run.await_warm(runner) is None
@@ -226,8 +226,8 @@ def test_a_stop_while_the_interpreter_imports_is_acted_on_at_once(warm, tmp_path
     (fake / "slowmod.py").write_text("import time\ntime.sleep(60)\n")
     slow = warm(preload=("slowmod",), env={"PYTHONPATH": str(fake)})
     monkeypatch.setattr(run, "warm_interpreter", lambda *args: slow)
-    spec = SimpleNamespace(warm=True, container=None, detach=False, heartbeat=0.05, keep=None, job="j", node=0, run="r", attempt=0,
-                           orphan_timeout=30.0)
+    spec = SimpleNamespace(warm=True, warm_gpus_only=False, container=None, detach=False, heartbeat=0.05, keep=None,
+                           job="j", node=0, run="r", attempt=0, orphan_timeout=30.0)
     runner = run.Runner(spec, SimpleNamespace(send=lambda frame, block=True: None))
     runner.warm = run.warm_interpreters(spec, 0, {}, str(tmp_path), runner.out)
     runner.events.put(events.Stop("stopped by ddp-up"))
@@ -353,8 +353,8 @@ def test_a_detached_job_forks_every_attempt_from_one_interpreter_that_no_attempt
     from orchestrator.node import run
     from orchestrator.node.procs import carries, read_tags
     monkeypatch.setattr(run, "Warm", functools.partial(Warm, base=()))  # no torch: not the subject
-    spec = SimpleNamespace(warm=True, container=None, detach=True, restarts=1, recoveries=0, keep=None, preload=None,
-                           nproc=1, job="20261128-000000-aaaaaa", node=0, run="r1", cluster="c1")
+    spec = SimpleNamespace(warm=True, warm_gpus_only=False, container=None, detach=True, restarts=1, recoveries=0,
+                           keep=None, preload=None, nproc=1, job="20261128-000000-aaaaaa", node=0, run="r1", cluster="c1")
     line = run.warm_interpreters(spec, 0, {"PATH": os.environ["PATH"], "DDP_UP_ATTEMPT": "0"}, str(tmp_path),  # the agent's
                                  SimpleNamespace(send=lambda frame, block=True: None))
     made = [line.take(0)]
