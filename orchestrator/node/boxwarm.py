@@ -55,8 +55,7 @@ def main(argv):
     child = warm.fork(None, launcher[2:], dict(os.environ, **{SOCKET_VAR: sock, PASS_VAR: passed}), os.getcwd(),
                       fds=[0, 1, 2])
     if child is None:
-        warm.give_up()
-        warm.proc.wait()
+        warm.reap()
         os.execvp(launcher[0], launcher)
     while not child.ended.wait(0.1):
         while pending:

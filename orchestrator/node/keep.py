@@ -54,8 +54,7 @@ def keep(spec, writer):
     try:
         hold(spec, warm, ended)
     finally:
-        warm.proc.kill()
-        warm.proc.wait()
+        warm.reap()
         shutil.rmtree(where, ignore_errors=True)
     return 0
 

@@ -15,7 +15,6 @@ module never imports it.
 import os
 import queue
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -321,12 +320,7 @@ def end_warm(line):
     is a notebook server, say): one a node for every job."""
     made = (line.first, line.current) if isinstance(line, WarmLine) else ()
     for warm in {id(w): w for w in made if isinstance(w, Warm)}.values():
-        if warm.proc.poll() is None:
-            warm.give_up()
-        try:
-            warm.proc.wait(REAP_WAIT)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in the kernel: init has it once this agent is gone
+        warm.reap(REAP_WAIT)
 
 
 class KeptLine:

@@ -172,6 +172,16 @@ class Warm(Forker):
         """It took too long: this attempt starts cold."""
         self.proc.kill()
 
+    def reap(self, timeout=None):
+        """Killed if still there, and waited for (``timeout`` seconds at most; None: however long) by
+        its parent, so that it is never left a zombie to a first process that does not reap."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel: init has it once its parent is gone
+
     def fork(self, local_rank, argv, env, cwd, stdout=None, stderr=None, timeout=30.0, fds=None):
         """A WarmChild running ``argv`` (SCRIPT ARGS) as local rank ``local_rank``; None if the
         interpreter cannot fork it (the caller starts that rank cold)."""
