@@ -35,6 +35,14 @@ def slurm_cancel(text: str) -> str | None:
     return f"{SLURM_CANCELLED} {m.group(1).lower()} {m.group(2)}{why}"
 
 
+def slurms(failure, cancel: str | None):
+    """``failure`` as Slurm's doing where Slurm ended the node's step (``cancel``: its word) and the
+    failure is the node's end or a rank's death by a signal: Slurm signals every process of the step."""
+    if cancel is None or not (failure.rank is None or (failure.exit_code or 0) < 0):
+        return failure
+    return replace(failure, what=cancel, kind="outside")
+
+
 def overran(reason: str | None, killed: int, grace: float) -> str | None:
     """A stopped node's reason, and what its stop cut short: ``killed`` processes still there at
     the end of stop_grace (a save that took longer), killed by the agent or by torchrun."""
@@ -168,9 +176,7 @@ class NodeReports:
         death by a signal there: Slurm signals every process of the step, and a rank may die of
         it before its agent acts on its own."""
         status = self.table[node]
-        self.table.failures[:] = [replace(f, what=status.slurm_cancel, kind="outside")
-                                  if f.node == node and (f.rank is None or (f.exit_code or 0) < 0) else f
-                                  for f in self.table.failures]
+        self.table.failures[:] = [slurms(f, status.slurm_cancel) if f.node == node else f for f in self.table.failures]
         if status.state in ("stopped", "lost"):
             status.reason = status.slurm_cancel
 
@@ -192,7 +198,7 @@ class NodeReports:
         state = policy.node_end(bool(own), frame.stopped or asked, frame.code)  # the node's own rule
         if own:  # the ranks' own ends, not only torchrun's 1
             self.table.set(node, "failed", reason=ranks_ended(own, f"launcher exited with {how}"))
-            return [Record(failure) for failure in own]
+            return [Record(slurms(failure, status.slurm_cancel)) for failure in own]  # Slurm's word may come first
         if asked:
             cut = (frame.overran if isinstance(frame.overran, int) else 0) + status.report.forced
             self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, cut, self.plan.stop_grace))

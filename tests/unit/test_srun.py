@@ -68,6 +68,24 @@ def test_a_rank_killed_by_slurm_s_signal_before_its_agent_acted_is_slurm_s_doing
     assert result.root_cause.what == "Slurm cancelled step 7.1 (scancel, or the allocation ended)"
 
 
+def test_slurm_s_word_before_the_ranks_signalled_end_is_reported_makes_that_end_slurm_s_too():
+    """The other order, seen in the Slurm test: slurmstepd's line arrives first, then the node's
+    launcher reports its rank killed by the step's SIGTERM."""
+    from orchestrator.node import wire
+    from orchestrator.job.events import Message
+    from tests.unit.fakejob import Harness
+
+    h = Harness(2)
+    h.queue.at(1002.9, h.lines(1, "slurmstepd-h1: error: *** STEP 7.1 ON h1 CANCELLED AT 2026-11-23T06:27:42 ***",
+                               stream="node"))
+    h.queue.at(1003.0, h.lines(1, "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 0)",
+                               "  exitcode  : -15 (pid: 8203) (SIGTERM)"))
+    h.queue.at(1003.0, Message(1, wire.Exited(code=143, signal=None, stopped=False, reason=None)))
+    result = h.job.run()
+    assert result.root_cause.node == 1 and result.root_cause.rank == 1
+    assert result.root_cause.what == "Slurm cancelled step 7.1 (scancel, or the allocation ended)"
+
+
 def test_the_batch_script_is_private_runs_this_ddp_up_and_goes_when_the_submit_fails(tmp_path, monkeypatch):
     """Issue 26, item 4: the script is 0600 (never through a planted link), runs the ddp-up that
     wrote it (this Python, this package: not whichever ddp-up is first on PATH in the batch job),
