@@ -1,6 +1,6 @@
 """Container cost: what does ddp-up add to a job that runs in an image?
 
-    python3 -m benchmarks.containers [--repeat 5] [--runtime podman|docker] [--ranks 1]
+    python3 -m benchmarks.containers [--repeat 5] [--runtime podman|docker] [--ranks 1] [--restart]
 
 Two `transport: local` nodes, `--ranks` ranks each, a gloo all-reduce (torch imported in each
 rank): the test image of tests/harness/podman.py (an empty root filesystem, the test's Python
@@ -13,11 +13,18 @@ bind-mounted read-only). Four ways, interleaved in each repeat:
   host     the same job through ddp-up without a container, for reference
 Prints each way's median wall time and its ratio to the baseline; the first ddp-up run reads the
 image's versions in a container of its own (later ones find them kept), shown on its own row.
+
+With --restart, a restart in containers instead (tests/scripts/job.py, rank 1 failing in attempt 0,
+`restarts: 1`, `restart_delay: 1`), alternating in each repeat: a fresh launch, to its first line
+(what a restart in a container cost when each attempt started a container of its own: a container's
+start, then torch imported in it), and the restart, from the failure to attempt 1's first line less
+the delay (the attempt forked in each node's kept container, node/keptbox.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,8 +34,11 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.common import SCRIPT, Watched
 from tests.harness.podman import IMAGE, Docker, Podman, available, docker_available
 from tests.harness.runner import REPO, UP, _env
+
+DELAY = 1.0  # restart_delay of --restart
 
 TRAIN = """\
 import torch, torch.distributed as dist
@@ -74,11 +84,48 @@ def cluster_file(work: Path, name: str, container: dict | None, ranks: int, **ke
     return path
 
 
+def timed_restart(store, cluster: Path, runs: Path, restarts: bool) -> float:
+    """--restart: from the failure to attempt 1's first line, less the delay; or, with ``restarts``
+    false, a fresh launch to its first line."""
+    fails = ["--restarts", "1"] if restarts else []
+    argv = [sys.executable, "-c", UP, "--runs-dir", str(runs), "--no-dashboard", *fails, str(cluster), Path(SCRIPT).name,
+            "run", "--steps", "0", *(["--fail-rank", "1", "--fail-attempts", "0"] if restarts else [])]
+    start = time.monotonic()
+    w = Watched(argv, cwd=cluster.parent, env={**_env(), "PYTHONPATH": str(REPO), **store.env})
+    try:
+        if restarts:
+            w.wait_for(lambda text: "rank 1 failing with" in text, 300)
+            start = time.monotonic()
+        w.wait_for(lambda text: ("attempt=1" if restarts else "READY rank=") in text, 300)
+        took = time.monotonic() - start - (DELAY if restarts else 0.0)
+        if w.wait(300) != 0:
+            raise SystemExit(f"the job failed:\n{w.text[-3000:]}")
+        return took
+    finally:
+        w.kill()
+
+
+def restarts_in_containers(store, work: Path, runs: Path, repeat: int, ranks: int) -> None:
+    shutil.copy(SCRIPT, work)
+    cluster = cluster_file(work, "restart.yaml", store.config(), ranks, restart_delay=DELAY)
+    times: dict[str, list[float]] = {"fresh": [], "restart": []}
+    timed_restart(store, cluster, runs, False)  # reads the versions from the image: kept
+    for r in range(repeat):
+        for way in (("fresh", "restart") if r % 2 == 0 else ("restart", "fresh")):
+            times[way].append(timed_restart(store, cluster, runs, way == "restart"))
+    fresh, again = statistics.median(times["fresh"]), statistics.median(times["restart"])
+    print(f"{store.runtime}, 2 local nodes x {ranks} rank(s), {repeat} repeats (median seconds, range)")
+    print(f"fresh launch in containers, to its first line      {fresh:6.2f}  ({min(times['fresh']):.2f}-{max(times['fresh']):.2f})")
+    print(f"restart, failure to attempt 1's first line - delay {again:6.2f}  "
+          f"({min(times['restart']):.2f}-{max(times['restart']):.2f})  {again / fresh:.2f} of the fresh launch")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--runtime", choices=("podman", "docker"), default="podman")
     ap.add_argument("--ranks", type=int, default=1, help="ranks per node")
+    ap.add_argument("--restart", action="store_true", help="time a restart in containers instead")
     args = ap.parse_args()
     why = available() or (docker_available() if args.runtime == "docker" else None)
     if why:
@@ -92,6 +139,13 @@ def main() -> int:
         work = root / "work"
         (work / "train.py").write_text(TRAIN)
         store = (Docker if args.runtime == "docker" else Podman)(root / "store", root / "tmp").up()
+        if args.restart:
+            try:
+                restarts_in_containers(store, work, root / "runs", args.repeat, args.ranks)
+                print(f"containers left after the runs: {len(store.containers())}")
+            finally:
+                store.down()
+            return 0
         try:
             files = {"ddp-up": cluster_file(work, "boxed.yaml", store.config(), args.ranks),
                      "cold": cluster_file(work, "cold.yaml", store.config(), args.ranks, warm=False),

@@ -45,12 +45,14 @@ class ContainerConfig:
 
 # What a container's first process runs in the image (container.BOX_MAIN), by its main module: the
 # node modules it imports, stdlib only
-BOX_MODULES = {"workers": ("procs", "workers"), "boxwarm": ("procs", "workers", "zygote", "warm", "boxwarm")}
+BOX_MODULES = {"workers": ("procs", "workers"), "boxwarm": ("procs", "workers", "zygote", "warm", "boxwarm"),
+               "boxkeep": ("procs", "workers", "zygote", "warm", "boxwarm", "boxkeep")}
 
 
 def box_code(main: str) -> dict[str, str]:
     """The sources of ``main``'s modules (BOX_MODULES), as RunSpec.box_code carries them: `launcher:
-    none`'s workers started cold, or warm start's launcher (under torchrun or `launcher: none`)."""
+    none`'s workers started cold, warm start's launcher (under torchrun or `launcher: none`), or
+    the first process of a warm container kept across launches (KeepSpec.box_code)."""
     here = Path(node.__file__).parent
     return {name: (here / f"{name}.py").read_text(encoding="utf-8") for name in BOX_MODULES[main]}
 

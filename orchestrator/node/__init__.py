@@ -23,9 +23,11 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   workers     `launcher: none`: the agent starts the workers itself (in a container, their own launcher does)
   container   `container:`: the launcher in an image, its container's whole life kept by the agent
   checks      the preflight's probes: torch, GPUs, the master port held until Go
+  keptbox     a warm container kept across launches (docker, podman): held by its keeper, asked by each attempt
   stacks      every rank's stack on request
   flight      every rank's collectives, as torch's Flight Recorder keeps them
   events      the agent's own events, named once
+  results     a function's launch from Python: each rank's return value, read back bounded
   launch      one attempt's processes here: started, relayed, signalled, ended
   run         run mode, attached (controller watching): preflight, Go, the job's loop and end
   keep        keep mode: a warm interpreter kept ready for every launch of one Python session
@@ -45,9 +47,10 @@ IN_IMAGE are node modules no agent runs: a container's first process runs them i
 with the job (RunSpec.box_code, container.BOX_MAIN), with the shipped modules they import.
 
   boxwarm     warm start in a container: the warm interpreter started in the image, torchrun forked from it
+  boxkeep     a warm container kept across launches: its first process, which forks each attempt's launcher
 """
 
-SHIPPED = ("wire", "facts", "gpuhealth", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "zygote", "warm", "workers", "container", "checks", "stacks", "events", "launch", "run",
+SHIPPED = ("wire", "facts", "gpuhealth", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "zygote", "warm", "workers", "container", "checks", "keptbox", "stacks", "events", "results", "launch", "run",
            "keep", "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
-IN_IMAGE = ("boxwarm",)
+IN_IMAGE = ("boxwarm", "boxkeep")
 PACKAGE = "ddp_up_node"  # the package's name on a node

@@ -23,6 +23,7 @@ where LAUNCHER is ``PYTHON -u -m torch.distributed.run ...`` or ``ddp-up-launch 
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -48,36 +49,34 @@ def main(argv):
         warm.give_up()
         return 128 + pending[0]
     warm.patience = 0  # waited already: a fork now is taken or given up on at once
-    if launcher[0] == OWN_LAUNCHER:
-        return own_launcher(warm, launcher[1:], pending)
-    # torchrun's command line is PYTHON -u -m torch.distributed.run ARGS: the interpreter is the
-    # Python and -u alike (its streams are unbuffered), and runs -m ... ARGS in the child
-    child = warm.fork(None, launcher[2:], dict(os.environ, **{SOCKET_VAR: sock, PASS_VAR: passed}), os.getcwd(),
-                      fds=[0, 1, 2])
-    if child is None:
+    child = start_in(warm, launcher, dict(os.environ), passed, [0, 1, 2], say)
+    if child is None:  # torchrun, cold, in this process's place
         warm.reap()
         os.execvp(launcher[0], launcher)
-    while not child.ended.wait(0.1):
-        while pending:
-            try:
-                os.kill(child.pid, pending.pop(0))
-            except OSError:
-                pass  # torchrun has ended: its status is on its way
+    while True:
+        try:
+            code = child.wait(0.1)
+            break
+        except subprocess.TimeoutExpired:
+            while pending:
+                child.send_signal(pending.pop(0))
     warm.close()
-    code = child.returncode
     return code if code >= 0 else 128 - code  # as a shell reports a signal's end (this process may be pid 1)
 
 
-def own_launcher(warm, argv, pending):
-    """`launcher: none`: the workers of this node, each forked from ``warm``, and each signal in
-    ``pending`` passed on to them as workers.main does; their exit status (Workers.wait)."""
-    workers = Workers(parse_launch(argv), dict(os.environ), {k: os.environ[k] for k in TAGS if k in os.environ},
-                      say, warm=warm)
-    workers.start(os.environ["PET_LOG_DIR"])  # then no more forks: the interpreter ends after its ranks
-    while not workers.done.wait(0.1):
-        while pending:
-            workers.send_signal(pending.pop(0))
-    return workers.code
+def start_in(warm, launcher, env, passed, fds, report):
+    """The launcher ``launcher`` here, from ``warm``, with the stdio ``fds`` and ``env``: torchrun
+    forked from it (its command line is PYTHON -u -m torch.distributed.run ARGS: the interpreter is
+    the Python and -u alike, and runs -m ... ARGS in the child), or, under `launcher: none`, ddp-up's
+    own launcher (workers.Workers) here, whose ranks are each forked from it (cold, one by one,
+    where it cannot), its notices through ``report``. What it gives waits and takes signals like a
+    Popen; None where torchrun cannot be forked (it then starts cold). ``passed``: the signals
+    torchrun's stand-ins pass on to their ranks. Also the kept container's (boxkeep.py)."""
+    if launcher[0] == OWN_LAUNCHER:
+        workers = Workers(parse_launch(launcher[1:]), env, {k: env[k] for k in TAGS if k in env}, report, warm=warm)
+        workers.start(env["PET_LOG_DIR"])  # then no more forks: an attempt's own interpreter ends after its ranks
+        return workers
+    return warm.fork(None, launcher[2:], dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed}), os.getcwd(), fds=fds)
 
 
 def interpreter_env(environ, hooks):

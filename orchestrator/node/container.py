@@ -22,7 +22,7 @@ import subprocess
 import time
 
 from . import facts, wire
-from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, TAGS, spec_tags
+from .procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_KEEP, TAG_NODE, TAG_RUN, TAGS, spec_tags
 from .state import STATE_MOST, open_regular, private_dir, state_root, write_private
 from .workers import OWN_LAUNCHER
 
@@ -31,7 +31,7 @@ CHILD_RUNTIMES = ("apptainer", "singularity", "enroot", "pyxis")  # the containe
 RUNTIMES = DAEMON_RUNTIMES + CHILD_RUNTIMES
 PULLS = ("never", "missing", "always")
 LABELS = ((TAG_JOB, "ddp-up.job"), (TAG_NODE, "ddp-up.node"), (TAG_ATTEMPT, "ddp-up.attempt"),
-          (TAG_CLUSTER, "ddp-up.cluster"), (TAG_RUN, "ddp-up.run"))
+          (TAG_CLUSTER, "ddp-up.cluster"), (TAG_RUN, "ddp-up.run"), (TAG_KEEP, "ddp-up.keep"))
 ENV_FILE = "container-env.json"
 COMMAND_WAIT = 60.0  # a runtime's quick commands (inspect, kill, rm, ps): a daemon under load is slow
 PULL_WAIT = 1800.0  # an image of 20 GB over a slow link
@@ -53,15 +53,15 @@ LOADER = ("import json,os,sys;a=sys.argv;f=open(a[1]);os.environ.update(json.loa
 def box_for(spec, attempt, state_dir, env):
     """The container of attempt ``attempt`` of a RunSpec's job on this node (the agent is in its
     workdir), or None where the job runs on the host."""
-    if not spec.container:
-        return None
     return Box(spec.container, spec_tags(spec, attempt), os.getcwd(), binds=(state_dir,),
-               gpus=gpu_ids(env, spec.nproc))
+               gpus=gpu_ids(env, spec.nproc)) if spec.container else None
 
 
 def container_name(tags):
-    """``ddp-up-JOB-nN-aA``: one per job, node and attempt (a job id is a plain name: state.JOB_ID)."""
-    return "ddp-up-%s-n%s-a%s" % (tags[TAG_JOB], tags[TAG_NODE], tags.get(TAG_ATTEMPT, "0"))
+    """``ddp-up-JOB-nN-aA``: one per job, node and attempt (a job id is a plain name: state.JOB_ID);
+    ``ddp-up-keep-NAME`` for a warm container kept across launches (keptbox.py)."""
+    keep = tags.get(TAG_KEEP)
+    return "ddp-up-keep-%s" % keep if keep else "ddp-up-%s-n%s-a%s" % (tags[TAG_JOB], tags[TAG_NODE], tags.get(TAG_ATTEMPT, "0"))
 
 
 UID_LABEL = "ddp-up.uid"  # the user who started it: a shared docker daemon holds every user's containers

@@ -20,6 +20,7 @@ the nodes and names a straggler).
 import json
 import os
 import re
+import time
 
 from . import wire
 from .state import open_regular
@@ -279,3 +280,22 @@ def without_recorder(text):
     ours = RecorderFilter()
     return ours.feed(text) + ours.flush()
 
+
+UP_EVERY = 0.5  # seconds between looks for the ranks whose process group came up, until all have
+
+
+def watch(ended, out, flight_dir, nproc):
+    """Until ``ended``: which of this node's ranks have their process group up (RanksUp: their hang
+    clocks start), then when they reached their collectives (Arrivals), read halfway between two
+    of the ranks' records (they write them at the same instants)."""
+    up = set()
+    while len(up) < (nproc or 1) and not ended.wait(UP_EVERY):
+        found = ranks_up(flight_dir, up)
+        if found:
+            out.send(wire.RanksUp(ranks=found), block=False)
+    seen = ArrivalWatch(nproc or 1)
+    every = RECORD_EVERY
+    while not ended.wait(every - (time.time() - every / 2) % every):
+        frame = seen.arrivals(read_records(flight_dir))
+        if frame is not None and not ended.is_set():
+            out.send(frame, block=False)

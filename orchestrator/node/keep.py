@@ -21,13 +21,14 @@ import time
 
 from . import events, policy, wire
 from .checks import job_env
+from .keptbox import HeldBox
 from .launch import TERMINAL_ENV
+from .procs import TAG_KEEP
 from .run import install_handlers
 from .state import private_dir, state_root, unsafe_state
 from .warm import Warm, kept_dir
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-TAG_KEEP = "DDP_UP_KEEP"
 
 
 def keep(spec, writer):
@@ -48,8 +49,11 @@ def keep(spec, writer):
     # as an agent's: a stop ends it (and its interpreter); SIGUSR1 and SIGUSR2 are ignored, here and
     # in the ranks forked from it, as a launch's (Slurm sends them to every process of every step)
     install_handlers(lambda *_: ended.set())
-    warm = Warm(sys.executable, interpreter_env(spec), os.getcwd(), os.path.join(where, "log"), spec.preload or (),
-                listen=os.path.join(where, "sock"), keep=True, nproc=spec.nproc or 1)
+    if spec.container:  # the job's Python is the image's: the interpreter is kept in a container (keptbox.py)
+        warm = HeldBox(spec, {TAG_KEEP: spec.name}, interpreter_env(spec), where, set(spec.env or ()) | {TAG_KEEP, *TERMINAL_ENV})
+    else:
+        warm = Warm(sys.executable, interpreter_env(spec), os.getcwd(), os.path.join(where, "log"), spec.preload or (),
+                    listen=os.path.join(where, "sock"), keep=True, nproc=spec.nproc or 1)
     threading.Thread(target=tell_ready, args=(warm, writer), name="kept", daemon=True).start()
     try:
         hold(spec, warm, ended)

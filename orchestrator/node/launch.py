@@ -17,9 +17,11 @@ import time
 from . import container, events, facts, flight, policy, wire
 from .checks import CALL_HOOK, job_env
 from .failures import RankEnds, rank_failures
+from .keptbox import BoxLauncher, BoxWarm
 from .procs import (JOB_SIGNALS, KILL_WAIT, TAG_ATTEMPT, TAGS, TORCHRUN, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged, read_tags,
                     signal_name, signal_ranks, signal_tagged, spec_tags, wait_gone)
 from .relay import Tailer, join_while_moving, pump
+from .results import call_results
 from .stacks import dump_all, sitecustomize
 from .state import open_regular, per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
@@ -57,26 +59,6 @@ ACCELERATE_NODE_OPTIONS = "--ddp-up-node-options"
 # gives it a width no log line reaches, so every line arrives whole. tqdm reads COLUMNS only with
 # LINES, and takes no width from it here. A job that sets any of these keeps its own value.
 TERMINAL_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "1024"}
-UP_EVERY = 0.5  # seconds between looks for the ranks whose process group came up, until all have
-
-
-def watch_collectives(ended, out, flight_dir, nproc):
-    """Until ``ended``: which of this node's ranks have their process group up (RanksUp: their hang
-    clocks start), then when they reached their collectives (Arrivals), read halfway between two
-    of the ranks' records (they write them at the same instants)."""
-    up = set()
-    while len(up) < (nproc or 1) and not ended.wait(UP_EVERY):
-        found = flight.ranks_up(flight_dir, up)
-        if found:
-            out.send(wire.RanksUp(ranks=found), block=False)
-    watch = flight.ArrivalWatch(nproc or 1)
-    every = flight.RECORD_EVERY
-    while not ended.wait(every - (time.time() - every / 2) % every):
-        frame = watch.arrivals(flight.read_records(flight_dir))
-        if frame is not None and not ended.is_set():
-            out.send(frame, block=False)
-
-
 def accelerate_options(argv, env, log_dir, stop_signal):
     """`launcher: accelerate`: the Go's argv with this node's options for `accelerate launch`, and
     ``env`` completed. accelerate passes its own --log_dir (None unless given) to torchrun over
@@ -107,32 +89,6 @@ def unconfigured_options(env):
     ACCELERATE_MIXED_PRECISION and ACCELERATE_DYNAMO_BACKEND where it sets them)."""
     return ["--multi_gpu", "--mixed_precision=" + env.get("ACCELERATE_MIXED_PRECISION", "no"),
             "--dynamo_backend=" + env.get("ACCELERATE_DYNAMO_BACKEND", "no")]
-
-
-RESULT_FILE = re.compile(r"result\.(\d{1,7})")  # what it leaves for each global rank, beside itself
-RESULT_LIMIT = 8 << 20  # the runner's own limit (a bigger value fails the rank, saying so)
-
-
-def call_results(hooks, nproc):
-    """The Result frames of a function's launch: each rank's pickled return value (at most one per
-    local rank), read bounded from a regular file only (never through a link, never blocking). A
-    rank that left none failed, and its failure says why."""
-    try:
-        names = [e.name for e in os.scandir(hooks)]
-    except OSError:
-        return []
-    found = sorted((int(m.group(1)), m.group(0)) for m in map(RESULT_FILE.fullmatch, names) if m)[:nproc]
-    frames = []
-    for rank, name in found:
-        fd = open_regular(os.path.join(hooks, name))
-        if fd is None:
-            frames.append(wire.Result(rank=rank, problem="its result is not a regular file", data=b""))
-            continue
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(RESULT_LIMIT + 1)
-        problem = "its result is over %d MiB" % (RESULT_LIMIT >> 20) if len(data) > RESULT_LIMIT else None
-        frames.append(wire.Result(rank=rank, problem=problem, data=b"" if problem else data))
-    return frames
 
 
 def results_of(launch):
@@ -190,21 +146,47 @@ def started_launcher(argv, env, warm=None, stop_signal="SIGTERM"):
     stderr, ours to close. torchrun is forked from the warm interpreter where there is one: it then
     starts without importing torch, and its workers (zygote.WARM_STUB) ask that interpreter too."""
     if warm is not None and runs_torchrun(argv):
-        (out_r, out_w), (err_r, err_w), null = os.pipe(), os.pipe(), os.open(os.devnull, os.O_RDONLY)
-        try:  # the write ends go with the request: the interpreter's child has them when it starts
-            passed = ",".join(torchrun_passes_on(stop_signal))  # what the stand-ins pass on to their ranks
-            child = warm.fork(None, argv[2:], dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed}), os.getcwd(),
-                              fds=[null, out_w, err_w])
-        finally:
-            os.close(out_w), os.close(err_w), os.close(null)
-        if child is not None:
-            return child, (out_r, err_r)
-        os.close(out_r), os.close(err_r)
+        passed = ",".join(torchrun_passes_on(stop_signal))  # what the stand-ins pass on to their ranks
+        started = with_pipes(lambda fds: warm.fork(None, argv[2:], dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed}),
+                                                   os.getcwd(), fds=fds))
+        if started is not None:
+            return started
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     pipes = tuple(os.dup(pipe.fileno()) for pipe in (proc.stdout, proc.stderr))
     proc.stdout.close(), proc.stderr.close()
     return proc, pipes
+
+
+def with_pipes(start):
+    """(what ``start(fds)`` started, with the write ends of two new pipes as its stdout and stderr,
+    and /dev/null as its stdin: they go with its request, so its child has them when it starts;
+    the read ends, ours to close), or None where it started nothing."""
+    (out_r, out_w), (err_r, err_w), null = os.pipe(), os.pipe(), os.open(os.devnull, os.O_RDONLY)
+    try:
+        child = start([null, out_w, err_w])
+    finally:
+        os.close(out_w), os.close(err_w), os.close(null)
+    if child is None:
+        os.close(out_r), os.close(err_r)
+        return None
+    return child, (out_r, err_r)
+
+
+def started_in_kept_box(warm, argv, inner, stop_signal):
+    """The launcher ``argv`` forked in the kept container of the run or of the Python session
+    (keptbox.py), with ``inner`` over the container's own environment, as an attempt's env file
+    sets it: (its BoxLauncher, the read ends of its stdout and stderr), or None (the attempt then
+    runs in a container of its own)."""
+    if not isinstance(warm, BoxWarm) or not (argv[0] == OWN_LAUNCHER or runs_torchrun(argv)):
+        return None
+    passed = ",".join(torchrun_passes_on(stop_signal))
+    return with_pipes(lambda fds: warm.launch(argv, inner, fds, passed))
+
+
+def own_vars(spec, go_env):
+    """The variables a container always gets from the job's environment (container.inner_env)."""
+    return set(spec.env or ()) | set(go_env) | set(TAGS) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT, *TERMINAL_ENV}
 
 
 def write_hooks(state_dir, attempt, files):
@@ -255,7 +237,7 @@ class Launch:
         if facts.has_nvidia_gpus():
             threading.Thread(target=sample_gpus, args=(self.ended, self.out), name="gpus", daemon=True).start()
         if self.flight_dir is not None:
-            threading.Thread(target=watch_collectives, args=(self.ended, self.out, self.flight_dir, self.spec.nproc),
+            threading.Thread(target=flight.watch, args=(self.ended, self.out, self.flight_dir, self.spec.nproc),
                              name="collectives", daemon=True).start()
         proc, attempt = self.proc, self.attempt
         threading.Thread(target=lambda: self.post(events.Exited(attempt, proc.wait())), daemon=True).start()
@@ -293,15 +275,19 @@ class Launch:
         # agent runs under exactly that interpreter, already resolved by the shell that started it.
         if ACCELERATE_NODE_OPTIONS in argv:
             argv = accelerate_options(argv, env, self.log_dir, self.spec.stop_signal)
-        if self.box is not None:
-            argv, env = self.in_container(argv, env)
-        else:
-            argv = [sys.executable if a == argv[0] else a for a in argv]
-        self.proc, pipes = started_launcher(argv, env, warm, self.spec.stop_signal)
+        started = self.in_kept_box(argv, env, warm) if self.box is not None else None
+        if started is None:
+            if self.box is not None:
+                argv, env, warm = *self.in_container(argv, env), None
+            else:
+                argv = [sys.executable if a == argv[0] else a for a in argv]
+            started = started_launcher(argv, env, warm, self.spec.stop_signal)
+        self.proc, pipes = started
         self.out.send(wire.Started())
-        self.rank_ends = RankEnds(self.proc.pid, self.match, self.spec.nproc or 1,
-                                  lambda: self.out.send(wire.RanksEnded()))
-        self.rank_ends.start()
+        if self.proc.pid is not None:  # not a kept container's launcher: its pid is the container's
+            self.rank_ends = RankEnds(self.proc.pid, self.match, self.spec.nproc or 1,
+                                      lambda: self.out.send(wire.RanksEnded()))
+            self.rank_ends.start()
         for fd, stream in zip(pipes, ("out", "err")):
             t = threading.Thread(target=pump, args=(fd, stream, self.out), daemon=True)
             t.start()
@@ -311,9 +297,16 @@ class Launch:
         """(the runtime client's argv, its environment): the launcher in this attempt's container,
         the job's environment in a private file, never on a command line (Box.start_args)."""
         self.env_file = os.path.join(self.dir, per_attempt(container.ENV_FILE, self.attempt))
-        own = set(self.spec.env or ()) | set(self.go_env) | set(TAGS) | {"PET_LOG_DIR", SHUTDOWN_TIMEOUT, *TERMINAL_ENV}
-        return self.box.start_args(argv, env, job_env(None), own, self.env_file, self.spec.box_code,
+        return self.box.start_args(argv, env, job_env(None), own_vars(self.spec, self.go_env), self.env_file, self.spec.box_code,
                                    warm_in_box(self.spec, self.dir, self.attempt, argv))
+
+    def in_kept_box(self, argv, env, warm):
+        """started_in_kept_box, with what the job's environment sets over the container's own."""
+        inner = container.inner_env(env, job_env(None), own_vars(self.spec, self.go_env), self.box.gpus)
+        started = started_in_kept_box(warm, argv, inner, self.spec.stop_signal)
+        if started is not None:
+            self.box = None  # no container of the attempt's own: none to signal or remove by its name
+        return started
 
     def answer(self, event):
         """What the job's processes are asked while they run: their stacks (events.Dump), or a
@@ -346,7 +339,7 @@ class Launch:
         A stop: ranks that fail from here on fail of it, not by themselves."""
         if self.stop_wall is None:
             self.stop_wall = time.time()
-        if isinstance(self.proc, Workers):
+        if isinstance(self.proc, (Workers, BoxLauncher)):  # the kept container's: through it
             self.proc.send_signal(sig)
         elif self.box is not None and self.box.signal(signal.Signals(sig).name):
             pass  # the container's first process is the launcher; its client only waits for it
@@ -410,16 +403,6 @@ class Launch:
         ends = {str(rank): at for rank, at in sorted(self.ends.items()) if at < before}
         return rank_failures(self.log_dir, before=before) or None, ends or None
 
-    def gpu_left(self):
-        """This launch's processes that still hold GPU memory once the job is over (a process
-        stuck in the driver survives SIGKILL): None where there are none, or no GPUs."""
-        if not facts.has_nvidia_gpus():
-            return None
-        apps = facts.parse_apps(facts.nvidia_smi(facts.APPS_QUERY))
-        ours = [app for app in apps if carries(read_tags(app["pid"]), self.match)]
-        return [facts.holder(app, app["uuid"], facts.process_owner) for app in ours] or None
-
-
 def outcome(launch, code, stopped, reason):
     """The end of ``launch`` (a Launch) here, for its Exited: (exit code, reason, failures, ends). A launcher
     that failed only because ranks died after their scripts ended cleanly, every rank of this
@@ -435,3 +418,13 @@ def outcome(launch, code, stopped, reason):
         launch.out.send(wire.Output("err", None, ("ddp-up: %s\n" % (TEARDOWN % died)).encode()))  # said, and logged
         return 0, TEARDOWN % died, None, ends
     return code, reason, failures, ends
+
+
+def gpu_left(match):
+    """The processes carrying ``match`` (a launch's tags) that still hold GPU memory once it is
+    over (a process stuck in the driver survives SIGKILL): None where there are none, or no GPUs."""
+    if not facts.has_nvidia_gpus():
+        return None
+    apps = facts.parse_apps(facts.nvidia_smi(facts.APPS_QUERY))
+    ours = [app for app in apps if carries(read_tags(app["pid"]), match)]
+    return [facts.holder(app, app["uuid"], facts.process_owner) for app in ours] or None

@@ -16,6 +16,7 @@ TAG_CLUSTER = "DDP_UP_CLUSTER"
 TAG_RUN = "DDP_UP_RUN"  # one launch: a job's own cleanup matches it too, so it can never touch another
 TAG_ATTEMPT = "DDP_UP_ATTEMPT"  # 0, then 1, 2... as a job restarts (restarts:); a script resumes by it
 TAGS = (TAG_JOB, TAG_NODE, TAG_CLUSTER, TAG_RUN, TAG_ATTEMPT)
+TAG_KEEP = "DDP_UP_KEEP"  # a kept interpreter's (node/keep.py), or kept container's: a session's, no job's
 JOB_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")  # a stop_signal, or ddp-kill --signal's
 
 

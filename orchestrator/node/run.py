@@ -21,8 +21,9 @@ import time
 
 from . import checks, events, policy, wire
 from .container import box_for
-from .launch import TERMINAL_ENV, Launch, outcome, results_of, warm_here
-from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, TAG_RUN, signal_name, spec_tags
+from .keptbox import BoxWarm, HeldHere, keeps_box
+from .launch import TERMINAL_ENV, Launch, gpu_left, outcome, results_of, warm_here
+from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, TAG_RUN, TAGS, signal_name, spec_tags
 from .state import killed_by_ddp_kill, remove_node_dir
 from .warm import READY_WAIT, KeptWarm, Warm, attempt_files
 
@@ -216,7 +217,7 @@ class Runner:
         for result in results_of(self.launch):
             self.out.send(result)
         self.out.send(wire.Exited(code=code, signal=signal_name(code), stopped=stopped, reason=reason,
-                                  gpu_left=self.launch.gpu_left(), failures=failures, ends=ends,
+                                  gpu_left=gpu_left(self.launch.match), failures=failures, ends=ends,
                                   overran=self.launch.killed if graceful else None))
         if self.after_exit(code, stopped, reason, failures, ends):
             return 0  # the next attempt: same state directory, a journal and logs of its own
@@ -319,7 +320,7 @@ def end_warm(line):
     under a PID 1 that does not reap (a container started without an init, whose first process
     is a notebook server, say): one a node for every job."""
     made = (line.first, line.current) if isinstance(line, WarmLine) else ()
-    for warm in {id(w): w for w in made if isinstance(w, Warm)}.values():
+    for warm in {id(w): w for w in made if isinstance(w, (Warm, HeldHere))}.values():
         warm.reap(REAP_WAIT)
 
 
@@ -336,12 +337,12 @@ class KeptLine:
 def warm_interpreters(spec, attempt, job_env, state_dir, out):
     """Warm start (the spec says where: plan.launch.warms): the WarmLine of this node, or the
     session's KeptLine; None for a cold start. Its imports are waited for in await_warm."""
-    if not warm_here(spec) or spec.container:  # in a container, the interpreter is the image's (boxwarm.py)
-        return None
-    report = lambda text: out.send(wire.Output("err", None, text.encode()))  # noqa: E731
-    if spec.keep:
-        return KeptLine(KeptWarm(spec.keep, report))
     lasting = bool(spec.detach and spec.restarts + spec.recoveries)
+    if not warm_here(spec) or (spec.container and not ((spec.keep or lasting) and keeps_box(spec.container))):
+        return None  # in a container, the interpreter is the image's: the attempt's own container's (boxwarm.py)
+    report = lambda text: out.send(wire.Output("err", None, text.encode()))  # noqa: E731
+    if spec.keep:  # the session's, on the host or in its kept container (keptbox.py)
+        return KeptLine((BoxWarm if spec.container else KeptWarm)(spec.keep, report))
     return WarmLine(lambda n: warm_interpreter(spec, n, job_env, state_dir, report, lasting), attempt, lasting)
 
 
@@ -356,6 +357,9 @@ def warm_interpreter(spec, attempt, job_env, state_dir, report, lasting=False):
         env.pop(TAG_ATTEMPT)
     sock, log = attempt_files(state_dir, attempt)
     try:  # its socket for torchrun's stand-ins (zygote.WARM_STUB)
+        if spec.container:  # detached, restarts: in the container this agent keeps (keptbox.py)
+            return HeldHere(spec, {k: env[k] for k in TAGS if k in env}, env, set(spec.env or ()) | set(TAGS) |
+                            set(TERMINAL_ENV), report)
         return Warm(sys.executable, env, os.getcwd(), log, spec.preload or (), listen=sock, report=report,
                     nproc=spec.nproc or 1, lasting=lasting)
     except OSError as e:

@@ -27,6 +27,7 @@ import array
 import json
 import os
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -55,8 +56,16 @@ class WarmChild:
 
     def wait(self, timeout=None):
         if not self.ended.wait(timeout):
-            raise subprocess.TimeoutExpired("rank %d" % self.pid, timeout)
+            raise subprocess.TimeoutExpired("process %s" % self.pid, timeout)
         return self.returncode
+
+    def send_signal(self, sig):
+        """Where the pid is this process's to signal: in the container that forked it (boxwarm.py);
+        the agent on the host signals by tags (procs.signal_tagged)."""
+        try:
+            os.kill(self.pid, sig)
+        except OSError:
+            pass  # it has ended: its status is on its way
 
 
 TOO_LONG = "ddp-up: warm start: the imports took too long; the ranks start cold\n"
@@ -240,11 +249,44 @@ def kept_dir(name):
     return os.path.join(state_root(), ".warm-%s" % name)
 
 
+def receive_request(conn, uid, timeout=10.0, most=4 << 20):
+    """(the request, the descriptors its first byte carried) on a connection to a kept interpreter's
+    socket (as KeptWarm.connect sends it), from one of ``uid``'s processes only, within ``timeout``
+    seconds; OSError or ValueError otherwise (the descriptors then closed)."""
+    conn.settimeout(timeout)
+    fds = array.array("i")
+    try:
+        peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        _, extra, _, _ = conn.recvmsg(1, socket.CMSG_SPACE(3 * fds.itemsize))
+        for level, kind, data in extra:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+        line = b""
+        while not line.endswith(b"\n") and len(line) < most:
+            chunk = conn.recv(1 << 16)
+            if not chunk:
+                break
+            line += chunk
+        if peer != uid:
+            raise ValueError("not this user's")
+        request = json.loads(line)
+        if not isinstance(request, dict):
+            raise ValueError("not a request")
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        raise
+    conn.settimeout(None)
+    return request, list(fds)
+
+
 class KeptWarm(Forker):
     """The agent's side of a kept interpreter: the Python session's (node/keep.py), made ready
     before this launch and used by every launch of the session. Warm's interface; each fork is a
     connection to its socket that stays open while the rank runs (the rank is killed if the
     connection ends first: this agent gone), as torchrun's stand-ins ask."""
+
+    appear = APPEAR_WAIT  # seconds its socket may take to appear
 
     def __init__(self, name, report=None):
         self.path = self.socket = os.path.join(kept_dir(name), "sock")
@@ -262,7 +304,7 @@ class KeptWarm(Forker):
                 self.hello = json.loads(line) if line else {"cold": "the warm interpreter of this session ended"}
             except (FileNotFoundError, ConnectionRefusedError):
                 self.first_try = self.first_try or time.monotonic()
-                if time.monotonic() - self.first_try > APPEAR_WAIT:
+                if time.monotonic() - self.first_try > self.appear:
                     self.hello = {"cold": "this session's warm interpreter is not there"}
                 elif time.monotonic() >= deadline:
                     return False

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..node.checks import CALL_HOOK
-from ..node.launch import RESULT_LIMIT
+from ..node.results import RESULT_LIMIT
 from .rank_call import PAYLOAD
 
 MODULE = CALL_HOOK[:-len(".py")]  # the hook the ranks run: -m ddp_up_call

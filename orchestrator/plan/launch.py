@@ -252,9 +252,12 @@ FIRST = Attempt()
 
 def code_in_image(plan: LaunchPlan, node: NodePlan) -> dict | None:
     """The node code a container's first process runs in the image: the launcher that starts the
-    warm interpreter there (node/boxwarm.py), or `launcher: none`'s workers started cold; None on the host."""
+    warm interpreter there (node/boxwarm.py), with, for a detached job that restarts, its kept
+    container's (node/boxkeep.py), or `launcher: none`'s workers started cold; None on the host."""
     if node.config.container is None or not (plan.launcher == "none" or plan.warms):
         return None
+    if plan.warms and plan.detach and plan.restarts + plan.recoveries:
+        return box_code("boxkeep")
     return box_code("boxwarm" if plan.warms else "workers")
 
 

@@ -19,8 +19,10 @@ import threading
 import time
 from dataclasses import replace
 
+from ..config.containers import box_code
 from ..node import wire
-from ..node.keep import TAG_KEEP
+from ..node.keptbox import keeps_box
+from ..node.procs import TAG_KEEP
 from ..plan.launch import LaunchPlan, NodePlan
 from ..remote.oneshot import AgentCall
 from ..remote.parallel import on_each
@@ -36,8 +38,9 @@ class Keeper:
         self.name = secrets.token_hex(8)
         spec = plan.agent_spec(node)  # the interpreter a launch's agent would make: its environment, its imports
         # opened as the launch's agents are: it uses the node's shared connection, never races them to make it
+        boxed = dict(container=spec.container, box_code=box_code("boxkeep"), workdir=spec.workdir) if spec.container else {}
         self.call = AgentCall(node.config, wire.KeepSpec(name=self.name, env=spec.env, preload=spec.preload,
-                                                         nproc=spec.nproc, orphan_timeout=spec.orphan_timeout),
+                                                         nproc=spec.nproc, orphan_timeout=spec.orphan_timeout, **boxed),
                               transport_for(node.config, master=False), setup=True, tags={TAG_KEEP: self.name})
 
     def open(self) -> bool:
@@ -83,8 +86,8 @@ class Kept:
         """``plan`` with its nodes' kept interpreters (started now where a node has none yet)."""
         if not plan.warms or plan.detach:  # a detached job outlives this process, and so its ranks
             return plan
-        wanted = {node.index: (node, fit(plan, node)) for node in plan.nodes
-                  if node.config.container is None}  # a container's interpreter is the image's, each attempt's
+        wanted = {node.index: (node, fit(plan, node)) for node in plan.nodes  # in a container: kept in one of
+                  if node.config.container is None or keeps_box(node.config.container.wire())}  # docker's, podman's
         with self.lock:
             for key in [key for _, key in wanted.values() if key in self.keepers and not self.keepers[key].alive()]:
                 self.keepers.pop(key).close()

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.harness.podman import Docker, Podman, available, docker_available
 from tests.harness.runner import CHECK, KILL, Launch
 
 BOXED = str(Path(__file__).resolve().parents[1] / "scripts" / "boxed.py")
+REPO = Path(__file__).resolve().parents[2]
 TOKEN = "s3cr3t-value-42"
 pytestmark = [pytest.mark.skipif(available() is not None, reason=available() or ""),
               pytest.mark.xdist_group("containers")]  # one worker's: the runtimes are set up once, per module
@@ -129,9 +131,9 @@ def test_a_job_runs_in_named_containers_with_its_secret_in_no_command_line_or_co
     assert TOKEN not in out
 
 
-def test_a_restart_starts_fresh_containers_for_the_next_attempt(podman, boxed):
-    """Each attempt's container starts its own warm interpreter in the image: both attempts' ranks
-    are forked from one."""
+def test_a_restart_forks_from_the_container_kept_from_the_first_attempt(podman, boxed):
+    """A run that restarts keeps one warm container a node (node/keptbox.py): both attempts' ranks
+    are forked from the interpreter that imported torch before the first, in no new container."""
     path = boxed(gpus=(1, 1), restarts=1, restart_delay=0)
     launch = up(podman, path, "retry")
     assert launch.wait(90) == 0, launch.output
@@ -139,6 +141,51 @@ def test_a_restart_starts_fresh_containers_for_the_next_attempt(podman, boxed):
     assert len(list(path.parent.glob("ready.1.*"))) == 2
     for attempt in (0, 1):
         assert [f"rank {r} warm True attempt {attempt}" in launch.output for r in (0, 1)] == [True, True], launch.output
+    assert_forked_from_one_interpreter(path.parent, ranks=2)
+    assert "warm start" not in launch.output  # no notice: nothing fell back
+
+
+def assert_forked_from_one_interpreter(where: Path, ranks: int) -> None:
+    """Each rank's attempts 0 and 1 were forked from one warm interpreter (boxed.py's ready files)."""
+    started = {(a, r): (where / f"ready.{a}.{r}").read_text() for a in (0, 1) for r in range(ranks)}
+    assert all(started[0, r] == started[1, r] != "cold" for r in range(ranks)), started
+
+
+def test_a_detached_restart_forks_from_the_container_its_agent_kept(podman, boxed):
+    """Detached, each node's agent runs every attempt, and keeps the warm container for them; it
+    goes with the job's end (the fixture checks)."""
+    path = boxed(gpus=(1, 1), restarts=1, restart_delay=0)
+    launch = up(podman, path, "retry", "--detach")
+    assert launch.wait(60) == 0, launch.output
+    assert procs.wait_for(lambda: len(list(path.parent.glob("ready.1.*"))) == 2, timeout=90), launch.output
+    assert_forked_from_one_interpreter(path.parent, ranks=2)
+
+
+# A Python session: two launches of a function, each rank answering with the start of the
+# interpreter it was forked from (its parent's start: a new container's is new).
+SESSION = """
+import json, sys
+from orchestrator import launch
+
+def interpreter():
+    import os
+    with open("/proc/%d/stat" % os.getppid()) as f:
+        return f.read().rsplit(")", 1)[1].split()[19]
+
+for _ in range(2):
+    print(json.dumps(launch(sys.argv[1], interpreter, runs_dir=sys.argv[2]).results), flush=True)
+"""
+
+
+def test_a_second_launch_from_python_forks_from_the_container_the_first_kept(podman, boxed, tmp_path):
+    """The session keeps one warm container a node; it goes with the session (the fixture checks)."""
+    path = boxed(gpus=(1, 1))
+    done = subprocess.run([sys.executable, "-c", SESSION, str(path), str(tmp_path / "runs")], cwd=REPO,
+                          env=dict(os.environ, **podman.env), capture_output=True, text=True, timeout=180)
+    said = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and len(said) == 2, done.stdout + done.stderr
+    first, second = said
+    assert len(set(first.values())) == 2 and first == second, said  # one interpreter a node, both times
 
 
 def test_warm_false_in_a_container_is_the_cold_start(podman, boxed):
@@ -167,9 +214,11 @@ def test_a_failed_rank_stops_every_container_and_a_rank_past_its_grace_is_killed
     assert "exit code 7" in launch.output or "exitcode  : 7" in launch.output, launch.output
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "none"])
-def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, boxed, launcher):
-    path = boxed(launcher=launcher, warm=True)
+@pytest.mark.parametrize("launcher,restarts", [("torchrun", 0), ("none", 1)], ids=["torchrun", "none-kept"])
+def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, boxed, launcher, restarts):
+    """restarts: 1 runs the attempt in the kept container (node/keptbox.py): the stop reaches the
+    ranks through it, and it goes with the run."""
+    path = boxed(launcher=launcher, warm=True, restarts=restarts)
     launch = up(podman, path, "hold")
     wait_ready(launch, path, 3)
     launch.signal(signal.SIGINT)
@@ -180,7 +229,9 @@ def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, bo
 
 
 def test_the_controller_killed_its_agents_remove_the_containers(podman, boxed):
-    path = boxed(gpus=(1, 1), launcher="none", warm=True)
+    """With restarts, the attempt runs in each node's kept container (node/keptbox.py): its keeper's
+    connection, closed by the kernel, ends it too."""
+    path = boxed(gpus=(1, 1), launcher="none", warm=True, restarts=1)
     launch = up(podman, path, "hold")
     wait_ready(launch, path, 2)
     job = launch.job_id

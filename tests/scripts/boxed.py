@@ -3,7 +3,8 @@
     boxed.py DIR MODE
 
 Every rank joins a gloo group, checks the job's secret reached it (printing only whether it
-did), writes DIR/ready.<rank> and then, by MODE:
+did), writes DIR/ready.<attempt>.<rank> (the start of the warm interpreter it was forked from, in
+clock ticks since boot, or "cold") and then, by MODE:
   wait     waits for DIR/go (bounded), all-reduces, and exits 0
   hold     runs until stopped: SIGTERM is saved on ("saved on SIGTERM")
   stubborn like hold, but rank 0 and 1 ignore SIGTERM, and the last rank fails with exit 7
@@ -27,8 +28,12 @@ boxed = any(os.path.exists(p) for p in ("/run/.containerenv", "/.dockerenv"))  #
 print("rank %d token %s uid %d in %s%s" % (rank, "ok" if os.environ.get("BOX_TOKEN") == "s3cr3t-value-42" else "MISSING",
                                            os.getuid(), os.getcwd(), " (a container)" if boxed else ""), flush=True)
 print("rank %d warm %s attempt %d" % (rank, WARM, attempt), flush=True)
-with open(os.path.join(where, "ready.%d.%d" % (attempt, rank)), "w"):
-    pass
+interpreter = "cold"
+if WARM:  # the interpreter it was forked from, by its start (clock ticks since boot): new in a new container
+    with open("/proc/%d/stat" % os.getppid()) as f:
+        interpreter = f.read().rsplit(")", 1)[1].split()[19]
+with open(os.path.join(where, "ready.%d.%d" % (attempt, rank)), "w") as f:
+    f.write(interpreter)
 
 
 def allreduce():

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.node import wire
-from orchestrator.node.launch import RESULT_LIMIT, call_results
+from orchestrator.node.results import RESULT_LIMIT, call_results
 from orchestrator.plan.call import PAYLOAD_LIMIT, Call
 from orchestrator.job.events import Message
 
