@@ -57,8 +57,8 @@ def main(argv):
                 listen=os.path.join(where, "warm.sock"), nproc=nproc, lasting=True)
     listener = listen(where, "sock")
     server = Server(warm, base, ended)
-    while not ended.is_set():
-        server.reap_orphans()
+    while not ended.is_set() and not (warm.proc.poll() is not None and "ready" in (warm.hello or {})):
+        server.reap_orphans()  # (an interpreter that died after its imports ends the container: its keeper makes another)
         try:
             conn = listener.accept()[0]
         except socket.timeout:

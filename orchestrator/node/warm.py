@@ -74,6 +74,7 @@ TOO_LONG = "ddp-up: warm start: the imports took too long; the ranks start cold\
 class Forker:
     """What both kinds of warm interpreter share: how long a fork waits for the imports."""
 
+    too_long = TOO_LONG  # its notice where it was given up on
     patience = READY_WAIT  # seconds a fork waits; 0 once the node waited its READY_WAIT after the Go (run.await_warm)
     late = False  # it was given up on: this attempt starts cold
 
@@ -86,7 +87,7 @@ class Forker:
             self.late, importing = True, self.hello is None
             self.give_up()
             if importing and self.report:
-                self.report(TOO_LONG)
+                self.report(self.too_long)
         return False
 
     def why_cold(self):

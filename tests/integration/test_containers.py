@@ -151,11 +151,11 @@ def assert_forked_from_one_interpreter(where: Path, ranks: int) -> None:
     assert all(started[0, r] == started[1, r] != "cold" for r in range(ranks)), started
 
 
-def test_a_detached_restart_forks_from_the_container_its_agent_kept(podman, boxed):
+def test_a_detached_restart_forks_from_the_container_its_agent_kept(runtime, boxed):
     """Detached, each node's agent runs every attempt, and keeps the warm container for them; it
     goes with the job's end (the fixture checks)."""
-    path = boxed(gpus=(1, 1), restarts=1, restart_delay=0)
-    launch = up(podman, path, "retry", "--detach")
+    path = boxed(gpus=(1, 1), runtime=runtime, restarts=1, restart_delay=0)
+    launch = up(runtime, path, "retry", "--detach")
     assert launch.wait(60) == 0, launch.output
     assert procs.wait_for(lambda: len(list(path.parent.glob("ready.1.*"))) == 2, timeout=90), launch.output
     assert_forked_from_one_interpreter(path.parent, ranks=2)

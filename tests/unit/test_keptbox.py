@@ -107,4 +107,32 @@ def test_an_interpreter_that_cannot_fork_sends_the_attempt_to_a_container_of_its
     client = BoxWarm(name, report=said.append)
     assert client.answered(30) and not client.ready(0), client.hello
     assert client.launch([sys.executable, "-u", "x.py"], {}, [0, 1, 2], "SIGTERM") is None
-    assert said == ["ddp-up: warm start: the warm interpreter did not get ready; the ranks start cold\n"], said
+    assert said == ["ddp-up: warm start: the warm interpreter did not get ready; the attempt runs in a container of "
+                    "its own\n"], said
+
+
+@pytest.mark.parametrize("runtime,keep,detach,restarts,kept", [
+    ("podman", "s1", False, 0, "session"),  # a Python session's, or a run that restarts: its keeper's
+    ("docker", None, True, 1, "agent"),  # detached and restarting: the node's agent keeps it
+    ("podman", None, False, 0, None),  # one attempt: its own container's interpreter (boxwarm)
+    ("podman", None, True, 0, None),  # detached, no restart: the same
+    ("apptainer", "s1", False, 0, None),  # no PID namespace whose end takes all: never kept
+    ("enroot", None, True, 1, None),
+])
+def test_a_container_is_kept_under_docker_and_podman_for_a_session_or_a_run_that_restarts(
+        monkeypatch, runtime, keep, detach, restarts, kept):
+    from types import SimpleNamespace
+
+    from orchestrator.node import run
+    made, held = [], SimpleNamespace(proc=SimpleNamespace(poll=lambda: None))  # the agent's kept container, alive
+    monkeypatch.setattr(run, "warm_interpreter", lambda *args, **kw: made.append(kw) or held)
+    spec = SimpleNamespace(warm=True, warm_gpus_only=False, keep=keep, detach=detach, restarts=restarts, recoveries=0,
+                           container={"runtime": runtime, "image": "img"}, preload=None, nproc=1)
+    line = run.warm_interpreters(spec, 0, {}, "/nonexistent", SimpleNamespace(send=lambda frame, block=True: None))
+    if kept == "session":
+        assert isinstance(line, run.KeptLine) and isinstance(line.take(1), BoxWarm) and line.take(1).path.endswith(
+            f".warm-{keep}/sock")
+    elif kept == "agent":
+        assert isinstance(line, run.WarmLine) and line.lasting and line.take(1) is held
+    else:
+        assert line is None and not made
