@@ -49,11 +49,13 @@ def keep(spec, writer):
     # as an agent's: a stop ends it (and its interpreter); SIGUSR1 and SIGUSR2 are ignored, here and
     # in the ranks forked from it, as a launch's (Slurm sends them to every process of every step)
     install_handlers(lambda *_: ended.set())
-    if spec.container:  # the job's Python is the image's: the interpreter is kept in a container (keptbox.py)
-        warm = HeldBox(spec, {TAG_KEEP: spec.name}, interpreter_env(spec), where, set(spec.env or ()) | {TAG_KEEP, *TERMINAL_ENV})
-    else:
-        warm = Warm(sys.executable, interpreter_env(spec), os.getcwd(), os.path.join(where, "log"), spec.preload or (),
-                    listen=os.path.join(where, "sock"), keep=True, nproc=spec.nproc or 1)
+    try:
+        warm = kept_interpreter(spec, where)
+    except OSError as e:  # its container's runtime cannot be run: each launch finds none, and says so
+        shutil.rmtree(where, ignore_errors=True)
+        writer.send(wire.Kept(ready=False, why="%s; the ranks start cold" % e, seconds=None))
+        writer.drain(5)
+        return 3
     threading.Thread(target=tell_ready, args=(warm, writer), name="kept", daemon=True).start()
     try:
         hold(spec, warm, ended)
@@ -61,6 +63,15 @@ def keep(spec, writer):
         warm.reap()
         shutil.rmtree(where, ignore_errors=True)
     return 0
+
+
+def kept_interpreter(spec, where):
+    """The interpreter kept in ``where``: on the node, or, where the job's Python is the image's,
+    in a container kept for it (keptbox.py)."""
+    if spec.container:
+        return HeldBox(spec, {TAG_KEEP: spec.name}, interpreter_env(spec), where, set(spec.env or ()) | {TAG_KEEP, *TERMINAL_ENV})
+    return Warm(sys.executable, interpreter_env(spec), os.getcwd(), os.path.join(where, "log"), spec.preload or (),
+                listen=os.path.join(where, "sock"), keep=True, nproc=spec.nproc or 1)
 
 
 def interpreter_env(spec):

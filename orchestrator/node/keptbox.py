@@ -22,7 +22,7 @@ import threading
 import time
 
 from .checks import job_env
-from .container import CODE_DIR, DAEMON_RUNTIMES, ENV_FILE, Box, gpu_ids, inner_env, write_env, write_package
+from .container import CODE_DIR, COMMAND_WAIT, DAEMON_RUNTIMES, ENV_FILE, Box, gpu_ids, inner_env, write_env, write_package
 from .procs import TAG_KEEP, TAGS
 from .state import open_regular, private_dir, state_root
 from .warm import APPEAR_WAIT, LINE_MAX, READY_WAIT, TOO_LONG, Forker, KeptWarm, WarmChild, kept_dir
@@ -100,7 +100,7 @@ class HeldBox(Forker):
             self.conn.close()  # it ends by itself too, once it sees this
         self.box.remove()
         try:
-            self.proc.wait(timeout)
+            self.proc.wait(COMMAND_WAIT if timeout is None else timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
