@@ -24,9 +24,9 @@ from tests.harness import procs
 
 SCRIPT = """
 import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("saved", flush=True), sys.exit(0)))  # before its first line
 print("base", os.environ.get("BASE"), "job", os.environ.get("DDP_UP_JOB"), "pass", os.environ.get("PASS_ON"),
       "socket", os.environ.get("SOCKET") is not None, flush=True)
-signal.signal(signal.SIGTERM, lambda *_: (print("saved", flush=True), sys.exit(0)))
 while True:
     time.sleep(0.05)
 """
