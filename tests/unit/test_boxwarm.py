@@ -38,6 +38,11 @@ RANK = textwrap.dedent("""\
         signal.signal(signal.SIGTERM, lambda sig, _: (print("saved on", sig, flush=True), sys.exit(0)))
         open("held.%s" % os.environ["RANK"], "w").close()
         time.sleep(60)
+    open("printed.%s" % os.environ["RANK"], "w").close()
+    if os.environ["RANK"] == "1":  # fails once rank 0 has said its line: the stop that follows may not cut it
+        deadline = time.monotonic() + 30
+        while not os.path.exists("printed.0") and time.monotonic() < deadline:
+            time.sleep(0.01)
     sys.exit(int(sys.argv[2]) if os.environ["RANK"] == "1" else 0)
     """)
 OWN = ["ddp-up-launch", "--nproc-per-node=2", "--node-rank=0", "--first-rank=0", "--world-size=2",
