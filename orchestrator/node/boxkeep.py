@@ -110,9 +110,7 @@ class Server:
 
     def hello(self):
         self.warm.answered(READY_WAIT)
-        if self.warm.hello is not None:
-            return self.warm.hello
-        return {"cold": self.warm.why_cold().split(";")[0]}
+        return self.warm.hello if self.warm.hello is not None else {"cold": "the warm interpreter did not get ready"}
 
     def hold(self, conn):
         """The holder's connection: the hello, then the container's life, until it ends."""
@@ -131,7 +129,7 @@ class Server:
         try:
             with self.lock:
                 if not self.warm.usable():
-                    send(conn, {"cold": self.warm.why_cold() or "the warm interpreter is gone"})
+                    send(conn, {"cold": (self.warm.hello or {}).get("cold") or "the warm interpreter did not get ready"})
                     return
                 child = start_in(self.warm, list(request["launch"]), env, request.get("passed", ""), fds,
                                  lambda text: (report.write(text), report.flush()))

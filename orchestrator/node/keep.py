@@ -22,7 +22,7 @@ import time
 from . import events, policy, wire
 from .checks import job_env
 from .keptbox import HeldBox
-from .launch import TERMINAL_ENV
+from .launch import TERMINAL_ENV, own_vars
 from .procs import TAG_KEEP
 from .run import install_handlers
 from .state import private_dir, state_root, unsafe_state
@@ -69,7 +69,7 @@ def kept_interpreter(spec, where):
     """The interpreter kept in ``where``: on the node, or, where the job's Python is the image's,
     in a container kept for it (keptbox.py)."""
     if spec.container:
-        return HeldBox(spec, {TAG_KEEP: spec.name}, interpreter_env(spec), where, set(spec.env or ()) | {TAG_KEEP, *TERMINAL_ENV})
+        return HeldBox(spec, {TAG_KEEP: spec.name}, interpreter_env(spec), where, own_vars(spec, {}) | {TAG_KEEP})
     return Warm(sys.executable, interpreter_env(spec), os.getcwd(), os.path.join(where, "log"), spec.preload or (),
                 listen=os.path.join(where, "sock"), keep=True, nproc=spec.nproc or 1)
 

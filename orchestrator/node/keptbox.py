@@ -25,7 +25,7 @@ from .checks import job_env
 from .container import CODE_DIR, COMMAND_WAIT, DAEMON_RUNTIMES, ENV_FILE, Box, gpu_ids, inner_env, write_env, write_package
 from .procs import TAG_KEEP, TAGS
 from .state import open_regular, private_dir, state_root
-from .warm import APPEAR_WAIT, LINE_MAX, READY_WAIT, TOO_LONG, Forker, KeptWarm, WarmChild, kept_dir
+from .warm import APPEAR_WAIT, LINE_MAX, READY_WAIT, Forker, KeptWarm, WarmChild, kept_dir
 
 START_WAIT = 120.0  # seconds its container may take to start and listen (a loaded node, a big image's start)
 
@@ -115,12 +115,7 @@ class BoxWarm(KeptWarm):
         and its keeper ended), a keeper's own start (APPEAR_WAIT)."""
         return READY_WAIT if os.path.isdir(os.path.dirname(self.path)) else APPEAR_WAIT
 
-    too_long = TOO_LONG.replace("the ranks start cold", "the attempt runs in a container of its own")
-
-    def why_cold(self):
-        """The one notice of an attempt that cannot fork here: it runs in a container of its own."""
-        why = super().why_cold()
-        return why and why.replace("; the ranks start cold", "; the attempt runs in a container of its own")
+    instead = "the attempt runs in a container of its own"
 
     def launch(self, argv, env, fds, passed):
         """A BoxLauncher running the launcher ``argv`` with ``env`` over the container's own and the
@@ -142,7 +137,7 @@ class BoxWarm(KeptWarm):
         if not isinstance(answer, dict) or "started" not in answer:
             conn.close()
             if isinstance(answer, dict) and answer.get("cold") and self.report:
-                self.report("ddp-up: warm start: %s; the attempt runs in a container of its own\n" % answer["cold"])
+                self.report("ddp-up: warm start: %s; %s\n" % (answer["cold"], self.instead))
             return None
         return BoxLauncher(conn, answers)
 

@@ -7,7 +7,6 @@ so ending it (``end``) reaches all of them, and nothing else.
 
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from .procs import (JOB_SIGNALS, KILL_WAIT, TAG_ATTEMPT, TAGS, TORCHRUN, WARM_MA
 from .relay import Tailer, join_while_moving, pump
 from .results import call_results
 from .stacks import dump_all, sitecustomize
-from .state import open_regular, per_attempt, private_dir, remove_quietly, write_private
+from .state import per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
 from .warm import attempt_files
 from .zygote import PASS_VAR, SOCKET_VAR
@@ -36,6 +35,8 @@ def torchrun_passes_on(stop_signal):
     """The signals torchrun passes on to its workers in a job that stops with ``stop_signal``:
     its own, and that one (plan.launch tells torchrun with --signals-to-handle)."""
     return tuple(dict.fromkeys(TORCHRUN_SIGNALS + (stop_signal,)))
+
+
 GPU_SAMPLE = 5.0  # seconds between GPU samples for the dashboard (its nvidia-smi query took 25 ms on an H200)
 
 
@@ -59,6 +60,8 @@ ACCELERATE_NODE_OPTIONS = "--ddp-up-node-options"
 # gives it a width no log line reaches, so every line arrives whole. tqdm reads COLUMNS only with
 # LINES, and takes no width from it here. A job that sets any of these keeps its own value.
 TERMINAL_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "1024"}
+
+
 def accelerate_options(argv, env, log_dir, stop_signal):
     """`launcher: accelerate`: the Go's argv with this node's options for `accelerate launch`, and
     ``env`` completed. accelerate passes its own --log_dir (None unless given) to torchrun over
@@ -175,10 +178,10 @@ def with_pipes(start):
 
 def started_in_kept_box(warm, argv, inner, stop_signal):
     """The launcher ``argv`` forked in the kept container of the run or of the Python session
-    (keptbox.py), with ``inner`` over the container's own environment, as an attempt's env file
-    sets it: (its BoxLauncher, the read ends of its stdout and stderr), or None (the attempt then
-    runs in a container of its own)."""
-    if not isinstance(warm, BoxWarm) or not (argv[0] == OWN_LAUNCHER or runs_torchrun(argv)):
+    (keptbox.py, ``warm``), with ``inner`` over the container's own environment, as an attempt's
+    env file sets it: (its BoxLauncher, the read ends of its stdout and stderr), or None (the
+    attempt then runs in a container of its own)."""
+    if not (argv[0] == OWN_LAUNCHER or runs_torchrun(argv)):
         return None
     passed = ",".join(torchrun_passes_on(stop_signal))
     return with_pipes(lambda fds: warm.launch(argv, inner, fds, passed))
@@ -275,7 +278,7 @@ class Launch:
         # agent runs under exactly that interpreter, already resolved by the shell that started it.
         if ACCELERATE_NODE_OPTIONS in argv:
             argv = accelerate_options(argv, env, self.log_dir, self.spec.stop_signal)
-        started = self.in_kept_box(argv, env, warm) if self.box is not None else None
+        started = self.in_kept_box(argv, env, warm) if isinstance(warm, BoxWarm) else None  # (a job in a container)
         if started is None:
             if self.box is not None:
                 argv, env, warm = *self.in_container(argv, env), None
@@ -402,6 +405,7 @@ class Launch:
         before = (self.stop_wall or time.time()) if stopped else float("inf")
         ends = {str(rank): at for rank, at in sorted(self.ends.items()) if at < before}
         return rank_failures(self.log_dir, before=before) or None, ends or None
+
 
 def outcome(launch, code, stopped, reason):
     """The end of ``launch`` (a Launch) here, for its Exited: (exit code, reason, failures, ends). A launcher

@@ -22,7 +22,7 @@ import time
 from . import checks, events, policy, wire
 from .container import box_for
 from .keptbox import BoxWarm, HeldHere, keeps_box
-from .launch import TERMINAL_ENV, Launch, gpu_left, outcome, results_of, warm_here
+from .launch import TERMINAL_ENV, Launch, gpu_left, outcome, own_vars, results_of, warm_here
 from .procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, TAG_RUN, TAGS, signal_name, spec_tags
 from .state import killed_by_ddp_kill, remove_node_dir
 from .warm import READY_WAIT, KeptWarm, Warm, attempt_files
@@ -358,8 +358,7 @@ def warm_interpreter(spec, attempt, job_env, state_dir, report, lasting=False):
     sock, log = attempt_files(state_dir, attempt)
     try:  # its socket for torchrun's stand-ins (zygote.WARM_STUB)
         if spec.container:  # detached, restarts: in the container this agent keeps (keptbox.py)
-            return HeldHere(spec, {k: env[k] for k in TAGS if k in env}, env, set(spec.env or ()) | set(TAGS) |
-                            set(TERMINAL_ENV), report)
+            return HeldHere(spec, {k: env[k] for k in TAGS if k in env}, env, own_vars(spec, {}), report)
         return Warm(sys.executable, env, os.getcwd(), log, spec.preload or (), listen=sock, report=report,
                     nproc=spec.nproc or 1, lasting=lasting)
     except OSError as e:

@@ -68,13 +68,11 @@ class WarmChild:
             pass  # it has ended: its status is on its way
 
 
-TOO_LONG = "ddp-up: warm start: the imports took too long; the ranks start cold\n"
-
-
 class Forker:
-    """What both kinds of warm interpreter share: how long a fork waits for the imports."""
+    """What both kinds of warm interpreter share: how long a fork waits for the imports, and what
+    a user is told where it cannot fork."""
 
-    too_long = TOO_LONG  # its notice where it was given up on
+    instead = "the ranks start cold"  # what happens where it cannot (a kept container: keptbox.BoxWarm)
     patience = READY_WAIT  # seconds a fork waits; 0 once the node waited its READY_WAIT after the Go (run.await_warm)
     late = False  # it was given up on: this attempt starts cold
 
@@ -87,14 +85,14 @@ class Forker:
             self.late, importing = True, self.hello is None
             self.give_up()
             if importing and self.report:
-                self.report(self.too_long)
+                self.report("ddp-up: warm start: the imports took too long; %s\n" % self.instead)
         return False
 
     def why_cold(self):
         """The one notice for a user whose ranks start cold, or None."""
         if self.hello is None:
-            return "the warm interpreter did not get ready; the ranks start cold"
-        return "%s; the ranks start cold" % self.hello["cold"] if "cold" in self.hello else None
+            return "the warm interpreter did not get ready; %s" % self.instead
+        return "%s; %s" % (self.hello["cold"], self.instead) if "cold" in self.hello else None
 
 
 class Warm(Forker):
