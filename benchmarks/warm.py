@@ -113,7 +113,7 @@ def report_first_lines(args, rows: dict[int, list[dict]]) -> None:
         def first(mode):
             return [run[mode][0].lines_at for run in rows[n]]
 
-        def ratios(a, b):  # the runs where both saw every rank's line (by hand, ssh's interleaving can cut one)
+        def ratios(a, b):  # the runs where both saw every rank's line
             return [x / y if x is not None and y is not None else None for x, y in zip(first(a), first(b))]
         print(f"| {n} | {seen(first('manual'))} | {seen(first('cold'))} | {seen(first('warm'))} "
               f"| {seen(ratios('warm', 'manual'))} | {seen(ratios('warm', 'cold'))} |")

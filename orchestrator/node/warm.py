@@ -32,6 +32,7 @@ import subprocess
 import threading
 import time
 
+from .procs import TORCHRUN
 from .zygote import ROOM, ROOM_VAR, ZYGOTE
 
 PRELOAD = ("torch", "torch.distributed")  # what every warm interpreter imports, before the cluster file's
@@ -196,7 +197,8 @@ class Warm(Forker):
         if not self.usable():  # ready already, but for a detached restart's, or after a long import
             return None
         request = {"start": local_rank, "argv": list(argv), "env": dict(env), "cwd": cwd, "stdout": stdout,
-                   "stderr": stderr, **({"fds": True} if fds else {})}  # fds: its stdin, stdout, stderr, sent along
+                   "stderr": stderr, **({"fds": True} if fds else {}),  # fds: its stdin, stdout, stderr, sent along
+                   **store_to_await(local_rank, argv)}
         deadline = time.monotonic() + timeout
         with self.lock:
             try:
@@ -219,6 +221,24 @@ class Warm(Forker):
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+
+def store_to_await(local_rank, argv):
+    """{"after": [address, port]} for a fork of torchrun (``local_rank`` None; ``argv``: -m
+    torch.distributed.run ARGS, as the plan wrote them, ``--name=value`` first) on a node other
+    than the master: the master's store, which the forked torchrun waits for before it starts
+    (zygote.await_store); {} for anything else."""
+    if local_rank is not None or list(argv[:2]) != ["-m", TORCHRUN]:
+        return {}
+    opts = {}
+    for word in argv[2:]:
+        if not (word.startswith("--") and "=" in word):
+            break
+        name, _, value = word[2:].partition("=")
+        opts[name] = value
+    if opts.get("node-rank", "0") == "0" or not opts.get("master-addr") or not opts.get("master-port", "").isdigit():
+        return {}
+    return {"after": [opts["master-addr"], int(opts["master-port"])]}
 
 
 def watch_orphan(child, every=0.5):
@@ -343,7 +363,7 @@ class KeptWarm(Forker):
         opened = [] if fds else [os.open(os.devnull, os.O_RDONLY)] + [
             os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             for path in (stdout, stderr)]
-        request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()
+        request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, **store_to_await(local_rank, argv)}).encode()
         try:
             conn = self.connect(b"\n" + request + b"\n", fds or opened)
         except OSError:

@@ -272,6 +272,31 @@ def become(request):
     return argv[0] == "-m", target
 
 
+def await_store(after, every=0.02, bound=60.0):
+    # torchrun on a node other than the master connects to the master's store first thing and,
+    # refused, tries again after a backoff that grows (0.25 s, then about 1 s, measured here).
+    # Forked the moment this node's imports end, it mostly found the master's torchrun not
+    # listening yet, and slept on after it was (0.9 s of a 4-node launch). So it starts once the
+    # store answers, polled finely, for ``bound`` seconds at most: then torchrun's own retries and
+    # timeout take over, as cold. An answer from the master's agent (its hold of the port, until
+    # its own Go) ends the wait too: torchrun then retries as it would have.
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(after[0], after[1], type=socket.SOCK_STREAM)[0]
+    except (OSError, IndexError, TypeError, ValueError):
+        return
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        probe = socket.socket(family, kind, proto)
+        try:
+            probe.settimeout(1.0)
+            probe.connect(address)
+            return
+        except OSError:
+            time.sleep(every)
+        finally:
+            probe.close()
+
+
 def from_script(kind, value, tb):
     # An uncaught exception's traceback from the script's first frame, as a cold start prints it:
     # without this interpreter's own and runpy's.
@@ -339,11 +364,15 @@ ctl = socket.socket(fileno=int(sys.argv[1]))
 listener = listen(sys.argv[4])  # before the imports: a stand-in that asks early waits in its queue
 HELLO = {}
 prepare(ctl, [n for n in sys.argv[2].split(",") if n], sys.argv[5] == "keep")
-MODULE, TARGET = become(serve(ctl, listener))
+REQUEST = serve(ctl, listener)
+MODULE, TARGET = become(REQUEST)
+AFTER = REQUEST.get("after")  # torchrun's, on a node other than the master's: the master's store
 sys.excepthook = from_script
-del ctl, listener, prepare, serve, become, rename, bound_to_agent, listen, asked
+del ctl, listener, prepare, serve, become, rename, bound_to_agent, listen, asked, REQUEST
 import runpy
 if MODULE and TARGET == "THE_TORCHRUN":  # torchrun: ddp-up's launcher, never the user's program
+    if AFTER:
+        await_store(AFTER)
     without_teardown(lambda: runpy.run_module(TARGET, run_name="__main__", alter_sys=True))
 elif MODULE:
     runpy.run_module(TARGET, run_name="__main__", alter_sys=True)

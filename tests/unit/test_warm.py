@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator.node.warm import Warm
+from orchestrator.node.warm import Warm, store_to_await
 
 SCRIPT = textwrap.dedent('''
     import ctypes, json, os, sys
@@ -340,6 +342,49 @@ def test_torchrun_forked_ends_as_python_would_without_the_interpreters_teardown(
     child = w.fork(None, ["-m", "mine", how], {"PYTHONPATH": str(tmp_path / "fake")}, str(tmp_path), str(out), str(err))
     assert child.wait(30) == code
     assert out.read_text().splitlines()[-1] == "teardown ran", out.read_text()
+
+
+def test_torchrun_forked_on_a_node_other_than_the_master_starts_once_the_masters_store_listens(warm, tmp_path):
+    """Forked the moment its node's imports end, torchrun would connect to a master's store not up
+    yet and back off for up to a second: it starts once the master's port listens instead. The
+    port is bound but not listening first (refused, as before the master's torchrun is there)."""
+    fake = tmp_path / "fake" / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "run.py").write_text("import time\nprint(time.monotonic(), flush=True)\n")
+    store = socket.socket()
+    store.bind(("127.0.0.1", 0))
+    port = store.getsockname()[1]
+    w = warm()
+    assert w.ready(30)
+    out, err = tmp_path / "out", tmp_path / "err"
+    argv = ["-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
+            f"--master-port={port}", "--redirects=3", "train.py"]
+    child = w.fork(None, argv, {"PYTHONPATH": str(tmp_path / "fake")}, str(tmp_path), str(out), str(err))
+    try:
+        deadline = time.monotonic() + 30
+        while b"torch.distributed.run" not in Path(f"/proc/{child.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the fork never became torchrun"
+            time.sleep(0.01)
+        time.sleep(0.3)  # room for a torchrun that does not wait to run
+        listening_at = time.monotonic()
+        store.listen(8)
+        assert child.wait(30) == 0, err.read_text()
+        assert float(out.read_text()) >= listening_at
+    finally:
+        store.close()
+
+
+def test_only_torchrun_on_a_node_other_than_the_master_waits_for_the_masters_store():
+    line = ["-m", "torch.distributed.run", "--nnodes=4", "--nproc-per-node=2", "--node-rank=2",
+            "--master-addr=10.0.0.1", "--master-port=29500", "--redirects=3", "--no-python", "python3", "-S",
+            "-c--node-rank=0", "train.py", "--master-port=1"]
+    assert store_to_await(None, line) == {"after": ["10.0.0.1", 29500]}
+    assert store_to_await(None, [w.replace("--node-rank=2", "--node-rank=0") for w in line]) == {}  # the master
+    assert store_to_await(0, line) == {}  # a rank, not torchrun
+    assert store_to_await(None, ["-m", "mine"] + line[2:]) == {}
+    assert store_to_await(None, [w for w in line if not w.startswith("--master-addr")]) == {}
 
 
 def test_a_detached_job_forks_every_attempt_from_one_interpreter_that_no_attempt_end_kills(tmp_path, monkeypatch):
