@@ -280,21 +280,23 @@ def await_store(after, every=0.02, bound=60.0):
     # store answers, polled finely, for ``bound`` seconds at most: then torchrun's own retries and
     # timeout take over, as cold. An answer from the master's agent (its hold of the port, until
     # its own Go) ends the wait too: torchrun then retries as it would have.
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(after[0], after[1], type=socket.SOCK_STREAM)[0]
-    except (OSError, IndexError, TypeError, ValueError):
+    try:  # resolved once; each of its addresses tried, as torchrun tries them
+        addresses = [(a[0], a[1], a[2], a[4]) for a in socket.getaddrinfo(after[0], after[1], type=socket.SOCK_STREAM)]
+    except (OSError, TypeError, ValueError):
         return
     deadline = time.monotonic() + bound
     while time.monotonic() < deadline:
-        probe = socket.socket(family, kind, proto)
-        try:
-            probe.settimeout(1.0)
-            probe.connect(address)
-            return
-        except OSError:
-            time.sleep(every)
-        finally:
-            probe.close()
+        for family, kind, proto, address in addresses:
+            probe = socket.socket(family, kind, proto)
+            try:
+                probe.settimeout(1.0)
+                probe.connect(address)
+                return
+            except OSError:
+                pass
+            finally:
+                probe.close()
+        time.sleep(every)
 
 
 def from_script(kind, value, tb):

@@ -359,7 +359,8 @@ def test_torchrun_forked_on_a_node_other_than_the_master_starts_once_the_masters
     w = warm()
     assert w.ready(30)
     out, err = tmp_path / "out", tmp_path / "err"
-    argv = ["-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
+    # localhost: each address it resolves to is tried (::1 first where it does, refused: the store is on IPv4)
+    argv = ["-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1", "--master-addr=localhost",
             f"--master-port={port}", "--redirects=3", "train.py"]
     child = w.fork(None, argv, {"PYTHONPATH": str(tmp_path / "fake")}, str(tmp_path), str(out), str(err))
     try:
