@@ -272,14 +272,16 @@ def become(request):
     return argv[0] == "-m", target
 
 
-def await_store(after, every=0.02, bound=60.0):
+def await_store(after, every=0.02, most=0.25, bound=60.0):
     # torchrun on a node other than the master connects to the master's store first thing and,
     # refused, tries again after a backoff that grows (0.25 s, then about 1 s, measured here).
     # Forked the moment this node's imports end, it mostly found the master's torchrun not
     # listening yet, and slept on after it was (0.9 s of a 4-node launch). So it starts once the
-    # store answers, polled finely, for ``bound`` seconds at most: then torchrun's own retries and
-    # timeout take over, as cold. An answer from the master's agent (its hold of the port, until
-    # its own Go) ends the wait too: torchrun then retries as it would have.
+    # store answers, polled every ``every`` seconds at first, then less often up to every ``most``
+    # (a thousand nodes waiting on a master still importing then knock at most 4,000 times a
+    # second in all), for ``bound`` seconds at most: then torchrun's own retries and timeout take
+    # over, as cold. An answer from the master's agent (its hold of the port, until its own Go)
+    # ends the wait too: torchrun then retries as it would have.
     try:  # resolved once; each of its addresses tried, as torchrun tries them
         addresses = [(a[0], a[1], a[2], a[4]) for a in socket.getaddrinfo(after[0], after[1], type=socket.SOCK_STREAM)]
     except (OSError, TypeError, ValueError):
@@ -297,6 +299,7 @@ def await_store(after, every=0.02, bound=60.0):
             finally:
                 probe.close()
         time.sleep(every)
+        every = min(most, every * 1.2)
 
 
 def from_script(kind, value, tb):
