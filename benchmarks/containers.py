@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.common import SCRIPT, Watched
+from benchmarks.restart import failure_to_restart, first_line
 from tests.harness.podman import IMAGE, Docker, Podman, available, docker_available
 from tests.harness.runner import REPO, UP, _env
 
@@ -92,17 +93,9 @@ def timed_restart(store, cluster: Path, runs: Path, restarts: bool) -> float:
             "run", "--steps", "0", *(["--fail-rank", "1", "--fail-attempts", "0"] if restarts else [])]
     start = time.monotonic()
     w = Watched(argv, cwd=cluster.parent, env={**_env(), "PYTHONPATH": str(REPO), **store.env})
-    try:
-        if restarts:
-            w.wait_for(lambda text: "rank 1 failing with" in text, 300)
-            start = time.monotonic()
-        w.wait_for(lambda text: ("attempt=1" if restarts else "READY rank=") in text, 300)
-        took = time.monotonic() - start - (DELAY if restarts else 0.0)
-        if w.wait(300) != 0:
-            raise SystemExit(f"the job failed:\n{w.text[-3000:]}")
-        return took
-    finally:
-        w.kill()
+    if restarts:
+        return failure_to_restart(w, DELAY, "the restart in containers")
+    return first_line(w, start, "the launch in containers")
 
 
 def restarts_in_containers(store, work: Path, runs: Path, repeat: int, ranks: int) -> None:

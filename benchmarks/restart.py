@@ -40,10 +40,15 @@ def fresh(cluster_yaml: Path, runs: Path) -> float:
     start = time.monotonic()
     w = Watched([sys.executable, "-c", UP, "--no-dashboard", "--runs-dir", str(runs), str(cluster_yaml), SCRIPT,
                  "run", "--steps", "0"], cwd=REPO, env=_env())
+    return first_line(w, start, "fresh launch")
+
+
+def first_line(w: Watched, start: float, what: str) -> float:
+    """Seconds from ``start`` to the first rank's first line of the run ``w``, which must succeed."""
     try:
         took = first_line_after(w, "READY rank=", start)
         if w.wait(120) != 0:
-            raise SystemExit(f"fresh launch failed:\n{w.text[-3000:]}")
+            raise SystemExit(f"{what} failed:\n{w.text[-3000:]}")
         return took
     finally:
         w.kill()

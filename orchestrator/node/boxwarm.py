@@ -28,9 +28,8 @@ import sys
 import time
 
 from .procs import TAGS
-from .warm import READY_WAIT, Warm
+from .warm import READY_WAIT, Warm, fork_torchrun
 from .workers import OWN_LAUNCHER, Workers, parse_launch
-from .zygote import PASS_VAR, SOCKET_VAR
 
 
 def main(argv):
@@ -66,9 +65,7 @@ def main(argv):
 
 def start_in(warm, launcher, env, passed, fds, report):
     """The launcher ``launcher`` here, from ``warm``, with the stdio ``fds`` and ``env``: torchrun
-    forked from it (its command line is PYTHON -u -m torch.distributed.run ARGS: the interpreter is
-    the Python and -u alike, and runs -m ... ARGS in the child), or, under `launcher: none`, ddp-up's
-    own launcher (workers.Workers) here, whose ranks are each forked from it (cold, one by one,
+    forked from it (warm.fork_torchrun), or, under `launcher: none`, ddp-up's own launcher (workers.Workers) here, whose ranks are each forked from it (cold, one by one,
     where it cannot), its notices through ``report``. What it gives waits and takes signals like a
     Popen; None where torchrun cannot be forked (it then starts cold). ``passed``: the signals
     torchrun's stand-ins pass on to their ranks. Also the kept container's (boxkeep.py)."""
@@ -76,7 +73,7 @@ def start_in(warm, launcher, env, passed, fds, report):
         workers = Workers(parse_launch(launcher[1:]), env, {k: env[k] for k in TAGS if k in env}, report, warm=warm)
         workers.start(env["PET_LOG_DIR"])  # then no more forks: an attempt's own interpreter ends after its ranks
         return workers
-    return warm.fork(None, launcher[2:], dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed}), os.getcwd(), fds=fds)
+    return fork_torchrun(warm, launcher, env, passed, fds)
 
 
 def interpreter_env(environ, hooks):

@@ -24,8 +24,7 @@ from .results import call_results
 from .stacks import dump_all, sitecustomize
 from .state import per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
-from .warm import attempt_files
-from .zygote import PASS_VAR, SOCKET_VAR
+from .warm import attempt_files, fork_torchrun
 
 SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's --shutdown-timeout, read by torchrun and torch.distributed.launch
 TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what torchrun passes on to its ranks by default
@@ -150,8 +149,7 @@ def started_launcher(argv, env, warm=None, stop_signal="SIGTERM"):
     starts without importing torch, and its workers (zygote.WARM_STUB) ask that interpreter too."""
     if warm is not None and runs_torchrun(argv):
         passed = ",".join(torchrun_passes_on(stop_signal))  # what the stand-ins pass on to their ranks
-        started = with_pipes(lambda fds: warm.fork(None, argv[2:], dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed}),
-                                                   os.getcwd(), fds=fds))
+        started = with_pipes(lambda fds: fork_torchrun(warm, argv, env, passed, fds))
         if started is not None:
             return started
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

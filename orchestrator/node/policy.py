@@ -100,6 +100,14 @@ def restart_delay(attempt, base):
     return max(base * attempt, min(BACKOFF_FIRST * 2 ** min(attempt - 1, 16), BACKOFF_MOST))
 
 
+def runs_every_attempt(job):
+    """Whether each node's agent runs every attempt of ``job`` (a LaunchPlan, or the RunSpec made of
+    it): a detached job that may start again, restarted by its own supervisor. One warm interpreter
+    (or kept container) on the node then forks every attempt (node/run.py), and the plan ships
+    that container's code (plan.launch.code_in_image)."""
+    return bool(job.detach and job.restarts + job.recoveries)
+
+
 def hang_reason(now, last_output, first_done, timeout, running):
     """Why a job looks hung at ``now``, or None: no line from any rank for ``timeout`` seconds
     (``last_output``: the latest line's time, or when the job started), or a node finished that

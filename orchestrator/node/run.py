@@ -337,7 +337,7 @@ class KeptLine:
 def warm_interpreters(spec, attempt, job_env, state_dir, out):
     """Warm start (the spec says where: plan.launch.warms): the WarmLine of this node, or the
     session's KeptLine; None for a cold start. Its imports are waited for in await_warm."""
-    lasting = bool(spec.detach and spec.restarts + spec.recoveries)
+    lasting = policy.runs_every_attempt(spec)
     if not warm_here(spec) or (spec.container and not ((spec.keep or lasting) and keeps_box(spec.container))):
         return None  # in a container, the interpreter is the image's: the attempt's own container's (boxwarm.py)
     report = lambda text: out.send(wire.Output("err", None, text.encode()))  # noqa: E731

@@ -33,7 +33,7 @@ import threading
 import time
 
 from .procs import TORCHRUN
-from .zygote import ROOM, ROOM_VAR, ZYGOTE
+from .zygote import PASS_VAR, ROOM, ROOM_VAR, SOCKET_VAR, ZYGOTE
 
 PRELOAD = ("torch", "torch.distributed")  # what every warm interpreter imports, before the cluster file's
 READY_WAIT = 60.0  # seconds a node's ranks wait after the Go for its imports; then they start cold
@@ -221,6 +221,14 @@ class Warm(Forker):
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+
+def fork_torchrun(warm, launcher, env, passed, fds):
+    """torchrun forked from ``warm`` (a Warm or KeptWarm) with the stdio ``fds``: its command line is
+    PYTHON -u -m torch.distributed.run ARGS, and the interpreter is the Python and -u alike, so the
+    child runs -m ... ARGS. Its workers' stand-ins (zygote.WARM_STUB) ask ``warm`` for their ranks
+    and pass the signals ``passed`` on to them. A WarmChild, or None where it cannot fork."""
+    return warm.fork(None, launcher[2:], dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed}), os.getcwd(), fds=fds)
 
 
 def store_to_await(local_rank, argv):

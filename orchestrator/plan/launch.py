@@ -16,7 +16,7 @@ from ..config.cluster import ClusterConfig, NodeConfig, node_workdir, quote_path
 from ..config.containers import box_code
 from ..config.masking import mask_secrets
 from ..errors import UsageError
-from ..node import wire
+from ..node import policy, wire
 from ..node.container import ENV_FILE, Box
 from ..node.launch import (ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, torchrun_passes_on, unconfigured_options,
                            with_node_options)
@@ -256,7 +256,7 @@ def code_in_image(plan: LaunchPlan, node: NodePlan) -> dict | None:
     container's (node/boxkeep.py), or `launcher: none`'s workers started cold; None on the host."""
     if node.config.container is None or not (plan.launcher == "none" or plan.warms):
         return None
-    if plan.warms and plan.detach and plan.restarts + plan.recoveries:
+    if plan.warms and policy.runs_every_attempt(plan):
         return box_code("boxkeep")
     return box_code("boxwarm" if plan.warms else "workers")
 
