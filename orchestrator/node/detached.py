@@ -27,7 +27,6 @@ from .checks import PortHold
 from .notify import JobNotices
 from .inventory import remove_stale_state
 from .relay import masked
-from .report import ReportReader
 from .run import Runner
 from .state import BARS, JOURNAL, Journal, per_attempt, write_record
 from .supervisor import PeerLink, Supervisor, listen_for_peers
@@ -77,7 +76,6 @@ class DetachedRun(Runner):
         self.next_go = None  # the Restart of the attempt to start next, between two attempts
         self.draft = None  # the record, written before the job starts; self.record once it runs on its own
         self.notices = JobNotices(spec, writer)  # the user's webhook and command targets (node/notify.py)
-        self.report = None  # this attempt's torchrun failure report (report.ReportReader), from its start
 
     def prepare(self):
         if not (self.spec.check_port or self.spec.pick_port):
@@ -93,8 +91,6 @@ class DetachedRun(Runner):
     def before_start(self, go):
         self.out.secrets = tuple(sorted(self.spec.secrets or (), key=len, reverse=True))
         self.out.begun, self.out.first_rank = set(), (self.spec.ranks or [0])[0]  # this attempt's start-up
-        self.report = ReportReader()  # torchrun's failure report: the rank's own exit code, as ddp-up reads it
-        self.out.launcher = self.report.feed
         if self.out.journal is not None:
             self.out.journal.close()  # the attempt before's is complete
         self.out.journal = Journal(os.path.join(self.dir, per_attempt(JOURNAL, self.attempt)),
@@ -191,7 +187,7 @@ class DetachedRun(Runner):
         every node still heard, no one stopped it for good) after its delay, or the job's end,
         recorded. Every other node waits for that word while restarts are left."""
         state = policy.node_end(bool(failures), stopped, code)
-        rank_code = self.report.rank_code() if state == "failed" and self.report is not None else None
+        rank_code = self.launch.report.rank_code() if state == "failed" else None  # the rank's own, as ddp-up reads it
         code = code if rank_code is None else rank_code  # torchrun's is 1 for any rank; no_restart_on_exit reads the rank's
         failure = own_failure(failures, ends, (self.spec.ranks or [0])[0]) if state == "failed" else None
         failure = masked(failure, self.out.secrets)  # for the supervisor's outcome, which ddp-ls shows

@@ -20,6 +20,7 @@ from .keptbox import BoxLauncher, BoxWarm
 from .procs import (JOB_SIGNALS, KILL_WAIT, TAG_ATTEMPT, TAGS, TORCHRUN, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged, read_tags,
                     signal_name, signal_ranks, signal_tagged, spec_tags, wait_gone)
 from .relay import Tailer, join_while_moving, pump
+from .report import ReportReader
 from .results import call_results
 from .stacks import dump_all, sitecustomize
 from .state import per_attempt, private_dir, remove_quietly, write_private
@@ -223,9 +224,11 @@ class Launch:
         self.env_file = None  # the job's environment for the container's first process (container.LOADER)
         self.go_env = {}  # what the Go adds to the job's environment (the network interfaces)
         self.torch_version = (torch or {}).get("torch")  # the job's torch, as the preflight read it
+        self.report = ReportReader()  # the launcher's failure report: each failed rank's own exit code
 
     def start(self, go, warm=None):  # warm: the interpreter its ranks are forked from (warm.Warm), if any
         env = self.launch_env(go)
+        self.out.launcher = self.report.feed
         if go.argv[0] == OWN_LAUNCHER and self.box is None:
             self.proc = Workers(parse_launch(go.argv[1:]), env, self.match,
                                 lambda text: self.out.send(wire.Output("err", None, text.encode())), warm)
@@ -415,11 +418,20 @@ def outcome(launch, code, stopped, reason):
         return code or 1, launch.relay_died, *launch.failures(stopped)
     failures, ends = launch.failures(stopped)
     every_rank_ended = len(ended_scripts(launch.dir, launch.attempt)) >= (launch.spec.nproc or 1)
-    if code and not stopped and not failures and every_rank_ended:
+    if code and not stopped and not failures and every_rank_ended and died_in_teardown(launch.report.parser):
         died = "was killed by %s" % signal_name(code) if signal_name(code) else "exited with code %d" % code
         launch.out.send(wire.Output("err", None, ("ddp-up: %s\n" % (TEARDOWN % died)).encode()))  # said, and logged
         return 0, TEARDOWN % died, None, ends
     return code, reason, failures, ends
+
+
+def died_in_teardown(report):
+    """Whether the launcher's failure report (report.FailureReportParser) names only ranks killed by
+    a signal: a death in the interpreter's teardown. A rank that exited with a code of its own (a
+    bare ``raise SystemExit(3)``, which its end watch cannot see) failed, whatever its marker says;
+    so does a launcher that named no rank."""
+    failed = list(report.failed.values()) or ([report.root] if report.root is not None else [])
+    return bool(failed) and all(f.exit_code is not None and f.exit_code < 0 for f in failed)
 
 
 def gpu_left(match):

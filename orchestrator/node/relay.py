@@ -37,7 +37,7 @@ class Writer:
     secrets = ()  # detach: values masked in every frame journaled (and sent with it), longest first
 
     peers = None  # detach: a callable that gets every Arrivals too (the supervisor's straggler watch)
-    launcher = None  # detach: a callable that gets the launcher's own output (report.ReportReader.feed)
+    launcher = None  # a callable that gets the launcher's own output (the attempt's report.ReportReader.feed)
 
     def send(self, frame, block=True):
         if self.peers is not None and type(frame) is wire.Arrivals:

@@ -19,10 +19,15 @@ PYSPY_TIMEOUT = 20.0  # seconds for one py-spy dump
 HOOK_HEAD = "import faulthandler, importlib.machinery, importlib.util, os, sys\n"
 DUMP_LINE = "faulthandler.register(%d, all_threads=True, chain=False)  # ddp-up: stack dump when a job looks hung\n" \
     % DUMP_SIGNAL
-# A rank that ended its script cleanly (no uncaught exception, no sys.exit with a failure) leaves
+# A rank that ended its script cleanly (no uncaught exception, no exit with a failure) leaves
 # ended.RANK beside this hook as it exits: a death after that, in the interpreter's teardown (torch's
-# C++ threads at exit), is then not taken for the script's failure (launch.outcome). Only
-# the rank's own process: DDP_UP_RANK_PID tells its children (a DataLoader's workers) apart.
+# C++ threads at exit), is then not taken for the script's failure (launch.outcome). Every exit Python
+# calls is watched: sys.exit, and the builtins exit() and quit() (site's Quitter, which raises
+# SystemExit itself). A bare `raise SystemExit(3)` leaves no code to read here (CPython clears it
+# before the atexit functions run), only a sign that the script did not run to its end
+# (unseen_exit): no marker then. A warm rank's interpreter passes it through sys.exit (zygote), and the
+# launcher's report of each rank's own code is checked as well (launch.outcome). Only the
+# rank's own process: DDP_UP_RANK_PID tells its children (a DataLoader's workers) apart.
 END_WATCH = """def _ddp_up_watch_end(where):
     if "RANK" not in os.environ or os.environ.get("DDP_UP_RANK_PID"):
         return  # not a rank (the launcher), or a rank's own child
@@ -32,14 +37,29 @@ END_WATCH = """def _ddp_up_watch_end(where):
         said.append(status)
         real_exit(status)
     sys.exit = exit
+    quitter = type(getattr(__import__("builtins"), "exit", None))
+    if quitter.__module__ == "_sitebuiltins":  # exit() and quit(), as site made them
+        real_call = quitter.__call__
+        def call(self, code=None):
+            said.append(code)
+            real_call(self, code)
+        quitter.__call__ = call
     def ended():
-        failed = (said and said[-1] not in (None, 0)) or hasattr(sys, "last_type") or hasattr(sys, "last_exc")
+        status = said[-1] if said else None
+        failed = not (status is None or (type(status) in (int, bool) and status == 0)) or \\
+            hasattr(sys, "last_type") or hasattr(sys, "last_exc") or (not said and unseen_exit())
         if not failed and os.environ.get("RANK", "").isdigit():
             try:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                 os.close(os.open(os.path.join(where, "ended." + os.environ["RANK"]), flags, 0o600))
             except OSError:
                 pass
+    def unseen_exit():
+        # A script (python SCRIPT) that ran to its end has its __main__.__file__ deleted before
+        # the atexit functions run; one ended by an exception that went up, SystemExit among them,
+        # keeps it (CPython 3.8 to 3.13 alike). Nothing said that code: it is no clean end.
+        main = sys.modules.get("__main__")
+        return main is not None and getattr(main, "__spec__", None) is None and "__file__" in vars(main)
     atexit.register(ended)
 _ddp_up_watch_end(os.path.dirname(os.path.abspath(__file__)))
 """

@@ -379,10 +379,14 @@ if MODULE and TARGET == "THE_TORCHRUN":  # torchrun: ddp-up's launcher, never th
     if AFTER:
         await_store(AFTER)
     without_teardown(lambda: runpy.run_module(TARGET, run_name="__main__", alter_sys=True))
-elif MODULE:
-    runpy.run_module(TARGET, run_name="__main__", alter_sys=True)
 else:
-    runpy.run_path(TARGET, run_name="__main__")
+    try:
+        if MODULE:
+            runpy.run_module(TARGET, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(TARGET, run_name="__main__")
+    except SystemExit as e:  # raised however (raise SystemExit(3) too): through sys.exit, which
+        sys.exit(e.code)  # ddp-up's end watch hears (stacks.END_WATCH), as the script's own end
 '''.replace("ROOM_VAR", ROOM_VAR).replace("THE_MARK", WARM_MARK).replace("THE_TORCHRUN", TORCHRUN)
 
 # torchrun's worker under warm start, in its place: ``python -S -c WARM_STUB SCRIPT ARGS``. It asks

@@ -39,3 +39,18 @@ def test_a_script_that_failed_before_its_teardown_still_fails(tmp_path, launcher
     assert "not counted as a failure" not in out, out
     if how == ["--raise"]:
         assert re.search(r"RuntimeError: boom before the teardown", out), out
+
+
+# Every way a script can end with a failure, warm and cold: the rank's own code is the truth, with the
+# teardown's abort after it (every rank then dies of SIGABRT, after an end the rank's hook heard) or not.
+ENDS = [["--end", "raise", "3"], ["--end", "exit", "3"], ["--end", "quit", "3"], ["--end", "_exit", "3"],
+        ["--end", "kill", "15"]]
+
+
+@pytest.mark.parametrize("launcher,warm", [("torchrun", True), ("torchrun", False), ("none", True), ("none", False)])
+def test_every_way_a_script_ends_with_a_failure_fails_the_job(tmp_path, launcher, warm):
+    path = runner.local_cluster(tmp_path, nodes=1, gpus=1, launcher=launcher, warm=warm)
+    for how in ENDS:
+        code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, *how, timeout=180)
+        assert code == 1, (how, out)  # a job failed: never 0, whatever the teardown did
+        assert "not counted as a failure" not in out and not re.search(r"ddp-up job \S+ ok after", out), (how, out)

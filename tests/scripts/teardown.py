@@ -2,15 +2,18 @@
 torch's threads can abort it ("terminate called without an active exception"): the C library's
 exit list gets abort(), which runs after every Python atexit handler and finalizer.
 
-    teardown.py [--barrier DIR] [--exit N | --raise]
+    teardown.py [--barrier DIR] [--exit N | --raise | --end HOW N]
 
 --barrier: every rank waits for the others' scripts to end too (files in DIR), and the abort comes a
 second after: no rank's abort (and its launcher's stop of the others) cuts another's script short.
 --exit N, --raise: end the script with sys.exit(N), or an uncaught exception, first.
+--end HOW N: end it another way Python has: raise (SystemExit(N)), exit, quit (the builtins), _exit
+(os._exit(N): no teardown at all), kill (signal N to itself).
 """
 
 import ctypes
 import os
+import signal
 import sys
 import time
 
@@ -30,3 +33,13 @@ if "--raise" in sys.argv:
     raise RuntimeError("boom before the teardown")
 if "--exit" in sys.argv:
     sys.exit(int(sys.argv[sys.argv.index("--exit") + 1]))
+if "--end" in sys.argv:
+    how, n = sys.argv[sys.argv.index("--end") + 1], int(sys.argv[sys.argv.index("--end") + 2])
+    if how == "raise":
+        raise SystemExit(n)
+    if how == "_exit":
+        sys.stdout.flush()
+        os._exit(n)
+    if how == "kill":
+        os.kill(os.getpid(), n)
+    {"exit": exit, "quit": quit}[how](n)

@@ -53,6 +53,13 @@ import pytest  # noqa: E402
     ("import sys; sys.exit(0)", True),
     ("import sys; sys.exit(3)", False),
     ("import sys; sys.exit('a message is a failure')", False),
+    ("raise SystemExit(3)", None),  # None: run as a script file too, where the bare raise shows
+    ("raise SystemExit", None),  # its code is not to be read: no clean end (fails closed)
+    ("exit(3)", False),  # the builtins site makes: they raise SystemExit themselves
+    ("quit(3)", False),
+    ("exit()", True),
+    ("import sys; sys.exit(False)", True),
+    ("import sys; sys.exit(True)", False),
     ("raise RuntimeError('boom')", False),
     ("import os; os._exit(0)", False),  # no Python exit at all: no teardown to die in either
 ])
@@ -60,8 +67,13 @@ def test_a_rank_that_ended_its_script_cleanly_says_so_as_it_exits_and_only_then(
     (tmp_path / "sitecustomize.py").write_text(DUMP_HOOK)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "RANK": "5"}
     env.pop("DDP_UP_RANK_PID", None)
-    subprocess.run([sys.executable, "-c", script], env=env, stderr=subprocess.DEVNULL, timeout=60)
-    assert (tmp_path / "ended.5").exists() == ended
+    if ended is not None:
+        subprocess.run([sys.executable, "-c", script], env=env, stderr=subprocess.DEVNULL, timeout=60)
+        assert (tmp_path / "ended.5").exists() == ended
+    (tmp_path / "ended.5").unlink(missing_ok=True)
+    (tmp_path / "script.py").write_text(script + "\n")  # as torchrun starts a rank: python SCRIPT
+    subprocess.run([sys.executable, str(tmp_path / "script.py")], env=env, stderr=subprocess.DEVNULL, timeout=60)
+    assert (tmp_path / "ended.5").exists() == bool(ended)
 
 
 def test_a_ranks_own_children_and_a_process_without_a_rank_leave_nothing(tmp_path):
@@ -75,3 +87,21 @@ def test_a_ranks_own_children_and_a_process_without_a_rank_leave_nothing(tmp_pat
     env.pop("RANK")
     subprocess.run([sys.executable, "-c", "print(1)"], env=env, stdout=subprocess.DEVNULL, timeout=60)
     assert list(tmp_path.glob("ended.*")) == []
+
+
+@pytest.mark.parametrize("report,teardown", [
+    ("exitcode  : -6 (pid: 11)", True),  # SIGABRT after the script's end: torch's threads at exit
+    ("exitcode  : 3 (pid: 11)", False),  # a code of the rank's own: raise SystemExit(3), os._exit(3)
+    ("exitcode  : 1 (pid: 11)", False),
+    (None, False),  # the launcher named no rank: nothing excuses it
+])
+def test_the_teardown_rule_excuses_only_a_rank_killed_by_a_signal(report, teardown):
+    from orchestrator.node.launch import died_in_teardown
+    from orchestrator.node.report import ReportReader
+
+    reader = ReportReader()
+    if report is not None:
+        reader.feed(("=" * 60 + "\ntrain.py FAILED\n" + "-" * 60 + "\nFailures:\n  <NO_OTHER_FAILURES>\n" + "-" * 60 +
+                     "\nRoot Cause (first observed failure):\n[0]:\n  time      : 2026-11-28_10:00:00\n"
+                     "  host      : node1\n  rank      : 0 (local_rank: 0)\n  " + report + "\n" + "=" * 60 + "\n").encode())
+    assert died_in_teardown(reader.parser) is teardown
