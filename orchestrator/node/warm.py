@@ -168,6 +168,12 @@ class Warm(Forker):
                 child = self.children.get(message["ended"])
             if child is not None:
                 child.end(int(message["code"]))
+        elif "refused" in message:  # it will fork nothing more (zygote.Seen.refusal): said once, and the
+            with self.lock:  # fork that waits for it starts cold now
+                self.hello = {"cold": str(message.get("why"))}
+                self.started[message["refused"]] = None
+                self.forked.notify_all()
+            self.report and self.report("ddp-up: warm start: %s\n" % self.why_cold())
 
     def ready(self, timeout=READY_WAIT):
         """Whether ranks can be forked: the imports done, CUDA untouched."""
@@ -382,7 +388,11 @@ class KeptWarm(Forker):
         answers = conn.makefile("rb")
         try:
             conn.settimeout(timeout)
-            child = WarmChild(int(json.loads(answers.readline(LINE_MAX))["pid"]))
+            answer = json.loads(answers.readline(LINE_MAX))
+            if "cold" in answer:  # refused (zygote.Seen.refusal): this launch starts cold, said once
+                self.hello = {"cold": str(answer["cold"])}
+                self.report and self.report("ddp-up: warm start: %s\n" % self.why_cold())
+            child = WarmChild(int(answer["pid"]))
             conn.settimeout(None)
         except (OSError, ValueError, KeyError, TypeError):
             conn.close()

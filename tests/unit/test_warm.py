@@ -446,3 +446,130 @@ def test_a_node_whose_preflight_fails_ends_its_early_interpreter_and_says_nothin
     held.release()  # it passed: what was held goes, in order, and then each as it comes
     held.send("later")
     assert sent == ["warm notice", "later"]
+
+
+# --- a forked rank is a cold rank (docs/guides/warm-start.md, "What a rank gets anew") ---------------
+
+DRAWS = "import json, random, numpy\nprint(json.dumps([numpy.random.randint(1 << 30), random.getrandbits(30)]))\n"
+
+
+def test_each_rank_draws_its_own_random_numbers_as_a_new_process_does(warm, tmp_path):
+    w = warm(preload=("numpy.random",))  # NumPy 2 imports it on first use: here, as a preload that uses it
+    assert w.ready(60), w.hello
+    draws = []
+    for rank in range(2):
+        child, out, err = fork(w, tmp_path, DRAWS, rank=rank)
+        assert child.wait(30) == 0, err.read_text()
+        draws.append(json.loads(out.read_text()))
+    assert draws[0][0] != draws[1][0], draws  # NumPy's global generator: copied whole by the fork before
+    assert draws[0][1] != draws[1][1], draws  # Python's: CPython reseeds it in the child itself
+
+
+def test_torch_s_generator_is_fresh_in_each_rank_unless_a_preload_seeded_it(warm, tmp_path):
+    script = "import json, torch\nprint(json.dumps([torch.initial_seed(), torch.rand(1).item()]))\n"
+    (tmp_path / "seeds.py").write_text("import torch\ntorch.manual_seed(1234)\n")
+    for preload, fresh in (((), True), (("seeds",), False)):
+        w = warm(base=("torch",), preload=preload)
+        assert w.ready(60), w.hello
+        seen = []
+        for rank in range(2):
+            (tmp_path / f"out{rank}").unlink(missing_ok=True)
+            child, out, err = fork(w, tmp_path, script, rank=rank)
+            assert child.wait(60) == 0, err.read_text()
+            seen.append(json.loads(out.read_text()))
+        assert (seen[0] != seen[1]) is fresh, (preload, seen)  # a seed at import: every cold rank has it too
+        if not fresh:
+            assert seen[0][0] == 1234
+
+
+def test_an_import_that_leaves_an_openmp_pool_starts_the_ranks_cold_and_says_which(warm, tmp_path):
+    """A parallel region at import (a warm-up matmul) leaves OpenMP's threads, which a forked child
+    waits for in its own next region, for good: the probe's child hangs, not the ranks."""
+    (tmp_path / "warmup.py").write_text("import torch\ntorch.set_num_threads(2)\ntorch.ones(512, 512).mm(torch.ones(512, 512))\n")
+    w = warm(base=("torch",), preload=("warmup",))
+    assert not w.ready(60)
+    assert "importing warmup left a thread pool" in w.why_cold(), w.why_cold()
+    assert w.fork(0, ["x.py"], {}, str(tmp_path), "o", "e") is None
+    ok = warm(base=("torch", "numpy"))  # NumPy's BLAS threads, which stop around a fork, are no reason
+    assert ok.ready(60), ok.hello
+
+
+CHANGES = {"a thread": ("import threading, time\nthreading.Thread(target=time.sleep, args=(60,), name='poller', "
+                        "daemon=True).start()\n", "started a thread (poller)"),
+           "sys.path": ("import sys\nsys.path.insert(0, '/opt/vendored')\n", "changed the process's sys.path"),
+           "cwd": ("import os\nos.chdir('/')\n", "working directory"),
+           "a signal": ("import signal\nsignal.signal(signal.SIGUSR2, lambda *_: None)\n", "signal handlers"),
+           "umask": ("import os\nos.umask(0o077)\n", "umask")}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_an_import_that_changed_the_process_starts_the_ranks_cold_and_names_the_module(warm, tmp_path, change):
+    text, said = CHANGES[change]
+    (tmp_path / "changer.py").write_text(text)
+    w = warm(preload=("json", "changer"))
+    assert not w.ready(30)
+    assert "importing changer" in w.why_cold() and said in w.why_cold(), w.why_cold()
+
+
+def test_the_variables_an_import_set_are_the_ranks_too_as_its_own_import_would_set_them(warm, tmp_path):
+    (tmp_path / "setter.py").write_text("import os\nos.environ['SET_AT_IMPORT'] = 'yes'\nos.environ.pop('DROPPED', None)\n")
+    w = warm(preload=("setter",), env={"DROPPED": "1"})
+    assert w.ready(30), w.hello
+    script = "import json, os\nprint(json.dumps([os.environ.get('SET_AT_IMPORT'), os.environ.get('DROPPED')]))\n"
+    child, out, err = fork(w, tmp_path, script, env={"DROPPED": "1"})
+    assert child.wait(30) == 0, err.read_text()
+    assert json.loads(out.read_text()) == ["yes", None]
+
+
+def test_an_import_that_read_the_rank_s_variables_forks_no_rank_that_has_them(warm, tmp_path):
+    """What it made of RANK at import (absent then) would be every rank's: that rank starts cold, said."""
+    (tmp_path / "ranked.py").write_text("import os\nRANK = int(os.environ.get('RANK', 0))\n")
+    w = warm(preload=("ranked",))
+    assert w.ready(30), w.hello
+    said = []
+    w.report = said.append
+    child, out, err = fork(w, tmp_path, "print('no rank variable')\n", env={"OTHER": "1"})  # nothing it read: warm
+    assert child.wait(30) == 0
+    path = tmp_path / "r.py"
+    path.write_text("print(1)\n")
+    assert w.fork(1, [str(path)], {"RANK": "1"}, str(tmp_path), str(tmp_path / "o"), str(tmp_path / "e")) is None
+    assert said and "importing ranked read RANK" in said[0], said
+
+
+def test_lightning_s_rank_is_the_rank_s_own_after_the_fork(warm, tmp_path):
+    """Lightning reads the rank at import for @rank_zero_only: redone in the rank, so it stays warm."""
+    fake = tmp_path / "fake"
+    where = fake / "lightning" / "fabric" / "utilities"
+    where.mkdir(parents=True)
+    for d in (fake / "lightning", fake / "lightning" / "fabric", where):
+        (d / "__init__.py").write_text("")
+    (where / "rank_zero.py").write_text(
+        "import os\ndef _get_rank():\n    for key in ('RANK', 'LOCAL_RANK'):\n        if os.environ.get(key) is not None:\n"
+        "            return int(os.environ[key])\n    return None\n"
+        "def rank_zero_only(fn):\n    return fn\nrank_zero_only.rank = getattr(rank_zero_only, 'rank', _get_rank() or 0)\n")
+    w = warm(preload=("lightning.fabric.utilities.rank_zero",), env={"PYTHONPATH": str(fake)})
+    assert w.ready(30), w.hello
+    script = "from lightning.fabric.utilities.rank_zero import rank_zero_only\nprint(rank_zero_only.rank)\n"
+    child, out, err = fork(w, tmp_path, script, env={"RANK": "3", "PYTHONPATH": str(fake)})
+    assert child.wait(30) == 0, err.read_text()
+    assert out.read_text().strip() == "3"
+
+
+def test_a_module_edited_on_disk_is_never_forked_old(warm, tmp_path):
+    """The interpreter refuses the fork, ends once its ranks have, and the rank starts cold (the next
+    attempt, or launch, makes a fresh interpreter)."""
+    (tmp_path / "model.py").write_text("VERSION = 1\n")
+    w = warm(preload=("model",))
+    assert w.ready(30), w.hello
+    script = "import model\nprint(model.VERSION)\n"
+    child, out, _ = fork(w, tmp_path, script)
+    assert child.wait(30) == 0 and out.read_text().strip() == "1"
+    time.sleep(0.6)  # past the 0.5 s a check of the files holds
+    (tmp_path / "model.py").write_text("VERSION = 22\n")
+    said = []
+    w.report = said.append
+    path = tmp_path / "again.py"
+    path.write_text(script)
+    assert w.fork(1, [str(path)], {}, str(tmp_path), str(tmp_path / "o"), str(tmp_path / "e")) is None
+    assert said and "model.py changed on disk" in said[0], said
+    assert w.proc.wait(30) == 0  # it forks nothing more, and is gone
