@@ -573,3 +573,24 @@ def test_a_module_edited_on_disk_is_never_forked_old(warm, tmp_path):
     assert w.fork(1, [str(path)], {}, str(tmp_path), str(tmp_path / "o"), str(tmp_path / "e")) is None
     assert said and "model.py changed on disk" in said[0], said
     assert w.proc.wait(30) == 0  # it forks nothing more, and is gone
+
+
+@pytest.mark.parametrize("interpreters, ranks, elsewhere", [
+    ("{pp}:", "{hooks}:{pp}:", False),  # an empty entry is the working directory, as in a cold start
+    (":{pp}", "{hooks}::{pp}", False),  # ... and a path is on sys.path once
+    ("rel", "{hooks}:rel", True),  # a relative entry is from the rank's own working directory
+    ("{pp}", "{pp}", True),
+])
+def test_a_rank_s_sys_path_is_the_one_its_cold_start_makes(warm, tmp_path, interpreters, ranks, elsewhere):
+    where = {"pp": str(tmp_path / "pp"), "hooks": str(tmp_path / "hooks")}
+    cwd = tmp_path / "other" if elsewhere else tmp_path
+    cwd.mkdir(exist_ok=True)
+    w = warm(env={"PYTHONPATH": interpreters.format(**where)})
+    assert w.ready(30), w.hello
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": ranks.format(**where)}
+    script = "import json, sys\nprint(json.dumps(sys.path))\n"
+    child, out, err = fork(w, tmp_path, script, env=env, cwd=cwd)
+    assert child.wait(30) == 0, err.read_text()
+    cold = subprocess.run([sys.executable, "-u", str(tmp_path / "script0.py")], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+    assert json.loads(out.read_text()) == json.loads(cold.stdout)
