@@ -23,15 +23,22 @@ DRAIN = "drain the node until the GPU is replaced"
 COOLING = "check the node's cooling and power (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`), and drain it meanwhile"
 
 
+UNREAD = ("run `nvidia-smi -q{where}` on the node to see what the driver says, and fix the driver or the GPU "
+          "(a lost GPU needs a reset or a reboot)")
+# what decides a GPU's health (node/gpuhealth.py DECIDING): unread, the GPU is taken for unhealthy
+DECIDING = ("index", "ecc_uncorrected", "retired_pending", "remap_pending", "remap_failed", "reasons", "hw_slowdown",
+            "hw_thermal", "power_brake")
+
+
 @dataclass(frozen=True)
 class GpuFinding:
-    gpu: int  # nvidia-smi's index
+    gpu: int | None  # nvidia-smi's index; None where its answer did not say which GPU
     what: str
     fix: str
     fatal: bool
 
     def text(self) -> str:
-        return f"GPU {self.gpu}: {self.what}"
+        return f"GPU {self.gpu}: {self.what}" if self.gpu is not None else f"GPUs: {self.what}"
 
 
 def findings(gpu: dict) -> list[GpuFinding]:
@@ -42,6 +49,13 @@ def findings(gpu: dict) -> list[GpuFinding]:
     def add(what: str, fix: str, fatal: bool) -> None:
         found.append(GpuFinding(index, what, fix.format(index=index), fatal))
 
+    unread = [str(what) for what in gpu.get("unreadable") or []][:4]
+    if unread:  # fails closed: what could not be read may hide an error
+        deciding = index is None or any(what.split(" ")[0] in DECIDING for what in unread)
+        said = "; ".join(unread)
+        add((f"nvidia-smi's answer could not be read ({said}): its health is unknown" if not said.startswith("nvidia-smi")
+             else f"{said}: their health is unknown") if deciding else f"nvidia-smi wrote what could not be read: {said}",
+            UNREAD.replace("{where}", "" if index is None else " -i {index}"), deciding)
     errors = gpu.get("ecc_uncorrected")
     if isinstance(errors, int) and errors > 0:
         add(f"{errors} uncorrected ECC error(s) since the driver loaded: results on it may be wrong",

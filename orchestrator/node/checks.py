@@ -235,10 +235,11 @@ def probe(target, env):
 
 
 def ready(spec, torch, env, port, supervisor_port):
-    """The Ready frame: what this node is, for the controller's cross-node checks."""
+    """The Ready frame: what this node is, for the controller's cross-node checks. Its clock is
+    read last, as the frame goes: a slow nvidia-smi before it is no clock skew."""
+    busy = facts.query_busy_gpus(env.get("CUDA_VISIBLE_DEVICES"), spec.nproc) or None
+    health = gpuhealth.query_health(env.get("CUDA_VISIBLE_DEVICES"), spec.nproc) or None
     return wire.Ready(
         hostname=socket.gethostname(), python=sys.version.split()[0], torch=torch.get("torch"),
-        cuda=torch.get("cuda"), nccl=torch.get("nccl"), gpus=count_gpus(env), time=time.time(),
-        disk_free=shutil.disk_usage(".").free, port=port, supervisor_port=supervisor_port,
-        busy_gpus=facts.query_busy_gpus(env.get("CUDA_VISIBLE_DEVICES"), spec.nproc) or None,
-        gpu_health=gpuhealth.query_health(env.get("CUDA_VISIBLE_DEVICES"), spec.nproc) or None)
+        cuda=torch.get("cuda"), nccl=torch.get("nccl"), gpus=count_gpus(env), disk_free=shutil.disk_usage(".").free,
+        port=port, supervisor_port=supervisor_port, busy_gpus=busy, gpu_health=health, time=time.time())

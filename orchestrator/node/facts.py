@@ -12,10 +12,12 @@ docker0, 127.0.1.1). The route the kernel itself takes to the master's address i
 works, so that interface is what ddp-up names, unless the user named one.
 """
 
+import math
 import os
 import socket
 import struct
 import subprocess
+import threading
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 NVIDIA_SMI_TIMEOUT = 10.0
@@ -232,50 +234,124 @@ APPS_QUERY = ["--query-compute-apps=gpu_uuid,pid,used_memory,process_name", "--f
 GPUS_QUERY = ["--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits"]
 
 
-def nvidia_smi(args, run=subprocess.run):
-    """nvidia-smi's output for ``args``, or None where it is missing, fails or hangs (a wedged
-    driver makes it hang: the timeout keeps that from stopping the agent)."""
+def nvidia_smi(args, run=None):
+    """nvidia-smi's output for ``args``, or None where it is missing, fails or hangs."""
+    return nvidia_smi_said(args, run)[0]
+
+
+SMI_MOST = 1 << 20  # bytes of nvidia-smi's output read; what comes after is dropped
+SMI_LINE_MOST = 4096  # characters of one line; a longer one is no row of the driver's
+
+
+def nvidia_smi_said(args, run=None):
+    """(nvidia-smi's output for ``args``, None), or (None, what went wrong, in words that name
+    nvidia-smi): missing, an exit status with its first line ("GPU is lost", "couldn't communicate
+    with the NVIDIA driver"), or no answer within NVIDIA_SMI_TIMEOUT (a wedged driver makes it
+    hang: it is killed, and the agent goes on)."""
     try:
-        done = run(["nvidia-smi", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                   timeout=NVIDIA_SMI_TIMEOUT)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.decode("utf-8", "replace") if done.returncode == 0 else None
+        code, out, err = (run or run_bounded)(["nvidia-smi", *args], NVIDIA_SMI_TIMEOUT)
+    except FileNotFoundError:
+        return None, "nvidia-smi is not on this node's PATH"
+    except subprocess.TimeoutExpired:
+        code, out, err = None, b"", b""
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, "nvidia-smi could not run (%s)" % e
+    if code is None:
+        return None, "nvidia-smi did not answer within %d s (a wedged driver?)" % NVIDIA_SMI_TIMEOUT
+    text = out[:SMI_MOST].decode("utf-8", "replace")
+    if code != 0:
+        said = next((line.strip() for line in (err + b"\n" + out)[:SMI_LINE_MOST].decode("utf-8", "replace").splitlines()
+                     if line.strip()), "")
+        return None, "nvidia-smi exited with status %d%s" % (code, ": " + clip(said) if said else "")
+    return text, None
+
+
+def run_bounded(argv, timeout, most=SMI_MOST):
+    """(exit status, or None where it did not end within ``timeout`` seconds and was killed; the
+    first ``most`` bytes of its stdout; the first 4 KiB of its stderr). Never waits on a process
+    stuck in the kernel past a second more (SIGKILL cannot end one in the driver)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = bytearray(), bytearray()
+
+    def drain(stream, into, cap):
+        while True:
+            chunk = stream.read1(1 << 16)
+            if not chunk:
+                return
+            into += chunk[:max(0, cap - len(into))]  # read on past the cap: the writer is never blocked
+
+    readers = [threading.Thread(target=drain, args=(proc.stdout, out, most), daemon=True),
+               threading.Thread(target=drain, args=(proc.stderr, err, 4096), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = None
+    for reader in readers:
+        reader.join(1.0)
+    try:
+        proc.wait(1.0)
+    except subprocess.TimeoutExpired:
+        pass  # in the driver: the kernel reaps it when it comes out
+    return code, bytes(out), bytes(err)
+
+
+def clip(text, most=200):
+    return text if len(text) <= most else text[:most] + "..."
+
+
+def count(text, most=7):
+    """A count or index as nvidia-smi writes one: ASCII digits only (not ², not ٣), at most ``most``
+    of them; None otherwise."""
+    text = text.strip()
+    return int(text) if 0 < len(text) <= most and text.isascii() and text.isdigit() else None
 
 
 def _number(text):
+    """A number as nvidia-smi writes one (units dropped by nounits), to an int; None where it is
+    not one that fits: [N/A], inf, nan, 1e400, a thousand digits."""
+    text = text.strip()
+    if not text or len(text) > 32 or not text.isascii():
+        return None
     try:
-        return int(float(text))
+        value = float(text)
     except ValueError:
         return None
+    return int(value) if math.isfinite(value) and abs(value) < 1e15 else None
 
 
 def csv_rows(text):
-    """nvidia-smi's CSV, row by row. csv is imported here, not at the top: only a node with GPUs
-    reads any, and every agent's start would pay for it (a seventieth of it)."""
-    import csv
-
-    return csv.reader((text or "").splitlines(), skipinitialspace=True)
+    """nvidia-smi's CSV, row by row, each a list of fields: it neither quotes nor escapes, so a
+    line is split at its commas and nothing else (a quote is text). A line too long to be one of
+    the driver's is one field that says so (a row no query's columns match). Linear in the text,
+    and bounded."""
+    for line in (text or "")[:SMI_MOST].splitlines():
+        if len(line) > SMI_LINE_MOST:
+            yield ["<a line of %d characters>" % len(line)]
+        elif line.strip():
+            yield [field.strip() for field in line.split(",")]
 
 
 def parse_gpus(text):
     """[{"index", "uuid", "util", "used", "total"}] from GPUS_QUERY output (MiB, percent; None
-    where the driver says [N/A])."""
+    where the driver says [N/A]). A row that is not five fields with an index and a uuid is left out."""
     gpus = []
     for row in csv_rows(text):
-        if len(row) >= 5 and row[0].strip().isdigit():
-            gpus.append(dict(index=int(row[0]), uuid=row[1].strip(), util=_number(row[2]),
+        if len(row) == 5 and count(row[0]) is not None and row[1]:
+            gpus.append(dict(index=count(row[0]), uuid=row[1], util=_number(row[2]),
                              used=_number(row[3]), total=_number(row[4])))
     return gpus
 
 
 def parse_apps(text):
-    """[{"uuid", "pid", "mib", "name"}] from APPS_QUERY output."""
+    """[{"uuid", "pid", "mib", "name"}] from APPS_QUERY output (the process's name may hold commas)."""
     apps = []
     for row in csv_rows(text):
-        if len(row) >= 3 and row[1].strip().isdigit():
-            apps.append(dict(uuid=row[0].strip(), pid=int(row[1]), mib=_number(row[2]),
-                             name=row[3].strip() if len(row) > 3 else ""))
+        if len(row) >= 3 and row[0] and count(row[1], most=10) is not None:
+            apps.append(dict(uuid=row[0], pid=count(row[1], most=10), mib=_number(row[2]),
+                             name=",".join(row[3:]).strip()))
     return apps
 
 

@@ -52,37 +52,59 @@ def header_key(header):
 
 def value_of(key, text):
     """One field's value: text for names, True/False for Active/Yes, an int for numbers and bit
-    masks (units dropped), None for what the driver does not know ([N/A], Not Supported)."""
+    masks (units dropped), None for what the driver does not know ([N/A], Not Supported), and
+    UNREADABLE for what is none of these (inf, ², a number of a thousand digits)."""
     text = text.strip()
     if key in TEXT_KEYS:
-        return text
+        return facts.clip(text)
     lowered = text.lower()
     if lowered in ("active", "yes"):
         return True
     if lowered in ("not active", "no"):
         return False
     if lowered.startswith("0x"):
-        try:
-            return int(lowered, 16)
-        except ValueError:
-            return None
-    number = text.split(" ")[0]
-    try:
-        return int(float(number))
-    except ValueError:
+        digits = lowered[2:]
+        ok = 0 < len(digits) <= 16 and digits.isascii() and all(c in "0123456789abcdef" for c in digits)
+        return int(digits, 16) if ok else UNREADABLE
+    if lowered.startswith("[") or lowered in ("n/a", "not supported", "unknown error", "insufficient permissions"):
         return None
+    number = facts._number(text.split(" ")[0])
+    return UNREADABLE if number is None else number
+
+
+UNREADABLE = object()  # a field nvidia-smi wrote that is no value of its kind
+# What decides a GPU's health: unreadable, the GPU is treated as unhealthy (diagnose/gpuhealth.py)
+DECIDING = ("index", "ecc_uncorrected", "retired_pending", "remap_pending", "remap_failed", "reasons", "hw_slowdown",
+            "hw_thermal", "power_brake")
 
 
 def parse_health(text):
-    """[{key: value}] a GPU, from ``--query-gpu=... --format=csv`` with its header line."""
+    """[{key: value}] a GPU, from ``--query-gpu=... --format=csv`` with its header line. Total: a
+    field that cannot be read is named in the GPU's ``unreadable``; a row that cannot be read
+    whole (its fields not the header's, its index not a number) is a GPU of its own with
+    ``unreadable`` set and what can be told of it, so it is never passed over."""
     keys, gpus = None, []
-    for row in facts.csv_rows(text):
+    for number, row in enumerate(facts.csv_rows(text)):
         if keys is None:
             keys = [header_key(h) for h in row]
             continue
-        gpu = {k: value_of(k, v) for k, v in zip(keys, row) if k}
-        if isinstance(gpu.get("index"), int):
-            gpus.append(with_reason_bits(gpu))
+        if len(row) != len(keys):
+            gpus.append({"index": None, "unreadable": ["its row (%d fields for %d columns): %s"
+                                                       % (len(row), len(keys), facts.clip(",".join(row), 120))]})
+            continue
+        gpu, unreadable = {}, []
+        for key, field in zip(keys, row):
+            if key:
+                value = value_of(key, field)
+                if value is UNREADABLE:
+                    unreadable.append("%s %r" % (key, facts.clip(field, 40)))
+                    value = None
+                gpu[key] = value
+        if gpu.get("index") is None:
+            unreadable.append("its index")
+        if unreadable:
+            gpu["unreadable"] = unreadable
+        gpus.append(with_reason_bits(gpu))
     return gpus
 
 
@@ -98,37 +120,43 @@ def with_reason_bits(gpu):
 
 def parse_nvlink(text):
     """{gpu index: [indices of its links reported inactive]}, only for GPUs with at least one link up
-    (a GPU with none up has no NVLink in use, as on a PCIe board), from ``nvidia-smi nvlink --status``."""
+    (a GPU with none up has no NVLink in use, as on a PCIe board), from ``nvidia-smi nvlink --status``.
+    A line that is not one of these is passed over."""
     links, gpu = {}, None
-    for line in (text or "").splitlines():
-        stripped = line.strip()
+    for line in (text or "")[:facts.SMI_MOST].splitlines():
+        stripped = line.strip()[:facts.SMI_LINE_MOST]
         if stripped.startswith("GPU ") and ":" in stripped:
-            head = stripped[4:].split(":")[0]
-            gpu = int(head) if head.isdigit() else None
+            gpu = facts.count(stripped[4:].split(":")[0])
             if gpu is not None:
                 links[gpu] = ([], [])
         elif gpu is not None and stripped.startswith("Link ") and ":" in stripped:
             number, state = stripped[5:].split(":", 1)
-            if number.strip().isdigit():
-                links[gpu][1 if "inactive" in state.lower() else 0].append(int(number))
+            if facts.count(number) is not None:
+                links[gpu][1 if "inactive" in state.lower() else 0].append(facts.count(number))
     return {g: down for g, (up, down) in links.items() if up and down}
 
 
 def query_health(visible, nproc):
     """The health facts of the job's GPUs (facts.job_gpu_indices), each with ``nvlink_down`` where
-    some of its links are; [] where there are no NVIDIA GPUs or nvidia-smi does not answer."""
+    some of its links are; [] where there are no NVIDIA GPUs. Where the driver lists GPUs and
+    nvidia-smi does not answer (gone, "GPU is lost", no driver, a hang), one entry without an
+    index names it: the node's GPUs are then of unknown health, which refuses the launch."""
     if not facts.has_nvidia_gpus():
         return []
-    text = None
+    text = problem = None
     for fields in (HEALTH_FIELDS, BASIC_FIELDS):
-        text = facts.nvidia_smi(["--query-gpu=" + ",".join(fields), "--format=csv"])
-        if text is not None:
-            break
+        text, problem = facts.nvidia_smi_said(["--query-gpu=" + ",".join(fields), "--format=csv"])
+        if text is not None or "did not answer" in (problem or ""):
+            break  # a hung nvidia-smi is asked nothing more: each ask would wait as long
+    if text is None:
+        return [{"index": None, "unreadable": [problem]}] if "not on this node's PATH" not in problem else []
     every = parse_health(text)
-    used = facts.job_gpu_indices(visible, nproc, every)
-    gpus = [g for g in every if g["index"] in used]
+    if not any(isinstance(g.get("index"), int) for g in every):
+        return every or [{"index": None, "unreadable": ["nvidia-smi listed no GPU, and the driver lists some"]}]
+    used = facts.job_gpu_indices(visible, nproc, [g for g in every if isinstance(g.get("index"), int) and g.get("uuid")])
+    gpus = [g for g in every if g.get("index") in used or not isinstance(g.get("index"), int)]
     down = parse_nvlink(facts.nvidia_smi(["nvlink", "--status"])) if len(gpus) > 1 else {}
     for gpu in gpus:
-        if down.get(gpu["index"]):
+        if down.get(gpu.get("index")):
             gpu["nvlink_down"] = down[gpu["index"]]
     return gpus

@@ -7,6 +7,8 @@ import sys
 from . import wire
 from .relay import Writer
 
+AGENT_FAILED = 70  # the agent's own failure (an uncaught exception): remote/channel.py names it
+
 # Spec frame -> "module.function" of the mode that answers it: function(spec, writer) -> exit
 # status. By name, imported when asked: an agent is shipped only the modules its mode needs
 # (protocol.modules_for reads this table), so main imports none of them itself.
@@ -46,6 +48,15 @@ def main():
                                 fix="use the same ddp-up version on both ends"))
         writer.drain(5)
         os._exit(3)
-    code = mode(spec, writer)
+    try:
+        code = mode(spec, writer)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # a bug of the agent's: its traceback, to stderr, which the controller names;
+        import traceback  # never Python's teardown, where daemon threads that hold stdout abort it
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(AGENT_FAILED)
     sys.stdout.flush()
     os._exit(code)  # daemon threads may be blocked on a dead pipe; do not wait for them

@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..config.cluster import NodeConfig
 from ..errors import NodeProblem
+from ..node.main import AGENT_FAILED
 from ..node import wire
 from . import protocol
 from .openssh import ssh_failure
@@ -46,6 +47,9 @@ def early_exit_problem(node: NodeConfig, exit_status: int | None, stderr_tail: S
         return NodeProblem(node.label, f"setup command {number} `{command}` failed with status {status}"
                            + (f": {output}" if output else ""),
                            "fix it in `setup:`, or run it by hand on the node to see why")
+    if exit_status == AGENT_FAILED:
+        return NodeProblem(node.label, "the node agent failed" + (f": {tail}" if tail else ""),
+                           "a bug in ddp-up: please report it, with these lines of the agent's traceback")
     if exit_status == 127:
         return NodeProblem(node.label, f"python not found: {node.python!r} ({tail})",
                            "set `python:` to the interpreter's absolute path on that node")

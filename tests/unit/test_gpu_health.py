@@ -67,9 +67,9 @@ def test_the_query_asks_what_the_h200_answered_and_falls_back_to_the_basic_one(m
     def smi(args, run=None):
         asked.append(args[0])
         if args[0] == "--query-gpu=" + ",".join(gpuhealth.HEALTH_FIELDS):
-            return None  # an older driver: "not a valid field to query"
-        return (DATA / "h200" / "smi-ddpup-basic.csv").read_text() if args[0].startswith("--query-gpu") else None
-    monkeypatch.setattr(facts, "nvidia_smi", smi)
+            return None, "nvidia-smi exited with status 2"  # an older driver: "not a valid field to query"
+        return ((DATA / "h200" / "smi-ddpup-basic.csv").read_text(), None) if args[0].startswith("--query-gpu") else (None, "")
+    monkeypatch.setattr(facts, "nvidia_smi_said", smi)
     monkeypatch.setattr(facts, "has_nvidia_gpus", lambda: True)
     [gpu] = gpuhealth.query_health(None, 1)
     assert gpu["index"] == 0 and gpu["hw_slowdown"] is False  # from the mask
@@ -151,4 +151,6 @@ def test_fatal_findings_refuse_the_launch_unless_allowed_and_warnings_never_do()
 def test_no_gpu_or_no_answer_is_healthy():
     plan = make_plan(parse_cluster("nodes: [{host: a, gpus: 1}]\n"), "t.py", [], "J", "/")
     assert judge.health_problems([NodeStatus(plan.nodes[0], info={})], allowed=False) == ([], [])
-    assert gpuhealth.parse_health(None) == [] and gpuhealth.parse_health("garbage\n1,2,3\n") == []
+    assert gpuhealth.parse_health(None) == []
+    [unread] = gpuhealth.parse_health("garbage\n1,2,3\n")  # no row of the header's: never passed over
+    assert unread["index"] is None and "3 fields for 1 columns" in unread["unreadable"][0]
