@@ -45,8 +45,8 @@ class ContainerConfig:
 
 # What a container's first process runs in the image (container.BOX_MAIN), by its main module: the
 # node modules it imports, stdlib only
-BOX_MODULES = {"workers": ("procs", "workers"), "boxwarm": ("procs", "workers", "zygote", "warm", "boxwarm"),
-               "boxkeep": ("procs", "workers", "zygote", "warm", "boxwarm", "boxkeep")}
+BOX_MODULES = {"workers": ("procs", "workers"), "boxwarm": ("procs", "workers", "forksafe", "warmchild", "zygote", "warm", "boxwarm"),
+               "boxkeep": ("procs", "workers", "forksafe", "warmchild", "zygote", "warm", "boxwarm", "boxkeep")}
 
 
 def box_code(main: str) -> dict[str, str]:

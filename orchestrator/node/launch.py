@@ -204,6 +204,16 @@ def write_hooks(state_dir, attempt, files):
     return hooks
 
 
+def record_collectives(env, state_dir, attempt, torch_version):
+    """Turn the Flight Recorder on in ``env`` (where the job did not set it) with a private
+    directory for the ranks' records: that directory, or None where there can be none here."""
+    path = os.path.join(state_dir, per_attempt("flight", attempt))
+    if private_dir(path) is not None:
+        return None
+    flight.recording_env(env, path, torch_version)
+    return path
+
+
 class Launch:
     """Attempt ``attempt`` of the job here, from its Go: started, watched, signalled, ended. Its
     exit goes on ``post`` as an events.Exited of this attempt (a later one's is told apart)."""
@@ -257,22 +267,14 @@ class Launch:
         # ranks get the whole stop_grace to save their work, not torchrun's default
         env.setdefault(SHUTDOWN_TIMEOUT, str(int(math.ceil(self.spec.stop_grace))))
         hooks = dict(self.spec.hooks or {})
-        recorder = self.spec.flight_recorder and self.record_collectives(env)
+        if self.spec.flight_recorder:
+            self.flight_dir = record_collectives(env, self.dir, self.attempt, self.torch_version)
+        recorder = self.flight_dir is not None
         # always: besides the stack dumps and the recorder, it tells a rank's clean end (stacks.END_WATCH)
         hooks["sitecustomize.py"] = sitecustomize(self.spec.stack_dumps, flight.RECORDER_HOOK if recorder else "")
         where = write_hooks(self.dir, self.attempt, hooks)
         env["PYTHONPATH"] = where + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
-
-    def record_collectives(self, env):
-        """Turn the Flight Recorder on in ``env`` (where the job did not set it) with a private
-        directory for the ranks' records; False if there can be none here."""
-        path = os.path.join(self.dir, per_attempt("flight", self.attempt))
-        if private_dir(path) is not None:
-            return False
-        self.flight_dir = path
-        flight.recording_env(env, path, self.torch_version)
-        return True
 
     def start_launcher(self, argv, env, warm=None):
         # The plan names the node's python as configured (``~/venv/bin/python``, ``python3``); this

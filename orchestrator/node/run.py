@@ -97,6 +97,7 @@ class Runner:
         self.warm_said.release()
         threading.Thread(target=events.read_controller, args=(sys.stdin.buffer, self.events.put, self.heard),
                          name="stdin", daemon=True).start()
+        threading.Thread(target=heartbeats, args=(self.out, self.spec.heartbeat), name="heartbeat", daemon=True).start()
         event = ready_and_go(self, supervisor_port)
         if not isinstance(event, events.Go):
             return unstarted(self, wire.Exited(code=None, signal=None, stopped=True, reason=event.reason), 0)
@@ -149,8 +150,7 @@ class Runner:
         return event
 
     def tick(self):
-        """Heartbeat both ways: the event a silent controller becomes, or None."""
-        self.out.send(wire.Heartbeat(), block=False)
+        """The controller's side of the heartbeat: the event a silent controller becomes, or None."""
         silent = policy.silence(self.clock(), self.last_heard, self.spec.orphan_timeout)
         return None if silent is None else self.controller_silent(silent)
 
@@ -272,6 +272,14 @@ def await_warm(runner):
             return event
     first.patience = 0  # too long: the ranks start cold, and the interpreter is ended (Forker.usable)
     return None
+
+
+def heartbeats(out, every):
+    """A heartbeat every ``every`` seconds, from a thread of its own: whatever the agent's loop waits
+    on (a warm interpreter's fork, a slow client of its socket), the controller hears this node."""
+    while True:
+        time.sleep(every)
+        out.send(wire.Heartbeat(), block=False)
 
 
 class WarmLine:

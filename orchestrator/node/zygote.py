@@ -4,6 +4,8 @@ torchrun's worker in its place. Both run as ``python -c`` text on the node, stdl
 job's own Python; nothing of ddp-up's is importable there.
 """
 
+from .forksafe import FORK_CHECKS
+from .warmchild import IN_CHILD
 from .procs import STUB_MARK, TORCHRUN, WARM_MARK
 
 ROOM_VAR = "DDP_UP_WARM_ROOM"  # the interpreter's last variable: room for its ranks' own in /proc/PID/environ
@@ -59,193 +61,7 @@ def prepare(ctl, names, keep):
     say(ctl, HELLO)
 
 
-def process_state():
-    # What an import may change in the process that a forked rank would not get as a cold rank's own
-    # import gives it: the environment and sys.path (the rank gets its own), the working directory,
-    # signal handlers, umask and rlimits, and the threads.
-    import resource
-    mask = os.umask(0)
-    os.umask(mask)
-    handlers = {}
-    for sig in signal.valid_signals():
-        try:
-            handlers[sig] = signal.getsignal(sig)
-        except (OSError, ValueError):
-            pass
-    return {"environment": dict(os.environ), "sys.path": list(sys.path), "working directory": os.getcwd(),
-            "signal handlers": handlers, "umask": mask, "threads": native_threads(), "Python threads": python_threads(),
-            "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")}}
-
-
-def native_threads():
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 1
-
-
-def python_threads():
-    threading = sys.modules.get("threading")
-    if threading is None:
-        return []
-    return sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
-
-
-class Seen:
-    # What the imports did that a forked rank must be given, or that sends the ranks cold (named):
-    #  - the environment variables they set: set again in each rank, where the rank's own value is
-    #    the one the import saw (a cold rank's import would set the same);
-    #  - the variables they looked for and did not find (RANK, say): a rank that has one forks cold,
-    #    unless ddp-up redoes what the module made of it (REDO);
-    #  - torch's seed as its import drew it: where no preload seeded it, each rank draws its own;
-    #  - the files of every module imported: one that changed means old code, never forked.
-    # Anything else it changed in the process (process_state), a thread of Python's, or a thread
-    # pool a forked child hangs in (fork_hangs) sends the ranks cold, naming the module.
-
-    def __init__(self):
-        self.set, self.missing, self.files, self.threads = {}, {}, {}, 1
-        self.torch_seed, self.reseed_torch, self.checked = None, False, 0.0
-
-    def reading(self, name):
-        # os.environ's lookups while ``name`` imports: a miss is a name the module looked for
-        environ, seen = type(os.environ), self
-
-        class Lookups:
-            def __enter__(self):
-                self.real = environ.__getitem__
-
-                def getitem(env, key, real=self.real):
-                    try:
-                        return real(env, key)
-                    except KeyError:
-                        seen.missing.setdefault(key, set()).add(reader(name))
-                        raise
-                environ.__getitem__ = getitem
-
-            def __exit__(self, *_):
-                environ.__getitem__ = self.real
-        return Lookups()
-
-    def after_import(self, name, before, after):
-        torch = sys.modules.get("torch")
-        if self.torch_seed is None and torch is not None and hasattr(torch, "initial_seed"):
-            self.torch_seed = torch.initial_seed()  # as torch's import drew it: never seeded by anyone yet
-        env0, env1 = before.pop("environment"), after.pop("environment")
-        for key in set(env0) | set(env1):
-            if env0.get(key) != env1.get(key):  # (before the first import that changed it, after the last)
-                self.set[key] = (self.set.get(key, (env0.get(key),))[0], env1.get(key))
-        started = [t for t in after.pop("Python threads") if t not in before.pop("Python threads")]
-        if started:
-            return ("importing %s started a thread (%s), which a forked rank would not have"
-                    % (name, ", ".join(started[:3])))
-        grew = after.pop("threads") > before.pop("threads")
-        changed = [what for what in sorted(after) if after[what] != before[what]]
-        if changed:
-            return "importing %s changed the process's %s, which a forked rank would not get" % (name, " and ".join(changed))
-        if grew and fork_hangs():
-            return ("importing %s left a thread pool (OpenMP's, after a parallel region) that a forked rank "
-                    "would hang in" % name)
-        return None
-
-    def ready(self):
-        torch = sys.modules.get("torch")
-        self.reseed_torch = torch is not None and self.torch_seed is not None and torch.initial_seed() == self.torch_seed
-        self.threads = native_threads()
-        for module in list(sys.modules.values()):
-            path = getattr(module, "__file__", None)
-            if isinstance(path, str) and path not in self.files:
-                try:
-                    st = os.stat(path)
-                    self.files[path] = (st.st_mtime_ns, st.st_size)
-                except OSError:
-                    pass
-        self.checked = time.monotonic()
-
-    def refusal(self, env):
-        # Why a rank with environment ``env`` cannot be forked now, or None.
-        if time.monotonic() - self.checked > FILES_FRESH:  # each request's, at most every FILES_FRESH seconds
-            for path, (mtime, size) in self.files.items():
-                try:
-                    st = os.stat(path)
-                    if (st.st_mtime_ns, st.st_size) != (mtime, size):
-                        return "STALE", "%s changed on disk since the warm interpreter imported it" % path
-                except OSError:
-                    return "STALE", "%s is gone since the warm interpreter imported it" % path
-            self.checked = time.monotonic()
-        if python_threads() or native_threads() > self.threads:
-            return "THREAD", "a thread started in the warm interpreter after its imports"
-        for key in sorted(self.missing):
-            readers = self.missing[key] - set(REDO)
-            if key in env and readers:
-                return "RANK", ("importing %s read %s before any rank had it, and kept what it found"
-                                % (sorted(readers)[0], key))
-        return None
-
-    def in_rank(self):
-        # In the child, its environment the rank's: what a cold rank's imports would have given it.
-        for key, (was, now) in self.set.items():
-            if os.environ.get(key) == was:
-                if now is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = now
-        for name, redo in REDO.items():
-            if name in sys.modules:
-                try:
-                    redo(sys.modules[name])
-                except Exception:
-                    pass
-        torch = sys.modules.get("torch")
-        if self.reseed_torch:
-            torch.default_generator.seed()  # fresh, as a new process's (CUDA's is made in the rank, as cold)
-        legacy = sys.modules.get("numpy.random")
-        if legacy is not None and hasattr(legacy, "seed"):
-            legacy.seed()  # NumPy's global generator, seeded from the OS as its import seeds it
-
-
-def reader(name):
-    # The module whose code looked a variable up (os's and collections.abc's own frames passed over),
-    # else the preload being imported.
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc", "collections.abc"):
-        frame = frame.f_back
-    return frame.f_globals.get("__name__") or name if frame is not None else name
-
-
-def rank_zero(module):
-    # Lightning: the rank its rank_zero_only decorator compares with, read from the environment at import
-    module.rank_zero_only.rank = module._get_rank() or 0
-
-
-REDO = {"lightning.fabric.utilities.rank_zero": rank_zero, "lightning_fabric.utilities.rank_zero": rank_zero}
-FILES_FRESH = 0.5  # seconds a check of the imported modules' files holds for the next request
-
-
-def fork_hangs(bound=10.0):
-    # Whether a child forked now hangs in a thread pool that an import left: torch's intra-op threads
-    # (OpenMP's, after one parallel region, hang every forked child's next one), NumPy's BLAS (which
-    # stops its own around a fork). Run in a child forked to ask, for ``bound`` seconds at most.
-    pid = os.fork()
-    if pid == 0:
-        try:
-            torch = sys.modules.get("torch")
-            if torch is not None and hasattr(torch, "ones"):
-                torch.set_num_threads(max(2, torch.get_num_threads()))
-                torch.ones(256, 256).mm(torch.ones(256, 256))
-                torch.ones(1 << 18).add_(1).sum()
-            numpy = sys.modules.get("numpy")
-            if numpy is not None and hasattr(numpy, "ones"):
-                numpy.ones((256, 256)).dot(numpy.ones((256, 256)))
-        finally:
-            os._exit(0)
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            return False
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return True
+FORK_CHECKS
 
 
 def cuda_touched():
@@ -290,44 +106,84 @@ def listen(path):
         os.chdir(here)
 
 
-def asked(listener):
-    # (a stand-in's connection, its request with its stdin, stdout and stderr), or None: one of
-    # this user's processes only, answered within 10 s. A kept interpreter's launches ask first
-    # whether it is ready ({"hello": 1}, without descriptors): its HELLO answers.
+REQUEST_BOUND = 5.0  # seconds an asker (a stand-in, a launch's hello) has to send its whole request
+REQUEST_MOST = 4 << 20  # bytes of one request
+
+
+def let_in(listener, pending):
+    # A new asker: one of this user's processes only (asked of the kernel before anything is read),
+    # read as its bytes come, never waited on (serve goes on forking and reaping meanwhile).
     conn, _ = listener.accept()
     try:
-        conn.settimeout(10)
         uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-        _, extra, _, _ = conn.recvmsg(1, socket.CMSG_SPACE(3 * 4))
-        fds = array.array("i")
-        for level, kind, data in extra:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-        line = b""
-        while not line.endswith(b"\n") and len(line) < (4 << 20):
-            chunk = conn.recv(1 << 16)
-            if not chunk:
-                break
-            line += chunk
         if uid != os.getuid():
-            raise ValueError("not this user's")
-        request = json.loads(line)
-        if request.get("hello") and not len(fds):
-            stale = "ready" in HELLO and SEEN.refusal({})
-            if stale and stale[0] == "STALE":
-                went_stale(stale[1])
-            say(conn, HELLO)
-            raise ValueError("answered")
-        if len(fds) != 3 or "cold" in HELLO:
-            for fd in fds:
-                os.close(fd)
-            raise ValueError("not a stand-in's request, or nothing to fork from")
-        request["fds"] = list(fds)
-        conn.settimeout(None)
-        return conn, request
-    except (OSError, ValueError):
+            raise OSError("not this user's")
+        conn.setblocking(False)
+    except OSError:
         conn.close()
+        return
+    pending[conn] = [time.monotonic() + REQUEST_BOUND, b"", array.array("i")]
+
+
+def drop(conn, pending):
+    for fd in pending.pop(conn)[2]:
+        os.close(fd)
+    conn.close()
+
+
+def asked(conn, pending):
+    # (the asker's connection, its request with its stdin, stdout and stderr) once the request is
+    # whole, or None. Framing: one byte carrying the descriptors (SCM_RIGHTS), then a JSON line. A
+    # kept interpreter's launches ask first whether it is ready ({"hello": 1}, without
+    # descriptors): its HELLO answers. Too slow, too long or not a request: dropped.
+    bound, data, fds = pending[conn]
+    try:
+        chunk, extra, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(3 * fds.itemsize))
+    except BlockingIOError:
         return None
+    except OSError:
+        chunk, extra = b"", []
+    for level, kind, given in extra:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(given[:len(given) - len(given) % fds.itemsize])
+    data = pending[conn][1] = data + chunk
+    if not chunk or len(data) > REQUEST_MOST or len(fds) > 3:
+        drop(conn, pending)
+        return None
+    if data.count(b"\n") < 2:
+        return None
+    fds = pending[conn][2]
+    try:
+        request = json.loads(data[1:].split(b"\n", 1)[0])
+        if not isinstance(request, dict):
+            raise ValueError("not a request")
+    except ValueError:
+        drop(conn, pending)
+        return None
+    if request.get("hello") and not len(fds):
+        stale = "ready" in HELLO and SEEN.refusal({})
+        if stale and stale[0] == "STALE":
+            went_stale(stale[1])
+        conn.setblocking(True)
+        conn.settimeout(1.0)
+        say(conn, HELLO)
+        drop(conn, pending)
+        return None
+    if len(fds) != 3 or "cold" in HELLO:  # not a stand-in's request, or nothing to fork from
+        drop(conn, pending)
+        return None
+    request["fds"] = list(pending.pop(conn)[2])
+    conn.setblocking(True)
+    conn.settimeout(None)
+    return conn, request
+
+
+def overdue(pending):
+    # The askers that did not send their request within REQUEST_BOUND: dropped (their stand-ins
+    # start their ranks cold).
+    now = time.monotonic()
+    for conn in [c for c, (bound, _, _) in pending.items() if bound < now]:
+        drop(conn, pending)
 
 
 def went_stale(why):
@@ -357,14 +213,16 @@ def serve(ctl, listener):
     signal.signal(signal.SIGCHLD, lambda *_: None)
     import select
     owners, buffered, open_ = {}, b"", True  # owners: child pid -> the connection that asked for it
+    pending = {}  # an asker's connection -> [its bound, what it sent so far, its descriptors]
     given = array.array("i")
     while (open_ and not STALE) or owners:
         if listener is not None and STALE:
             listener.close()  # a stand-in that asks now is refused at once, and starts cold
             listener = None
         askers = [c for c in owners.values() if c is not None and c is not ctl]
-        watch = [wake_r] + askers + ([ctl] + ([listener] if listener else []) if open_ else [])
-        ready, _, _ = select.select(watch, [], [], 1.0)
+        watch = [wake_r] + askers + list(pending) + ([ctl] + ([listener] if listener else []) if open_ else [])
+        ready, _, _ = select.select(watch, [], [], 1.0 if not pending else 0.25)
+        overdue(pending)
         for pid, owner in list(owners.items()):
             if owner in ready and owner in askers and not owner.recv(1):  # the stand-in is gone: torchrun
                 owners[pid] = None  # killed it (SIGKILL, past its grace); its rank goes with it, as cold
@@ -381,8 +239,10 @@ def serve(ctl, listener):
             if owner is not ctl and owner is not None:
                 owner.close()
         requests = []
-        if listener in ready:
-            requests += [r for r in [asked(listener)] if r]
+        if listener is not None and listener in ready:
+            let_in(listener, pending)
+        for conn in [c for c in ready if c in pending]:
+            requests += [r for r in [asked(conn, pending)] if r]
         if ctl in ready:
             data, extra, _, _ = ctl.recvmsg(1 << 16, socket.CMSG_SPACE(3 * 4))
             for level, kind, fds in extra:  # a launcher's stdio, sent with its request (Warm.fork)
@@ -409,9 +269,12 @@ def serve(ctl, listener):
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for fd in (wake_r, wake_w):
                     os.close(fd)
-                for conn in [ctl, listener, owner] + [c for c in owners.values() if c is not None]:
+                for conn in [ctl, listener, owner] + [c for c in owners.values() if c is not None] + list(pending):
                     if conn is not None:
                         conn.close()
+                for _, _, given in pending.values():
+                    for fd in given:
+                        os.close(fd)
                 return request
             for fd in request.get("fds", ()):
                 os.close(fd)
@@ -420,168 +283,7 @@ def serve(ctl, listener):
     os._exit(0)
 
 
-def rename(words, name, added):
-    # This process as ps, top and /proc show it: the rank's command line and name, and in its
-    # /proc/PID/environ, the variables its rank added (RANK first: ddp-kill, the stack dumps and
-    # ps -e read them there), written over ROOM_VAR's value, the interpreter's last variable. The
-    # interpreter's own variables stay where they are: C code may hold pointers into them.
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end
-        text = "\0".join(words).encode()[:end - start - 1]
-        ctypes.memmove(start, text + b"\0" * (end - start - len(text)), end - start)
-        if added is None:  # the interpreter's own name: its environment keeps the room for its ranks'
-            return
-        start, end = int(fields[47]), int(fields[48])  # env_start, env_end
-        at = ctypes.string_at(start, end - start).rfind(b"\0ROOM_VAR=") + 1
-        if at > 0:
-            text = b"".join(b"%s=%s\0" % (k.encode(), v.encode()) for k, v in added
-                            if len(k) + len(v) + 2 < end - start - at)
-            ctypes.memmove(start + at, (text + b"\0" * (end - start - at))[:end - start - at], end - start - at)
-    except Exception:
-        pass  # a name is never worth a rank
-
-
-def repath(mine, theirs):
-    # sys.path as the rank's own PYTHONPATH makes it in a cold start (ddp-up's hooks, the Python
-    # API's function runner, the user's own): right after the script's folder, in place of the
-    # interpreter's, each entry made absolute from the rank's working directory (an empty one is
-    # that directory) and each path kept once, as Python's site does (3.8 to 3.13 alike).
-    # Returns the sitecustomize a cold start would have run that this interpreter did not: the
-    # first on the rank's own part of the path (ddp-up's hook of the attempt), or None.
-    gone = {os.path.normpath(os.path.join(HOME, p)) for p in mine.split(os.pathsep)} if mine else set()
-    theirs_list = [os.path.abspath(p) for p in theirs.split(os.pathsep)] if theirs else []
-    kept, seen = [], set()
-    for entry in theirs_list + [p for p in sys.path[1:] if p not in gone]:
-        if entry not in seen:
-            seen.add(entry)
-            kept.append(entry)
-    sys.path[1:] = kept
-    if mine == theirs:
-        return None
-    for entry in theirs_list:
-        hook = os.path.join(entry, "sitecustomize.py")
-        if entry not in gone and os.path.isfile(hook):
-            return hook
-    return None
-
-
-def become(request):
-    os.setsid()
-    if "fds" in request:  # a stand-in's: the stdio torchrun gave it
-        for fd, given in enumerate(request["fds"]):
-            os.dup2(given, fd)
-        for given in set(request["fds"]) - {0, 1, 2}:
-            os.close(given)
-    else:
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            opened = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-            os.dup2(opened, fd)
-            os.close(opened)
-    os.chdir(request["cwd"])
-    before = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    SEEN.in_rank()  # the imports' variables, fresh randomness, what Lightning read of the rank
-    first = ("RANK", "LOCAL_RANK")
-    added = sorted(((k, v) for k, v in request["env"].items() if before.get(k) != v), key=lambda kv: kv[0] not in first)
-    hook = repath(before.get("PYTHONPATH", ""), request["env"].get("PYTHONPATH", ""))
-    argv = list(request["argv"])
-    if argv[0] == "-m":  # python -m MODULE ARGS: the working directory first on the path
-        sys.argv, sys.path[0], target = argv[1:], os.getcwd(), argv[1]
-    else:
-        sys.argv, sys.path[0], target = argv, os.path.dirname(os.path.abspath(argv[0])), os.path.abspath(argv[0])
-    rename([sys.executable, "-u"] + argv, os.path.basename(target), added)
-    if hook:  # ddp-up's sitecustomize of this attempt, on the rank's path only: its interpreter ran the user's
-        with open(hook) as f:
-            exec(compile(f.read(), hook, "exec"), {"__name__": "ddp_up_hook", "__file__": hook, "_ddp_up_warm": True})
-    return argv[0] == "-m", target
-
-
-def await_store(after, every=0.02, most=0.25, bound=60.0):
-    # torchrun on a node other than the master connects to the master's store first thing and,
-    # refused, tries again after a backoff that grows (0.25 s, then about 1 s, measured here).
-    # Forked the moment this node's imports end, it mostly found the master's torchrun not
-    # listening yet, and slept on after it was (0.9 s of a 4-node launch). So it starts once the
-    # store answers, polled every ``every`` seconds at first, then less often up to every ``most``
-    # (a thousand nodes waiting on a master still importing then knock at most 4,000 times a
-    # second in all), for ``bound`` seconds at most: then torchrun's own retries and timeout take
-    # over, as cold. An answer from the master's agent (its hold of the port, until its own Go)
-    # ends the wait too: torchrun then retries as it would have.
-    try:  # resolved once; each of its addresses tried, as torchrun tries them
-        addresses = [(a[0], a[1], a[2], a[4]) for a in socket.getaddrinfo(after[0], after[1], type=socket.SOCK_STREAM)]
-    except (OSError, TypeError, ValueError):
-        return
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        for family, kind, proto, address in addresses:
-            probe = socket.socket(family, kind, proto)
-            try:
-                probe.settimeout(1.0)
-                probe.connect(address)
-                return
-            except OSError:
-                pass
-            finally:
-                probe.close()
-        time.sleep(every)
-        every = min(most, every * 1.2)
-
-
-def from_script(kind, value, tb):
-    # An uncaught exception's traceback from the script's first frame, as a cold start prints it:
-    # without this interpreter's own and runpy's.
-    first = tb
-    while first is not None and (first.tb_frame.f_code.co_filename == "<string>" or
-                                 "runpy" in first.tb_frame.f_code.co_filename):
-        first = first.tb_next
-    if first is not None and isinstance(value, BaseException):
-        tb = first
-        value = value.with_traceback(tb)  # what newer Pythons print from
-    sys.__excepthook__(kind, value, tb)
-
-
-def without_teardown(run):
-    # torchrun's end without the interpreter's teardown, which frees every module's objects and so
-    # writes to each page this process still shares with the interpreter it was forked from: 0.3 s
-    # of CPU per node, paid as the job ends (measured with process accounting). What the teardown
-    # does that torchrun needs is done first, in its order: its threads joined (threading._shutdown,
-    # as Py_FinalizeEx calls it), its atexit functions, its streams flushed; then its exit status,
-    # as Python gives it: SystemExit's, or 1 after an uncaught exception's traceback (a rank's
-    # failure: this end is on the way to the restart). KeyboardInterrupt takes the usual way.
-    try:
-        run()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    except KeyboardInterrupt:
-        raise
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    threading = sys.modules.get("threading")
-    if threading is not None and hasattr(threading, "_shutdown"):
-        threading._shutdown()
-    import atexit
-    atexit._run_exitfuncs()
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        sys.stderr.write("%s\n" % (code,))
-        code = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(code)
+IN_CHILD
 
 
 def bound_to_agent(agent):
@@ -621,7 +323,7 @@ else:
             runpy.run_path(TARGET, run_name="__main__")
     except SystemExit as e:  # raised however (raise SystemExit(3) too): through sys.exit, which
         sys.exit(e.code)  # ddp-up's end watch hears (stacks.END_WATCH), as the script's own end
-'''.replace("ROOM_VAR", ROOM_VAR).replace("THE_MARK", WARM_MARK).replace("THE_TORCHRUN", TORCHRUN)
+'''.replace("FORK_CHECKS\n", FORK_CHECKS).replace("IN_CHILD\n", IN_CHILD).replace("ROOM_VAR", ROOM_VAR).replace("THE_MARK", WARM_MARK).replace("THE_TORCHRUN", TORCHRUN)
 
 # torchrun's worker under warm start, in its place: ``python -S -c WARM_STUB SCRIPT ARGS``. It asks
 # the node's warm interpreter (its socket: SOCKET_VAR, which torchrun was given) for the rank, with its

@@ -71,7 +71,7 @@ def test_launcher_none_with_warm_start_runs_boxwarm_which_passes_every_job_signa
     cfg = parse("launcher: none\nwarm: true\nstop_signal: SIGINT\ncontainer: img\nnodes: [{host: a, gpus: 2}]\n")
     plan = make_plan(cfg, "t.py", [], "j1", str(tmp_path))
     spec = plan.agent_spec(plan.nodes[0])
-    assert spec.warm and set(spec.box_code) == {"procs", "workers", "zygote", "warm", "boxwarm"}
+    assert spec.warm and set(spec.box_code) == {"procs", "workers", "forksafe", "warmchild", "zygote", "warm", "boxwarm"}
     go = plan.launcher_argv(plan.nodes[0], 29500)
     warm = warm_in_box(spec, "/s", 1, go)
     assert warm == ["/s/warm.1.sock", "/s/warm.1.log", "", ",".join(JOB_SIGNALS), "2", "/s/hooks.1"]

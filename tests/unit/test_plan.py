@@ -172,7 +172,7 @@ def test_warm_start_is_decided_once_here_per_node(launcher, node, warm):
     assert ("--no-python" in argv and "-S" in argv) is (warm and launcher == "torchrun")
     code = p.agent_spec(p.nodes[node]).box_code
     assert (sorted(code) if code else None) == (None if node == 0 or launcher == "legacy" else
-                                                 ["boxwarm", "procs", "warm", "workers", "zygote"])
+                                                 ["boxwarm", "forksafe", "procs", "warm", "warmchild", "workers", "zygote"])
 
 
 @pytest.mark.parametrize("keys, said", [

@@ -594,3 +594,27 @@ def test_a_rank_s_sys_path_is_the_one_its_cold_start_makes(warm, tmp_path, inter
     cold = subprocess.run([sys.executable, "-u", str(tmp_path / "script0.py")], env=env, cwd=cwd, capture_output=True,
                           text=True, timeout=60)
     assert json.loads(out.read_text()) == json.loads(cold.stdout)
+
+
+def test_a_slow_client_of_the_interpreter_s_socket_holds_up_no_fork(tmp_path):
+    """One of this user's processes connects and sends a byte at a time: the interpreter reads it as
+    it comes, forks meanwhile, and drops it past its bound."""
+    bound = 5.0  # zygote's REQUEST_BOUND: seconds an asker has to send its whole request
+    sock = tmp_path / "w.sock"
+    w = Warm(sys.executable, {"PATH": os.environ["PATH"]}, str(tmp_path), str(tmp_path / "warm.log"), (), base=(),
+             listen=str(sock))
+    try:
+        assert w.ready(30), w.hello
+        slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        slow.connect(str(sock))
+        slow.send(b"\n{")  # and nothing more for now
+        start = time.monotonic()
+        child, out, err = fork(w, tmp_path, "print('forked')\n")
+        assert child.wait(30) == 0 and out.read_text() == "forked\n", err.read_text()
+        assert time.monotonic() - start < bound  # not after the slow one's bound
+        slow.settimeout(bound + 10)
+        assert slow.recv(1) == b""  # dropped at its bound, unanswered
+        slow.close()
+    finally:
+        w.proc.kill()
+        w.proc.wait(10)
