@@ -62,6 +62,15 @@ def safe_name(text: str) -> str:
 
 NO_NAME_OF_ITS_OWN = ("names no file or folder of its own (a whole disk or home, or a path ending in . or ..): "
                       "name the folder itself, by its absolute path or its path in the workdir")
+# A path to fetch whose copy has a name of its own: not one ending in . or .. (ckpt/.. is the
+# workdir), not slashes alone (/), not a home (~, ~user). One pattern: ddp-fetch and the validator
+# apply it (fetch_name) and the cluster file's schema says it, so an editor refuses what they refuse.
+FETCH_PATH = r"^(?!.*(^\s*|/)\.{1,2}/*\s*$)(?!\s*/+\s*$)(?!\s*~[^/]*/*\s*$)"
+
+
+def fetch_name(remote_path: str) -> str | None:
+    """The name a fetched path's copy takes here (copy_name), of a path FETCH_PATH takes; None else."""
+    return copy_name(remote_path) if re.search(FETCH_PATH, remote_path) else None
 
 
 def copy_name(remote_path: str) -> str | None:

@@ -9,6 +9,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.pop("DDP_UP_JOB", None)
 
 
+CHECKOUT_RUNS = Path(__file__).resolve().parents[1] / "runs"  # a user's own runs, never the suite's
+
+
+def runs_in_checkout() -> set[str]:
+    return set(os.listdir(CHECKOUT_RUNS)) if CHECKOUT_RUNS.is_dir() else set()
+
+
 def pytest_sessionstart(session):
     """The package compiled once, before any test: every ddp-up a test starts is a new Python, and
     where PYTHONDONTWRITEBYTECODE is set (these machines set it) each would compile every module of
@@ -18,6 +25,20 @@ def pytest_sessionstart(session):
         import compileall
 
         compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "orchestrator"), quiet=1)
+        session.config.stash[RUNS_BEFORE] = runs_in_checkout()
+
+
+RUNS_BEFORE = pytest.StashKey[set]()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test that writes a run folder into the checkout's runs/ (a ddp-up without --runs-dir, run
+    from the checkout) fails the run: the suite's runs go under its own temporary directories."""
+    before = session.config.stash.get(RUNS_BEFORE, None)
+    left = sorted(runs_in_checkout() - before) if before is not None else []
+    if left:
+        sys.stderr.write(f"\nthe suite left run folders in {CHECKOUT_RUNS}: {', '.join(left)}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(items):

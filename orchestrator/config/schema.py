@@ -17,6 +17,10 @@ import yaml
 from .cluster import JOB_SIGNALS
 from .validate import (LONGEST, LONGEST_RETENTION, MODULE_NAME, MOST_PROCS, NODE_KEYS, RULES, SSH_RULES, TOP_KEYS, TRANSPORTS,
                        Rule)
+from ..node.container import PULLS, RUNTIMES
+from ..node.notify import EVENTS
+from ..ownfiles import FETCH_PATH
+from .containers import MOUNT_OPTIONS
 from .values import DURATION_PATTERN, ENV_NAME
 
 SCHEMA_URL = "https://json-schema.org/draft/2020-12/schema"
@@ -27,6 +31,9 @@ NAMES = {"type": "array", "items": {"type": "string", "minLength": 1}}  # Checks
 STRING = {"type": ["string", "number"], "minLength": 1}  # Checks.string: a number is its text
 # hostlists.host_problem: no blank or control character, no '-' first (ssh would take it for an option)
 HOST = {"type": ["string", "number"], "pattern": "^[^\\s\\x00-\\x1f\\x7f-][^\\s\\x00-\\x1f\\x7f]*$", "minimum": 0}
+# YAML's .nan passes every bound (each comparison with it is false), and JSON cannot name it: NaN is
+# the one number a checker finds both <= 0 and > 0, so this refuses it and nothing else
+NOT_NAN = {"not": {"allOf": [{"maximum": 0}, {"exclusiveMinimum": 0}]}}
 ENV = {"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"},
        "additionalProperties": {"type": ["string", "number", "boolean"]}}
 
@@ -34,7 +41,7 @@ ENV = {"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"},
 def duration(allow_zero: bool, most: float) -> dict[str, Any]:
     """Checks.positive: seconds as a number within its bounds, or as text with a unit (whose bounds
     the validator alone checks: a pattern cannot compare)."""
-    number = {"type": "number", "minimum" if allow_zero else "exclusiveMinimum": 0, "maximum": most}
+    number = {"type": "number", "minimum" if allow_zero else "exclusiveMinimum": 0, "maximum": most, **NOT_NAN}
     return {"anyOf": [number, {"type": "string", "pattern": DURATION_PATTERN}],
             "description": "seconds, or with a unit: 90, 90s, 5m, 12h, 7d"}
 
@@ -138,8 +145,9 @@ def shape(rule: Rule) -> dict[str, Any]:
         return {"type": "string", "pattern": signal_pattern(), "examples": list(JOB_SIGNALS)}
     if rule.check == "exit_codes":
         return {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 255}}
-    if rule.check == "fetch_paths":
-        return dict(STRINGS)
+    if rule.check == "fetch_paths":  # ownfiles.fetch_name: a path whose copy has a name of its own
+        path = {"type": "string", "allOf": [LINE, {"pattern": FETCH_PATH}]}
+        return {"anyOf": [path, {"type": "array", "items": path}]}
     if rule.check == "module_names":
         module = {"type": "string", "pattern": f"^{MODULE_NAME.pattern}$"}
         return {"anyOf": [module, {"type": "array", "items": module}]}
@@ -151,7 +159,31 @@ def shared() -> dict[str, Any]:
             "transport": {"enum": list(TRANSPORTS)},
             "gpus": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MOST_PROCS}, {"const": "auto"}]},
             "setup": dict(STRINGS),
-            "container": {"anyOf": [{"type": "string"}, {"type": "object"}]}}
+            "container": container_shape()}
+
+
+def container_shape() -> dict[str, Any]:
+    """containers.container: an image's name, or a mapping of KEYS (whose runtime's options ddp-up
+    keeps for itself, and pyxis under srun alone, the validator checks)."""
+    text = {"type": "string", "pattern": r"^\S(.*\S)?$"}  # not empty, no surrounding blanks
+    image = {"type": "string", "pattern": r"^[^\s-](.*\S)?$"}  # ... and not an option
+    mount = {"type": "string", "pattern": f"^/[^:,]*(:/[^:,]*(:({'|'.join(MOUNT_OPTIONS)}))?)?$"}
+    mapping = {"type": "object", "required": ["image"], "additionalProperties": False,
+               "properties": {"image": image, "python": text, "runtime": {"enum": list(RUNTIMES)},
+                              "pull": {"enum": list(PULLS)}, "mounts": {"type": "array", "items": mount},
+                              "options": {"type": "array", "items": {"type": "string", "minLength": 1}}}}
+    return {"anyOf": [image, mapping, {"type": "null"}]}
+
+
+def notify_shape() -> dict[str, Any]:
+    """notify.targets: Apprise URLs (whose services Apprise alone knows), or one of url, webhook,
+    command each, with the events it is sent."""
+    line = {"type": "string", "pattern": r"\S"}
+    kinds = {"url": line, "webhook": {"type": "string", "pattern": "^https?://"}, "command": line}
+    target = {"type": "object", "additionalProperties": False, "minProperties": 1,
+              "properties": {**kinds, "on": {"type": "array", "minItems": 1, "items": {"enum": list(EVENTS)}}},
+              "oneOf": [{"required": [kind]} for kind in kinds]}
+    return {"anyOf": [{"type": "array", "items": {"anyOf": [line, target]}}, {"type": "null"}]}
 
 
 def described(props: dict[str, Any]) -> dict[str, Any]:
@@ -181,8 +213,8 @@ def cluster_schema() -> dict[str, Any]:
         "sync": {"anyOf": [{"type": "string", "minLength": 1}, {"const": False}, {"type": "null"},
                            obj({"src": dict(STRING), "exclude": dict(STRINGS), "gitignore": {"type": "boolean"}},
                                ("src",))]},
-        "min_nodes": {"type": "integer", "minimum": 1},
-        "notify": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
+        "min_nodes": or_null({"type": "integer", "minimum": 1}),
+        "notify": notify_shape(),
         **{key: rule_schema(rule) for key, rule in RULES.items()},
         **shared(),
     }

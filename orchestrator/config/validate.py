@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import ConfigError
-from ..ownfiles import NO_NAME_OF_ITS_OWN, copy_name
+from ..ownfiles import NO_NAME_OF_ITS_OWN, fetch_name
 from ..node.facts import IFNAME_VARS
 from . import notify
 from .cluster import (DEFAULT_SECRETS, JOB_SIGNALS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for,
@@ -156,7 +156,7 @@ class Checks:
             raise self.error(at, NUL_VALUE)
         names: dict[str, str] = {}
         for path in paths:
-            name = copy_name(path)
+            name = fetch_name(path)
             if name is None or name in names:
                 raise self.error(at, f"{path!r} {NO_NAME_OF_ITS_OWN}" if name is None else
                                  f"{names[name]!r} and {path!r} would both come back as <node>/{name}: fetch their folder")

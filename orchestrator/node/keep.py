@@ -23,7 +23,7 @@ from . import events, policy, wire
 from .checks import job_env
 from .keptbox import HeldBox
 from .launch import TERMINAL_ENV, own_vars
-from .procs import TAG_KEEP
+from .procs import TAG_KEEP, kill_tagged
 from .run import install_handlers
 from .state import private_dir, state_root, unsafe_state
 from .warm import Warm, kept_dir
@@ -61,8 +61,14 @@ def keep(spec, writer):
         hold(spec, warm, ended)
     finally:
         warm.reap()
+        # what its imports started (a preload's helper process) carries its tag, as every job's
+        # processes carry the job's: ended by the same rule, SIGTERM, a grace, then SIGKILL
+        kill_tagged({TAG_KEEP: spec.name}, KEPT_GRACE)
         shutil.rmtree(where, ignore_errors=True)
     return 0
+
+
+KEPT_GRACE = 5.0  # seconds what a kept interpreter started has, after SIGTERM, when it ends
 
 
 def kept_interpreter(spec, where):

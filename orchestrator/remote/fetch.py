@@ -27,7 +27,7 @@ from ..errors import NodeProblem, UsageError
 from ..node import wire
 from ..node.fetch import CHUNK
 from ..node.sync import safe_relpath, same_file
-from ..ownfiles import NO_NAME_OF_ITS_OWN, copy_name, no_link_open, own_dir, safe_name
+from ..ownfiles import NO_NAME_OF_ITS_OWN, fetch_name, no_link_open, own_dir, safe_name
 from .landing import Landing, unlink_quietly
 from .oneshot import AgentCall
 from .parallel import on_each
@@ -75,7 +75,7 @@ def fetch_folders(nodes: list[NodeConfig]) -> dict[int, str]:
 def landing_parts(remote_path: str, folder: str | None) -> tuple[str, ...]:
     """The parts below LOCAL_DIR where a node's copy goes: <node>/<name>, or without a node's
     folder (one node) <name>, as `scp -r` and `rsync` (no trailing slash) name it."""
-    name = copy_name(remote_path)
+    name = fetch_name(remote_path)
     if name is None:
         raise UsageError(f"{remote_path!r} {NO_NAME_OF_ITS_OWN}")
     return (folder, name) if folder else (name,)

@@ -161,7 +161,8 @@ def test_every_node_reaps_its_warm_interpreter_so_no_zombie_is_left_to_a_pid_1_t
     it is a zombie for good: each job left one a node (its warm interpreter, killed at the end)."""
     path = warm_cluster(tmp_path, "none", nodes=1, gpus=1, restarts=restarts, restart_delay=0)
     fails = ["--fail-rank", "0", "--fail-attempts", "0"] if restarts else []
-    done = subprocess.run([sys.executable, "-c", ORPHANS, sys.executable, "-c", runner.UP, "--no-dashboard", str(path),
+    done = subprocess.run([sys.executable, "-c", ORPHANS, sys.executable, "-c", runner.UP, "--runs-dir", runner.RUNS_ROOT,
+                           "--no-dashboard", str(path),
                            SCRIPT, "run", "--steps", "1", *fails],
                           capture_output=True, text=True, timeout=120, env=runner._env())
     assert json.loads(done.stdout) == {"code": 0, "left": []}, done.stderr
@@ -184,6 +185,13 @@ sys.stdin.read()
 """
 
 
+def command_name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 def kept_processes(names: list[str]) -> list[int]:
     """The processes of these kept interpreters: their keepers and the interpreters themselves."""
     return [pid for pid in procs.all_pids() if procs.environ(pid).get("DDP_UP_KEEP") in names]
@@ -192,8 +200,10 @@ def kept_processes(names: list[str]) -> list[int]:
 @pytest.mark.parametrize("launcher,end", [("none", "killed"), ("torchrun", "exits")])
 def test_a_second_launch_from_python_forks_from_the_interpreter_the_first_made(tmp_path, launcher, end):
     """Its ranks are children of the same warm interpreter on each node as the first launch's; and
-    the interpreters end with the Python session, however it ends, leaving nothing."""
-    path = warm_cluster(tmp_path, launcher, nodes=2, gpus=2)
+    the interpreters end with the Python session, however it ends, leaving nothing: not even what a
+    preload started at import (a helper process), which ends by the rule every job's processes follow."""
+    (tmp_path / "spawner.py").write_text("import subprocess\nsubprocess.Popen(['sleep', '300'])\n")
+    path = warm_cluster(tmp_path, launcher, nodes=2, gpus=2, preload=["spawner"])
     session = subprocess.Popen([sys.executable, "-c", SESSION, str(path), str(tmp_path / "runs")], cwd=runner.REPO,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.SimpleQueue = queue.SimpleQueue()
@@ -209,6 +219,8 @@ def test_a_second_launch_from_python_forks_from_the_interpreter_the_first_made(t
         first, second, names = said
         assert len(set(first.values())) == 2 and first == second, "".join(out)  # one interpreter a node, both times
         assert sorted(set(kept_processes(names)) & set(first.values())) == sorted(set(first.values()))
+        helpers = [pid for pid in kept_processes(names) if command_name(pid) == "sleep"]
+        assert len(helpers) == 2, kept_processes(names)  # one a node's interpreter started at import
     finally:
         if end == "killed":  # a notebook's kernel killed: no atexit, the kernel closes its pipes
             session.kill()

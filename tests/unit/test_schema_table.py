@@ -18,7 +18,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 DURATIONS = [0, 5, 2.5, "90s", "5m", " 12h ", "7d", "1.5H", -1, math.inf, -math.inf, math.nan, 10**10, "1e-300", "1e3", "",
              "soon", "5 minutes", "inf", True, None, [5]]
-COUNTS = [0, 1, 2, 2.0, 2.5, -1, 10**9, True, "2", None, math.inf]
+COUNTS = [0, 1, 2, 2.0, 2.5, -1, 10**9, True, "2", None, math.inf, math.nan]
 TEXTS = ["a", "", " ", 5, 1.5, True, None, [], {}]
 TABLE: dict[str, list] = {
     "orphan_timeout": DURATIONS, "stop_grace": DURATIONS, "hang_timeout": DURATIONS, "restart_delay": DURATIONS,
@@ -31,7 +31,8 @@ TABLE: dict[str, list] = {
     "preload": [["lightning"], ["torch.nn", "transformers"], [], "lightning", [""], ["a-b"], ["1x"], ["a..b"], [1],
                 ["os; rm"], 5],
     "fetch": ["ckpt", ["ckpt", "logs/m.json"], [], "", " ", [""], ["a", 1], 5, "/", "..", "ckpt/..", "~",
-              ["a/ckpt", "b/ckpt"]],
+              ["a/ckpt", "b/ckpt"], [".."], ["ckpt", "~user"], "a/b/..", "a/.", "//", "~/", "../shared/ckpt",
+              "a/../b", "...", "a..b", ["~/ckpt"], " .. "],
     "forward_env": [["WANDB_*"], [], [""], "WANDB_*", [1]],
     "secrets": [["MY_KEY"], [""], "X"],
     "env": [{"A": "1"}, {"A": 1}, {"A": True}, {"A": 1.5}, {"": "x"}, {"A=B": "x"}, {"1A": "x"}, {"A": None},
@@ -46,6 +47,20 @@ TABLE: dict[str, list] = {
     "client": ["openssh", "fabric", "paramiko", ""],
     "master": [{"addr": "10.0.0.1"}, {"addr": ""}, {"port": 29500}, {"port": "auto"}, {"port": 0}, {"port": 70000},
                {"port": 29500.0}, {"addr": "h", "port": "x"}, {"other": 1}, {}, "x"],
+    "measure_gpus": [True, False, "yes", 1, None],
+    "min_nodes": [1, 2, 3, 0, -1, 1.5, "2", True, None, math.nan],
+    "config_file": ["/dev/null", "", 5, None, "/nonexistent/ssh_config"],
+    "notify": [["ntfy://topic"], [], [{"webhook": "https://example.invalid/hook"}], [{"webhook": "ftp://x"}],
+               [{"command": "logger x", "on": ["ended"]}], [{"command": "x", "on": []}], [{"command": "x", "on": ["x"]}],
+               [{"url": "https://example.invalid/hook"}], [{"url": "a", "command": "b"}], [{}], [{"command": " "}],
+               "ntfy://topic", [5], 5, {}],
+    "container": [{"image": "img"}, {"image": ""}, {}, "img", {"image": "img", "runtime": "podman"},
+                  {"image": "img", "runtime": "rkt"}, {"image": "--privileged"}, {"image": "img", "other": 1}, 5,
+                  " img", {"image": "img", "mounts": ["/d:/d:ro"]}, {"image": "img", "mounts": ["d:/d"]},
+                  {"image": "img", "mounts": ["/d:/d:rx"]}, {"image": "img", "pull": "always"},
+                  {"image": "img", "pull": "sometimes"}, {"image": "img", "python": ""}, None],
+    "nodes": [[{"host": "a", "gpus": 1}], [], "a", [{"gpus": 1}], [{"host": "a", "gpus": 1, "extra": 1}], 5],
+    "ssh": [{"user": "u"}, {}, {"other": 1}, "u", 5],
     "sync": ["src", {"src": "src"}, {"src": ""}, "", {"src": "s", "exclude": ["data/"]}, {"src": "s", "exclude": [""]},
              {"src": "s", "gitignore": "no"}, {"exclude": ["x"]}, False, None, 5],
 }
@@ -54,11 +69,12 @@ SSH_KEYS = {"user", "port", "identity_file", "known_hosts", "connect_timeout", "
 
 # What the schema cannot say, and the validator checks alone: repr((key, value)) -> why.
 VALIDATOR_ALONE = {
-    # JSON has no NaN, and every comparison with it is false: a schema's bounds let it through
-    **{repr((key, math.nan)): "JSON has no NaN" for key, values in TABLE.items() if math.nan in values},
-    # a path whose copy would have no name of its own, or two paths whose copies share one: the
-    # rule normalizes paths (ckpt/a/../..), which no pattern does
-    **{repr(("fetch", path)): "ownfiles.copy_name" for path in ("/", "..", "ckpt/..", "~", ["a/ckpt", "b/ckpt"])},
+    # two paths whose copies share a name: no schema keyword compares items' last parts
+    repr(("fetch", ["a/ckpt", "b/ckpt"])): "two copies of one name",
+    # more nodes to keep than the job starts on: no schema keyword compares a value with a count
+    repr(("min_nodes", 3)): "compared with the nodes",
+    # the services Apprise knows: its own list, which no pattern holds
+    repr(("notify", [{"url": "https://example.invalid/hook"}])): "Apprise's services",
 }
 
 
@@ -107,3 +123,14 @@ def test_the_schema_and_the_validator_agree(key, value):
 def test_the_table_holds_values_each_side_takes_and_refuses():
     verdicts = {validator_takes(cluster_with(k, v)) for k, v in CASES}
     assert verdicts == {True, False} and len(CASES) >= 250
+
+
+def test_the_table_holds_every_key_of_the_validator_with_values_it_refuses():
+    """Every key, top-level, a node's or ssh's, has its refusals in the table: a refusal that only
+    one side makes is found here, not by a user whose editor took what ddp-up refuses."""
+    from orchestrator.config.validate import NODE_KEYS as NODE, SSH_RULES, TOP_KEYS
+
+    keys = set(TOP_KEYS) | set(NODE) | set(SSH_RULES)
+    assert keys <= set(TABLE), sorted(keys - set(TABLE))
+    refuses = {key for key, value in CASES if not validator_takes(cluster_with(key, value))}
+    assert keys <= refuses, sorted(keys - refuses)

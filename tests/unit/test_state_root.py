@@ -128,10 +128,11 @@ def test_every_read_in_a_folder_others_can_write_goes_through_one_helper():
             assert (module.stem, function) in allowed_reads, f"{module.name}: {function}: {call}"
 
 
-def test_ddp_logs_with_no_journal_readable_exits_3_and_speaks_as_itself(root, tmp_path, capsys):
+def test_ddp_logs_with_no_journal_readable_exits_3_and_speaks_as_itself(root, tmp_path, capsys, monkeypatch):
     """Each node keeps the job's record, and a FIFO where its journal goes."""
     from orchestrator.commands.attach import main_logs
 
+    monkeypatch.chdir(tmp_path)  # its runs/ here, not in the checkout
     for node in (0, 1):
         where, _ = state.claim_node_dir(JOB, node)
         Path(where, state.RECORD).write_text(json.dumps(dict(record(JOB), node=node)))
