@@ -32,7 +32,7 @@ import subprocess
 import threading
 import time
 
-from .procs import TORCHRUN
+from .procs import TORCHRUN, signal_name
 from .zygote import PASS_VAR, ROOM, ROOM_VAR, SOCKET_VAR, ZYGOTE
 
 PRELOAD = ("torch", "torch.distributed")  # what every warm interpreter imports, before the cluster file's
@@ -47,6 +47,7 @@ class WarmChild:
         self.pid = pid
         self.returncode = None
         self.ended = threading.Event()
+        self.lost = None  # why its exit status is unknown (its interpreter died first), if it is
 
     def end(self, code):
         self.returncode = code
@@ -86,7 +87,8 @@ class Forker:
             self.late, importing = True, self.hello is None
             self.give_up()
             if importing and self.report:
-                self.report("ddp-up: warm start: the imports took too long; %s\n" % self.instead)
+                still = " (still importing %s)" % self.importing if getattr(self, "importing", None) else ""
+                self.report("ddp-up: warm start: the imports took too long%s; %s\n" % (still, self.instead))
         return False
 
     def why_cold(self):
@@ -111,6 +113,7 @@ class Warm(Forker):
         env[ROOM_VAR] = "." * ROOM  # last: see rename in ZYGOTE
         self.socket = listen  # where torchrun's stand-ins ask (zygote.SOCKET_VAR)
         self.sock, theirs = socket.socketpair()
+        self.log, self.importing = log, None  # its log; the preload it said it was importing, until ready
         with open(log, "ab") as err:  # its own errors (a crash while importing): the ranks' go to their logs
             self.proc = subprocess.Popen([python, "-u", "-c", ZYGOTE, str(theirs.fileno()), ",".join(names), str(os.getpid()),
                                           listen, "keep" if keep else ""],
@@ -128,20 +131,56 @@ class Warm(Forker):
         threading.Thread(target=self.read, name="warm", daemon=True).start()
 
     def read(self):
+        why = None
         try:
             while True:
                 line = self.line()
                 if line is None:
                     break
                 self.take(json.loads(line))
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError) as e:
+            why = "it said what is not its protocol (%s)" % e
+        if len(self.buffer) > LINE_MAX:
+            why = "it said more than %d bytes in one line" % LINE_MAX
+        if why or self.hello is None:  # gone before it said ready or cold: why, at once, and named
+            self.proc.kill()
+        self.ended(why)
+
+    def ended(self, why):
+        """The interpreter is gone (or was given up on): its end is told as it was, at once, and a
+        child it never reported ends unknown (its exit status went with the interpreter)."""
+        status = self.status()
+        if self.hello is None and not self.late:
+            importing = " importing %s" % self.importing if self.importing else ""
+            self.take({"cold": why or "the warm interpreter %s%s%s" % (status, importing, self.last_words())})
         self.said.set()
-        with self.lock:  # the interpreter is gone: a child it never reported ends unknown
-            for child in self.children.values():
-                if child.returncode is None:
-                    threading.Thread(target=watch_orphan, args=(child,), daemon=True).start()
+        with self.lock:
+            running = [child for child in self.children.values() if child.returncode is None]
+            for child in running:
+                child.lost = "its warm interpreter %s, and its exit status with it" % status
+                threading.Thread(target=watch_orphan, args=(child,), daemon=True).start()
             self.forked.notify_all()
+        if running and self.report:
+            self.report("ddp-up: warm start: the warm interpreter (pid %d) %s while %d process(es) it forked ran: "
+                        "their exit statuses are lost\n" % (self.proc.pid, status, len(running)))
+
+    def status(self):
+        """How the interpreter ended, in words (it is waited for a moment: it has closed its socket)."""
+        try:
+            code = self.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+        return "was killed by %s" % signal_name(code) if code < 0 else "exited with status %d" % code
+
+    def last_words(self):
+        """The last line of what it wrote to its log (a traceback's last line), bounded, or ""."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+                lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        return (": %s" % lines[-1][:300]) if lines else ""
 
     def line(self):
         while b"\n" not in self.buffer:
@@ -153,7 +192,9 @@ class Warm(Forker):
         return line
 
     def take(self, message):
-        if "ready" in message or "cold" in message:
+        if "importing" in message:
+            self.importing = str(message["importing"])[:200]
+        elif "ready" in message or "cold" in message:
             self.hello = message
             for notice in ([self.why_cold()] if "cold" in message else []) + list(message.get("notices") or ()):
                 self.report and self.report("ddp-up: warm start: %s\n" % notice)

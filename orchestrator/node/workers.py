@@ -66,8 +66,9 @@ def worker_dir(log_dir, local_rank):
     return where
 
 
-def root_cause(opts, local_rank, pid, code):
-    """torchrun's failure block, which the controller already knows how to read."""
+def root_cause(opts, local_rank, pid, code, lost=None):
+    """torchrun's failure block, which the controller already knows how to read (``lost``: why the
+    worker's own exit status is not known, said in the block)."""
     name = ""
     if code < 0:
         try:
@@ -76,9 +77,10 @@ def root_cause(opts, local_rank, pid, code):
             pass
     return ("=" * 60 + "\n%s FAILED (ddp-up launcher: none)\nRoot Cause (first observed failure):\n[0]:\n"
             "  time      : %s\n  host      : %s\n  rank      : %d (local_rank: %d)\n"
-            "  exitcode  : %d (pid: %d)%s\n" + "=" * 60 + "\n") % (
+            "  exitcode  : %d (pid: %d)%s\n%s" + "=" * 60 + "\n") % (
                 OWN_LAUNCHER, time.strftime("%Y-%m-%d_%H:%M:%S"), socket.gethostname(),
-                int(opts["first-rank"]) + local_rank, local_rank, code, pid, name)
+                int(opts["first-rank"]) + local_rank, local_rank, code, pid, name,
+                "  unknown   : %s\n" % lost if lost else "")
 
 
 class Workers:
@@ -153,7 +155,7 @@ class Workers:
                 in_stop.append(code)
             if code != 0 and first_failure is None and self.stopping is None:
                 first_failure = code
-                self.report(root_cause(self.opts, self.procs[proc], proc.pid, code))
+                self.report(root_cause(self.opts, self.procs[proc], proc.pid, code, getattr(proc, "lost", None)))
                 self.signal_all(signal.SIGTERM)
                 kill_at = time.monotonic() + FAIL_GRACE
         if first_failure is not None:

@@ -36,12 +36,15 @@ def prepare(ctl, names, keep):
     for name in names:
         quiet, name = name.startswith("?"), name.lstrip("?")  # ?: the default's (torch), not the user's
         before = process_state()
+        say(ctl, {"importing": name})  # the agent names it, if this import never ends or ends the process
         try:
             with SEEN.reading(name):
                 __import__(name)
         except BaseException as e:  # an ImportError, or whatever the module raised
             if not quiet:  # a job without torch (`launcher: none`) is no news: it runs warm all the same
-                notices.append("preload %s failed (%s: %s): the ranks import it themselves" % (name, type(e).__name__, e))
+                said = (str(e).strip().splitlines() or [""])[0]
+                said = said if len(said) <= 300 else said[:300] + "..."
+                notices.append("preload %s failed (%s: %s): the ranks import it themselves" % (name, type(e).__name__, said))
             continue
         why = ("importing %s initialized CUDA, and a process forked after that cannot use it" % name
                if cuda_touched() else SEEN.after_import(name, before, process_state()))
@@ -359,6 +362,19 @@ def pass_on(sig, _):
 for name in passed.split(","):
     signal.signal(getattr(signal, name), pass_on)
 line = answers.readline()
+if not line:  # the interpreter is gone, and the rank's exit status with it: said, and the rank waited for
+    sys.stderr.write("ddp-up: warm start: the warm interpreter that forked this rank is gone; its exit status is lost\n")
+    sys.stderr.flush()
+    import time
+    while True:
+        try:
+            os.kill(pid, 0)
+            with open("/proc/%d/stat" % pid, "rb") as stat:
+                if stat.read().rsplit(b")", 1)[-1].split()[:1] == [b"Z"]:
+                    break  # ended: its new parent reaps it
+        except OSError:
+            break
+        time.sleep(0.2)
 code = json.loads(line)["code"] if line else 1
 if code < 0:  # ended by a signal: the stand-in by the same one (SIGKILL's disposition cannot be set)
     -code == signal.SIGKILL or signal.signal(-code, signal.SIG_DFL)

@@ -618,3 +618,57 @@ def test_a_slow_client_of_the_interpreter_s_socket_holds_up_no_fork(tmp_path):
     finally:
         w.proc.kill()
         w.proc.wait(10)
+
+
+# --- the interpreter's own failures, told as they are --------------------------------------------
+
+def test_an_interpreter_that_dies_importing_says_so_at_once_naming_the_module(warm, tmp_path):
+    (tmp_path / "quitter.py").write_text("import os\nos._exit(3)\n")
+    said = []
+    w = warm(preload=("json", "quitter"))
+    w.report = said.append
+    start = time.monotonic()
+    assert not w.ready(30)
+    assert time.monotonic() - start < 10  # not after the imports' patience
+    assert "exited with status 3 importing quitter" in w.why_cold(), w.why_cold()
+    assert said and "importing quitter" in said[0] and "took too long" not in " ".join(said), said
+
+
+def test_a_preload_that_raises_with_a_long_message_is_one_short_notice(warm, tmp_path):
+    (tmp_path / "loud.py").write_text("raise RuntimeError('x' * 5_000_000)\n")
+    w = warm(preload=("loud",))
+    assert w.ready(30), w.hello
+    [notice] = w.hello["notices"]
+    assert "preload loud failed (RuntimeError: xxx" in notice and len(notice) < 500
+
+
+def test_a_preload_that_never_returns_is_named_when_it_is_given_up_on(warm, tmp_path):
+    (tmp_path / "stuck.py").write_text("import time\ntime.sleep(600)\n")
+    said = []
+    w = warm(preload=("stuck",))
+    w.report, w.patience = said.append, 2.0
+    assert w.fork(0, ["x.py"], {}, str(tmp_path), "o", "e") is None
+    assert said == ["ddp-up: warm start: the imports took too long (still importing stuck); the ranks start cold\n"]
+
+
+def test_an_interpreter_killed_while_its_ranks_run_is_named_at_once(warm, tmp_path):
+    said = []
+    w = warm()
+    assert w.ready(30), w.hello
+    w.report = said.append
+    child, out, err = fork(w, tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(3)\n")
+    assert procs_wait(lambda: out.exists() and out.read_text() == "up\n")
+    w.proc.kill()
+    assert procs_wait(lambda: said), said
+    assert said[0].startswith(f"ddp-up: warm start: the warm interpreter (pid {w.proc.pid}) was killed by SIGKILL "
+                              "while 1 process(es) it forked ran"), said
+    assert child.wait(30) == 1 and "killed by SIGKILL" in child.lost  # its end waited for, its status unknown
+
+
+def procs_wait(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
