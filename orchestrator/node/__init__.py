@@ -17,6 +17,7 @@ shipped, in the order the bootstrap runs them: each module comes after every mod
   state       private directories, records, journals
   screen      a worker's stream as a terminal shows it: lines done, and bars still drawn
   relay       the writer that owns stdout, the launcher's pipes and the workers' log files
+  teardown    the teardown rule, by each rank's end marker: a death after a clean end, a node finishing
   failures    what the job's failed ranks left here (error files, tracebacks) and when
   forksafe    warm start, before the fork: what keeps a forked rank a cold one (part of zygote's text)
   warmchild   warm start, in the child: the rank made what `python -u SCRIPT` would be (part of zygote's text)
@@ -52,7 +53,7 @@ with the job (RunSpec.box_code, container.BOX_MAIN), with the shipped modules th
   boxkeep     a warm container kept across launches: its first process, which forks each attempt's launcher
 """
 
-SHIPPED = ("wire", "facts", "gpuhealth", "policy", "stragglers", "procs", "report", "state", "inventory", "flight", "screen", "relay", "failures", "forksafe", "warmchild", "zygote", "warm", "workers", "container", "checks", "keptbox", "stacks", "events", "results", "launch", "run",
+SHIPPED = ("wire", "facts", "gpuhealth", "policy", "stragglers", "procs", "report", "state", "teardown", "inventory", "flight", "screen", "relay", "failures", "forksafe", "warmchild", "zygote", "warm", "workers", "container", "checks", "keptbox", "stacks", "events", "results", "launch", "run",
            "keep", "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
 IN_IMAGE = ("boxwarm", "boxkeep")
 PACKAGE = "ddp_up_node"  # the package's name on a node

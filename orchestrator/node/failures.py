@@ -18,6 +18,7 @@ import time
 from .procs import carries, children, read_environ_value, read_tags
 from .relay import attempt_dirs, rank_dirs
 from .state import open_regular
+from .teardown import SCRIPTS_EVERY
 
 READ_MOST = 1 << 16  # bytes read of the end of a stderr log
 ERROR_FILE_MOST = 1 << 18  # bytes read of an error file (JSON is read whole, or not at all), kept for the run's logs
@@ -160,15 +161,19 @@ class RankEnds:
     launcher's children, found by their tags as they appear; a pidfd each (Linux 5.3, Python
     3.9) becomes readable when its worker is gone, so one thread sleeps in select until the
     kernel wakes it, looking for new workers every RESCAN seconds. Without pidfds there are no
-    times, and torchrun's report's second stands. Once all ``count`` have ended, ``on_all()``
-    (RanksEnded: the launcher, torchrun at its exit barrier, finishing is no hang)."""
+    times, and torchrun's report's second stands. Once every one of ``count`` has ended, or ended
+    its script (``scripts()``: the global ranks whose end watch marked it, stacks.END_WATCH; the
+    interpreter's teardown may take a while after), ``on_all()`` (RanksEnded: the ranks' silence,
+    and the launcher's at torchrun's exit barrier, is finishing, no hang)."""
 
     RESCAN = 1.0
     FIRST_RESCAN = 0.05  # until every worker was seen: a warm rank (forked) can be up, and gone, within a second
 
-    def __init__(self, launcher_pid, match, count=0, on_all=lambda: None):
+    def __init__(self, launcher_pid, match, count=0, on_all=lambda: None, scripts=set):
         self.launcher, self.match = launcher_pid, match
-        self.count, self.on_all = count, on_all
+        self.count, self.on_all, self.scripts = count, on_all, scripts
+        self.ended_scripts = set()  # local ranks whose scripts ended, their processes perhaps not yet
+        self.local_of = {}  # global rank -> local rank, as each worker's environment says
         self.ends = {}
         self.watching = {}  # pidfd -> local rank
         self.seen = set()
@@ -186,16 +191,18 @@ class RankEnds:
     def run(self):
         while True:
             self.find()
-            rescan = self.RESCAN if len(self.seen_ranks) >= self.count else self.FIRST_RESCAN
+            rescan = min(self.RESCAN if len(self.seen_ranks) >= self.count else self.FIRST_RESCAN, SCRIPTS_EVERY)
             ready = select.select([self.wake_r] + list(self.watching), [], [], rescan)[0]
             now = time.time()
             for fd in ready:
                 if fd != self.wake_r:
                     self.ends[self.watching.pop(fd)] = now
                     os.close(fd)
-                    if self.all_ended():
-                        self.on_all, told = (lambda: None), self.on_all  # once
-                        told()
+            if not self.all_ended():
+                self.ended_scripts = {self.local_of[rank] for rank in self.scripts() if rank in self.local_of}
+            if self.all_ended():
+                self.on_all, told = (lambda: None), self.on_all  # once
+                told()
             if self.wake_r in ready:
                 break
         for fd in self.watching:
@@ -211,14 +218,18 @@ class RankEnds:
             if not carries(read_tags(pid), self.match) or not (local or "").isdigit():
                 continue
             self.seen_ranks.add(int(local))
+            rank = read_environ_value(pid, b"RANK")
+            if (rank or "").isdigit():
+                self.local_of[int(rank)] = int(local)
             try:
                 self.watching[os.pidfd_open(pid)] = int(local)
             except OSError:
                 pass  # gone already: its end is not known to the millisecond
 
     def all_ended(self):
-        """Whether every rank of this node has ended (their launcher may still run)."""
-        return bool(self.count) and len(self.ends) >= self.count
+        """Whether every rank of this node has ended, or ended its script (their launcher, and the
+        interpreters' teardown, may still run)."""
+        return bool(self.count) and len(set(self.ends) | self.ended_scripts) >= self.count
 
     def stop(self):
         """Once the launch's processes are gone: {local rank: when it ended}."""

@@ -76,7 +76,9 @@ def kept_interpreter(spec, where):
     in a container kept for it (keptbox.py)."""
     if spec.container:
         return HeldBox(spec, {TAG_KEEP: spec.name}, interpreter_env(spec), where, own_vars(spec, {}) | {TAG_KEEP})
-    return Warm(sys.executable, interpreter_env(spec), os.getcwd(), os.path.join(where, "log"), spec.preload or (),
+    workdir = os.path.expanduser(spec.workdir or "~")  # as a launch's agent runs (checks.check_paths)
+    return Warm(sys.executable, interpreter_env(spec), workdir if os.path.isdir(workdir) else os.getcwd(),
+                os.path.join(where, "log"), spec.preload or (),
                 listen=os.path.join(where, "sock"), keep=True, nproc=spec.nproc or 1)
 
 

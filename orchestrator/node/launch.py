@@ -23,6 +23,7 @@ from .relay import Tailer, join_while_moving, pump
 from .report import ReportReader
 from .results import call_results
 from .stacks import dump_all, sitecustomize
+from .teardown import TEARDOWN, died_in_teardown, ended_scripts, hooks_dir, scripts_ended
 from .state import per_attempt, private_dir, remove_quietly, write_private
 from .workers import OWN_LAUNCHER, Workers, parse_launch
 from .warm import attempt_files, fork_torchrun
@@ -100,23 +101,6 @@ def results_of(launch):
     if CALL_HOOK not in (spec.hooks or {}) or spec.detach:  # a detached job has no caller
         return []
     return call_results(hooks_dir(launch.dir, launch.attempt), spec.nproc or 1)
-
-
-TEARDOWN = "every rank ended its script, then the launcher %s: a death in Python's teardown after the " \
-    "script's end (torch's threads), not counted as a failure"
-
-
-def ended_scripts(state_dir, attempt):
-    """The ranks whose scripts ended cleanly in ``attempt``: the ended.RANK files stacks.END_WATCH left."""
-    try:
-        names = os.listdir(hooks_dir(state_dir, attempt))
-    except OSError:
-        return set()
-    return {int(name[6:]) for name in names if name.startswith("ended.") and name[6:].isdigit()}
-
-
-def hooks_dir(state_dir, attempt):
-    return os.path.join(state_dir, per_attempt("hooks", attempt))  # a detached restart: same state dir
 
 
 def runs_torchrun(argv):
@@ -244,6 +228,10 @@ class Launch:
                                 lambda text: self.out.send(wire.Output("err", None, text.encode())), warm)
             self.proc.start(self.log_dir)
             self.out.send(wire.Started())
+            markers, ends = (lambda: ended_scripts(self.dir, self.attempt)), (lambda: list(self.proc.ends))
+            threading.Thread(target=scripts_ended, name="scripts-ended", daemon=True,
+                             args=(self.ended, markers, ends, int(self.proc.opts["first-rank"]),
+                                   int(self.proc.opts["nproc-per-node"]), lambda: self.out.send(wire.RanksEnded()))).start()
         else:
             self.start_launcher(go.argv, env, warm)
         self.tailer = Tailer(self.log_dir, self.out)
@@ -292,7 +280,8 @@ class Launch:
         self.out.send(wire.Started())
         if self.proc.pid is not None:  # not a kept container's launcher: its pid is the container's
             self.rank_ends = RankEnds(self.proc.pid, self.match, self.spec.nproc or 1,
-                                      lambda: self.out.send(wire.RanksEnded()))
+                                      lambda: self.out.send(wire.RanksEnded()),
+                                      lambda: ended_scripts(self.dir, self.attempt))
             self.rank_ends.start()
         for fd, stream in zip(pipes, ("out", "err")):
             t = threading.Thread(target=pump, args=(fd, stream, self.out), daemon=True)
@@ -425,15 +414,6 @@ def outcome(launch, code, stopped, reason):
         launch.out.send(wire.Output("err", None, ("ddp-up: %s\n" % (TEARDOWN % died)).encode()))  # said, and logged
         return 0, TEARDOWN % died, None, ends
     return code, reason, failures, ends
-
-
-def died_in_teardown(report):
-    """Whether the launcher's failure report (report.FailureReportParser) names only ranks killed by
-    a signal: a death in the interpreter's teardown. A rank that exited with a code of its own (a
-    bare ``raise SystemExit(3)``, which its end watch cannot see) failed, whatever its marker says;
-    so does a launcher that named no rank."""
-    failed = list(report.failed.values()) or ([report.root] if report.root is not None else [])
-    return bool(failed) and all(f.exit_code is not None and f.exit_code < 0 for f in failed)
 
 
 def gpu_left(match):

@@ -42,18 +42,19 @@ def proc_bytes(pid, name):
 
 
 def read_tags(pid):
-    """The ddp-up tags in a process's initial environment, or None if it has none/is gone."""
+    """The ddp-up tags in a process's initial environment (a job's, or a kept interpreter's and
+    what it started), or None if it has none/is gone."""
     raw = proc_bytes(pid, "environ")
-    if raw is None or b"DDP_UP_JOB=" not in raw:  # most processes: no tags, and no per-variable work (a
-        return None  # /proc scan reads every process's environment, on every agent's start and end)
+    if raw is None or (b"DDP_UP_JOB=" not in raw and b"DDP_UP_KEEP=" not in raw):  # most processes: no tags,
+        return None  # and no per-variable work (a /proc scan reads every process's environment, on every agent's start and end)
     tags = {}
     for item in raw.split(b"\0"):
         if item.startswith(b"DDP_UP_"):
             key, _, value = item.partition(b"=")
             name = key.decode("ascii", "replace")
-            if name in TAGS:
+            if name in TAGS or name == TAG_KEEP:
                 tags[name] = value.decode("utf-8", "replace")
-    return tags if TAG_JOB in tags else None
+    return tags if TAG_JOB in tags or TAG_KEEP in tags else None
 
 
 def carries(tags, match):

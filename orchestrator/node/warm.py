@@ -113,7 +113,7 @@ class Warm(Forker):
         env[ROOM_VAR] = "." * ROOM  # last: see rename in ZYGOTE
         self.socket = listen  # where torchrun's stand-ins ask (zygote.SOCKET_VAR)
         self.sock, theirs = socket.socketpair()
-        self.log, self.importing = log, None  # its log; the preload it said it was importing, until ready
+        self.importing = None  # the preload it said it was importing, until ready
         with open(log, "ab") as err:  # its own errors (a crash while importing): the ranks' go to their logs
             self.proc = subprocess.Popen([python, "-u", "-c", ZYGOTE, str(theirs.fileno()), ",".join(names), str(os.getpid()),
                                           listen, "keep" if keep else ""],
@@ -152,7 +152,7 @@ class Warm(Forker):
         status = self.status()
         if self.hello is None and not self.late:
             importing = " importing %s" % self.importing if self.importing else ""
-            self.take({"cold": why or "the warm interpreter %s%s%s" % (status, importing, self.last_words())})
+            self.take({"cold": why or "the warm interpreter %s%s" % (status, importing)})
         self.said.set()
         with self.lock:
             running = [child for child in self.children.values() if child.returncode is None]
@@ -171,16 +171,6 @@ class Warm(Forker):
         except subprocess.TimeoutExpired:
             return "stopped answering"
         return "was killed by %s" % signal_name(code) if code < 0 else "exited with status %d" % code
-
-    def last_words(self):
-        """The last line of what it wrote to its log (a traceback's last line), bounded, or ""."""
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-                lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
-        except OSError:
-            return ""
-        return (": %s" % lines[-1][:300]) if lines else ""
 
     def line(self):
         while b"\n" not in self.buffer:
@@ -225,7 +215,8 @@ class Warm(Forker):
         return self.said.wait(timeout)
 
     def give_up(self):
-        """It took too long: this attempt starts cold."""
+        """It took too long: this attempt starts cold (its end, this kill, is no news)."""
+        self.late = True
         self.proc.kill()
 
     def reap(self, timeout=None):

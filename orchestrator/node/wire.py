@@ -206,7 +206,7 @@ class KeepSpec(Frame):
     orphan_timeout: float
     container: dict | None = None  # the job's image (RunSpec.container): kept in a container there (node/keptbox.py)
     box_code: dict | None = None  # then the code its first process runs (boxkeep.py), as RunSpec.box_code
-    workdir: str | None = None  # then the job's workdir (RunSpec.workdir): the container's, bound into it
+    workdir: str | None = None  # the job's workdir (RunSpec.workdir): the interpreter's, or the container's, bound into it
 
 
 @_frame(TO_AGENT)

@@ -38,9 +38,11 @@ class Keeper:
         self.name = secrets.token_hex(8)
         spec = plan.agent_spec(node)  # the interpreter a launch's agent would make: its environment, its imports
         # opened as the launch's agents are: it uses the node's shared connection, never races them to make it
-        boxed = dict(container=spec.container, box_code=box_code("boxkeep"), workdir=spec.workdir) if spec.container else {}
+        boxed = dict(container=spec.container, box_code=box_code("boxkeep")) if spec.container else {}
+        # in the job's workdir, as a launch's agent: a preload of the user's own (beside the script) is found there
         self.call = AgentCall(node.config, wire.KeepSpec(name=self.name, env=spec.env, preload=spec.preload,
-                                                         nproc=spec.nproc, orphan_timeout=spec.orphan_timeout, **boxed),
+                                                         nproc=spec.nproc, orphan_timeout=spec.orphan_timeout,
+                                                         workdir=spec.workdir, **boxed),
                               transport_for(node.config, master=False), setup=True, tags={TAG_KEEP: self.name})
 
     def open(self) -> bool:

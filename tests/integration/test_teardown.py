@@ -54,3 +54,17 @@ def test_every_way_a_script_ends_with_a_failure_fails_the_job(tmp_path, launcher
         code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, *how, timeout=180)
         assert code == 1, (how, out)  # a job failed: never 0, whatever the teardown did
         assert "not counted as a failure" not in out and not re.search(r"ddp-up job \S+ ok after", out), (how, out)
+
+
+@LAUNCHERS
+def test_ranks_that_ended_their_scripts_are_finishing_not_hung_while_their_teardown_runs(tmp_path, launcher):
+    """The ranks' last line, then 2 s in the C library's exit list each (torch's threads at exit):
+    with hang_timeout well under that, no stack is asked for, and the job ends ok."""
+    script = tmp_path / "slow_exit.py"
+    script.write_text("import ctypes, os\nlibc = ctypes.CDLL(None)\n"
+                      "libc.__cxa_atexit(ctypes.cast(libc.sleep, ctypes.c_void_p), ctypes.c_void_p(2), None)\n"
+                      "print(f'LAST LINE rank={os.environ[\"RANK\"]}', flush=True)\n")
+    path = runner.local_cluster(tmp_path, nodes=2, gpus=1, launcher=launcher, hang_timeout=0.8)
+    code, out, _ = ddp_up("--no-dashboard", str(path), str(script), timeout=120)
+    assert code == 0 and out.count("LAST LINE") == 2, out
+    assert "looks hung" not in out and "stack" not in out.lower(), out

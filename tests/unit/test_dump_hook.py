@@ -96,7 +96,7 @@ def test_a_ranks_own_children_and_a_process_without_a_rank_leave_nothing(tmp_pat
     (None, False),  # the launcher named no rank: nothing excuses it
 ])
 def test_the_teardown_rule_excuses_only_a_rank_killed_by_a_signal(report, teardown):
-    from orchestrator.node.launch import died_in_teardown
+    from orchestrator.node.teardown import died_in_teardown
     from orchestrator.node.report import ReportReader
 
     reader = ReportReader()
