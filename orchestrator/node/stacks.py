@@ -63,6 +63,34 @@ END_WATCH = """def _ddp_up_watch_end(where):
     atexit.register(ended)
 _ddp_up_watch_end(os.path.dirname(os.path.abspath(__file__)))
 """
+# A rank's forked children (a DataLoader's workers) under Rich's live display (Lightning's bar, drawn
+# live in ranks: launch.TERMINAL_ENV): a lock of Rich's that another thread held at the fork (its
+# refresh thread, mid-refresh) is held for good in the child, where that thread is not, and the
+# child's first print (through Rich's redirected stdout) waited for ever. In the child, each such
+# lock is made anew; one this thread holds (a fork from inside a print) stays as it is.
+RICH_AT_FORK = """def _ddp_up_rich_in_child():
+    import threading
+    consoles = [getattr(sys.modules.get("rich"), "_console", None)]
+    for stream in (sys.stdout, sys.stderr):
+        consoles.append(getattr(stream, "_FileProxy__console", None))
+    for console in [c for c in consoles if c is not None]:
+        lives = list(getattr(console, "_live_stack", None) or []) + [getattr(console, "_live", None)]
+        for owner, name in [(console, "_lock"), (console, "_record_buffer_lock")] + [(l, "_lock") for l in lives if l]:
+            lock = getattr(owner, name, None)
+            if lock is None or not hasattr(lock, "acquire"):
+                continue
+            if lock.acquire(blocking=False):
+                lock.release()
+            else:
+                setattr(owner, name, threading.RLock())
+def _ddp_up_after_fork():
+    try:
+        "rich" in sys.modules and _ddp_up_rich_in_child()
+    except Exception:
+        pass  # Rich's insides changed: the child goes on as it would have
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ddp_up_after_fork)
+"""
 HOOK_CHAIN = """if not globals().get("_ddp_up_warm"):  # a rank forked warm: its interpreter ran the one we shadow
     _here = os.path.dirname(os.path.abspath(__file__))  # stays on sys.path: ddp-check's probe is there
     _spec = importlib.machinery.PathFinder.find_spec(  # the sitecustomize we shadow, if any
@@ -73,10 +101,11 @@ HOOK_CHAIN = """if not globals().get("_ddp_up_warm"):  # a rank forked warm: its
 
 
 def sitecustomize(dumps, more=""):
-    """The hook's text: the stack dump's handler where ``dumps``, then ``more`` (the Flight
+    """The hook's text: the end watch, Rich's locks renewed in a forked child, the stack dump's
+    handler where ``dumps``, then ``more`` (the Flight
     Recorder's thread, flight.RECORDER_HOOK), then whatever sitecustomize it shadows (a rank forked
     warm runs it too, with ``_ddp_up_warm`` set: its interpreter ran that one already)."""
-    return HOOK_HEAD + END_WATCH + (DUMP_LINE if dumps else "") + more + HOOK_CHAIN
+    return HOOK_HEAD + END_WATCH + RICH_AT_FORK + (DUMP_LINE if dumps else "") + more + HOOK_CHAIN
 
 
 DUMP_HOOK = sitecustomize(True)

@@ -105,3 +105,18 @@ def test_the_teardown_rule_excuses_only_a_rank_killed_by_a_signal(report, teardo
                      "\nRoot Cause (first observed failure):\n[0]:\n  time      : 2026-11-28_10:00:00\n"
                      "  host      : node1\n  rank      : 0 (local_rank: 0)\n  " + report + "\n" + "=" * 60 + "\n").encode())
     assert died_in_teardown(reader.parser) is teardown
+
+
+@pytest.mark.parametrize("hooked", [True, False])
+def test_a_rank_s_child_forked_under_rich_s_live_display_prints_instead_of_hanging(tmp_path, hooked):
+    """Lightning's Rich bar, live in a rank (TTY_INTERACTIVE, as ddp-up sets it), and a DataLoader
+    worker forked while Rich's refresh holds the console's lock: with the rank's hook the worker
+    prints and ends; without it, it waits for ever (the script kills it after 5 s)."""
+    from pathlib import Path
+    (tmp_path / "sitecustomize.py").write_text(DUMP_HOOK)
+    env = {**os.environ, "TTY_INTERACTIVE": "1", "TTY_COMPATIBLE": "1", "RANK": "0"}
+    env["PYTHONPATH"] = str(tmp_path) if hooked else ""
+    env.pop("DDP_UP_RANK_PID", None)
+    script = Path(__file__).parents[1] / "scripts" / "rich_fork.py"
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, timeout=60)
+    assert (b"CHILD ENDED" if hooked else b"CHILD HUNG") in done.stdout, done.stdout[-500:]
