@@ -213,10 +213,10 @@ class RankEnds:
         for pid in children(self.launcher):
             if pid in self.seen:
                 continue
-            self.seen.add(pid)
             local = read_environ_value(pid, b"LOCAL_RANK")
             if not carries(read_tags(pid), self.match) or not (local or "").isdigit():
-                continue
+                continue  # not (yet) a rank: a worker between its launcher's fork and its exec has no LOCAL_RANK
+            self.seen.add(pid)
             self.seen_ranks.add(int(local))
             rank = read_environ_value(pid, b"RANK")
             if (rank or "").isdigit():
@@ -230,6 +230,11 @@ class RankEnds:
         """Whether every rank of this node has ended, or ended its script (their launcher, and the
         interpreters' teardown, may still run)."""
         return bool(self.count) and len(set(self.ends) | self.ended_scripts) >= self.count
+
+    def died(self):
+        """The local ranks that have ended without their scripts' clean end (a signal, os._exit)."""
+        clean = {self.local_of[rank] for rank in self.scripts() if rank in self.local_of}
+        return [rank for rank in list(self.ends) if rank not in clean]
 
     def stop(self):
         """Once the launch's processes are gone: {local rank: when it ended}."""

@@ -307,27 +307,14 @@ class Launch:
         """What the job's processes are asked while they run: their stacks (events.Dump), or a
         signal passed on to every rank (events.PassOn), straight: the launcher would stop on it."""
         if isinstance(event, events.Dump):
-            return self.dump_stacks()
+            print_as = lambda local, text: self.tailer.send("err", local, flight.without_recorder(text))  # noqa: E731
+            threading.Thread(target=dump_stacks, name="dump", daemon=True,  # heartbeats go on while py-spy attaches
+                             args=(self.match, self.job_env().get("PATH"), print_as, self.flight_dir, self.out)).start()
+            return None
         sig = getattr(signal, event.name, None)
         if sig in policy.NOT_A_STOP:
             signal_ranks(sig, self.match)
         return None
-
-    def dump_stacks(self):
-        """Every worker's Python stack into its stderr stream, then Dumped. On a thread, so
-        heartbeats go on while py-spy attaches."""
-        def dump():
-            ranks = dump_all(self.match, self.job_env().get("PATH"),  # a py-spy dump, less ddp-up's own thread
-                             lambda local, text: self.tailer.send("err", local, flight.without_recorder(text)))
-            self.send_collectives()
-            self.out.send(wire.Dumped(ranks=ranks))
-        threading.Thread(target=dump, name="dump", daemon=True).start()
-
-    def send_collectives(self):
-        """Each rank's last collectives (Collectives), where the ranks recorded any."""
-        records = flight.read_records(self.flight_dir) if self.flight_dir is not None else {}
-        if records:
-            self.out.send(flight.snapshot(records))
 
     def signal(self, sig):
         """``sig`` to the launcher (or every worker), pinned by its tags: never a recycled pid.
@@ -369,7 +356,7 @@ class Launch:
         if self.box is not None:
             self.box.remove()  # a daemon's container outlives its client: by name, SIGKILL and gone
         remove_quietly(self.env_file)
-        self.send_collectives()  # a rank that died of a collective's timeout left its record
+        send_collectives(self.flight_dir, self.out)  # a rank that died of a collective's timeout left its record
         if code is None and self.proc is not None:
             try:
                 code = self.proc.wait(timeout=KILL_WAIT)
@@ -386,6 +373,11 @@ class Launch:
             self.tailer.finish(stall)
         return code
 
+    def ranks_died(self):
+        """Whether a rank of this attempt here has ended without a clean end of its script (killed, or
+        os._exit): its launcher may not have said so yet."""
+        return self.rank_ends is not None and bool(self.rank_ends.died())
+
     @property
     def relay_died(self):
         """Why the relay of the ranks' output stopped, if it did (relay.Tailer.died)."""
@@ -397,6 +389,21 @@ class Launch:
         before = (self.stop_wall or time.time()) if stopped else float("inf")
         ends = {str(rank): at for rank, at in sorted(self.ends.items()) if at < before}
         return rank_failures(self.log_dir, before=before) or None, ends or None
+
+
+def dump_stacks(match, path, print_as, flight_dir, out):
+    """Every worker's Python stack into its stderr stream (``print_as``: a py-spy dump, less ddp-up's
+    own thread), their last collectives, then Dumped."""
+    ranks = dump_all(match, path, print_as)
+    send_collectives(flight_dir, out)
+    out.send(wire.Dumped(ranks=ranks))
+
+
+def send_collectives(flight_dir, out):
+    """Each rank's last collectives (Collectives), where the ranks recorded any."""
+    records = flight.read_records(flight_dir) if flight_dir is not None else {}
+    if records:
+        out.send(flight.snapshot(records))
 
 
 def outcome(launch, code, stopped, reason):

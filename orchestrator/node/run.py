@@ -192,7 +192,12 @@ class Runner:
 
     def stop(self, reason, force, by=None):
         """stop_signal to the launcher (it gives every rank the same stop_grace: see launch.py), wait
-        that and LAUNCHER_MARGIN, then SIGKILL every tagged survivor."""
+        that and LAUNCHER_MARGIN, then SIGKILL every tagged survivor. A node where a rank died before
+        the stop came lets its launcher end by itself first (REPORT_WAIT), with its report."""
+        if not force and self.launch.ranks_died():
+            ended = own_end(self.next_event, self.clock, self.attempt)
+            if ended is not None:
+                return self.finish(ended.code, stopped=False, reason=None)
         self.out.send(wire.Stopping(reason=reason, by=by, at=time.time()))
         code = None
         if not force:
@@ -271,6 +276,24 @@ def await_warm(runner):
         if isinstance(event, events.Stop):
             return event
     first.patience = 0  # too long: the ranks start cold, and the interpreter is ended (Forker.usable)
+    return None
+
+
+REPORT_WAIT = 2.0  # seconds a launcher whose rank died has, at a stop, to end by itself with its report
+
+
+def own_end(next_event, clock, attempt, wait=REPORT_WAIT):
+    """The Exited of ``attempt`` if its launcher ends by itself within ``wait`` seconds, else None.
+    A rank of this node died (killed, the OOM killer) before the stop came: its launcher is about
+    to say which, and when, in its failure report. Stopped first, it would not, and a peer's
+    "connection reset" that reached the controller sooner would be taken for the root cause."""
+    deadline = clock() + wait
+    while clock() < deadline:
+        event = next_event(deadline)
+        if isinstance(event, events.Exited) and event.attempt == attempt:
+            return event
+        if isinstance(event, events.Stop) and event.force:
+            return None
     return None
 
 

@@ -68,3 +68,22 @@ def test_ranks_that_ended_their_scripts_are_finishing_not_hung_while_their_teard
     code, out, _ = ddp_up("--no-dashboard", str(path), str(script), timeout=120)
     assert code == 0 and out.count("LAST LINE") == 2, out
     assert "looks hung" not in out and "stack" not in out.lower(), out
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_rank_killed_by_a_signal_is_the_root_cause_not_the_peers_it_left(tmp_path, warm):
+    """Its peer on another node raises "Connection reset by peer" a moment after the kill, and its
+    node says so first (the killed rank's torchrun looks at its workers every 1.5 s here, a slow
+    node's, where the peer's does every 0.1 s): the killed rank's node still names its own death,
+    which came first, before it passes the stop on."""
+    import yaml
+
+    from tests.integration.conftest import SCRIPT as JOB
+
+    path = runner.local_cluster(tmp_path, nodes=2, gpus=1, warm=warm)
+    data = yaml.safe_load(path.read_text())
+    data["nodes"][1]["env"] = {"OMP_NUM_THREADS": 1, "PET_MONITOR_INTERVAL": 1.5}  # torchrun's --monitor-interval
+    path.write_text(yaml.safe_dump(data))
+    code, out, _ = ddp_up("--no-dashboard", str(path), JOB, "run", "--kill-rank", "1", timeout=180)
+    assert code == 1, out
+    assert re.search(r"root cause: local-1 \(node 1, rank 1\): rank 1 (was )?killed by SIGKILL", out), out

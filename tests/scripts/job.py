@@ -5,7 +5,9 @@
              rank 0 keeps the last step done in FILE, and a run resumes after it, saying "resumed at step
              N"; --raise-rank: R raises RuntimeError under torchelastic's @record while every other
              rank waits in a barrier, which gloo then aborts: they raise a moment later; --raise-plain R:
-             the same without @record or a handler, so that torch prints it as "[rankR]: Traceback ...")
+             the same without @record or a handler, so that torch prints it as "[rankR]: Traceback ...";
+             --kill-rank R: R kills itself with SIGKILL while every other rank waits in a barrier, whose
+             connection to it then resets: they raise a moment after its death)
   job.py argv ARGS...     rank 0 prints ARGV <json of ARGS> and exits 0
   job.py hang             last rank blocks in all_reduce (block_forever), others sleep (wait_for_peers)
   job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
@@ -83,7 +85,7 @@ def wait_for_peers():
 
 def run(argv):
     opts = {"steps": 2, "step-time": 0.0, "fail-rank": -1, "exit-code": 3, "fail-attempts": "", "checkpoint": "",
-            "raise-rank": -1, "raise-plain": -1}
+            "raise-rank": -1, "raise-plain": -1, "kill-rank": -1}
     flags = set()
     it = iter(argv)
     for a in it:
@@ -105,6 +107,11 @@ def run(argv):
             time.sleep(0.5)  # the others are in the barrier by then
             raise RuntimeError(f"boom from rank {rank}")
         dist.barrier()  # never completes: gloo aborts it once the raising rank is gone
+    if opts["kill-rank"] >= 0:
+        if rank == opts["kill-rank"]:
+            time.sleep(0.5)  # the others are in the barrier by then
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()  # never completes: the killed rank's connections reset
     first = 0
     if opts["checkpoint"] and os.path.exists(opts["checkpoint"]):
         first = int(open(opts["checkpoint"]).read()) + 1
