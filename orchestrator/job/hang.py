@@ -26,6 +26,9 @@ from ..node import policy
 from .events import LogLine
 
 DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the stacks to arrive
+# once every rank of the job has ended, how long torchrun's exit barrier is given before the launchers
+# still at it are stopped: it waits 300 s for a launcher that ended without it (a death in its teardown)
+FINISH_WAIT = 5.0
 Blamed = Callable[[], "tuple[tuple[int, ...], str] | None"]  # the Flight Recorder's word (flight.FlightLog.blamed)
 
 
@@ -67,6 +70,7 @@ class HangWatch:
         self.pending: set[int] = set()  # nodes asked for stacks that have not confirmed
         self.deadline: float | None = None  # when to name the stuck ranks
         self.finishing: set[int] = set()  # nodes whose ranks have all ended: their launchers finish
+        self.all_ended: float | None = None  # when every rank of the job had ended (lingering)
 
     def started(self, now: float) -> None:
         self.launched = now
@@ -127,6 +131,21 @@ class HangWatch:
             return None
         why = policy.hang_reason(now, self.last_output, self.first_done, self.timeout, len(running))
         return self._declare(why, running, now) if why else None
+
+    def lingering(self, now: float, statuses: Sequence[NodeStatus]) -> tuple[int, ...]:
+        """The nodes whose launchers still run FINISH_WAIT after every rank of the job ended (each
+        node had ended, or said its ranks had): they wait at torchrun's exit barrier for a node whose
+        launcher ended without reaching it, and would for 300 s. Their work is done: stop them."""
+        left = [s for s in statuses if not s.terminal]
+        if not left or any(s.plan.index not in self.finishing for s in left):
+            self.all_ended = None
+            return ()
+        self.all_ended = self.all_ended if self.all_ended is not None else now
+        return tuple(s.plan.index for s in left) if now - self.all_ended >= FINISH_WAIT else ()
+
+    @property
+    def linger_deadline(self) -> float | None:
+        return None if self.all_ended is None else self.all_ended + FINISH_WAIT
 
     def _running(self, statuses: Sequence[NodeStatus]) -> list[NodeStatus]:
         """The nodes whose ranks may still run: running, and not finishing."""

@@ -236,6 +236,8 @@ class JobLoop:
             self.fail(decision.node, decision.rank, None, decision.what, kind="hung")
         elif isinstance(decision, Finishing):
             self.view.notice(decision.what)
+        if not self.following and not self.stop.requested and self.hang.lingering(now, self.status):
+            self.stop.request("every rank has ended; torchrun's exit barrier waited for a node whose launcher had ended")
         self.stop.escalate(now)
 
     # --- what the reports ask ---
@@ -426,7 +428,7 @@ class Job(JobLoop):
             if self.plan.detach and not self.stop.requested and all(s.state == "running" for s in self.status):
                 self.detached = True  # the job's own agents watch it from here (node/detached.py)
                 return
-            times = self.stop.deadlines() + ([self.hang.deadline] if self.hang.deadline is not None else [])
+            times = self.stop.deadlines() + [t for t in (self.hang.deadline, self.hang.linger_deadline) if t is not None]
             self.turn(min(times) if times else None)
 
     def settle(self) -> None:

@@ -373,6 +373,12 @@ class Launch:
             self.tailer.finish(stall)
         return code
 
+    def ranks_done(self):
+        """Whether every rank of this attempt here has ended, each after a clean end of its script,
+        while its launcher still runs (a torchrun at its exit barrier)."""
+        ends = self.rank_ends
+        return ends is not None and len(ends.ends) >= ends.count > 0 and not ends.died() and self.proc.poll() is None
+
     def ranks_died(self):
         """Whether a rank of this attempt here has ended without a clean end of its script (killed, or
         os._exit): its launcher may not have said so yet."""

@@ -198,6 +198,10 @@ class Runner:
             ended = own_end(self.next_event, self.clock, self.attempt)
             if ended is not None:
                 return self.finish(ended.code, stopped=False, reason=None)
+        if self.launch.ranks_done():  # its launcher only waits at torchrun's exit barrier: nothing to save
+            self.launch.signal(signal.SIGKILL)  # and nothing it would print (its traceback) is news
+            own_end(self.next_event, self.clock, self.attempt, wait=LAUNCHER_MARGIN)
+            return self.finish(0, stopped=False, reason=FINISHED)
         self.out.send(wire.Stopping(reason=reason, by=by, at=time.time()))
         code = None
         if not force:
@@ -280,6 +284,8 @@ def await_warm(runner):
 
 
 REPORT_WAIT = 2.0  # seconds a launcher whose rank died has, at a stop, to end by itself with its report
+FINISHED = "every rank here had ended its script; its launcher, waiting at torchrun's exit barrier for a node " \
+    "whose launcher had ended, was stopped"
 
 
 def own_end(next_event, clock, attempt, wait=REPORT_WAIT):

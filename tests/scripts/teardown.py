@@ -2,11 +2,12 @@
 torch's threads can abort it ("terminate called without an active exception"): the C library's
 exit list gets abort(), which runs after every Python atexit handler and finalizer.
 
-    teardown.py [--barrier DIR] [--exit N | --raise | --end HOW N]
+    teardown.py [--barrier DIR] [--only-rank R] [--exit N | --raise | --end HOW N]
 
 --barrier: every rank waits for the others' scripts to end too (files in DIR), and the abort comes a
 second after: no rank's abort (and its launcher's stop of the others) cuts another's script short.
 --exit N, --raise: end the script with sys.exit(N), or an uncaught exception, first.
+--only-rank R: only rank R dies in its teardown; the others end as usual.
 --end HOW N: end it another way Python has: raise (SystemExit(N)), exit, quit (the builtins), _exit
 (os._exit(N): no teardown at all), kill (signal N to itself).
 """
@@ -18,7 +19,8 @@ import sys
 import time
 
 libc = ctypes.CDLL(None)
-libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
+if "--only-rank" not in sys.argv or os.environ.get("RANK") == sys.argv[sys.argv.index("--only-rank") + 1]:
+    libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
 print(f"SCRIPT ENDED rank={os.environ.get('RANK')}", flush=True)
 if "--barrier" in sys.argv:
     where = sys.argv[sys.argv.index("--barrier") + 1]
