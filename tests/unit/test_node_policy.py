@@ -155,3 +155,19 @@ def test_the_controllers_frames_are_read_into_events_until_the_stream_ends():
     got.clear()
     events.read_controller(io.BytesIO(b"Bogus {}\n" + wire.Go(argv=["x"]).encode()), got.append, lambda: None)
     assert len(got) == 1 and got[0].reason.startswith("protocol error from the controller")  # and no more read
+
+
+def test_launchers_left_at_torchrun_s_exit_barrier_once_every_rank_has_ended_are_named_after_a_grace():
+    """Every node ended, or said its ranks all had: FINISH_WAIT later, the ones still running are
+    named (a launcher waits there 300 s for one that ended without reaching it). A node whose ranks
+    still run is never named."""
+    def status(index, state):
+        return outcome.NodeStatus(type("NodePlan", (), {"index": index, "ranks": range(index, index + 1)})(), state=state)
+    watch = hang.HangWatch(60, "J1")
+    running = [status(0, "running"), status(1, "running")]
+    assert watch.lingering(T0, running) == () and watch.linger_deadline is None  # node 1's ranks still run
+    ended = [status(0, "running"), status(1, "done")]
+    watch.ranks_ended(0, T0)
+    assert watch.lingering(T0, ended) == () and watch.linger_deadline == T0 + hang.FINISH_WAIT
+    assert watch.lingering(T0 + hang.FINISH_WAIT - 0.1, ended) == ()
+    assert watch.lingering(T0 + hang.FINISH_WAIT, ended) == (0,)
