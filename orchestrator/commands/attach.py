@@ -11,6 +11,7 @@ import sys
 import time
 
 from rich.table import Table
+from rich.text import Text
 
 from ..clean import outside
 from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, NoSuchJob, UsageError
@@ -312,5 +313,6 @@ def ls_table(rows: list[JobRow], now: float) -> Table:
                       "-" if row.started is None else time.strftime("%m-%d %H:%M", time.localtime(row.started)),
                       "-" if duration is None else f"{duration:.0f} s",
                       "-" if row.exit_status is None else str(row.exit_status),
-                      outside("\n".join(row.attempts) if row.attempts else row.root_cause or ""))
+                      Text("\n").join(outside(line) for line in row.attempts) if row.attempts  # each line made safe,
+                      else outside(row.root_cause or ""))  # not their breaks
     return table

@@ -460,3 +460,19 @@ def test_a_setup_that_sets_tmpdir_moves_the_jobs_tmpdir_not_ddp_ups_state(before
         done = subprocess.run(["bash", "-c", setup_script(setup, None, "exec " + probe)], env=env,
                               capture_output=True, text=True)
         assert json.loads(done.stdout) == [before, jobs, False], (setup, done.stdout, done.stderr)
+
+
+def test_ddp_ls_into_a_file_keeps_each_attempt_on_a_line_of_its_own(capsys):
+    """A job that restarted: its attempts' lines stay apart (the line breaks between them are ddp-up's;
+    what is in each, the job's, is made safe), where "restart 1 of 6attempt 1" ran them together."""
+    from orchestrator.commands.attach import JobRow, ls_table
+    from orchestrator.commands.common import table_console
+
+    attempts = ("attempt 0: node 1 failed (exit code 1) -> restart 1 of 6", "attempt 1: \x1b[31mdone")
+    table_console().print(ls_table([JobRow(job="j", script="train.py", state="done", ranks=2, started=None, ended=None,
+                                           exit_status=0, root_cause=None, nodes={}, attempt=1, attempts=attempts)],
+                                   now=0.0))
+    out = capsys.readouterr().out
+    ends = [line.rstrip(" │").rsplit("│", 1)[-1].strip() for line in out.splitlines() if "attempt " in line]
+    assert "attempt 0: node 1 failed (exit code 1) -> restart 1 of 6" in ends and "\x1b" not in out, out
+    assert any(end.startswith("attempt 1:") and end.endswith("done") for end in ends), out
