@@ -38,7 +38,7 @@ RANK_ENVIRONMENT = {
     "PYTHONPATH": "ddp-up's hooks first (stack dumps on a hang, the Flight Recorder), then yours",
     "TTY_COMPATIBLE": "Rich draws its progress bars as on a terminal (its file is not one)",
     "TTY_INTERACTIVE": "the same, for Rich's live display",
-    "COLUMNS": "1024: the width Rich cuts a rank's own lines at while its bar is live, which no log line reaches",
+    "COLUMNS": "200, a wide terminal's width, for what fills it (a Rich Panel, argparse's help); while Rich's bar is live, the rank's own lines still go whole",
     "GLOO_SOCKET_IFNAME": "the interface that reaches the master, where you did not set it",
     "NCCL_SOCKET_IFNAME": "the same for NCCL",
 }

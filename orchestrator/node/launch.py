@@ -56,11 +56,13 @@ def sample_gpus(ended, out):
 ACCELERATE_NODE_OPTIONS = "--ddp-up-node-options"
 # Rich (Lightning's default bar where rich is installed) draws live only on what it takes for an
 # interactive terminal; a rank's output is a file, so it drew once, at the end. These make it draw
-# as on a terminal (\r, erase, colors), which the node's Screen reads as a terminal does. While its
-# bar is live, Rich prints the rank's own lines itself, cut at its width (80 in a file): COLUMNS
-# gives it a width no log line reaches, so every line arrives whole. tqdm reads COLUMNS only with
-# LINES, and takes no width from it here. A job that sets any of these keeps its own value.
-TERMINAL_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "1024"}
+# as on a terminal (\r, erase, colors), which the node's Screen reads as a terminal does. COLUMNS:
+# a wide terminal's width (80 in a file), for what fills it (a Panel, a logging handler's lines,
+# argparse's help). While its bar is live, Rich prints the rank's own lines itself: the rank's hook
+# has them printed whole, not folded at that width, and its stderr kept stderr (stacks.RICH_AT_FORK).
+# tqdm reads COLUMNS only with LINES, and takes no width from it here. A job that sets any of these
+# keeps its own value.
+TERMINAL_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "200"}
 
 
 def accelerate_options(argv, env, log_dir, stop_signal):

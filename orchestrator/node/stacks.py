@@ -63,7 +63,9 @@ END_WATCH = """def _ddp_up_watch_end(where):
     atexit.register(ended)
 _ddp_up_watch_end(os.path.dirname(os.path.abspath(__file__)))
 """
-# A rank's forked children (a DataLoader's workers) under Rich's live display (Lightning's bar, drawn
+# Rich's live display in a rank (Lightning's bar, drawn live there: launch.TERMINAL_ENV). Its
+# redirected stdout keeps each line whole, and its stderr on stderr. A rank's forked children (a
+# DataLoader's workers) under it (Lightning's bar, drawn
 # live in ranks: launch.TERMINAL_ENV): a lock of Rich's that another thread held at the fork (its
 # refresh thread, mid-refresh) is held for good in the child, where that thread is not, and the
 # child's first print (through Rich's redirected stdout) waited for ever. In the child, each such
@@ -83,6 +85,45 @@ RICH_AT_FORK = """def _ddp_up_rich_in_child():
                 lock.release()
             else:
                 setattr(owner, name, threading.RLock())
+def _ddp_up_rich_lines(proxy):
+    # Rich's redirected streams while its live display runs (a rank's bar, live as on a terminal:
+    # launch.TERMINAL_ENV): a line goes whole, not folded at the console's width (a terminal wraps
+    # it where it shows it), and what the rank writes to stderr stays on stderr, as by hand.
+    if getattr(proxy, "_ddp_up", False):
+        return
+    real_write = proxy.write
+    def write(self, text):
+        if getattr(self, "rich_proxied_file", None) is sys.__stderr__ and sys.__stderr__ is not None:
+            return sys.__stderr__.write(text)
+        console = getattr(self, "_FileProxy__console", None)
+        if console is None:
+            return real_write(self, text)
+        before, console.soft_wrap = console.soft_wrap, True  # (two threads at once: it may stay True, which
+        try:  # keeps every line whole: no harm here)
+            return real_write(self, text)
+        finally:
+            console.soft_wrap = before
+    proxy.write, proxy._ddp_up = write, True
+class _DdpUpRichWatch:  # on sys.meta_path: rich.file_proxy is patched as it is imported
+    def find_spec(self, name, path=None, target=None):
+        if name != "rich.file_proxy":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            real_exec = spec.loader.exec_module
+            def exec_module(module):
+                real_exec(module)
+                try:
+                    _ddp_up_rich_lines(module.FileProxy)
+                except Exception:
+                    pass  # Rich's insides changed: its own behaviour stands
+            spec.loader.exec_module = exec_module
+        return spec
+if "RANK" in os.environ:
+    if "rich.file_proxy" in sys.modules:  # a rank forked warm from an interpreter that imported Rich
+        _ddp_up_rich_lines(sys.modules["rich.file_proxy"].FileProxy)
+    else:
+        sys.meta_path.insert(0, _DdpUpRichWatch())
 def _ddp_up_after_fork():
     try:
         "rich" in sys.modules and _ddp_up_rich_in_child()

@@ -120,3 +120,19 @@ def test_a_rank_s_child_forked_under_rich_s_live_display_prints_instead_of_hangi
     script = Path(__file__).parents[1] / "scripts" / "rich_fork.py"
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, timeout=60)
     assert (b"CHILD ENDED" if hooked else b"CHILD HUNG") in done.stdout, done.stdout[-500:]
+
+
+@pytest.mark.parametrize("hooked", [True, False])
+def test_under_rich_s_live_display_a_rank_s_lines_go_whole_and_its_stderr_stays_stderr(tmp_path, hooked):
+    """Rich folds each line it prints for a redirected stream at the console's width (COLUMNS), and
+    sends the redirected stderr to stdout: with the rank's hook, the line is whole and the warning on
+    stderr, as by hand; without it, neither (so the test can tell)."""
+    from pathlib import Path
+    (tmp_path / "sitecustomize.py").write_text(DUMP_HOOK)
+    env = {**os.environ, "TTY_INTERACTIVE": "1", "TTY_COMPATIBLE": "1", "COLUMNS": "60", "RANK": "0"}
+    env["PYTHONPATH"] = str(tmp_path) if hooked else ""
+    env.pop("DDP_UP_RANK_PID", None)
+    script = Path(__file__).parents[1] / "scripts" / "rich_lines.py"
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, timeout=60)
+    whole, on_stderr = b"L" * 120 in done.stdout, b"a warning of the rank's" in done.stderr
+    assert (whole, on_stderr) == ((True, True) if hooked else (False, False)), (done.stdout[-400:], done.stderr)
