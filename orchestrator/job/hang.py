@@ -133,11 +133,12 @@ class HangWatch:
         return self._declare(why, running, now) if why else None
 
     def lingering(self, now: float, statuses: Sequence[NodeStatus]) -> tuple[int, ...]:
-        """The nodes whose launchers still run FINISH_WAIT after every rank of the job ended (each
-        node had ended, or said its ranks had): they wait at torchrun's exit barrier for a node whose
-        launcher ended without reaching it, and would for 300 s. Their work is done: stop them."""
+        """The nodes whose launchers still run FINISH_WAIT after every rank of the job ended (some
+        node had ended, each other said its ranks had): they wait at torchrun's exit barrier for a
+        node whose launcher ended without reaching it, and would for 300 s. Their work is done."""
         left = [s for s in statuses if not s.terminal]
-        if not left or any(s.plan.index not in self.finishing for s in left):
+        if not left or len(left) == len(statuses) or any(s.plan.index not in self.finishing for s in left):
+            # (every launcher still runs: they all reach the barrier, which then completes by itself)
             self.all_ended = None
             return ()
         self.all_ended = self.all_ended if self.all_ended is not None else now

@@ -194,14 +194,9 @@ class Runner:
         """stop_signal to the launcher (it gives every rank the same stop_grace: see launch.py), wait
         that and LAUNCHER_MARGIN, then SIGKILL every tagged survivor. A node where a rank died before
         the stop came lets its launcher end by itself first (REPORT_WAIT), with its report."""
-        if not force and self.launch.ranks_died():
-            ended = own_end(self.next_event, self.clock, self.attempt)
-            if ended is not None:
-                return self.finish(ended.code, stopped=False, reason=None)
-        if self.launch.ranks_done():  # its launcher only waits at torchrun's exit barrier: nothing to save
-            self.launch.signal(signal.SIGKILL)  # and nothing it would print (its traceback) is news
-            own_end(self.next_event, self.clock, self.attempt, wait=LAUNCHER_MARGIN)
-            return self.finish(0, stopped=False, reason=FINISHED)
+        ended = None if force else before_stop(self.launch, self.next_event, self.clock, self.attempt)
+        if ended is not None:
+            return self.finish(ended[0], stopped=False, reason=ended[1])
         self.out.send(wire.Stopping(reason=reason, by=by, at=time.time()))
         code = None
         if not force:
@@ -286,6 +281,22 @@ def await_warm(runner):
 REPORT_WAIT = 2.0  # seconds a launcher whose rank died has, at a stop, to end by itself with its report
 FINISHED = "every rank here had ended its script; its launcher, waiting at torchrun's exit barrier for a node " \
     "whose launcher had ended, was stopped"
+
+
+def before_stop(launch, next_event, clock, attempt):
+    """(exit code, reason) where this node's end needs no stop, else None: a rank died here before
+    the stop came, and its launcher ends by itself with its report (own_end); or every rank here
+    ended its script cleanly, and its launcher only waits at torchrun's exit barrier (nothing to
+    save there, and nothing it would print, its traceback, is news): killed, and the node is done."""
+    if launch.ranks_died():
+        ended = own_end(next_event, clock, attempt)
+        if ended is not None:
+            return ended.code, None
+    if launch.ranks_done():
+        launch.signal(signal.SIGKILL)
+        own_end(next_event, clock, attempt, wait=LAUNCHER_MARGIN)
+        return 0, FINISHED
+    return None
 
 
 def own_end(next_event, clock, attempt, wait=REPORT_WAIT):

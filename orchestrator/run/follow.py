@@ -23,11 +23,13 @@ from ..remote.transports import transport_for
 from .attempts import AttemptRecord, attempt_record, blame
 
 
-def follow_plan(config, job_id: str) -> LaunchPlan:
+def follow_plan(config, job_id: str, master: str | None = None) -> LaunchPlan:
     """The plan a journal is read against: the cluster's nodes and ranks (as launched from this
-    cluster file), no hang watch of its own (the job's agents have theirs)."""
+    cluster file), no hang watch of its own (the job's agents have theirs), and the master's port
+    the job was given, where its record says (``master``: ``addr:port``)."""
+    port = master.rpartition(":")[2] if master else ""
     return dataclasses.replace(make_plan(config, "(detached)", [], job_id, os.getcwd()), hang_timeout=None,
-                               startup_timeout=None)
+                               startup_timeout=None, **({"master_port": int(port)} if port.isdigit() else {}))
 
 
 def journal_sessions(follow: bool, tail: int | None = None):

@@ -132,6 +132,7 @@ def test_a_failing_rank_stops_every_node_and_is_named(cluster, detached):
     assert began < ended < attached and abs((ended - began) - row["duration"]) < 1.0, (summary, row)
     assert re.fullmatch(rf"{re.escape(cluster.nodes[0].addr)}:\d+", summary["master"]), summary
     assert re.search(rf"\(master {re.escape(summary['master'])}\)", out), out
+    assert f"master {summary['master']}" in out.splitlines()[0] and ":auto" not in out, out  # its first line too
 
 
 def test_a_node_cut_off_is_lost_the_others_stop_and_it_stops_its_part_itself(cluster, detached):

@@ -166,6 +166,10 @@ def test_launchers_left_at_torchrun_s_exit_barrier_once_every_rank_has_ended_are
     watch = hang.HangWatch(60, "J1")
     running = [status(0, "running"), status(1, "running")]
     assert watch.lingering(T0, running) == () and watch.linger_deadline is None  # node 1's ranks still run
+    watch.ranks_ended(0, T0)
+    watch.ranks_ended(1, T0)
+    assert watch.lingering(T0 + 60, running) == ()  # every launcher at the barrier: it completes by itself
+    watch = hang.HangWatch(60, "J1")
     ended = [status(0, "running"), status(1, "done")]
     watch.ranks_ended(0, T0)
     assert watch.lingering(T0, ended) == () and watch.linger_deadline == T0 + hang.FINISH_WAIT
