@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import NodeProblem
+from ..node.gpuhealth import DECIDING
 from .outcome import NodeStatus
 
 RESET = "reset the GPU (`nvidia-smi -r -i {index}` as root, with nothing running on it) or reboot the node"
@@ -25,11 +26,6 @@ COOLING = "check the node's cooling and power (`nvidia-smi -q -d PERFORMANCE,TEM
 
 UNREAD = ("run `nvidia-smi -q{where}` on the node to see what the driver says, and fix the driver or the GPU "
           "(a lost GPU needs a reset or a reboot)")
-# what decides a GPU's health (node/gpuhealth.py DECIDING): unread, the GPU is taken for unhealthy
-DECIDING = ("index", "ecc_uncorrected", "retired_pending", "remap_pending", "remap_failed", "reasons", "hw_slowdown",
-            "hw_thermal", "power_brake")
-
-
 @dataclass(frozen=True)
 class GpuFinding:
     gpu: int | None  # nvidia-smi's index; None where its answer did not say which GPU
@@ -49,13 +45,15 @@ def findings(gpu: dict) -> list[GpuFinding]:
     def add(what: str, fix: str, fatal: bool) -> None:
         found.append(GpuFinding(index, what, fix.format(index=index), fatal))
 
+    where = UNREAD.replace("{where}", "" if index is None else " -i {index}")
+    if gpu.get("failed"):  # nvidia-smi itself: every GPU of the node
+        add(f"{gpu['failed']}: their health is unknown", where, True)
     unread = [str(what) for what in gpu.get("unreadable") or []][:4]
     if unread:  # fails closed: what could not be read may hide an error
         deciding = index is None or any(what.split(" ")[0] in DECIDING for what in unread)
         said = "; ".join(unread)
-        add((f"nvidia-smi's answer could not be read ({said}): its health is unknown" if not said.startswith("nvidia-smi")
-             else f"{said}: their health is unknown") if deciding else f"nvidia-smi wrote what could not be read: {said}",
-            UNREAD.replace("{where}", "" if index is None else " -i {index}"), deciding)
+        add(f"nvidia-smi's answer could not be read ({said}): its health is unknown" if deciding else
+            f"nvidia-smi wrote what could not be read: {said}", where, deciding)
     errors = gpu.get("ecc_uncorrected")
     if isinstance(errors, int) and errors > 0:
         add(f"{errors} uncorrected ECC error(s) since the driver loaded: results on it may be wrong",

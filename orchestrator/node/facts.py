@@ -243,21 +243,24 @@ SMI_MOST = 1 << 20  # bytes of nvidia-smi's output read; what comes after is dro
 SMI_LINE_MOST = 4096  # characters of one line; a longer one is no row of the driver's
 
 
+HUNG = "nvidia-smi did not answer within %d s (a wedged driver?)"  # % NVIDIA_SMI_TIMEOUT
+
+
 def nvidia_smi_said(args, run=None):
-    """(nvidia-smi's output for ``args``, None), or (None, what went wrong, in words that name
-    nvidia-smi): missing, an exit status with its first line ("GPU is lost", "couldn't communicate
-    with the NVIDIA driver"), or no answer within NVIDIA_SMI_TIMEOUT (a wedged driver makes it
-    hang: it is killed, and the agent goes on)."""
+    """(nvidia-smi's output for ``args``, None); (None, None) where there is no nvidia-smi to ask;
+    or (None, what went wrong, in words that name nvidia-smi): an exit status with its first line
+    ("GPU is lost", "couldn't communicate with the NVIDIA driver"), or HUNG: no answer within
+    NVIDIA_SMI_TIMEOUT (a wedged driver makes it hang: it is killed, and the agent goes on)."""
     try:
         code, out, err = (run or run_bounded)(["nvidia-smi", *args], NVIDIA_SMI_TIMEOUT)
     except FileNotFoundError:
-        return None, "nvidia-smi is not on this node's PATH"
+        return None, None
     except subprocess.TimeoutExpired:
         code, out, err = None, b"", b""
     except (OSError, subprocess.SubprocessError) as e:
         return None, "nvidia-smi could not run (%s)" % e
     if code is None:
-        return None, "nvidia-smi did not answer within %d s (a wedged driver?)" % NVIDIA_SMI_TIMEOUT
+        return None, HUNG % NVIDIA_SMI_TIMEOUT
     text = out[:SMI_MOST].decode("utf-8", "replace")
     if code != 0:
         said = next((line.strip() for line in (err + b"\n" + out)[:SMI_LINE_MOST].decode("utf-8", "replace").splitlines()
@@ -309,7 +312,7 @@ def count(text, most=7):
     return int(text) if 0 < len(text) <= most and text.isascii() and text.isdigit() else None
 
 
-def _number(text):
+def number(text):
     """A number as nvidia-smi writes one (units dropped by nounits), to an int; None where it is
     not one that fits: [N/A], inf, nan, 1e400, a thousand digits."""
     text = text.strip()
@@ -340,8 +343,8 @@ def parse_gpus(text):
     gpus = []
     for row in csv_rows(text):
         if len(row) == 5 and count(row[0]) is not None and row[1]:
-            gpus.append(dict(index=count(row[0]), uuid=row[1], util=_number(row[2]),
-                             used=_number(row[3]), total=_number(row[4])))
+            gpus.append(dict(index=count(row[0]), uuid=row[1], util=number(row[2]),
+                             used=number(row[3]), total=number(row[4])))
     return gpus
 
 
@@ -350,7 +353,7 @@ def parse_apps(text):
     apps = []
     for row in csv_rows(text):
         if len(row) >= 3 and row[0] and count(row[1], most=10) is not None:
-            apps.append(dict(uuid=row[0], pid=count(row[1], most=10), mib=_number(row[2]),
+            apps.append(dict(uuid=row[0], pid=count(row[1], most=10), mib=number(row[2]),
                              name=",".join(row[3:]).strip()))
     return apps
 

@@ -199,7 +199,7 @@ class RankEnds:
                     self.ends[self.watching.pop(fd)] = now
                     os.close(fd)
             if not self.all_ended():
-                self.ended_scripts = {self.local_of[rank] for rank in self.scripts() if rank in self.local_of}
+                self.ended_scripts = self.clean()
             if self.all_ended():
                 self.on_all, told = (lambda: None), self.on_all  # once
                 told()
@@ -231,9 +231,13 @@ class RankEnds:
         interpreters' teardown, may still run)."""
         return bool(self.count) and len(set(self.ends) | self.ended_scripts) >= self.count
 
+    def clean(self):
+        """The local ranks whose scripts have ended cleanly (their end markers name global ranks)."""
+        return {self.local_of[rank] for rank in self.scripts() if rank in self.local_of}
+
     def died(self):
         """The local ranks that have ended without their scripts' clean end (a signal, os._exit)."""
-        clean = {self.local_of[rank] for rank in self.scripts() if rank in self.local_of}
+        clean = self.clean()
         return [rank for rank in list(self.ends) if rank not in clean]
 
     def stop(self):

@@ -68,12 +68,12 @@ def value_of(key, text):
         return int(digits, 16) if ok else UNREADABLE
     if lowered.startswith("[") or lowered in ("n/a", "not supported", "unknown error", "insufficient permissions"):
         return None
-    number = facts._number(text.split(" ")[0])
+    number = facts.number(text.split(" ")[0])
     return UNREADABLE if number is None else number
 
 
 UNREADABLE = object()  # a field nvidia-smi wrote that is no value of its kind
-# What decides a GPU's health: unreadable, the GPU is treated as unhealthy (diagnose/gpuhealth.py)
+# What decides a GPU's health: unreadable, the GPU is taken for unhealthy (diagnose/gpuhealth.py reads it)
 DECIDING = ("index", "ecc_uncorrected", "retired_pending", "remap_pending", "remap_failed", "reasons", "hw_slowdown",
             "hw_thermal", "power_brake")
 
@@ -139,20 +139,20 @@ def parse_nvlink(text):
 def query_health(visible, nproc):
     """The health facts of the job's GPUs (facts.job_gpu_indices), each with ``nvlink_down`` where
     some of its links are; [] where there are no NVIDIA GPUs. Where the driver lists GPUs and
-    nvidia-smi does not answer (gone, "GPU is lost", no driver, a hang), one entry without an
-    index names it: the node's GPUs are then of unknown health, which refuses the launch."""
+    nvidia-smi does not answer ("GPU is lost", no driver, a hang), one entry without an index
+    names it (``failed``): the node's GPUs are then of unknown health, which refuses the launch."""
     if not facts.has_nvidia_gpus():
         return []
     text = problem = None
     for fields in (HEALTH_FIELDS, BASIC_FIELDS):
         text, problem = facts.nvidia_smi_said(["--query-gpu=" + ",".join(fields), "--format=csv"])
-        if text is not None or "did not answer" in (problem or ""):
+        if text is not None or problem == facts.HUNG % facts.NVIDIA_SMI_TIMEOUT:
             break  # a hung nvidia-smi is asked nothing more: each ask would wait as long
     if text is None:
-        return [{"index": None, "unreadable": [problem]}] if "not on this node's PATH" not in problem else []
+        return [{"index": None, "failed": problem}] if problem else []  # none: no nvidia-smi to ask
     every = parse_health(text)
     if not any(isinstance(g.get("index"), int) for g in every):
-        return every or [{"index": None, "unreadable": ["nvidia-smi listed no GPU, and the driver lists some"]}]
+        return every or [{"index": None, "failed": "nvidia-smi listed no GPU, and the driver lists some"}]
     used = facts.job_gpu_indices(visible, nproc, [g for g in every if isinstance(g.get("index"), int) and g.get("uuid")])
     gpus = [g for g in every if g.get("index") in used or not isinstance(g.get("index"), int)]
     down = parse_nvlink(facts.nvidia_smi(["nvlink", "--status"])) if len(gpus) > 1 else {}

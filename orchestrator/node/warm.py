@@ -77,6 +77,7 @@ class Forker:
     instead = "the ranks start cold"  # what happens where it cannot (a kept container: keptbox.BoxWarm)
     patience = READY_WAIT  # seconds a fork waits; 0 once the node waited its READY_WAIT after the Go (run.await_warm)
     late = False  # it was given up on: this attempt starts cold
+    importing = None  # the preload it said it was importing, until ready (a Warm's)
 
     def usable(self):
         """Whether ranks can be forked now; if the imports are still not done, it is given up on,
@@ -87,7 +88,7 @@ class Forker:
             self.late, importing = True, self.hello is None
             self.give_up()
             if importing and self.report:
-                still = " (still importing %s)" % self.importing if getattr(self, "importing", None) else ""
+                still = " (still importing %s)" % self.importing if self.importing else ""
                 self.report("ddp-up: warm start: the imports took too long%s; %s\n" % (still, self.instead))
         return False
 
@@ -113,7 +114,6 @@ class Warm(Forker):
         env[ROOM_VAR] = "." * ROOM  # last: see rename in ZYGOTE
         self.socket = listen  # where torchrun's stand-ins ask (zygote.SOCKET_VAR)
         self.sock, theirs = socket.socketpair()
-        self.importing = None  # the preload it said it was importing, until ready
         with open(log, "ab") as err:  # its own errors (a crash while importing): the ranks' go to their logs
             self.proc = subprocess.Popen([python, "-u", "-c", ZYGOTE, str(theirs.fileno()), ",".join(names), str(os.getpid()),
                                           listen, "keep" if keep else ""],

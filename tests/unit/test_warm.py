@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node.warm import Warm, store_to_await
+from tests.harness.procs import wait_for
 
 SCRIPT = textwrap.dedent('''
     import ctypes, json, os, sys
@@ -657,18 +658,9 @@ def test_an_interpreter_killed_while_its_ranks_run_is_named_at_once(warm, tmp_pa
     assert w.ready(30), w.hello
     w.report = said.append
     child, out, err = fork(w, tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(3)\n")
-    assert procs_wait(lambda: out.exists() and out.read_text() == "up\n")
+    assert wait_for(lambda: out.exists() and out.read_text() == "up\n", 30)
     w.proc.kill()
-    assert procs_wait(lambda: said), said
+    assert wait_for(lambda: said, 30), said
     assert said[0].startswith(f"ddp-up: warm start: the warm interpreter (pid {w.proc.pid}) was killed by SIGKILL "
                               "while 1 process(es) it forked ran"), said
     assert child.wait(30) == 1 and "killed by SIGKILL" in child.lost  # its end waited for, its status unknown
-
-
-def procs_wait(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
