@@ -106,10 +106,10 @@ def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto
         raise LaunchRefused(f"{call.name}: a function's results come back to its caller, which a detached job "
                             "has not: launch a script to detach")
     job_id = job_id or new_job_id()
+    given = flags(options)  # an unknown option is refused before anything is written
     path = cluster_path(cluster, runs_dir, job_id)
     script = ["-m", MODULE] if call else [os.fspath(target), *map(str, args)]
-    argv = ["--runs-dir", runs_dir, "--job-id", job_id, *flags(options), *(["--detach"] if detach else []),
-            path, *script]
+    argv = ["--runs-dir", runs_dir, "--job-id", job_id, *given, *(["--detach"] if detach else []), path, *script]
     results: list = []
     code = main_up(argv, Caller(call, results.append, on_line, kept=kept()))
     if code in (2, 3):

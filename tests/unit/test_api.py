@@ -83,7 +83,8 @@ def test_bad_input_raises_and_starts_nothing(tmp_path):
     with pytest.raises(LaunchRefused, match=r"exit status 3\): a: script \S+missing.py not found in "):
         launch(cluster(tmp_path), str(tmp_path / "missing.py"), runs_dir=str(tmp_path / "runs"))
     with pytest.raises(TypeError, match="unknown option"):
-        launch(cluster(tmp_path), "t.py", hang_timout=5)
+        launch(cluster(tmp_path), "t.py", hang_timout=5, runs_dir=str(tmp_path / "refused"))
+    assert not (tmp_path / "refused").exists()  # refused before anything was written (the cluster's file)
     with pytest.raises(TypeError, match="cluster must be"):
         launch(["a"], "t.py")
 
