@@ -1,4 +1,4 @@
-"""The node agent's start cost: CPU ms from `python -S -c BOOTSTRAP` to its first answer, this
+"""The node agent's start cost: CPU ms from `python -S -c STUB` (the loader on stdin) to its first answer, this
 build against another checkout's, interleaved in one run.
 
     python3 -m benchmarks.agent_start [--baseline DIR] [--runs 30]
@@ -31,7 +31,9 @@ if os.path.exists(os.path.join(sys.argv[1], "orchestrator", "remote", "protocol.
     from orchestrator.remote import protocol
 else:  # a build from before the stage packages
     from orchestrator import protocol
-if os.path.exists(os.path.join(sys.argv[1], "orchestrator", "node", "wire.py")):
+if os.path.exists(os.path.join(sys.argv[1], "orchestrator", "node", "protocol", "wire.py")):
+    from orchestrator.node.protocol import wire
+elif os.path.exists(os.path.join(sys.argv[1], "orchestrator", "node", "wire.py")):  # before the node's rooms
     from orchestrator.node import wire
 else:  # a build from before the node package (an import attempt could find this checkout's instead)
     from orchestrator import wire
@@ -64,6 +66,17 @@ def one_start(args: list[str], data: bytes) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def shipped_modules(data: bytes) -> int:
+    """How many modules ``data`` (an agent's stdin) ships: the header's list (after the loader, where
+    a loader comes first: its size on a line, then its source)."""
+    first, _, rest = data.partition(b"\n")
+    if first.isdigit():
+        rest = rest[int(first):]
+        first, _, rest = rest.partition(b"\n")
+    words = first.split()
+    return len(words[2].split(b",")) if len(words) > 2 else 0
+
+
 def summary(times: list[float]) -> str:
     ms = [t * 1000 for t in times]
     return f"{statistics.median(ms):.1f} ({min(ms):.1f}-{max(ms):.1f})"
@@ -83,7 +96,7 @@ def main() -> None:
     print(f"| build | modules shipped | bytes shipped | agent start, CPU ms, median (min-max) of {args.runs} |")
     print("|---|---|---|---|")
     for name, (argv, data) in prepared.items():
-        modules = sum(a.isdigit() for a in argv[4:]) // 2  # each module's source size, then its bytecode's
+        modules = shipped_modules(data)
         print(f"| {name} | {modules} | {len(data):,} | {summary(times[name])} |")
     if args.baseline:
         ratios = [a / b for a, b in zip(times["this build"], times["baseline"])]

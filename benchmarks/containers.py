@@ -18,7 +18,7 @@ With --restart, a restart in containers instead (tests/scripts/job.py, rank 1 fa
 `restarts: 1`, `restart_delay: 1`), alternating in each repeat: a fresh launch, to its first line
 (what a restart in a container cost when each attempt started a container of its own: a container's
 start, then torch imported in it), and the restart, from the failure to attempt 1's first line less
-the delay (the attempt forked in each node's kept container, node/keptbox.py).
+the delay (the attempt forked in each node's kept container, node/launchers/keptbox.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ buffer, and the thread that writes each rank's record) against off, interleaved 
 Each run is torchrun with 2 ranks (gloo on CPU) doing back-to-back all_reduces of ``--size``
 float32 elements for ``--seconds``: the smallest collectives, so the per-collective cost of
 recording is as large a share as it can be. "on" is the environment and the sitecustomize hook
-the agent gives a job (node/flight.py), with the records written every ``--every`` seconds (the
+the agent gives a job (node/watch/flight.py), with the records written every ``--every`` seconds (the
 default is ddp-up's; a smaller one shows the writing's cost, magnified). Steps per second of
 rank 0, medians with min-max, and the ratio on/off.
 """
@@ -21,8 +21,8 @@ import subprocess
 import sys
 import tempfile
 
-from orchestrator.node import flight
-from orchestrator.node.stacks import sitecustomize
+from orchestrator.node.watch import flight
+from orchestrator.node.watch.stacks import hooks
 
 LOOP = r"""
 import os, sys, time, torch, torch.distributed as dist
@@ -77,8 +77,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         os.mkdir(os.path.join(work, "hook"))
-        with open(os.path.join(work, "hook", "sitecustomize.py"), "w") as f:
-            f.write(sitecustomize(False, flight.RECORDER_HOOK))
+        for name, text in hooks(False).items():  # the rank hook, its recorder on where the job records
+            with open(os.path.join(work, "hook", name), "w") as f:
+                f.write(text)
         with open(os.path.join(work, "loop.py"), "w") as f:
             f.write(LOOP)
         runs: dict[str, list[float]] = {"off": [], "on": []}

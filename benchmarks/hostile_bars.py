@@ -12,7 +12,7 @@ import argparse
 import statistics
 import time
 
-from orchestrator.node.screen import Screen
+from orchestrator.node.watch.screen import Screen
 from orchestrator.diagnose.progress import read
 
 ROW = 200  # characters a row, as tqdm's bars are at most in a wide terminal

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import JOB_ENV, SCRIPT, cluster_args, Watched, parallel_ssh_script, spread, torchrun_line
-from orchestrator.node.procs import kill_tagged
+from orchestrator.node.local.procs import kill_tagged
 from tests.harness import procs
 from tests.harness.runner import REPO, UP, _env
 from tests.harness.sshcluster import SSHCluster

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import Watched, spread
-from orchestrator.node.procs import find_tagged
+from orchestrator.node.local.procs import find_tagged
 from tests.harness.runner import REPO, UP, _env
 
 HOLD = ["run", "--steps", "100000", "--step-time", "0.2"]

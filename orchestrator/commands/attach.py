@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..clean import outside
 from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, NoSuchJob, UsageError
-from ..node import policy, wire
+from ..node.protocol import policy, wire
 from ..plan.launch import LaunchPlan, check_job_id
 from ..remote import signals
 from ..remote.oneshot import call_agent

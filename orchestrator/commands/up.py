@@ -21,7 +21,7 @@ from ..config.cluster import NodeSource, SyncConfig
 from ..config.clusterfile import load_cluster
 from ..config.validate import LONGEST, MOST_RESTARTS
 from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
-from ..node.facts import IFNAME_VARS
+from ..node.probes.facts import IFNAME_VARS
 from ..plan.launch import LaunchPlan, check_job_id, make_plan, new_job_id, warm_refused
 from ..plan.sbatch import SBATCH_SCRIPT, split_sbatch, submit
 from ..remote import signals

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Mapping
 
-from ..node.procs import JOB_SIGNALS  # a stop_signal, or ddp-kill --signal's (the node's launcher: none takes them too)
+from ..node.local.procs import JOB_SIGNALS  # a stop_signal, or ddp-kill --signal's (the node's launcher: none takes them too)
 
 if TYPE_CHECKING:
     from .containers import ContainerConfig
@@ -123,8 +123,8 @@ class ClusterConfig:
     recoveries: int | None = None  # new attempts after a lost node or an outside stop (None: attempts.recovery_limit)
     spares: int = 0  # the last this many nodes stay idle, to replace a node that fails
     min_nodes: int | None = None  # without a free spare, go on with this many nodes or more (None: never fewer)
-    flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/flight.py): the stuck collective, stragglers
-    warm: bool | None = None  # fork every rank from an interpreter that imported torch already (node/warm.py); false: cold;
+    flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/watch/flight.py): the stuck collective, stragglers
+    warm: bool | None = None  # fork every rank from an interpreter that imported torch already (node/launchers/warm.py); false: cold;
     # None: the default (plan.launch.warm_start)
     preload: tuple[str, ...] = ()  # warm: what that interpreter imports besides torch
     measure_gpus: bool = False  # before the launch, ddp-check --gpus's measure; a slow GPU stops it

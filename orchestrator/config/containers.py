@@ -1,6 +1,6 @@
 """``container:`` in the cluster file (top level, or a node's own; ``container: null`` on a node
 runs it on the host): the image the job's launcher runs in, and how. The agent stays on the host
-and keeps the container's life (node/container.py).
+and keeps the container's life (node/launchers/container.py).
 
     container:
       image: nvcr.io/nvidia/pytorch:25.01-py3    # or just `container: IMAGE`
@@ -14,11 +14,10 @@ and keeps the container's life (node/container.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from .. import node
-from ..node.container import PROBE_WAIT, PULL_WAIT, PULLS, RUNTIMES
+from ..node.launchers.container import PROBE_WAIT, PULL_WAIT, PULLS, RUNTIMES
 
 KEYS = ("image", "runtime", "pull", "mounts", "options", "python")
 MOUNT_OPTIONS = ("ro", "rw")
@@ -43,18 +42,16 @@ class ContainerConfig:
                 "options": list(self.options), "python": self.python}
 
 
-# What a container's first process runs in the image (container.BOX_MAIN), by its main module: the
-# node modules it imports, stdlib only
-BOX_MODULES = {"workers": ("procs", "workers"), "boxwarm": ("procs", "workers", "forksafe", "warmchild", "zygote", "warm", "boxwarm"),
-               "boxkeep": ("procs", "workers", "forksafe", "warmchild", "zygote", "warm", "boxwarm", "boxkeep")}
+# What a container's first process runs in the image (container.BOX_MAIN), by its name there: the
+# node module, with every module of the node's it imports (node.needs), stdlib only
+BOX_MODULES = {"workers": "launchers.workers", "boxwarm": "launchers.boxwarm", "boxkeep": "launchers.boxkeep"}
 
 
 def box_code(main: str) -> dict[str, str]:
     """The sources of ``main``'s modules (BOX_MODULES), as RunSpec.box_code carries them: `launcher:
     none`'s workers started cold, warm start's launcher (under torchrun or `launcher: none`), or
     the first process of a warm container kept across launches (KeepSpec.box_code)."""
-    here = Path(node.__file__).parent
-    return {name: (here / f"{name}.py").read_text(encoding="utf-8") for name in BOX_MODULES[main]}
+    return {name: node.source(name).decode("utf-8") for name in node.needs(BOX_MODULES[main])}
 
 
 def preflight_allowance(config: ContainerConfig | None) -> float:

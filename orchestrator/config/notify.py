@@ -2,12 +2,12 @@
 
     notify:
       - ntfy://ntfy.sh/my-runs                  # any Apprise URL: Slack, Discord, email, ntfy, Telegram...
-      - webhook: http://127.0.0.1:8080/ddp      # POST the event's JSON (node/notify.py)
+      - webhook: http://127.0.0.1:8080/ddp      # POST the event's JSON (node/supervise/notify.py)
       - command: ./on-event.sh                  # the event's JSON on stdin
         on: [ended, hang]                       # only these events (default: all)
 
 Apprise (a well-kept library of 100+ services) sends the URLs; the webhook and the command are
-node/notify.py's, which a detached job's supervisor uses too (Apprise URLs are not sent from
+node/supervise/notify.py's, which a detached job's supervisor uses too (Apprise URLs are not sent from
 there: it is stdlib only). The sending is the run's (run/notifier.py). Every target's URL is one of
 the plan's secrets (a token is often in it), so no message ever shows one.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..node.notify import EVENTS
+from ..node.supervise.notify import EVENTS
 
 KINDS = ("url", "webhook", "command")
 
@@ -32,7 +32,7 @@ class Target:
     events: tuple[str, ...] | None = None  # None: every event
 
     def wire(self) -> list:
-        """As node/notify.py takes it (and RunSpec.notify carries it)."""
+        """As node/supervise/notify.py takes it (and RunSpec.notify carries it)."""
         return [self.kind, self.value, None if self.events is None else list(self.events)]
 
     def secrets(self) -> set[str]:

@@ -17,8 +17,8 @@ import yaml
 from .cluster import JOB_SIGNALS
 from .validate import (LONGEST, LONGEST_RETENTION, MODULE_NAME, MOST_PROCS, NODE_KEYS, RULES, SSH_RULES, TOP_KEYS, TRANSPORTS,
                        Rule)
-from ..node.container import PULLS, RUNTIMES
-from ..node.notify import EVENTS
+from ..node.launchers.container import PULLS, RUNTIMES
+from ..node.supervise.notify import EVENTS
 from ..ownfiles import FETCH_PATH
 from .containers import MOUNT_OPTIONS
 from .values import DURATION_PATTERN, ENV_NAME

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import ConfigError
 from ..ownfiles import NO_NAME_OF_ITS_OWN, fetch_name
-from ..node.facts import IFNAME_VARS
+from ..node.probes.facts import IFNAME_VARS
 from . import notify
 from .cluster import (DEFAULT_SECRETS, JOB_SIGNALS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for,
                       default_client, job_signal)

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from ..clean import outside
 from ..config.cluster import ClusterConfig
-from ..node.stragglers import Lateness, LateWatch
+from ..node.protocol.stragglers import Lateness, LateWatch
 from ..plan.launch import LaunchPlan, make_plan
 from ..remote.sync import human_bytes
 from .logparse import tagged_json

@@ -1,6 +1,6 @@
 """Which collective a job is stuck in, read from every rank's Flight Recorder record.
 
-The nodes send each rank's last collectives (wire.Collectives, node/flight.py) after a stack dump
+The nodes send each rank's last collectives (wire.Collectives, node/watch/flight.py) after a stack dump
 and at an attempt's end. Per process group, the collective the ranks wait in is the one most of
 them have called and not completed; a rank whose record stops before it never entered it. At
 the same sequence number, ranks that called a different op, or the same op on other sizes or
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
 from ..clean import safe_text
-from ..node.policy import rank_list
-from ..node.stragglers import Lateness, LateWatch
+from ..node.protocol.policy import rank_list
+from ..node.protocol.stragglers import Lateness, LateWatch
 
 # a collective's wait ended a rank (gloo's, NCCL's watchdog, c10d's): in its stderr, or its failure's words
 TIMED_OUT = re.compile(r"Timed out waiting \d+ ?ms|Watchdog caught collective operation timeout|"

@@ -1,4 +1,4 @@
-"""Which of the GPU facts every agent reports (node/gpuhealth.py) stop a launch. Pure: findings as values.
+"""Which of the GPU facts every agent reports (node/probes/gpuhealth.py) stop a launch. Pure: findings as values.
 
 A data-parallel job runs at the pace of its slowest GPU, and a GPU with memory errors waiting can
 end it hours in. Fatal: what makes a GPU wrong or far slower until someone acts (uncorrected ECC
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import NodeProblem
-from ..node.gpuhealth import DECIDING
+from ..node.probes.gpuhealth import DECIDING
 from .outcome import NodeStatus
 
 RESET = "reset the GPU (`nvidia-smi -r -i {index}` as root, with nothing running on it) or reboot the node"
@@ -96,7 +96,7 @@ def _link_findings(gpu: dict) -> list[GpuFinding]:
         found.append(GpuFinding(index, f"PCIe link x{width} of x{width_max}: host-device copies run at "
                                        f"{width}/{width_max} speed", "reseat the GPU or check its slot and riser", False))
     gen, gen_max = gpu.get("pcie_gen"), gpu.get("pcie_gen_max")
-    # idle: read off the clock event mask by node/gpuhealth.py; unknown counts as idle (nothing said)
+    # idle: read off the clock event mask by node/probes/gpuhealth.py; unknown counts as idle (nothing said)
     if isinstance(gen, int) and isinstance(gen_max, int) and gen < gen_max and not gpu.get("idle", True):
         found.append(GpuFinding(index, f"PCIe link at gen {gen} of {gen_max} while in use",
                                 "check the slot's and the BIOS's PCIe settings", False))

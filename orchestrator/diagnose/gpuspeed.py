@@ -115,7 +115,7 @@ def peaks_of(name: str, dtype: str, health: dict) -> dict:
 @dataclass(frozen=True)
 class Verdict:
     measured: Measured
-    health: dict  # the preflight's facts for this GPU (node/gpuhealth.py), {} where unknown
+    health: dict  # the preflight's facts for this GPU (node/probes/gpuhealth.py), {} where unknown
     vs_median: dict
     vs_peak: dict
     why: tuple  # what makes it slow, in words; () for a GPU at its peers' pace

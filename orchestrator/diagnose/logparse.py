@@ -1,12 +1,12 @@
 """Parsing what torchrun and the workers print: stack dumps and ddp-check's probe reports here;
-torchrun's failure report in node/report.py, which the nodes read too. Pure."""
+torchrun's failure report in node/watch/report.py, which the nodes read too. Pure."""
 
 from __future__ import annotations
 
 import json
 import re
 
-from ..node.flight import RECORDER_FRAME
+from ..node.watch.flight import RECORDER_FRAME
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')  # faulthandler
 _SPY_FRAME = re.compile(r"^\s+(\S+) \(([^()]+):\d+\)$")  # py-spy dump: "    func (path/file.py:12)"
@@ -42,7 +42,7 @@ class StackReport:
         else:
             return
         if path.endswith("sitecustomize.py") and function == RECORDER_FRAME:  # ddp-up's own recorder thread
-            del self.collective[rank]  # (node/flight.py): the next thread's dump is the rank's
+            del self.collective[rank]  # (node/watch/flight.py): the next thread's dump is the rank's
             return
         if _DISTRIBUTED.search(path):
             if self.collective[rank] is None and function != "wrapper":

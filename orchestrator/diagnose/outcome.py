@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import EXIT_JOB_FAILED, EXIT_OK, NodeProblem
-from ..node import policy, wire
+from ..node.protocol import policy, wire
 from ..plan.launch import LaunchPlan, NodePlan
-from ..node.report import FailureReportParser
+from ..node.watch.report import FailureReportParser
 
 if TYPE_CHECKING:
-    from ..node.stragglers import Lateness
+    from ..node.protocol.stragglers import Lateness
     from .flight import Diagnosis
 
 State = Literal["connecting", "ready", "starting", "running", "stopping",

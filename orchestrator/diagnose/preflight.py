@@ -9,7 +9,7 @@ takes (which gloo and NCCL are then told to use), and the clocks.
 from __future__ import annotations
 
 from ..errors import NodeProblem
-from ..node.facts import IFNAME_VARS
+from ..node.probes.facts import IFNAME_VARS
 from .outcome import NodeStatus
 
 TORCH_FIELDS = ("torch", "cuda", "nccl")

@@ -4,7 +4,7 @@ Pure: values in, values out.
 
 A node's bar is its chosen rank's (``chosen_rank``): the first of ``--ranks`` on the node, else
 rank 0 where the node has it, else the node's first rank. Its rows arrive in Bars frames
-(node/screen.py); the first row that reads as progress counts (tqdm's nested bars: the outer one,
+(node/watch/screen.py); the first row that reads as progress counts (tqdm's nested bars: the outer one,
 whose end is the job's). A script without tqdm reports progress with a line of its own::
 
     progress: 450/1000

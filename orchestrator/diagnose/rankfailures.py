@@ -2,7 +2,7 @@
 
 Two sources, joined by rank: torchrun's failure report (which ranks failed, their exit codes, the
 time to the second) and what the node's agent read of each failed rank's error file or traceback
-(node/failures.py: the exception, the time to the nanosecond). The agent already left out what
+(node/watch/failures.py: the exception, the time to the nanosecond). The agent already left out what
 failed only because of a stop ddp-up asked for.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..node import policy
-from ..node.report import FailureReportParser
+from ..node.protocol import policy
+from ..node.watch.report import FailureReportParser
 from .outcome import Failure
 
 SKEW_TRUSTED = 0.5  # a node clock's measured offset past this is corrected; below it, the measure is mostly latency

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..node import wire
+from ..node.protocol import wire
 from .events import Closed, Message, SetupFailed
 
 BEFORE_ANY = float("-inf")

@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple, Union
 
 from ..diagnose.outcome import Failure
 from ..errors import NodeProblem
-from ..node.wire import Frame, JournalEnd
+from ..node.protocol.wire import Frame, JournalEnd
 from ..remote.channel import ChannelEnd
 
 Stream = Literal["out", "err", "node"]  # worker/launcher stdout, stderr, or the node's own diagnostics

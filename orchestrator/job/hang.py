@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from ..diagnose.logparse import StackReport
 from ..diagnose.outcome import NodeStatus
-from ..node import policy
+from ..node.protocol import policy
 from .events import LogLine
 
 DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the stacks to arrive

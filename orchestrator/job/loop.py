@@ -27,7 +27,7 @@ from ..diagnose.flight import FlightLog
 from ..diagnose.outcome import Failure, FailureKind, JobResult, JobSnapshot, NodeStatus
 from ..diagnose.progress import Bar
 from ..errors import NodeProblem, SetupError
-from ..node import policy, wire
+from ..node.protocol import policy, wire
 from ..plan.launch import LaunchPlan, NodePlan
 from ..remote.cleanup import LostNodeSweeper, sweep_notices
 from ..remote.parallel import on_each
@@ -253,7 +253,7 @@ class JobLoop:
         self.record(ask.failure)
 
     def _killed_by(self, ask: KilledBy) -> None:
-        """ddp-kill is stopping this node's job (its note with the signal, node/state.py): the run
+        """ddp-kill is stopping this node's job (its note with the signal, node/local/state.py): the run
         is over as for a SIGTERM to ddp-up, every node stopped with its grace and no restart."""
         if self.following or self.interrupted is not None:
             return
@@ -345,7 +345,7 @@ class Job(JobLoop):
     def follow(self) -> JobResult:
         """Attach to a detached job: every node's journal from its start, then live, through the same
         events, states and views as a run this loop started. The job's own agents decide everything
-        (node/detached.py), so nothing is sent to them; a signal detaches. Ends when every node's
+        (node/supervise/detached.py), so nothing is sent to them; a signal detaches. Ends when every node's
         journal has ended (its JournalEnd, after the attempt's Exited), or cannot be read on."""
         self.following = self.reports.following = following = Following(order=BacklogOrder(len(self.plan.nodes)))
         self.hang.why = "replayed"  # keep the stacks ranks print: a hung job's journal has them
@@ -426,7 +426,7 @@ class Job(JobLoop):
     def _drain(self) -> None:
         while not self.table.ended:
             if self.plan.detach and not self.stop.requested and all(s.state == "running" for s in self.status):
-                self.detached = True  # the job's own agents watch it from here (node/detached.py)
+                self.detached = True  # the job's own agents watch it from here (node/supervise/detached.py)
                 return
             times = self.stop.deadlines() + [t for t in (self.hang.deadline, self.hang.linger_deadline) if t is not None]
             self.turn(min(times) if times else None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..diagnose.progress import Bar, ProgressBoard, read
 from ..diagnose.rankfailures import node_clock
-from ..node import wire
+from ..node.protocol import wire
 from .events import LogLine
 
 

@@ -12,7 +12,7 @@ import re
 from ..config.containers import preflight_allowance
 from ..diagnose import gpuhealth, preflight
 from ..errors import NodeProblem, SetupError
-from ..node import wire
+from ..node.protocol import wire
 
 SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
 PROBE_MARGIN = 10.0  # beyond the probe's own timeout for every node to answer it

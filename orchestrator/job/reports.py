@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..diagnose import preflight
 from ..diagnose.rankfailures import node_clock, own_failures, rank_ends, rank_errors
 from ..errors import NodeProblem
-from ..node import policy, wire
+from ..node.protocol import policy, wire
 from .events import (Ask, ChannelEnded, Closed, JournalRead, KilledBy, Lines, Lost, MasterPort, Message, Record,
                      SetupFailed, SupervisorPort)
 

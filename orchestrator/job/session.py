@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ..node import wire
+from ..node.protocol import wire
 from ..plan.launch import LaunchPlan, NodePlan
 from ..remote.channel import AgentChannel, ChannelEnd
 from ..remote.transport import ConnectFailed, Transport

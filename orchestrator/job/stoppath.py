@@ -9,12 +9,12 @@ from __future__ import annotations
 import signal
 from typing import Callable
 
-from ..node import wire
+from ..node.protocol import wire
 from ..plan.launch import LaunchPlan
 from .nodetable import NodeTable
 
 STOP_MARGIN = 5.0  # beyond stop_grace before a node that has not confirmed its stop is SIGKILLed (more than
-# the agent's own margin, node/run.py's LAUNCHER_MARGIN: the agent ends it first, and says so)
+# the agent's own margin, node/attempt/run.py's LAUNCHER_MARGIN: the agent ends it first, and says so)
 REMIND = 10.0  # while nodes stop, how often the console says how many and how long is left
 KILL_MARGIN = 5.0  # after SIGKILL before the node is declared lost and swept over a new channel
 

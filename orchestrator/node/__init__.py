@@ -1,59 +1,99 @@
 """Stage 0, the code that runs on the nodes: the node agent, as a stdlib-only package (Python 3.8+).
-It imports nothing of the controller's; every stage of the controller may import it (wire, the
-protocol's vocabulary, and policy, the decisions both ends make).
+It imports nothing of the controller's; every stage of the controller may import it (protocol's
+wire, the protocol's vocabulary, and policy, the decisions both ends make, most of all).
 
 The controller ships these modules to every node over the agent's stdin, as source and as
-bytecode (see remote/protocol.py); the bootstrap builds this package there under the name
-``ddp_up_node`` from the names it is given, so the modules' relative imports work the same on
-the controller (``orchestrator.node.*``) and on a node. SHIPPED is the one list of what is
-shipped, in the order the bootstrap runs them: each module comes after every module it imports.
+bytecode (see remote/protocol.py); the loader (boot.py) builds this package there under the name
+``ddp_up_node``, rooms and all, so relative imports work the same on the controller
+(``orchestrator.node.*``) and on a node.
 
-  wire        the protocol: every frame, both directions, every mode (shared with the controller)
-  facts       what the node's network and GPUs look like (interfaces, routes, nvidia-smi)
-  gpuhealth   what nvidia-smi says of the GPUs' health (ECC, remapped rows, clock events, PCIe, NVLink)
-  policy      the decisions both ends make (restart limit and delay, hang, root cause, silence)
-  stragglers  which node arrives last at the collectives (ddp-up's, and a detached job's supervisor's)
-  procs       the job's processes: tags, find, signal, kill
-  state       private directories, records, journals
-  screen      a worker's stream as a terminal shows it: lines done, and bars still drawn
-  relay       the writer that owns stdout, the launcher's pipes and the workers' log files
-  teardown    the teardown rule, by each rank's end marker: a death after a clean end, a node finishing
-  failures    what the job's failed ranks left here (error files, tracebacks) and when
-  forksafe    warm start, before the fork: what keeps a forked rank a cold one (part of zygote's text)
-  warmchild   warm start, in the child: the rank made what `python -u SCRIPT` would be (part of zygote's text)
-  zygote      warm start: the warm interpreter's own code, run as `python -c` (and torchrun's stand-in)
-  warm        warm start: an interpreter that imported torch, the ranks forked from it
-  workers     `launcher: none`: the agent starts the workers itself (in a container, their own launcher does)
-  container   `container:`: the launcher in an image, its container's whole life kept by the agent
-  checks      the preflight's probes: torch, GPUs, the master port held until Go
-  keptbox     a warm container kept across launches (docker, podman): held by its keeper, asked by each attempt
-  stacks      every rank's stack on request
-  flight      every rank's collectives, as torch's Flight Recorder keeps them
-  events      the agent's own events, named once
-  results     a function's launch from Python: each rank's return value, read back bounded
-  launch      one attempt's processes here: started, relayed, signalled, ended
-  run         run mode, attached (controller watching): preflight, Go, the job's loop and end
-  keep        keep mode: a warm interpreter kept ready for every launch of one Python session
-  decide      a detached job's decisions, pure
-  notify      an event as JSON, to a webhook or a command (a detached job's, and ddp-up's own)
-  supervisor  a detached job's supervisor and every other node's link to it
-  detached    run mode, detached: the job on its own, its record and journal, restarts
-  report      torchrun's failure report: the ranks it names, with their exit codes
-  inventory   the state root as a whole: the jobs recorded here, and what is stale
-  replay      follow and list modes: a detached job's journal and records
-  oneshot     detect and sweep modes
-  sync        sync mode: the workdir copy
-  fetch       fetch mode: files back from the node (ddp-fetch)
-  main        the table from spec frame to mode
+The house is its rooms, one role each, in ROOMS' order: a room imports only rooms before it (a
+test holds it, as it holds the controller's stages), and its ``__init__`` says what it does.
 
-IN_IMAGE are node modules no agent runs: a container's first process runs them in the image, sent
-with the job (RunSpec.box_code, container.BOX_MAIN), with the shipped modules they import.
+  userpython  code that runs in the user's Python, not the agent's: the warm interpreter (before
+              the fork: beforefork; in the parent: warmparent; in the child: inchild), torchrun's
+              stand-in (standin), every rank's hook (rankhook), the preflight's torch probe
+              (torchprobe), a name in ps (proctitle), the names both sides share (names); stdlib
+              only, shipped as files and run from them (local/ourcode.py)
+  protocol    what both ends agree on: the frames (wire), the decisions (policy, stragglers), events
+  local       processes and private state: tags, find and kill (procs), records and journals
+              (state), the state root whole (inventory), the userpython room as files (ourcode)
+  probes      what the node is: network and GPUs (facts), their health (gpuhealth)
+  files       files in and out: the workdir copy (sync), ddp-fetch (fetch)
+  watch       an attempt's processes watched: output (relay, screen), stacks, collectives (flight),
+              how each rank ended (teardown, failures, report), a function's return values (results)
+  launchers   an attempt's processes started: warm (warm; a session's: keptwarm), ddp-up's own
+              (workers), in an image (container, image, keptbox; boxwarm and boxkeep run in it)
+  attempt     an attached run: preflight (checks), where and with what the launcher starts
+              (placement), one attempt (launch), the run's events (inbox), its warm interpreters
+              (warmline), run mode (run), keep mode (keep)
+  supervise   a detached job: its run (detached), between attempts (restarts), its supervisor
+              (supervisor, watching) and decisions (decide), notices (notify), its journal (replay)
 
-  boxwarm     warm start in a container: the warm interpreter started in the image, torchrun forked from it
-  boxkeep     a warm container kept across launches: its first process, which forks each attempt's launcher
+Its own modules, above every room: main (the table from spec frame to mode, and the agent's
+name in ps), oneshot (detect and sweep modes) and boot (the loader that builds the package on a
+node: run from stdin, never imported).
+
+SHIPPED is the one list of what is shipped, in the order the loader runs them: each module comes
+after every module it imports. IN_IMAGE are node modules no agent runs: a container's first
+process runs them in the image, sent with the job (RunSpec.box_code, container.BOX_MAIN), with
+the shipped modules they import.
 """
 
-SHIPPED = ("wire", "facts", "gpuhealth", "policy", "stragglers", "procs", "report", "state", "teardown", "inventory", "flight", "screen", "relay", "failures", "forksafe", "warmchild", "zygote", "warm", "workers", "container", "checks", "keptbox", "stacks", "events", "results", "launch", "run",
-           "keep", "decide", "notify", "supervisor", "detached", "replay", "oneshot", "sync", "fetch", "main")
-IN_IMAGE = ("boxwarm", "boxkeep")
+import re
+from functools import lru_cache
+from pathlib import Path
+
+ROOMS = {  # each room's modules, in the order they import each other
+    "userpython": ("names", "proctitle", "beforefork", "inchild", "warmparent", "standin", "rankhook", "torchprobe"),
+    "protocol": ("wire", "policy", "stragglers", "events"),
+    "local": ("ourcode", "procs", "state", "inventory"),
+    "probes": ("facts", "gpuhealth"),
+    "files": ("sync", "fetch"),
+    "watch": ("report", "teardown", "flight", "screen", "relay", "failures", "stacks", "results"),
+    "launchers": ("warm", "keptwarm", "workers", "container", "image", "keptbox"),
+    "attempt": ("checks", "placement", "launch", "warmline", "inbox", "run", "keep"),
+    "supervise": ("decide", "notify", "watching", "supervisor", "restarts", "detached", "replay"),
+}
+HOUSE = ("oneshot", "main")  # the package's own modules, after every room
+SHIPPED = tuple("%s.%s" % (room, name) for room, names in ROOMS.items() for name in names) + HOUSE
+IN_IMAGE = ("launchers.boxwarm", "launchers.boxkeep")
 PACKAGE = "ddp_up_node"  # the package's name on a node
+
+
+# A module's imports of the house's modules, read from its source as text (parsing them all would
+# cost every command a tenth of a second); a unit test holds this to the parsed imports.
+_IMPORTS = re.compile(rb"^[ \t]*from (\.+)([\w.]*) import \(?([\w, ]+)", re.M)
+_KNOWN = frozenset(SHIPPED + IN_IMAGE)
+
+
+def source(name):
+    """The source of the house's module ``name`` (dotted, as in SHIPPED), as bytes."""
+    return _source(name)
+
+
+@lru_cache(maxsize=None)
+def _source(name):
+    return Path(__file__).parent.joinpath(*name.split(".")).with_suffix(".py").read_bytes()
+
+
+def imports(name):
+    """The house's modules (dotted) that module ``name`` imports, at the top or inside a function."""
+    found = set()
+    for dots, module, names in _IMPORTS.findall(source(name)):
+        base = name.split(".")[:-len(dots)]
+        target = ".".join(base + ([module.decode()] if module else []))
+        named = {".".join(filter(None, (target, n.strip().decode()))) for n in names.split(b",") if n.strip()}
+        found |= {target} if target in _KNOWN else named & _KNOWN
+    return found
+
+
+def needs(*names):
+    """``names`` and every module of the house they import, in SHIPPED's order (then IN_IMAGE's)."""
+    wanted, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += imports(name)
+    return tuple(name for name in SHIPPED + IN_IMAGE if name in wanted)

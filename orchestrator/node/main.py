@@ -1,11 +1,13 @@
-"""The agent's entry: the spec frame the controller sends first picks the mode, from one table."""
+"""The agent's entry, once the loader (boot.py) built the package: its name in ps, then the spec frame
+the controller sends first picks the mode, from one table."""
 
 import importlib
 import os
 import sys
 
-from . import wire
-from .relay import Writer
+from .protocol import wire
+from .userpython.proctitle import rename
+from .watch.relay import Writer
 
 AGENT_FAILED = 70  # the agent's own failure (an uncaught exception): remote/channel.py names it
 
@@ -13,14 +15,14 @@ AGENT_FAILED = 70  # the agent's own failure (an uncaught exception): remote/cha
 # status. By name, imported when asked: an agent is shipped only the modules its mode needs
 # (protocol.modules_for reads this table), so main imports none of them itself.
 MODES = {
-    wire.RunSpec: "detached.run_mode",
+    wire.RunSpec: "supervise.detached.run_mode",
     wire.DetectSpec: "oneshot.detect",
     wire.SweepSpec: "oneshot.sweep",
-    wire.SyncSpec: "sync.receive",
-    wire.FollowSpec: "replay.follow",
-    wire.ListSpec: "replay.list_jobs",
-    wire.FetchSpec: "fetch.fetch",
-    wire.KeepSpec: "keep.keep",
+    wire.SyncSpec: "files.sync.receive",
+    wire.FollowSpec: "supervise.replay.follow",
+    wire.ListSpec: "supervise.replay.list_jobs",
+    wire.FetchSpec: "files.fetch.fetch",
+    wire.KeepSpec: "attempt.keep.keep",
 }
 
 
@@ -29,7 +31,7 @@ def answering(spec):
     where = MODES.get(type(spec))
     if where is None:
         raise wire.ProtocolError("expected a spec frame first, got %s" % type(spec).__name__)
-    module, function = where.split(".")
+    module, _, function = where.rpartition(".")
     try:
         return getattr(importlib.import_module("." + module, __package__), function)
     except ImportError:  # the controller shipped another mode's modules
@@ -37,6 +39,7 @@ def answering(spec):
 
 
 def main():
+    rename(sys.argv[1:], "ddp-up-agent")  # in ps, its name, job and node (remote/protocol.title), not its loader
     writer = Writer(sys.stdout.buffer)
     try:
         spec = wire.read_frame(sys.stdin.buffer)

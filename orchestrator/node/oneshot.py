@@ -5,16 +5,18 @@ controller's for a node it lost).
 
 import signal
 
-from . import container, wire
-from .checks import count_gpus, job_env
-from .procs import AGENT_MARK, KILL_WAIT, find_tagged, job_ranks, kill_tagged, signal_ranks, signal_tagged, wait_gone
-from .inventory import remove_stale_state
-from .state import note_kill, remove_quietly
+from .launchers import container
+from .probes import facts
+from .protocol import wire
+from .local.procs import job_env
+from .local.procs import AGENT_MARK, KILL_WAIT, find_tagged, job_ranks, kill_tagged, signal_ranks, signal_tagged, wait_gone
+from .local.inventory import remove_stale_state
+from .local.state import note_kill, remove_quietly
 
 
 def detect(spec, writer):
     """One-shot facts for planning (``gpus: auto``), before any job exists."""
-    writer.send(wire.Detected(gpus=count_gpus(job_env(spec.env))))
+    writer.send(wire.Detected(gpus=facts.count_gpus(job_env(spec.env))))
     writer.drain(5)
     return 0
 

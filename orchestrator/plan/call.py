@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..node.checks import CALL_HOOK
-from ..node.results import RESULT_LIMIT
+from ..node.attempt.checks import CALL_HOOK
+from ..node.watch.results import RESULT_LIMIT
 from .rank_call import PAYLOAD
 
 MODULE = CALL_HOOK[:-len(".py")]  # the hook the ranks run: -m ddp_up_call

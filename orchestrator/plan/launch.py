@@ -16,15 +16,15 @@ from ..config.cluster import ClusterConfig, NodeConfig, node_workdir, quote_path
 from ..config.containers import box_code
 from ..config.masking import mask_secrets
 from ..errors import UsageError
-from ..node import policy, wire
-from ..node.container import ENV_FILE, Box
-from ..node.launch import (ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, torchrun_passes_on, unconfigured_options,
+from ..node.protocol import policy, wire
+from ..node.launchers.container import ENV_FILE, Box
+from ..node.attempt.placement import (ACCELERATE_NODE_OPTIONS, TORCHRUN_SIGNALS, torchrun_passes_on, unconfigured_options,
                            with_node_options)
-from ..node.notify import DETACHED_KINDS
-from ..node.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, TORCHRUN
-from ..node.state import JOB_ID
-from ..node.zygote import WARM_STUB
-from ..node.workers import OWN_LAUNCHER
+from ..node.supervise.notify import DETACHED_KINDS
+from ..node.local.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN, TORCHRUN
+from ..node.local.state import JOB_ID
+from ..node.userpython import standin
+from ..node.launchers.workers import OWN_LAUNCHER
 
 # What a worker runs under `launcher: legacy`: the script, with --local_rank=N first among its
 # arguments, as torch.distributed.launch passed it (scripts parse `--local_rank`, underscore).
@@ -72,15 +72,15 @@ class LaunchPlan:
     hang_timeout: float | None = None
     startup_timeout: float | None = None  # config.ClusterConfig's
     stop_signal: str = "SIGTERM"  # a stop's first signal to every rank (config.ClusterConfig's)
-    flight_recorder: bool = True  # every rank records its collectives (node/flight.py)
-    warm: bool = False  # ranks forked from a warm interpreter (node/warm.py), where plan.warms
+    flight_recorder: bool = True  # every rank records its collectives (node/watch/flight.py)
+    warm: bool = False  # ranks forked from a warm interpreter (node/launchers/warm.py), where plan.warms
     preload: tuple[str, ...] = ()  # what it imports besides torch
     warm_gpus_only: bool = False  # warm only on nodes with NVIDIA GPUs (ddp-check --gpus)
     kept: Mapping[int, str] = field(default_factory=dict)  # warm: node index -> the session's kept interpreter (run/kept.py)
     launcher: str = "torchrun"
     secrets: frozenset[str] = frozenset()  # values never shown: dry-run, console, logs, dashboard
     run_token: str = ""  # tags this launch's processes apart from any other with the same job id
-    detach: bool = False  # the job outlives ddp-up: its agents supervise it (node/detached.py)
+    detach: bool = False  # the job outlives ddp-up: its agents supervise it (node/supervise/detached.py)
     peer_token: str | None = field(default=None, repr=False)  # detach: the secret the job's agents prove to each other
     retention: float = 7 * 86400.0  # detach: how long its record and logs stay on the nodes after its end
     allow_busy_gpus: bool = False  # start even where other processes hold memory on the job's GPUs
@@ -128,7 +128,7 @@ class LaunchPlan:
         """The launcher's command line on ``node``; ``warm=False``: as by hand, cold (shell_line)."""
         cfg = node.config
         warm = self.warms if warm is None else warm
-        # `none`: the agent starts the workers itself (node/workers.py), with what a launcher would get
+        # `none`: the agent starts the workers itself (node/launchers/workers.py), with what a launcher would get
         if self.launcher == "none":
             return [OWN_LAUNCHER, f"--nproc-per-node={cfg.gpus}", f"--node-rank={node.index}",
                     f"--first-rank={node.first_rank}", f"--world-size={self.world_size}",
@@ -155,8 +155,8 @@ class LaunchPlan:
 
     @property
     def warms(self) -> bool:
-        """Whether the ranks are forked from a warm interpreter on their node (node/warm.py): under
-        torchrun or ddp-up's own launcher, on the host or in a container (node/boxwarm.py)."""
+        """Whether the ranks are forked from a warm interpreter on their node (node/launchers/warm.py): under
+        torchrun or ddp-up's own launcher, on the host or in a container (node/launchers/boxwarm.py)."""
         return self.warm and self.launcher in ("torchrun", "none")
 
     def _signals(self) -> list[str]:
@@ -171,7 +171,7 @@ class LaunchPlan:
         target = ["-m", self.module] if self.module is not None else [self.script]
         if warm:  # torchrun's worker: a stand-in that asks the node's warm interpreter for the rank; its
             # code attached to -c: torchrun names a failed worker by its first argument not an option
-            return ["--no-python", python, "-S", "-c" + WARM_STUB, *target]
+            return ["--no-python", python, "-S", "-c" + standin.LOADER, *target]
         if self.launcher == "legacy" and self.module is None:  # torch.distributed.launch passed --local_rank=N
             return ["--no-python", python, "-u", "-c", LEGACY_SHIM, self.script]
         return target
@@ -212,7 +212,7 @@ class LaunchPlan:
 
     def shell_line(self, node: NodePlan, port: int | str) -> str:
         """The launch as one copy-pasteable shell line (for --dry-run and error reports): cold, as
-        a user would type it (a warm launch's torchrun runs stand-ins for its ranks, see node/zygote.py)."""
+        a user would type it (a warm launch's torchrun runs stand-ins for its ranks, see node/userpython/standin.py)."""
         argv = self.launcher_argv(node, port, warm=False)
         env = {**node.tags(self), **node.env}
         if ACCELERATE_NODE_OPTIONS in argv:  # as a node without an accelerate config of its own runs it
@@ -252,8 +252,8 @@ FIRST = Attempt()
 
 def code_in_image(plan: LaunchPlan, node: NodePlan) -> dict | None:
     """The node code a container's first process runs in the image: the launcher that starts the
-    warm interpreter there (node/boxwarm.py), with, for a detached job that restarts, its kept
-    container's (node/boxkeep.py), or `launcher: none`'s workers started cold; None on the host."""
+    warm interpreter there (node/launchers/boxwarm.py), with, for a detached job that restarts, its kept
+    container's (node/launchers/boxkeep.py), or `launcher: none`'s workers started cold; None on the host."""
     if node.config.container is None or not (plan.launcher == "none" or plan.warms):
         return None
     if plan.warms and policy.runs_every_attempt(plan):

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 from ..config.cluster import NodeConfig
 from ..errors import NodeProblem
 from ..node.main import AGENT_FAILED
-from ..node import wire
+from ..node.protocol import wire
 from . import protocol
 from .openssh import ssh_failure
 from .transport import SETUP_FAILED, SETUP_MARK, ConnectFailed, RemoteProcess, Transport
@@ -110,7 +110,7 @@ class AgentChannel:
         if self._cancelled.is_set():
             raise ConnectFailed(NodeProblem(self.node.label, "cancelled while connecting"))
         try:
-            self.proc = self.transport.start(self.node.python, protocol.bootstrap_args(), self.tags,
+            self.proc = self.transport.start(self.node.python, protocol.bootstrap_args(self.tags), self.tags,
                                              self.setup, self.workdir)
         except ConnectFailed:
             raise

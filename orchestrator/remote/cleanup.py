@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..config.cluster import NodeConfig
-from ..node import wire
-from ..node.procs import TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
+from ..node.protocol import wire
+from ..node.local.procs import TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_RUN
 from .oneshot import call_agent
 from .parallel import on_each
 from .transport import Transport

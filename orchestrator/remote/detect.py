@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..config.cluster import ClusterConfig
 from ..errors import NodeProblem, SetupError
-from ..node import wire
+from ..node.protocol import wire
 from .oneshot import Reply, call_agent
 from .parallel import on_each
 

@@ -1,6 +1,6 @@
 """Files back from the nodes (ddp-fetch, and the `fetch:` key at a job's end): changed files only.
 
-On every node at once, one agent call in ``fetch`` mode (node/fetch.py) over the node's own
+On every node at once, one agent call in ``fetch`` mode (node/files/fetch.py) over the node's own
 transport: the node lists the path, this side compares the listing with what the local folder
 holds (size, whole-second mtime, permission bits, link target: sync's rule), asks for the files
 that differ, and writes each to a temp file beside its place, renamed into place once whole, with
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 from ..config.cluster import NodeConfig, node_workdir
 from ..errors import NodeProblem, UsageError
-from ..node import wire
-from ..node.fetch import CHUNK
-from ..node.sync import safe_relpath, same_file
+from ..node.protocol import wire
+from ..node.files.fetch import CHUNK
+from ..node.files.sync import safe_relpath, same_file
 from ..ownfiles import NO_NAME_OF_ITS_OWN, fetch_name, no_link_open, own_dir, safe_name
 from .landing import Landing, unlink_quietly
 from .oneshot import AgentCall

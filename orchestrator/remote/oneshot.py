@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..config.cluster import NodeConfig
 from ..errors import NodeProblem
-from ..node import wire
+from ..node.protocol import wire
 from .channel import AgentChannel, ChannelEnd
 from .transport import ConnectFailed, Transport
 from .transports import transport_for

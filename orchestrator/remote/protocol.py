@@ -1,68 +1,45 @@
 """What the controller sends first: the node package's modules and the bootstrap that runs them.
 
-The frames themselves are defined once, in node/wire.py, for both ends.
+The frames themselves are defined once, in node/protocol/wire.py, for both ends.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import marshal
-import re
 import sys
 import threading
 from functools import lru_cache
 from pathlib import Path
+from typing import Mapping
 
 from .. import node
-from ..node import wire
+from ..node import boot
+from ..node.protocol import wire
 from ..node.main import MODES
-from ..node.procs import AGENT_MARK
+from ..node.local.procs import AGENT_MARK, TAG_JOB, TAG_KEEP, TAG_NODE
 
-# Turns what the controller sends first on stdin into the running agent. It reads one header line:
-# the controller's bytecode key (cache tag and magic number), the package's name on the node, the
-# shipped modules' names (comma-separated, in SHIPPED's order), then the sizes of their sources and
-# of the same compiled by the controller (marshal). It builds the package and runs each module in
-# it, in order, from its bytecode when the node's Python has the same key (compiling is a quarter
-# of the agent's start-up, paid per node), else from its source; then the package's main. All of
-# it travels on stdin, none on the command line, so the connection starts before the controller
-# has compiled anything. The leading string (AGENT_MARK) names the agent early in its command line.
-BOOTSTRAP = (AGENT_MARK + "import sys,types,marshal;i=sys.stdin.buffer;a=i.readline().decode().split();"
-             "p=a[1];N=a[2].split(',');n=len(N);s=[i.read(int(x)) for x in a[3:3+2*n]];"
-             "k='%s%s'%(sys.implementation.cache_tag,getattr(sys.modules.get('_frozen_importlib_external'),"
-             "'MAGIC_NUMBER',b'').hex());m=sys.modules;P=m[p]=types.ModuleType(p);P.__path__=[];"
-             "[(m.__setitem__(p+'.'+x,types.ModuleType(p+'.'+x)),setattr(P,x,m[p+'.'+x]),"
-             "m[p+'.'+x].__dict__.update(__package__=p),exec(marshal.loads(s[n+i]) if a[0]==k and s[n+i] else "
-             "compile(s[i],p+'.'+x,'exec',0,1,2),m[p+'.'+x].__dict__)) for i,x in enumerate(N)];m[p+'.main'].main()")
+# The agent's whole command line: these words, which read the loader (node/boot.py) from stdin by
+# its length and run it, then its name in ps (title). All the code travels on stdin, so the
+# connection starts before the controller has compiled anything.
+STUB = "import sys;i=sys.stdin.buffer;exec(i.read(int(i.readline())))"
 # Both ends compile the shipped modules without docstrings (and asserts, which they have none of):
-# a sixth less bytecode to unpack on every node. The bootstrap's compile says the same (0,1,2).
-OPTIMIZE = 2
-# A shipped module's imports of its siblings, read from its source as text (parsing all of them
-# would cost every command a tenth of a second); a unit test holds this to the parsed imports.
-_SIBLINGS = re.compile(rb"^[ \t]*from \.(\w*) import \(?([\w, ]+)", re.M)
-
-
-def module_paths() -> tuple[Path, ...]:
-    """The shipped modules' files, in node.SHIPPED's order."""
+# a sixth less bytecode to unpack on every node. The loader's compile says the same.
+OPTIMIZE = boot.OPTIMIZE
+def module_paths(names: tuple[str, ...] = node.SHIPPED) -> tuple[Path, ...]:
+    """The files of node modules by their dotted names (node.SHIPPED's by default)."""
     here = Path(node.__file__).parent
-    return tuple(here / f"{name}.py" for name in node.SHIPPED)
+    return tuple(here.joinpath(*name.split(".")).with_suffix(".py") for name in names)
 
 
 @lru_cache(maxsize=1)
 def _sources() -> dict[str, bytes]:
-    return {name: path.read_bytes() for name, path in zip(node.SHIPPED, module_paths())}
+    return {name: node.source(name) for name in node.SHIPPED}
 
 
 def sources(names: tuple[str, ...] = node.SHIPPED) -> tuple[bytes, ...]:
     """The modules' sources, as sent to every node."""
     return tuple(_sources()[name] for name in names)
-
-
-def siblings(source: bytes) -> set[str]:
-    """The shipped modules ``source`` imports (at the top or inside a function)."""
-    found = set()
-    for module, names in _SIBLINGS.findall(source):
-        found |= {module.decode()} if module else {n.strip().decode() for n in names.split(b",") if n.strip()}
-    return found
 
 
 @lru_cache(maxsize=None)
@@ -71,13 +48,7 @@ def modules_for(mode: type | None) -> tuple[str, ...]:
     of that mode (main.MODES), and everything they import; every module where ``mode`` is None."""
     if mode is None:
         return node.SHIPPED
-    wanted, todo = set(), ["main", MODES[mode].split(".")[0]]
-    while todo:
-        name = todo.pop()
-        if name not in wanted:
-            wanted.add(name)
-            todo += siblings(_sources()[name])
-    return tuple(name for name in node.SHIPPED if name in wanted)
+    return node.needs("main", MODES[mode].rpartition(".")[0])
 
 
 def bytecode_key() -> str:
@@ -104,7 +75,8 @@ _SHIPPING = threading.Lock()  # every node's writer thread asks at once: one com
 
 
 def shipped(mode: type | None = None) -> tuple[bytes, ...]:
-    """What the bootstrap reads, in order: the header line, the sources, then the same compiled."""
+    """What the agent reads first, in order: the loader (its length on a line, then its source),
+    the loader's header line, the sources, then the same compiled."""
     with _SHIPPING:
         return _shipped(mode)
 
@@ -114,13 +86,21 @@ def _shipped(mode: type | None) -> tuple[bytes, ...]:
     names = modules_for(mode)
     parts = sources(names) + compiled(names)
     header = " ".join([bytecode_key(), node.PACKAGE, ",".join(names), *(str(len(p)) for p in parts)])
-    return (header.encode() + b"\n",) + parts
+    loader = Path(boot.__file__).read_bytes()
+    return (b"%d\n" % len(loader), loader, header.encode() + b"\n") + parts
 
 
-def bootstrap_args() -> list[str]:
+def title(tags: Mapping[str, str] | None = None) -> list[str]:
+    """The agent's name in ps, as words after STUB: AGENT_MARK, then its job (or kept session) and
+    node, as far as ``tags`` say them. The agent keeps only these words on its command line."""
+    said = [(word, (tags or {}).get(tag)) for word, tag in (("job", TAG_JOB), ("keep", TAG_KEEP), ("node", TAG_NODE))]
+    return [AGENT_MARK] + ["%s=%s" % (word, value) for word, value in said if value]
+
+
+def bootstrap_args(tags: Mapping[str, str] | None = None) -> list[str]:
     """Arguments after ``python -u``. ``-S``: the agent is stdlib-only, and skipping `site` (its
     .pth files, its path scan) is a third of a bare interpreter's start-up, paid once per node."""
-    return ["-S", "-c", BOOTSTRAP]
+    return ["-S", "-c", STUB, *title(tags)]
 
 
 def hello(spec: wire.Frame | None, mode: type | None = None) -> tuple[bytes, ...]:

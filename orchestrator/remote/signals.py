@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from ..errors import Interrupted
-from ..node.policy import NOT_A_STOP
+from ..node.protocol.policy import NOT_A_STOP
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PASSED_ON = NOT_A_STOP  # not a stop: a running job passes them on to every rank

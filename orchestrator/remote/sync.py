@@ -24,7 +24,7 @@ from rich.filesize import decimal as human_bytes
 
 from ..config.cluster import SyncConfig
 from ..errors import ConfigError, NodeProblem, SetupError, UsageError
-from ..node import wire
+from ..node.protocol import wire
 from ..plan.launch import LaunchPlan, NodePlan
 from .oneshot import AgentCall
 from .parallel import on_each

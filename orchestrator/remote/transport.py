@@ -18,7 +18,8 @@ from typing import Mapping
 
 from ..config.cluster import NodeConfig, quote_path
 from ..errors import NodeProblem
-from ..node.sync import widen_pipe
+from ..node.files.sync import widen_pipe
+from ..node.local.procs import JOB_TMPDIR  # TMPDIR as setup left it, for the job: "set:VALUE", or empty when unset
 
 # The most one read of the agent's stdout takes (what is there: less). A pipe holds 64 KiB; a
 # read asking for more makes Python allocate that much first, above glibc's mmap threshold: a
@@ -70,7 +71,7 @@ class Transport(ABC):
     @abstractmethod
     def start(self, python: str, bootstrap_args: list[str], tags: Mapping[str, str],
               setup: tuple[str, ...] = (), workdir: str | None = None) -> RemoteProcess:
-        """Run ``python -u -c BOOTSTRAP ARGS`` on the node with ``tags`` in its environment,
+        """Run ``python -u ARGS`` (remote/protocol.bootstrap_args) on the node with ``tags`` in its environment,
         after the ``setup`` commands (in ``workdir``, in the same shell, so what they export and
         activate is the agent's and the job's environment)."""
 
@@ -157,7 +158,6 @@ SETUP_MARK = "ddp-up: setup command"
 
 
 BEFORE_SETUP = "DDP_UP_TMPDIR_BEFORE"  # (bash only) TMPDIR before setup: "set:VALUE", or empty when unset
-JOB_TMPDIR = "DDP_UP_JOB_TMPDIR"  # TMPDIR as setup left it, for the job: "set:VALUE", or empty when unset
 
 
 def setup_script(setup: tuple[str, ...], workdir: str | None, then: str) -> str:
@@ -170,7 +170,7 @@ def setup_script(setup: tuple[str, ...], workdir: str | None, then: str) -> str:
         lines.append(f"{{ :\n{command}\n}} </dev/null >&2 || {{ echo \"{SETUP_MARK} {i} failed with status $?\" >&2; "
                      f"exit {SETUP_FAILED}; }}")
     # The agent keeps its state under the TMPDIR from before setup, where ddp-ls, ddp-kill and
-    # ddp-attach (which run no setup) look; the job gets setup's (node/checks.py's job_env).
+    # ddp-attach (which run no setup) look; the job gets setup's (node/attempt/checks.py's job_env).
     lines.append(f"export {JOB_TMPDIR}=${{TMPDIR+set:$TMPDIR}}")
     lines.append(f'case ${BEFORE_SETUP} in set:*) export TMPDIR="${{{BEFORE_SETUP}#set:}}";; *) unset TMPDIR;; esac')
     return "\n".join([*lines, then])

@@ -31,7 +31,7 @@ from ..diagnose.outcome import JobResult, NodeStatus
 from ..diagnose.preflight import TORCH_FIELDS
 from ..errors import EXIT_SETUP, NodeProblem
 from ..job.reports import SLURM_CANCELLED
-from ..node import policy
+from ..node.protocol import policy
 from ..plan.launch import Attempt, LaunchPlan
 
 

@@ -1,10 +1,10 @@
 """Following a detached job from the controller: its journals replayed as a live run, attempt by attempt.
 
-A job started with ``ddp-up --detach`` keeps a journal on each node (node/state.py's Journal): every frame
+A job started with ``ddp-up --detach`` keeps a journal on each node (node/local/state.py's Journal): every frame
 its agent would have sent to ddp-up, in order. Attaching replays each node's journal through the
 same job loop and views as a live run (``Job.follow``): from the job's first line, then live,
 until the job has ended everywhere. Nothing is ever sent to the job: its own agents supervise it
-(node/supervisor.py), so an attach (or its Ctrl-C) cannot change its course. The run logs under
+(node/supervise/supervisor.py), so an attach (or its Ctrl-C) cannot change its course. The run logs under
 ``runs/<job>/`` are written again from the journals, so they hold every line exactly once
 whatever attaches and detaches happened.
 """
@@ -17,7 +17,7 @@ import time
 
 from ..job.loop import Job
 from ..job.session import NodeSession
-from ..node import wire
+from ..node.protocol import wire
 from ..plan.launch import LaunchPlan, make_plan
 from ..remote.transports import transport_for
 from .attempts import AttemptRecord, attempt_record, blame

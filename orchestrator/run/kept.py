@@ -1,4 +1,4 @@
-"""Warm interpreters kept across launches (node/keep.py), one per node, for as long as this process
+"""Warm interpreters kept across launches (node/attempt/keep.py), one per node, for as long as this process
 wants them: the next `orchestrator.launch()` of a Python session (a notebook's next cell), and the
 next attempt of a run that restarts, fork their ranks from an interpreter that imported torch
 during an earlier one, before the failure.
@@ -20,9 +20,9 @@ import time
 from dataclasses import replace
 
 from ..config.containers import box_code
-from ..node import wire
-from ..node.keptbox import keeps_box
-from ..node.procs import TAG_KEEP
+from ..node.protocol import wire
+from ..node.launchers.keptbox import keeps_box
+from ..node.local.procs import TAG_KEEP
 from ..plan.launch import LaunchPlan, NodePlan
 from ..remote.oneshot import AgentCall
 from ..remote.parallel import on_each

@@ -1,7 +1,7 @@
 """The job's events sent to the cluster file's ``notify:`` targets.
 
 A Notifier is one of the job's views: the events the job loop calls ``event`` with, and the job's
-end (``finished``). Apprise sends the URLs; the webhook and the command are node/notify.py's. Every
+end (``finished``). Apprise sends the URLs; the webhook and the command are node/supervise/notify.py's. Every
 payload is masked, so no message ever shows a secret.
 """
 
@@ -12,8 +12,8 @@ from typing import Callable
 from ..config.masking import mask_secrets, mask_values
 from ..config.notify import Target, load_apprise
 from ..errors import EXIT_INTERNAL
-from ..node import notify as sender
-from ..node.notify import Deliveries, event
+from ..node.supervise import notify as sender
+from ..node.supervise.notify import Deliveries, event
 
 _TYPE = {"ended": "success", "restart": "warning", "hang": "failure", "straggler": "warning", "signal": "warning",
          "lost": "failure"}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from ..config.clusterfile import masked_copy
 from ..config.masking import mask_secrets, mask_values
-from ..node.state import JOB_ID, read_regular
+from ..node.local.state import JOB_ID, read_regular
 from ..ownfiles import no_link_open, own_dir
 from ..version import __version__
 

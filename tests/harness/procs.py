@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.remote import sshmaster
 from orchestrator.config.cluster import cluster_id_for
-from orchestrator.node.procs import TAG_CLUSTER, TAG_JOB, find_tagged, is_alive, is_launcher, proc_bytes
+from orchestrator.node.local.procs import AGENT_MARK, TAG_CLUSTER, TAG_JOB, find_tagged, is_alive, is_launcher, proc_bytes
 
 
 def all_pids() -> list[int]:
@@ -111,7 +111,7 @@ def worker_pid(job: str, rank: int) -> int | None:
 
 def agent_pid(job: str, node: int) -> int | None:
     for p in job_processes(job, node=node):
-        if "ddp_up_agent" in p["cmd"]:
+        if AGENT_MARK in p["cmd"]:  # its name in ps (the agent keeps only that on its command line)
             return p["pid"]
     return None
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.node.procs import wait_gone
+from orchestrator.node.local.procs import wait_gone
 
 SSHD = "/usr/sbin/sshd"
 

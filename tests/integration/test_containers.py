@@ -132,7 +132,7 @@ def test_a_job_runs_in_named_containers_with_its_secret_in_no_command_line_or_co
 
 
 def test_a_restart_forks_from_the_container_kept_from_the_first_attempt(podman, boxed):
-    """A run that restarts keeps one warm container a node (node/keptbox.py): both attempts' ranks
+    """A run that restarts keeps one warm container a node (node/launchers/keptbox.py): both attempts' ranks
     are forked from the interpreter that imported torch before the first, in no new container."""
     path = boxed(gpus=(1, 1), restarts=1, restart_delay=0)
     launch = up(podman, path, "retry")
@@ -216,7 +216,7 @@ def test_a_failed_rank_stops_every_container_and_a_rank_past_its_grace_is_killed
 
 @pytest.mark.parametrize("launcher,restarts", [("torchrun", 0), ("none", 1)], ids=["torchrun", "none-kept"])
 def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, boxed, launcher, restarts):
-    """restarts: 1 runs the attempt in the kept container (node/keptbox.py): the stop reaches the
+    """restarts: 1 runs the attempt in the kept container (node/launchers/keptbox.py): the stop reaches the
     ranks through it, and it goes with the run."""
     path = boxed(launcher=launcher, warm=True, restarts=restarts)
     launch = up(podman, path, "hold")
@@ -229,7 +229,7 @@ def test_ctrl_c_gives_every_rank_its_grace_and_removes_the_containers(podman, bo
 
 
 def test_the_controller_killed_its_agents_remove_the_containers(podman, boxed):
-    """With restarts, the attempt runs in each node's kept container (node/keptbox.py): its keeper's
+    """With restarts, the attempt runs in each node's kept container (node/launchers/keptbox.py): its keeper's
     connection, closed by the kernel, ends it too."""
     path = boxed(gpus=(1, 1), launcher="none", warm=True, restarts=1)
     launch = up(podman, path, "hold")
@@ -245,7 +245,7 @@ def test_the_controller_killed_its_agents_remove_the_containers(podman, boxed):
                          ids=["podman-cold", "docker-kept"])
 def test_ddp_kill_removes_a_detached_jobs_containers(runtime, boxed, kept):
     """Each runtime, one kind: `launcher: none`'s default (cold, ddp-up's workers in each
-    attempt's container), or warm with restarts (each node's agent keeps one: node/keptbox.py)."""
+    attempt's container), or warm with restarts (each node's agent keeps one: node/launchers/keptbox.py)."""
     more = {"warm": True, "restarts": 1} if kept else {}
     path = boxed(gpus=(1, 1), runtime=runtime, launcher="none", **more)
     launch = up(runtime, path, "hold", "--detach")

@@ -293,7 +293,7 @@ def test_a_detached_job_restarts_by_the_rules_an_attached_one_does(detached):
 def test_under_torchrun_a_detached_job_reads_the_ranks_own_exit_code(detached):
     """torchrun exits 1 for any failed rank: the supervisor compared that, and a rank's exit 3 that
     no_restart_on_exit lists ran every restart. The node reads the rank's code from torchrun's
-    failure report, as ddp-up does attached (node/report.py, one reader for both)."""
+    failure report, as ddp-up does attached (node/watch/report.py, one reader for both)."""
     path = detached([(0, 1), (1, 1)], restarts=3, restart_delay=0.5, no_restart_on_exit=[3], launcher="torchrun")
     job = detach(path, "tick", "20", "0.2", "1", "3")  # rank 1 exits 3 at its third tick
     row = wait_state(path, job, ("done", "failed", "stopped", "lost"), 90)

@@ -35,7 +35,7 @@ def job_of(out: str) -> str:
 # (the bar's word, its final state, what moves in the dashboard's last-line cell)
 FORMS = {"tqdm": ("train:", r"train: 100%\|\S+\| {n}/{n} \[", r"train:\s+(\d+)%"),  # real tqdm, on stderr
          "hand": ("step", r"step 100%\| {n}/{n} \[", r"step\s+(\d+)%"),  # "\r" and the figures, by hand
-         # Rich's, as Lightning's RichProgressBar draws it, on stdout (live: node/launch.TERMINAL_ENV)
+         # Rich's, as Lightning's RichProgressBar draws it, on stdout (live: node/attempt/placement.TERMINAL_ENV)
          "rich": ("train", r"train \S+ {n}/{n} \d:\d\d:\d\d \u2022 \d:\d\d:\d\d", r"train \S+ (\d+)/40")}
 
 
@@ -84,7 +84,7 @@ def test_plain_output_and_the_log_files_keep_snapshots_and_the_final_state(tmp_p
 
 def test_under_a_live_rich_bar_a_long_line_and_a_warning_arrive_whole(tmp_path):
     """Rich prints a rank's own lines itself while its bar is live, cut at its width: the ranks get
-    one that no line reaches (node/launch.TERMINAL_ENV), on every rank alike."""
+    one that no line reaches (node/attempt/placement.TERMINAL_ENV), on every rank alike."""
     path = local_cluster(tmp_path)
     code, out, _ = ddp_up("--no-dashboard", str(path), BARS, "richlines", "10", "0.05", timeout=90)
     assert code == 0, out

@@ -158,7 +158,7 @@ def test_ddp_kill_of_a_run_with_restarts_left_saves_every_checkpoint_and_ends_it
 
 
 def kept_interpreters(test: str) -> set[int]:
-    """The warm interpreters kept across attempts (node/keep.py) running now for this test. They
+    """The warm interpreters kept across attempts (node/attempt/keep.py) running now for this test. They
     belong to no job (no job's cleanup may end them), so another test worker's are told apart by
     the cluster file's `env:`, which they carry."""
     def ours(pid: int) -> bool:

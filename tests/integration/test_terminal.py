@@ -1,5 +1,5 @@
 """The node's Screen against a real terminal: the same bytes, drawn by real tqdm as Lightning, the
-Hugging Face Trainer and plain scripts draw them, shown by tmux and read by node/screen.py, give
+Hugging Face Trainer and plain scripts draw them, shown by tmux and read by node/watch/screen.py, give
 the same lines (a row a bar left blank is not sent: empty lines are compared out)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from orchestrator.node.screen import Screen
+from orchestrator.node.watch.screen import Screen
 from orchestrator.clean import safe_lines
 
 tqdm = pytest.importorskip("tqdm").tqdm
@@ -69,7 +69,7 @@ def hand(out):
 
 def rich_bars(out):
     """Rich's live progress, as Lightning's RichProgressBar draws it on a terminal (a rank's,
-    under node/launch.TERMINAL_ENV): "\\r" and erase-line each refresh, colors, the cursor hidden."""
+    under node/attempt/placement.TERMINAL_ENV): "\\r" and erase-line each refresh, colors, the cursor hidden."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 

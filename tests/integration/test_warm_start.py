@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node.state import state_root
+from orchestrator.node.local.state import state_root
 from tests.harness import procs, runner
 from tests.harness.runner import ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-WARM = "torch" in sys.modules  # imported before this script began: forked from a warm interpreter (node/boxwarm.py)
+WARM = "torch" in sys.modules  # imported before this script began: forked from a warm interpreter (node/launchers/boxwarm.py)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 

@@ -39,7 +39,7 @@ import signal
 import sys
 import time
 
-WARM = "torch" in sys.modules  # imported before this script began: a rank forked warm (node/warm.py)
+WARM = "torch" in sys.modules  # imported before this script began: a rank forked warm (node/launchers/warm.py)
 
 
 def finish(code):

@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from orchestrator.node import wire
+from orchestrator.node.protocol import wire
 from orchestrator.remote.channel import ChannelEnd
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.job.events import Closed, Lines, LogLine, Message
@@ -85,7 +85,7 @@ class FakeNode:
     obeys_kill: bool = True  # False: the agent hangs (only a sweep helps)
     exit_code: int | None = None  # after Go: exit by itself with this code at run_for seconds
     run_for: float = 10.0
-    failures: list | None = None  # its ranks' own failures, in every Exited (node/failures.py's form)
+    failures: list | None = None  # its ranks' own failures, in every Exited (node/watch/failures.py's form)
     queue: FakeQueue | None = None
     on_send: Callable[[wire.Frame], None] | None = None  # a test's hook, called before the reaction
     sent: list[wire.Frame] = field(default_factory=list)

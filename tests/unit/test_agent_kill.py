@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from orchestrator.node import checks
-from orchestrator.node.procs import find_tagged, is_launcher, kill_tagged, signal_tagged
+from orchestrator.node.attempt import checks
+from orchestrator.node.probes import facts
+from orchestrator.node.local.procs import find_tagged, is_launcher, kill_tagged, signal_tagged
 
 SLEEPER = "import signal, sys, time\nif 'ignore' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
           "print('up', flush=True)\ntime.sleep(60)\n"
@@ -77,7 +78,7 @@ def test_find_matches_cluster_tag(spawn):
 @pytest.mark.parametrize("visible,count", [("0,1,2", 3), ("GPU-5f2a", 1), ("", 0), ("1,-1,2", 1), ("-1", 0),
                                            (" 0 , 1 ", 2)])
 def test_gpu_count_follows_cuda_visible_devices(visible, count):
-    assert checks.count_gpus({"CUDA_VISIBLE_DEVICES": visible}) == count
+    assert facts.count_gpus({"CUDA_VISIBLE_DEVICES": visible}) == count
 
 
 def test_the_held_master_port_answers_any_number_of_probes_then_is_free_at_once():
@@ -105,7 +106,7 @@ def test_ddp_kills_note_tells_its_signal_from_anyone_elses_once(tmp_path, monkey
     state root, taken once; a state root that is not private gets none."""
     import tempfile
 
-    from orchestrator.node import state
+    from orchestrator.node.local import state
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert state.private_dir(state.state_root()) is None
     assert state.killed_by_ddp_kill() is False  # nobody's note: anyone's signal

@@ -4,8 +4,8 @@ import io
 import threading
 from pathlib import Path
 
-from orchestrator.node import wire
-from orchestrator.node.relay import Tailer, Writer
+from orchestrator.node.protocol import wire
+from orchestrator.node.watch.relay import Tailer, Writer
 
 
 class Sink:
@@ -89,7 +89,7 @@ def test_nothing_to_relay_without_log_files(tmp_path: Path):
 def test_a_relay_that_dies_says_so_and_is_never_silent(tmp_path: Path, monkeypatch):
     """Whatever fails inside the relay (a bug: the job's bytes never raise), the node's output
     says so and ``died`` makes the run's end a failure (run.finish), not an "ok" without logs."""
-    from orchestrator.node import relay
+    from orchestrator.node.watch import relay
 
     def broken(self, data):
         raise ValueError("a bug")

@@ -8,7 +8,9 @@ import os
 from orchestrator.job.backlog import BacklogOrder
 from orchestrator.job.events import Closed, Lines, LogLine, Message
 from orchestrator.remote.channel import ChannelEnd
-from orchestrator.node import replay, state, wire
+from orchestrator.node.supervise import replay
+from orchestrator.node.local import state
+from orchestrator.node.protocol import wire
 from tests.unit.fakejob import Harness
 
 

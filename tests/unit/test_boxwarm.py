@@ -1,5 +1,5 @@
-"""Warm start in a container (node/boxwarm.py), run as the container runs it: the package the
-agent writes beside the env file, `python -S -c BOX_MAIN`, and a real warm interpreter (zygote.ZYGOTE).
+"""Warm start in a container (node/launchers/boxwarm.py), run as the container runs it: the package the
+agent writes beside the env file, `python -S -c BOX_MAIN`, and a real warm interpreter (userpython/warmparent.py).
 A stand-in for torch (an empty package first on PYTHONPATH) keeps the imports instant, and a
 stand-in for torchrun (`-m fakerun`) says whether it was forked warm, then exits or holds. Under
 `launcher: none` the ranks themselves (rank.py) say so, in their log files."""
@@ -18,9 +18,9 @@ import pytest
 from tests.harness import procs
 
 from orchestrator.config.containers import box_code
-from orchestrator.node import boxwarm, container
-from orchestrator.node.launch import TORCHRUN_SIGNALS
-from orchestrator.node.procs import JOB_SIGNALS
+from orchestrator.node.launchers import boxwarm, container
+from orchestrator.node.attempt.placement import TORCHRUN_SIGNALS
+from orchestrator.node.local.procs import JOB_SIGNALS
 
 FAKERUN = textwrap.dedent("""\
     import os, signal, sys, time
@@ -68,7 +68,7 @@ def box(tmp_path):
     def start(*args: str, cuda: bool = False, own: bool = False) -> subprocess.Popen:
         """``own``: under `launcher: none` (OWN), the ranks' logs under tmp_path/logs."""
         launcher, passed = (OWN, JOB_SIGNALS) if own else ([sys.executable, "-u", "-m", "fakerun"], TORCHRUN_SIGNALS)
-        argv = [sys.executable, "-S", "-c", container.BOX_MAIN % "boxwarm", str(tmp_path / "env.json.code"),
+        argv = [sys.executable, "-S", "-c", container.BOX_MAIN % "launchers.boxwarm", str(tmp_path / "env.json.code"),
                 str(tmp_path / "warm.0.sock"), str(tmp_path / "warm.0.log"), "", ",".join(passed), "2" if own else "1",
                 str(hooks), "--", *launcher, *args]
         env = dict(os.environ, PYTHONPATH=f"{hooks}{os.pathsep}{fake}", FAKE_CUDA="1" if cuda else "0",

@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.node import wire
-from orchestrator.node.results import RESULT_LIMIT, call_results
+from orchestrator.node.protocol import wire
+from orchestrator.node.watch.results import RESULT_LIMIT, call_results
 from orchestrator.plan.call import PAYLOAD_LIMIT, Call
 from orchestrator.job.events import Message
 

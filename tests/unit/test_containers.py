@@ -12,10 +12,10 @@ import pytest
 
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.errors import ConfigError
-from orchestrator.node import container
-from orchestrator.node.container import LOADER, Box, inner_env, label_filters
-from orchestrator.node.launch import warm_in_box
-from orchestrator.node.procs import JOB_SIGNALS
+from orchestrator.node.launchers import container, image
+from orchestrator.node.launchers.container import LOADER, Box, inner_env, label_filters
+from orchestrator.node.attempt.placement import warm_in_box
+from orchestrator.node.local.procs import JOB_SIGNALS
 from orchestrator.plan.launch import make_plan
 
 TAGS = {"DDP_UP_JOB": "j1", "DDP_UP_NODE": "1", "DDP_UP_ATTEMPT": "2", "DDP_UP_CLUSTER": "c", "DDP_UP_RUN": "r"}
@@ -71,14 +71,16 @@ def test_launcher_none_with_warm_start_runs_boxwarm_which_passes_every_job_signa
     cfg = parse("launcher: none\nwarm: true\nstop_signal: SIGINT\ncontainer: img\nnodes: [{host: a, gpus: 2}]\n")
     plan = make_plan(cfg, "t.py", [], "j1", str(tmp_path))
     spec = plan.agent_spec(plan.nodes[0])
-    assert spec.warm and set(spec.box_code) == {"procs", "workers", "forksafe", "warmchild", "zygote", "warm", "boxwarm"}
+    assert spec.warm and set(spec.box_code) == {"local.procs", "launchers.workers", "launchers.warm", "launchers.boxwarm", "local.ourcode",
+                                              "userpython.names", "userpython.proctitle", "userpython.beforefork",
+                                              "userpython.inchild", "userpython.warmparent", "userpython.standin"}
     go = plan.launcher_argv(plan.nodes[0], 29500)
     warm = warm_in_box(spec, "/s", 1, go)
     assert warm == ["/s/warm.1.sock", "/s/warm.1.log", "", ",".join(JOB_SIGNALS), "2", "/s/hooks.1"]
     box = Box(CONF, TAGS, "/work")
     argv, _ = box.start_args(go, {}, {}, set(), str(tmp_path / "env.json"), spec.box_code, warm)
     inner = argv[argv.index(CONF["image"]) + 1:]
-    assert inner[9:] == [container.BOX_MAIN % "boxwarm", str(tmp_path / "env.json.code"), *warm, "--", *go]
+    assert inner[9:] == [container.BOX_MAIN % "launchers.boxwarm", str(tmp_path / "env.json.code"), *warm, "--", *go]
     assert warm_in_box(spec, "/s", 1, ["accelerate", "launch", "t.py"]) is None  # not a launcher it forks
 
 
@@ -86,16 +88,18 @@ def test_launcher_none_runs_its_own_launcher_in_the_image_from_the_sources_sent(
     cfg = parse("launcher: none\ncontainer: img\nnodes: [{host: a, gpus: 2}]\n")
     plan = make_plan(cfg, "t.py", [], "j1", str(tmp_path))
     code = plan.agent_spec(plan.nodes[0]).box_code
-    assert set(code) == {"procs", "workers"} and "def main(argv)" in code["workers"]
+    assert set(code) == {"local.procs", "launchers.workers", "userpython.names"} and "def main(argv)" in code["launchers.workers"]
     box = Box(CONF, TAGS, "/work")
     argv = box.run_argv(plan.launcher_argv(plan.nodes[0], 29500), "/s/env.json")
     inner = argv[argv.index(CONF["image"]) + 1:]
-    assert inner[6:11] == ["python3", "-S", "-c", container.BOX_MAIN % "workers", "/s/env.json.code"]
+    assert inner[6:11] == ["python3", "-S", "-c", container.BOX_MAIN % "launchers.workers", "/s/env.json.code"]
     assert inner[11:] == ["--nproc-per-node=2", "--node-rank=0", "--first-rank=0", "--world-size=2",
                           "--master-addr=a", "--master-port=29500", "t.py"]
     container.write_package(str(tmp_path / "code"), code)
-    assert sorted(p.name for p in (tmp_path / "code" / "ddp_up_box").iterdir()) == ["__init__.py", "procs.py",
-                                                                                     "workers.py"]
+    package = tmp_path / "code" / "ddp_up_box"
+    assert sorted(str(p.relative_to(package)) for p in package.rglob("*.py")) == [
+        "__init__.py", "launchers/__init__.py", "launchers/workers.py", "local/__init__.py", "local/procs.py",
+        "userpython/__init__.py", "userpython/names.py"]
 
 
 def test_docker_runs_named_labelled_on_the_host_network_with_the_gpus_and_no_value_on_its_command_line():
@@ -191,18 +195,18 @@ def test_dry_run_prints_the_container_command_and_the_masked_environment(tmp_pat
 def test_an_images_versions_are_kept_per_image_id_and_what_else_they_depend_on(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     box = Box(CONF, TAGS, "/work")
-    key = container.versions_key(box, "sha256:abc")
-    assert key.startswith(".versions-") and key != container.versions_key(Box(dict(CONF, mounts=[]), TAGS, "/work"),
+    key = image.versions_key(box, "sha256:abc")
+    assert key.startswith(".versions-") and key != image.versions_key(Box(dict(CONF, mounts=[]), TAGS, "/work"),
                                                                           "sha256:abc")
-    assert container.read_versions(key) is None
-    container.keep_versions(key, {"torch": "2.13.0"})
-    assert container.read_versions(key) == {"torch": "2.13.0"}
+    assert image.read_versions(key) is None
+    image.keep_versions(key, {"torch": "2.13.0"})
+    assert image.read_versions(key) == {"torch": "2.13.0"}
     other = tmp_path / "elsewhere.json"
     other.write_text('{"torch": "9"}')
-    link = Path(container.state_root()) / ".versions-link.json"
+    link = Path(image.state_root()) / ".versions-link.json"
     link.symlink_to(other)
-    assert container.read_versions(link.name) is None  # never through a link
-    assert container.versions_key(Box(dict(CONF, runtime="apptainer"), TAGS, "/work"), None) is None  # no image id
+    assert image.read_versions(link.name) is None  # never through a link
+    assert image.versions_key(Box(dict(CONF, runtime="apptainer"), TAGS, "/work"), None) is None  # no image id
 
 
 @pytest.mark.parametrize("text, words", [
@@ -220,16 +224,16 @@ def test_an_image_that_is_an_option_and_bundled_or_file_labels_are_refused(text,
 
 
 def test_an_images_versions_unused_for_a_month_are_forgotten(tmp_path, monkeypatch):
-    from orchestrator.node import state
+    from orchestrator.node.local import state
 
     monkeypatch.setattr(state.tempfile, "tempdir", str(tmp_path))
     root = Path(state.state_root())
     root.mkdir(mode=0o700)
-    container.keep_versions(".versions-old.json", {"torch": "2.1"})
-    container.keep_versions(".versions-used.json", {"torch": "2.2"})
-    month = time.time() - container.VERSIONS_KEPT - 60
+    image.keep_versions(".versions-old.json", {"torch": "2.1"})
+    image.keep_versions(".versions-used.json", {"torch": "2.2"})
+    month = time.time() - image.VERSIONS_KEPT - 60
     for name in (".versions-old.json", ".versions-used.json"):
         os.utime(root / name, (month, month))
-    assert container.read_versions(".versions-used.json") == {"torch": "2.2"}  # read: used now
-    container.keep_versions(".versions-new.json", {"torch": "2.3"})
+    assert image.read_versions(".versions-used.json") == {"torch": "2.2"}  # read: used now
+    image.keep_versions(".versions-new.json", {"torch": "2.3"})
     assert sorted(p.name for p in root.iterdir()) == [".versions-new.json", ".versions-used.json"]

@@ -16,7 +16,10 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from orchestrator.node import checks, decide, detached, events, inventory, policy, procs, replay, state, supervisor, wire
+from orchestrator.node.attempt import checks
+from orchestrator.node.supervise import decide, detached, replay, restarts, supervisor
+from orchestrator.node.protocol import events, policy, wire
+from orchestrator.node.local import inventory, procs, state
 from orchestrator.commands.attach import ls_table, merge_records
 from orchestrator.remote.signals import SignalInbox
 from tests.unit.fakejob import Harness
@@ -445,7 +448,7 @@ def test_a_later_attempt_runs_the_same_launch_line_on_its_own_master_port():
         plan = make_plan(parse_cluster(f"launcher: {launcher}\nnodes: [{{host: a, gpus: 2}}, {{host: b, gpus: 2}}]\n"),
                          "train.py", ["--lr", "0.1", "--master-port=1"], "J1", "/tmp")
         first, later = plan.launcher_argv(plan.nodes[1], 29500), plan.launcher_argv(plan.nodes[1], 41234)
-        assert detached.with_port(first, 41234) == later  # the script's own --master-port=1 is its own
+        assert restarts.with_port(first, 41234) == later  # the script's own --master-port=1 is its own
 
 
 def test_an_attach_follows_every_attempt_and_stops_at_one_that_never_began():
@@ -641,7 +644,7 @@ def test_ddp_kill_of_one_cluster_file_touches_no_state_of_another_clusters_job(t
 def test_a_detached_jobs_supervisor_names_a_straggler_once_from_its_own_and_a_peers_arrivals(tmp_path):
     """Detached jobs send the straggler event too: each node's Arrivals reach the master node's
     supervisor (over the link, or its own), which names the node that comes last, once."""
-    from orchestrator.node.stragglers import LEAST
+    from orchestrator.node.protocol.stragglers import LEAST
 
     clock = FakeClock()
     runner, sup = start_supervisor(tmp_path, 2, clock)

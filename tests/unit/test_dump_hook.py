@@ -5,15 +5,21 @@ import signal
 import subprocess
 import sys
 
-from orchestrator.node.procs import catches
-from orchestrator.node.stacks import DUMP_HOOK, DUMP_SIGNAL
+from orchestrator.node.local.procs import catches
+from orchestrator.node.watch.stacks import DUMP_SIGNAL, hooks
+
+
+def write_hook(where):
+    """The attempt's hook with stack dumps on, as the agent writes it (its sitecustomize and the signal)."""
+    for name, text in hooks(True).items():
+        (where / name).write_text(text)
 
 
 def test_hook_registers_the_dump_signal_and_chains_to_the_shadowed_sitecustomize(tmp_path):
     hooks, other = tmp_path / "hooks", tmp_path / "other"
     hooks.mkdir()
     other.mkdir()
-    (hooks / "sitecustomize.py").write_text(DUMP_HOOK)
+    write_hook(hooks)
     (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITE'] = 'ran'\n")
     code = "import os, sys, time; print(os.environ.get('OTHER_SITE'), flush=True); time.sleep(30)"
     env = {**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{other}"}
@@ -64,7 +70,7 @@ import pytest  # noqa: E402
     ("import os; os._exit(0)", False),  # no Python exit at all: no teardown to die in either
 ])
 def test_a_rank_that_ended_its_script_cleanly_says_so_as_it_exits_and_only_then(tmp_path, script, ended):
-    (tmp_path / "sitecustomize.py").write_text(DUMP_HOOK)
+    write_hook(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "RANK": "5"}
     env.pop("DDP_UP_RANK_PID", None)
     if ended is not None:
@@ -78,7 +84,7 @@ def test_a_rank_that_ended_its_script_cleanly_says_so_as_it_exits_and_only_then(
 
 def test_a_ranks_own_children_and_a_process_without_a_rank_leave_nothing(tmp_path):
     """A DataLoader's spawned worker runs the hook too, with the rank's RANK: it is not the rank."""
-    (tmp_path / "sitecustomize.py").write_text(DUMP_HOOK)
+    write_hook(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "RANK": "2"}
     env.pop("DDP_UP_RANK_PID", None)
     child = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'print(1)'], check=True); sys.exit(3)"
@@ -96,8 +102,8 @@ def test_a_ranks_own_children_and_a_process_without_a_rank_leave_nothing(tmp_pat
     (None, False),  # the launcher named no rank: nothing excuses it
 ])
 def test_the_teardown_rule_excuses_only_a_rank_killed_by_a_signal(report, teardown):
-    from orchestrator.node.teardown import died_in_teardown
-    from orchestrator.node.report import ReportReader
+    from orchestrator.node.watch.teardown import died_in_teardown
+    from orchestrator.node.watch.report import ReportReader
 
     reader = ReportReader()
     if report is not None:
@@ -113,7 +119,7 @@ def test_a_rank_s_child_forked_under_rich_s_live_display_prints_instead_of_hangi
     worker forked while Rich's refresh holds the console's lock: with the rank's hook the worker
     prints and ends; without it, it waits for ever (the script kills it after 5 s)."""
     from pathlib import Path
-    (tmp_path / "sitecustomize.py").write_text(DUMP_HOOK)
+    write_hook(tmp_path)
     env = {**os.environ, "TTY_INTERACTIVE": "1", "TTY_COMPATIBLE": "1", "RANK": "0"}
     env["PYTHONPATH"] = str(tmp_path) if hooked else ""
     env.pop("DDP_UP_RANK_PID", None)
@@ -128,7 +134,7 @@ def test_under_rich_s_live_display_a_rank_s_lines_go_whole_and_its_stderr_stays_
     sends the redirected stderr to stdout: with the rank's hook, the line is whole and the warning on
     stderr, as by hand; without it, neither (so the test can tell)."""
     from pathlib import Path
-    (tmp_path / "sitecustomize.py").write_text(DUMP_HOOK)
+    write_hook(tmp_path)
     env = {**os.environ, "TTY_INTERACTIVE": "1", "TTY_COMPATIBLE": "1", "COLUMNS": "60", "RANK": "0"}
     env["PYTHONPATH"] = str(tmp_path) if hooked else ""
     env.pop("DDP_UP_RANK_PID", None)

@@ -15,8 +15,8 @@ from orchestrator.remote import fetch as fetch_mod
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.commands.fetch import main_fetch
 from orchestrator.remote.fetch import fetch_all, landing_parts
-from orchestrator.node import fetch as node_fetch
-from orchestrator.node import wire
+from orchestrator.node.files import fetch as node_fetch
+from orchestrator.node.protocol import wire
 
 
 def nodes(tmp_path: Path, count: int = 1, hosts: list | None = None) -> list:

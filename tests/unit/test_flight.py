@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator.diagnose import collective, flight
 from orchestrator.job.hang import HangWatch
-from orchestrator.node import flight as node_flight
-from orchestrator.node.stragglers import LEAST, LateWatch
+from orchestrator.node.watch import flight as node_flight
+from orchestrator.node.protocol.stragglers import LEAST, LateWatch
 
 NS = 1_795_506_773_000_000_000
 
@@ -230,7 +230,7 @@ SHOWN = DUMP.replace(DUMP[DUMP.index(b"Thread 0x00007f3d5962f6c0"):DUMP.index(b"
 def test_the_stacks_a_user_is_shown_leave_out_ddp_ups_own_recorder_thread():
     """faulthandler dumps every thread, ddp-up's Flight Recorder thread too: its block is dropped,
     whatever pieces the dump arrives in; the rank's own threads and lines pass as they were."""
-    from orchestrator.node.flight import RecorderFilter
+    from orchestrator.node.watch.flight import RecorderFilter
 
     for size in (1, 2, 5, 17, 64, len(DUMP)):
         ours, out = RecorderFilter(), b""
@@ -242,7 +242,7 @@ def test_the_stacks_a_user_is_shown_leave_out_ddp_ups_own_recorder_thread():
 
 
 def test_a_py_spy_dump_leaves_out_the_recorder_thread_by_its_name():
-    from orchestrator.node.flight import without_recorder
+    from orchestrator.node.watch.flight import without_recorder
 
     spy = (b"ddp-up: py-spy dump of pid 7 (rank 1)\n"
            b'Thread 7 (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:1)\n'

@@ -13,8 +13,8 @@ import shutil
 from rich.console import Console
 
 from orchestrator.diagnose import collective, flight
-from orchestrator.node import facts
-from orchestrator.node import flight as node_flight
+from orchestrator.node.probes import facts
+from orchestrator.node.watch import flight as node_flight
 from orchestrator.diagnose.outcome import gpu_summary
 from orchestrator.diagnose.preflight import busy_gpu_text
 

@@ -1,4 +1,4 @@
-"""GPU health at every preflight (node/gpuhealth.py parses, diagnose/gpuhealth.py judges), from
+"""GPU health at every preflight (node/probes/gpuhealth.py parses, diagnose/gpuhealth.py judges), from
 what a real H100 and a real H200 answered (tests/data/gpu/health/), then variants of those rows
 that change one field each, as a sick GPU would answer."""
 
@@ -11,7 +11,7 @@ import pytest
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.diagnose import gpuhealth as judge
 from orchestrator.diagnose.outcome import NodeStatus
-from orchestrator.node import facts, gpuhealth
+from orchestrator.node.probes import facts, gpuhealth
 from orchestrator.plan.launch import make_plan
 
 DATA = Path(__file__).parent.parent / "data" / "gpu" / "health"

@@ -13,7 +13,7 @@ from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.diagnose import gpuspeed
 from orchestrator.plan.launch import make_plan
 from orchestrator.diagnose.gpuspeed import Measured
-from orchestrator.node import gpuhealth
+from orchestrator.node.probes import gpuhealth
 
 DATA = Path(__file__).parent.parent / "data" / "gpu" / "health"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -130,7 +130,8 @@ def test_the_probes_are_forked_warm_with_torch_alone_whatever_the_launcher(launc
 def test_a_node_without_an_nvidia_gpu_imports_no_torch_for_the_measure(monkeypatch):
     """Its probe says "no NVIDIA GPU" before importing torch: a warm interpreter there would import
     it in vain. A job's own spec is warm on every node alike."""
-    from orchestrator.node import facts, launch
+    from orchestrator.node.probes import facts
+    from orchestrator.node.attempt import placement
 
     config = parse_cluster("nodes: [{host: a, gpus: 2}]\n")
     plan = gpuspeed.measure_plan(config, "J", "/")
@@ -138,8 +139,8 @@ def test_a_node_without_an_nvidia_gpu_imports_no_torch_for_the_measure(monkeypat
     assert spec.warm and spec.warm_gpus_only and job.warm and not job.warm_gpus_only
     for gpus, expected in ((True, True), (False, False)):
         monkeypatch.setattr(facts, "has_nvidia_gpus", lambda gpus=gpus: gpus)
-        assert launch.warm_here(spec) is expected
-        assert launch.warm_here(job) is True
+        assert placement.warm_here(spec) is expected
+        assert placement.warm_here(job) is True
 
 
 def test_warm_false_keeps_the_measure_cold():

@@ -302,7 +302,7 @@ def test_a_runs_dir_that_cannot_be_written_never_stops_the_job(tmp_path, capsys,
 
 @pytest.mark.skipif(sys.platform != "linux", reason="/proc")
 def test_the_agent_state_root_is_private(tmp_path, monkeypatch):
-    from orchestrator.node import state
+    from orchestrator.node.local import state
 
     monkeypatch.setattr(state.tempfile, "gettempdir", lambda: str(tmp_path))
     root = state.state_root()
@@ -412,8 +412,8 @@ def test_a_detached_jobs_agent_masks_its_secrets_in_every_frame_it_journals():
     import io
     import threading
 
-    from orchestrator.node import wire
-    from orchestrator.node.relay import Writer
+    from orchestrator.node.protocol import wire
+    from orchestrator.node.watch.relay import Writer
 
     class Journal:
         lock = threading.Lock()
@@ -448,7 +448,7 @@ def test_a_setup_that_sets_tmpdir_moves_the_jobs_tmpdir_not_ddp_ups_state(before
     from orchestrator.remote.transport import setup_script
     script = tmp_path / "probe.py"
     script.write_text(f"import json, os, sys\nsys.path.insert(0, {str(REPO)!r})\n"
-                      "from orchestrator.node.checks import job_env\n"
+                      "from orchestrator.node.local.procs import job_env\n"
                       "print(json.dumps([os.environ.get('TMPDIR'), job_env({}).get('TMPDIR'),\n"
                       "                  any(k.startswith('DDP_UP_') for k in job_env({}))]))\n")
     probe = f"{sys.executable} {script}"

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from orchestrator.diagnose import gpuhealth as judge
-from orchestrator.node import facts, gpuhealth
+from orchestrator.node.probes import facts, gpuhealth
 
 HEADER = ("index, uuid, name, pci.bus_id, temperature.gpu, clocks.current.sm [MHz], clocks.max.sm [MHz], "
           "clocks_event_reasons.active, ecc.errors.uncorrected.volatile.total, retired_pages.pending, "
@@ -150,7 +150,7 @@ def test_an_agent_whose_mode_raises_ends_with_its_traceback_not_an_abort(tmp_pat
             "main.answering = lambda spec: (lambda spec, writer: 1 // 0)\n"
             "main.main()\n")
     frames = tmp_path / "frames"
-    from orchestrator.node import wire
+    from orchestrator.node.protocol import wire
     frames.write_bytes(wire.ListSpec().encode())
     with open(frames, "rb") as stdin:
         done = subprocess.run([sys.executable, "-c", code], stdin=stdin, capture_output=True, timeout=60)
@@ -166,7 +166,7 @@ def test_a_slow_nvidia_smi_is_no_clock_skew(monkeypatch):
     they took (a hung nvidia-smi once showed as a clock 30 s behind)."""
     from types import SimpleNamespace
 
-    from orchestrator.node import checks
+    from orchestrator.node.attempt import checks
 
     monkeypatch.setattr(facts, "query_busy_gpus", lambda *a: time.sleep(0.5) or [])
     monkeypatch.setattr(gpuhealth, "query_health", lambda *a: time.sleep(0.5) or [])

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from orchestrator.node import wire
+from orchestrator.node.protocol import wire
 from orchestrator.errors import SetupError
 from orchestrator.job.events import Message
 from orchestrator.job.stoppath import KILL_MARGIN, STOP_MARGIN
@@ -468,7 +468,7 @@ def test_a_rank_that_never_reaches_init_process_group_is_named_with_its_own_limi
 
 def test_start_up_is_given_at_least_ten_minutes_unless_told():
     from orchestrator.job.hang import HangWatch
-    from orchestrator.node.policy import STARTUP_LEAST
+    from orchestrator.node.protocol.policy import STARTUP_LEAST
 
     assert HangWatch(12, "J").startup == STARTUP_LEAST == 600 and HangWatch(900, "J").startup == 900
     assert HangWatch(None, "J").startup is None and HangWatch(12, "J", startup=30).startup == 30

@@ -1,4 +1,4 @@
-"""A kept interpreter (node/keep.py), for real: the warm interpreter of a Python session, which every
+"""A kept interpreter (node/attempt/keep.py), for real: the warm interpreter of a Python session, which every
 launch's agent asks on its socket (warm.KeptWarm) for its ranks. No torch: the imports are not the
 subject (tests/integration/test_warm_start.py launches twice from one Python session)."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node.warm import KeptWarm, Warm
+from orchestrator.node.launchers.keptwarm import KeptWarm
+from orchestrator.node.launchers.warm import Warm
 from tests.harness import procs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,7 +69,7 @@ def test_every_launch_forks_from_the_same_interpreter_and_it_stays_for_the_next(
 
 AGENT = """
 import sys, time
-from orchestrator.node.warm import KeptWarm
+from orchestrator.node.launchers.keptwarm import KeptWarm
 k = KeptWarm("unused")
 k.path = k.socket = sys.argv[1]
 assert k.ready(30)
@@ -110,9 +111,9 @@ def test_a_cold_kept_interpreter_answers_every_launch_with_why_and_forks_nothing
 
 
 def test_a_kept_interpreter_that_is_not_there_is_a_cold_start_after_a_bounded_wait(tmp_path, monkeypatch):
-    from orchestrator.node import warm
+    from orchestrator.node.launchers import keptwarm
 
-    monkeypatch.setattr(warm, "APPEAR_WAIT", 0.2)
+    monkeypatch.setattr(keptwarm.KeptWarm, "appear", 0.2)  # (the class's, bound as it is defined)
     said = []
     k = client(tmp_path, said)
     assert k.answered(30) and not k.ready(0)

@@ -1,5 +1,5 @@
-"""A kept warm container's first process (node/boxkeep.py) and an attempt's agent asking it
-(node/keptbox.py), for real but for the container: its server in this process, its warm
+"""A kept warm container's first process (node/launchers/boxkeep.py) and an attempt's agent asking it
+(node/launchers/keptbox.py), for real but for the container: its server in this process, its warm
 interpreter without torch (the imports are not the subject), the agent's side over the socket.
 The container itself: tests/integration/test_containers.py."""
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node import boxkeep
-from orchestrator.node.keptbox import BoxWarm
-from orchestrator.node.procs import find_tagged
-from orchestrator.node.warm import Warm
-from orchestrator.node.zygote import PASS_VAR, SOCKET_VAR
+from orchestrator.node.launchers import boxkeep
+from orchestrator.node.launchers.keptbox import BoxWarm
+from orchestrator.node.local.procs import find_tagged
+from orchestrator.node.launchers.warm import Warm
+from orchestrator.node.userpython.standin import PASS_VAR, SOCKET_VAR
 from tests.harness import procs
 
 SCRIPT = """
@@ -123,16 +123,16 @@ def test_a_container_is_kept_under_docker_and_podman_for_a_session_or_a_run_that
         monkeypatch, runtime, keep, detach, restarts, kept):
     from types import SimpleNamespace
 
-    from orchestrator.node import run
+    from orchestrator.node.attempt import warmline
     made, held = [], SimpleNamespace(proc=SimpleNamespace(poll=lambda: None))  # the agent's kept container, alive
-    monkeypatch.setattr(run, "warm_interpreter", lambda *args, **kw: made.append(kw) or held)
+    monkeypatch.setattr(warmline, "warm_interpreter", lambda *args, **kw: made.append(kw) or held)
     spec = SimpleNamespace(warm=True, warm_gpus_only=False, keep=keep, detach=detach, restarts=restarts, recoveries=0,
                            container={"runtime": runtime, "image": "img"}, preload=None, nproc=1)
-    line = run.warm_interpreters(spec, 0, {}, "/nonexistent", SimpleNamespace(send=lambda frame, block=True: None))
+    line = warmline.warm_interpreters(spec, 0, {}, "/nonexistent", SimpleNamespace(send=lambda frame, block=True: None))
     if kept == "session":
-        assert isinstance(line, run.KeptLine) and isinstance(line.take(1), BoxWarm) and line.take(1).path.endswith(
+        assert isinstance(line, warmline.KeptLine) and isinstance(line.take(1), BoxWarm) and line.take(1).path.endswith(
             f".warm-{keep}/sock")
     elif kept == "agent":
-        assert isinstance(line, run.WarmLine) and line.lasting and line.take(1) is held
+        assert isinstance(line, warmline.WarmLine) and line.lasting and line.take(1) is held
     else:
         assert line is None and not made

@@ -1,4 +1,4 @@
-from orchestrator.node.report import FailureReportParser
+from orchestrator.node.watch.report import FailureReportParser
 
 TORCHRUN_FAILURE = """\
 E1122 07:16:01.123000 4242 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 3)
@@ -110,7 +110,7 @@ def test_the_workers_torchrun_killed_at_the_end_of_its_shutdown_timeout_are_coun
 
 
 def test_stack_report_skips_ddp_ups_recorder_thread():
-    """Issue 28: faulthandler dumps every thread; the Flight Recorder's thread (node/flight.py)
+    """Issue 28: faulthandler dumps every thread; the Flight Recorder's thread (node/watch/flight.py)
     may come first, and is not where the rank is."""
     from orchestrator.diagnose.logparse import StackReport
 
@@ -145,7 +145,7 @@ def test_a_rank_stuck_in_ddps_bucket_rebuild_is_in_a_collective():
 def test_the_nodes_reader_takes_torchruns_report_in_pieces_of_any_size():
     """A detached job's agent reads the rank's exit code from the launcher's relayed output with
     the controller's own parser (torchrun's own code is 1 for any rank)."""
-    from orchestrator.node.report import ReportReader
+    from orchestrator.node.watch.report import ReportReader
 
     report = (b"[W] some warning\nFailures:\n  <NO_OTHER_FAILURES>\n----\nRoot Cause (first observed failure):\n"
               b"[0]:\n  time      : 2026-11-27_06:00:00\n  host      : n1\n  rank      : 1 (local_rank: 0)\n"

@@ -15,7 +15,8 @@ from orchestrator.commands.common import report
 from orchestrator.commands.kill import kill_parser, main_kill
 from orchestrator.commands.up import main_up, up_parser
 from orchestrator.errors import ConfigError, NodeProblem, SetupError
-from orchestrator.node.container import Box, check_mounts
+from orchestrator.node.launchers.container import Box
+from orchestrator.node.launchers.image import check_mounts
 
 
 def test_an_error_of_several_nodes_keeps_one_node_a_line_and_fix_on_its_own(capsys):
@@ -138,7 +139,7 @@ def test_a_mount_of_the_workdir_onto_itself_is_dropped_and_another_source_there_
 
 
 def test_a_rank_killed_by_a_signal_says_so_and_a_failed_node_names_its_ranks_own_codes():
-    from orchestrator.node import policy
+    from orchestrator.node.protocol import policy
     from orchestrator.diagnose.outcome import Failure
     from orchestrator.job.reports import ranks_ended
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.diagnose import preflight
-from orchestrator.node import facts as nodefacts, wire
+from orchestrator.node.probes import facts as nodefacts
+from orchestrator.node.protocol import wire
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.diagnose.outcome import NodeStatus, gpu_summary
 from orchestrator.plan.launch import make_plan

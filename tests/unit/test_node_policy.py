@@ -1,12 +1,13 @@
-"""The decisions both ends make (node/policy.py), the detached job's own (node/decide.py), and the
-agent's events (node/events.py): pure, in fake time."""
+"""The decisions both ends make (node/protocol/policy.py), the detached job's own (node/supervise/decide.py), and the
+agent's events (node/protocol/events.py): pure, in fake time."""
 
 from __future__ import annotations
 
 from orchestrator.run import attempts
 from orchestrator.job import hang
 from orchestrator.diagnose import outcome
-from orchestrator.node import decide, events, policy, wire
+from orchestrator.node.supervise import decide
+from orchestrator.node.protocol import events, policy, wire
 
 T0 = 1000.0
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node import procs, workers
-from orchestrator.node.report import FailureReportParser
+from orchestrator.node.local import procs
+from orchestrator.node.launchers import workers
+from orchestrator.node.watch.report import FailureReportParser
 
 WORKER = """
 import os, sys, time

@@ -1,8 +1,9 @@
 import pytest
 
 from orchestrator.config.clusterfile import parse_cluster
-from orchestrator.node import wire
-from orchestrator.node.zygote import WARM_STUB
+from orchestrator.node.protocol import wire
+from orchestrator.node import needs
+from orchestrator.node.userpython.standin import LOADER as WARM_STUB
 from orchestrator.plan.launch import LEGACY_SHIM, display_quote, make_plan, new_job_id, quote_path, warm_refused
 
 CLUSTER = """\
@@ -131,28 +132,28 @@ def test_stop_signal_is_checked_and_torchrun_is_told_to_pass_on_one_it_does_not_
 
 def test_launcher_accelerate_passes_ddp_ups_ranks_and_the_node_adds_its_own_options(tmp_path, monkeypatch):
     from orchestrator.errors import UsageError
-    from orchestrator.node import launch
+    from orchestrator.node.attempt import placement
 
     config = parse_cluster("launcher: accelerate\nnodes: [{host: a, gpus: 2}, {host: b, gpus: 2}]\n", "c.yaml")
     plan = make_plan(config, "train.py", ["--lr", "1"], "J", "/w")
     argv = plan.launcher_argv(plan.nodes[1], 29500)
     assert argv[3:] == ["accelerate.commands.launch", "--num_machines=2", "--machine_rank=1", "--num_processes=4",
                         "--main_process_ip=a", "--main_process_port=29500", "--same_network",
-                        launch.ACCELERATE_NODE_OPTIONS, "train.py", "--lr", "1"]
-    monkeypatch.setattr(launch.facts, "has_nvidia_gpus", lambda: False)
+                        placement.ACCELERATE_NODE_OPTIONS, "train.py", "--lr", "1"]
+    monkeypatch.setattr(placement.facts, "has_nvidia_gpus", lambda: False)
     env = {"HF_HOME": str(tmp_path)}
-    mine = launch.accelerate_options(argv, env, "/state/logs", "SIGUSR1")
+    mine = placement.accelerate_options(argv, env, "/state/logs", "SIGUSR1")
     assert mine[10:14] == ["--log_dir=/state/logs", "--multi_gpu", "--mixed_precision=no", "--dynamo_backend=no"]
     assert mine[14:] == ["train.py", "--lr", "1"]  # accelerate's "values were not passed" notice: none left to say
-    assert "--mixed_precision=bf16" in launch.accelerate_options(argv, {**env, "ACCELERATE_MIXED_PRECISION": "bf16"},
+    assert "--mixed_precision=bf16" in placement.accelerate_options(argv, {**env, "ACCELERATE_MIXED_PRECISION": "bf16"},
                                                                 "/state/logs", "SIGTERM")  # the job's own value
     shown = plan.shell_line(plan.nodes[1], 29500)  # --dry-run's line runs by hand, as the other launchers' do
-    assert launch.ACCELERATE_NODE_OPTIONS not in shown and "--same_network --multi_gpu --mixed_precision=no" in shown
+    assert placement.ACCELERATE_NODE_OPTIONS not in shown and "--same_network --multi_gpu --mixed_precision=no" in shown
     assert env["ACCELERATE_USE_CPU"] == "true" and env["PET_REDIRECTS"] == "3"
     assert env["PET_SIGNALS_TO_HANDLE"].endswith(",SIGUSR1")
     (tmp_path / "accelerate").mkdir()
     (tmp_path / "accelerate" / "default_config.yaml").write_text("distributed_type: FSDP\n")  # the user's config rules
-    assert "--multi_gpu" not in launch.accelerate_options(argv, env, "/state/logs", "SIGTERM")
+    assert "--multi_gpu" not in placement.accelerate_options(argv, env, "/state/logs", "SIGTERM")
     uneven = parse_cluster("launcher: accelerate\nnodes: [{host: a, gpus: 2}, {host: b, gpus: 1}]\n", "c.yaml")
     with pytest.raises(UsageError, match="launcher: accelerate starts the same number of processes on every node"):
         make_plan(uneven, "train.py", [], "J", "/w")
@@ -172,7 +173,7 @@ def test_warm_start_is_decided_once_here_per_node(launcher, node, warm):
     assert ("--no-python" in argv and "-S" in argv) is (warm and launcher == "torchrun")
     code = p.agent_spec(p.nodes[node]).box_code
     assert (sorted(code) if code else None) == (None if node == 0 or launcher == "legacy" else
-                                                 ["boxwarm", "forksafe", "procs", "warm", "warmchild", "workers", "zygote"])
+                                                 sorted(needs("launchers.boxwarm")))
 
 
 @pytest.mark.parametrize("keys, said", [

@@ -8,8 +8,9 @@ import os
 import threading
 from pathlib import Path
 
-from orchestrator.node import failures, flight, wire
-from orchestrator.node.relay import Tailer, Writer
+from orchestrator.node.watch import failures, flight
+from orchestrator.node.protocol import wire
+from orchestrator.node.watch.relay import Tailer, Writer
 from tests.unit.test_agent_tailer import Sink, frames
 
 

@@ -1,7 +1,7 @@
 from orchestrator.config.clusterfile import parse_cluster
 import os
 
-from orchestrator.node import checks
+from orchestrator.node.attempt import checks
 from orchestrator.diagnose.preflight import gpu_shortfalls, torch_mismatches
 from orchestrator.diagnose.outcome import NodeStatus
 from orchestrator.plan.launch import make_plan

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.job.events import LogLine
-from orchestrator.node import notify as node_notify
+from orchestrator.node.supervise import notify as node_notify
 from orchestrator.run.notifier import Notifier
 from orchestrator.config.notify import Target, targets
 from orchestrator.diagnose import progress

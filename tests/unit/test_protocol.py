@@ -4,13 +4,16 @@ import ast
 import marshal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from orchestrator import node
+from orchestrator.node import boot
 from orchestrator.remote import protocol
-from orchestrator.node import wire
+from orchestrator.node.protocol import wire
 from orchestrator.node.main import MODES
+from tests.harness.procs import wait_for
 
 EXAMPLES = [
     wire.RunSpec(job="j", node=1, cluster="c", run="r1", workdir=None, script="t.py", env={"A": "1"}, pick_port=True,
@@ -103,38 +106,62 @@ def test_an_endless_header_is_an_error_not_a_memory_leak(monkeypatch):
         wire.Decoder().feed(b"x" * 2000)
 
 
-def _parts(data: bytes) -> tuple[list[str], list[bytes], bytes]:
-    """(the header's words, the parts it sizes, what follows them) of an agent's stdin."""
-    header, _, rest = data.partition(b"\n")
+def _parts(data: bytes) -> tuple[bytes, list[str], list[bytes], bytes]:
+    """(the loader, the header's words, the parts it sizes, what follows them) of an agent's stdin."""
+    size, _, rest = data.partition(b"\n")
+    loader, rest = rest[:int(size)], rest[int(size):]
+    header, _, rest = rest.partition(b"\n")
     words = header.decode().split()
     parts, at = [], 0
     for size in map(int, words[3:]):
         parts.append(rest[at:at + size])
         at += size
-    return words, parts, rest[at:]
+    return loader, words, parts, rest[at:]
 
 
 def test_hello_is_a_header_the_mode_s_sources_and_their_bytecode_then_the_spec():
-    words, parts, spec = _parts(b"".join(protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True))))
+    loader, words, parts, spec = _parts(b"".join(protocol.hello(wire.SweepSpec(match={}, grace=1.0, dry_run=True))))
     names = protocol.modules_for(wire.SweepSpec)
+    assert loader == Path(boot.__file__).read_bytes()
     assert words[:3] == [protocol.bytecode_key(), "ddp_up_node", ",".join(names)]
     assert len(parts) == 2 * len(names)
-    assert parts[:len(names)] == [(protocol.module_paths()[0].parent / f"{n}.py").read_bytes() for n in names]
+    assert parts[:len(names)] == [path.read_bytes() for path in protocol.module_paths(names)]
     codes = [marshal.loads(p) for p in parts[len(names):]]
     assert [c.co_filename for c in codes] == ["ddp_up_node." + name for name in names]
     assert spec == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true, "purge": false, "signal": null, "runtimes": null}\n'
 
 
 def test_nothing_the_agent_runs_is_on_its_command_line():
-    """The command line is the bootstrap alone: ssh starts before anything is compiled."""
-    assert protocol.bootstrap_args() == ["-S", "-c", protocol.BOOTSTRAP]
+    """The command line is a few words that read the loader from stdin, then the agent's name: ssh
+    starts before anything is compiled."""
+    assert protocol.bootstrap_args() == ["-S", "-c", protocol.STUB, protocol.AGENT_MARK]
+    assert len(protocol.STUB) < 80 and "\n" not in protocol.STUB
+    tags = {"DDP_UP_JOB": "20261128-000000-abcdef", "DDP_UP_NODE": "3", "DDP_UP_RUN": "secret-ish"}
+    assert protocol.bootstrap_args(tags)[3:] == [protocol.AGENT_MARK, "job=20261128-000000-abcdef", "node=3"]
+
+
+def test_a_running_agent_shows_in_ps_as_its_name_job_and_node_only():
+    """ps shows an agent as one short line that says what it is, not its loader."""
+    tags = {"DDP_UP_JOB": "20261128-000000-abcdef", "DDP_UP_NODE": "3"}
+    proc = subprocess.Popen([sys.executable, "-u", *protocol.bootstrap_args(tags)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(b"".join(protocol.shipped(wire.ListSpec)))  # no spec yet: it waits for one, named
+        proc.stdin.flush()
+        shown = lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        assert wait_for(lambda: shown()[0] == protocol.AGENT_MARK.encode(), timeout=20, interval=0.01), shown()
+        assert shown() == [b"ddp-up-agent", b"job=20261128-000000-abcdef", b"node=3"]
+        assert Path(f"/proc/{proc.pid}/comm").read_text().strip() == "ddp-up-agent"
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
 
 
 @pytest.mark.parametrize("mode", list(MODES), ids=lambda m: m.__name__)
 def test_each_mode_is_shipped_main_its_module_and_what_they_import(mode):
     names = protocol.modules_for(mode)
-    assert names == tuple(n for n in node.SHIPPED if n in names)  # in the order the bootstrap runs them
-    assert {"wire", "main", MODES[mode].split(".")[0]} <= set(names)
+    assert names == tuple(n for n in node.SHIPPED if n in names)  # in the order the loader runs them
+    assert {"protocol.wire", "main", MODES[mode].rpartition(".")[0]} <= set(names)
     for name in names:
         assert _imports(name)[1] <= set(names), name
     assert protocol.modules_for(None) == node.SHIPPED
@@ -148,22 +175,23 @@ def test_fetch_and_ls_agents_run_a_fraction_of_the_package():
 @pytest.mark.parametrize("name", node.SHIPPED)
 def test_the_import_scan_finds_what_the_parser_finds(name):
     """modules_for reads imports as text, for speed; it must agree with Python's own parse."""
-    assert protocol.siblings(protocol.module_paths()[node.SHIPPED.index(name)].read_bytes()) == _imports(name)[1]
+    assert node.imports(name) == _imports(name)[1]
 
 
 def _run_agent(args, data):
     return subprocess.run([sys.executable, "-u", *args], input=data, capture_output=True, timeout=30)
 
 
-def _with_header(words: list[str], parts: list[bytes]) -> bytes:
-    return (" ".join(words[:3] + [str(len(p)) for p in parts]) + "\n").encode() + b"".join(parts)
+def _with_header(loader: bytes, words: list[str], parts: list[bytes]) -> bytes:
+    header = (" ".join(words[:3] + [str(len(p)) for p in parts]) + "\n").encode()
+    return b"%d\n" % len(loader) + loader + header + b"".join(parts)
 
 
 @pytest.mark.parametrize("key", ["same", "other", "no bytecode"])
 def test_an_agent_runs_the_shipped_bytecode_or_compiles_the_sources(key):
     """Bytecode is used only by the Python it was made by (same cache tag and magic number);
     any other compiles the sources. Each way, the agent runs and answers its spec."""
-    words, parts, _ = _parts(b"".join(protocol.shipped(wire.SweepSpec)))
+    loader, words, parts, _ = _parts(b"".join(protocol.shipped(wire.SweepSpec)))
     n = len(parts) // 2
     if key == "other":
         words[0] = "cpython-38" + "55" * 4  # another Python's key: its bytecode would not load here
@@ -171,7 +199,7 @@ def test_an_agent_runs_the_shipped_bytecode_or_compiles_the_sources(key):
     elif key == "no bytecode":
         parts[n:] = [b""] * n
     spec = wire.SweepSpec(match={"DDP_UP_JOB": "no-such-job-anywhere"}, grace=0.0, dry_run=True)
-    proc = _run_agent(protocol.bootstrap_args(), _with_header(words, parts) + spec.encode())
+    proc = _run_agent(protocol.bootstrap_args(), _with_header(loader, words, parts) + spec.encode())
     assert proc.returncode == 0, proc.stderr
     assert wire.Decoder().feed(proc.stdout)[0] == wire.Listed(found=[])
 
@@ -195,9 +223,10 @@ def test_an_agent_sent_another_mode_s_code_says_so_and_exits():
 
 
 def _imports(name: str) -> tuple[set[str], set[str]]:
-    """(top-level absolute imports, relative imports) of the shipped module ``name``, wherever
-    they stand in it (a lazy import inside a function counts too)."""
-    tree = ast.parse((protocol.module_paths()[node.SHIPPED.index(name)]).read_text(encoding="utf-8"))
+    """(top-level absolute imports, the house's modules it imports, dotted) of the node module
+    ``name``, wherever they stand in it (a lazy import inside a function counts too)."""
+    tree = ast.parse(protocol.module_paths((name,))[0].read_text(encoding="utf-8"))
+    known = set(node.SHIPPED + node.IN_IMAGE)
     absolute, relative = set(), set()
     for item in ast.walk(tree):
         if isinstance(item, ast.Import):
@@ -205,11 +234,13 @@ def _imports(name: str) -> tuple[set[str], set[str]]:
         elif isinstance(item, ast.ImportFrom) and item.level == 0:
             absolute.add(item.module.split(".")[0])
         elif isinstance(item, ast.ImportFrom):
-            relative |= {item.module} if item.module else {a.name for a in item.names}
+            base = ".".join(name.split(".")[:-item.level] + ([item.module] if item.module else []))
+            named = {f"{base}.{a.name}".lstrip(".") for a in item.names} & known
+            relative |= {base} if base in known else named
     return absolute, relative
 
 
-@pytest.mark.parametrize("name", node.SHIPPED)
+@pytest.mark.parametrize("name", node.SHIPPED + node.IN_IMAGE + ("boot",))
 def test_what_nodes_run_is_stdlib_only(name):
     """Nodes have nothing but Python: the shipped modules import neither the controller nor deps."""
     absolute, _ = _imports(name)
@@ -218,21 +249,23 @@ def test_what_nodes_run_is_stdlib_only(name):
 
 @pytest.mark.parametrize("name", node.SHIPPED)
 def test_a_shipped_module_imports_only_shipped_modules_run_before_it(name):
-    """The bootstrap runs the modules in SHIPPED's order: each may import only those before it."""
+    """The loader runs the modules in SHIPPED's order: each may import only those before it."""
     _, relative = _imports(name)
     assert relative <= set(node.SHIPPED[:node.SHIPPED.index(name)])
 
 
-@pytest.mark.parametrize("name", node.SHIPPED)
+@pytest.mark.parametrize("name", node.SHIPPED + node.IN_IMAGE + ("boot",))
 def test_what_nodes_run_parses_as_python_3_8(name):
     """The agent says it needs Python 3.8+ on the nodes: no newer syntax may slip in."""
-    ast.parse(protocol.module_paths()[node.SHIPPED.index(name)].read_text(encoding="utf-8"), feature_version=(3, 8))
+    ast.parse(protocol.module_paths((name,))[0].read_text(encoding="utf-8"), feature_version=(3, 8))
 
 
 def test_everything_in_the_node_package_is_shipped():
     """One list of what is shipped: a module left out of it would be missing on every node (but
     for those run in a container's image only, sent with the job)."""
-    on_disk = {path.stem for path in protocol.module_paths()[0].parent.glob("*.py")} - {"__init__"}
+    here = Path(node.__file__).parent
+    on_disk = {".".join(path.relative_to(here).with_suffix("").parts) for path in here.rglob("*.py")
+               if path.name != "__init__.py"} - {"boot"}  # the loader: run from stdin, never a module of the package
     assert on_disk - set(node.IN_IMAGE) == set(node.SHIPPED) and not set(node.IN_IMAGE) & set(node.SHIPPED)
 
 

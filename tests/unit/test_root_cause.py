@@ -1,6 +1,6 @@
 """Issue 26, item 1: the root cause is the first failure by the failures' own times, with the rank's
 own exception; a tie goes to an exception over a signal; the error files are kept in the run logs.
-The node's reading of a failed rank's files (node/failures.py) on real files; the rest in fake time.
+The node's reading of a failed rank's files (node/watch/failures.py) on real files; the rest in fake time.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import os
 import pytest
 
 from orchestrator.diagnose import rankfailures
-from orchestrator.node import decide, failures, policy
-from orchestrator.node.report import FailureReportParser
+from orchestrator.node.supervise import decide
+from orchestrator.node.watch import failures
+from orchestrator.node.protocol import policy
+from orchestrator.node.watch.report import FailureReportParser
 from orchestrator.diagnose.outcome import Failure
 from orchestrator.views.logfiles import RunLogs
 from tests.unit.fakejob import Harness
@@ -39,7 +41,7 @@ def error_json(message, stack):
     return json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": stack, "timestamp": "1"}}})
 
 
-# --- the node's reading (node/failures.py), on real files -------------------------------------------
+# --- the node's reading (node/watch/failures.py), on real files -------------------------------------------
 
 def test_the_node_reads_each_failed_ranks_error_file_or_traceback_with_its_exact_time(tmp_path):
     root = str(tmp_path)
@@ -91,7 +93,7 @@ def test_a_huge_exception_is_cut_before_it_travels(tmp_path):
     assert failures.rank_failures(str(tmp_path)) == []  # past the bound: not read at all (and no traceback)
 
 
-# --- the rule (node/policy.py), both ends -----------------------------------------------------------
+# --- the rule (node/protocol/policy.py), both ends -----------------------------------------------------------
 
 def test_the_earliest_failure_wins_and_a_tie_goes_to_an_exception_over_a_signal():
     exact = lambda name, at, raised: {"n": name, "at": at, "w": 0.0, "e": raised}  # noqa: E731
@@ -267,7 +269,7 @@ def test_the_node_sees_each_worker_end_to_the_millisecond_and_only_its_own(tmp_p
     import sys
     import time
 
-    from orchestrator.node.failures import RankEnds
+    from orchestrator.node.watch.failures import RankEnds
     tags = {"DDP_UP_JOB": "J", "DDP_UP_NODE": "0", "DDP_UP_RUN": "R"}
     spawn = ("import os, subprocess, sys, time\n"
              "for rank, tagged in ((0, True), (1, True), (2, False)):\n"
@@ -305,7 +307,7 @@ def test_the_node_sees_each_worker_end_to_the_millisecond_and_only_its_own(tmp_p
 
 
 def test_a_detached_node_reports_its_first_exception_else_its_first_rank_end():
-    from orchestrator.node.detached import own_failure
+    from orchestrator.node.supervise.restarts import own_failure
     assert own_failure([failed(1, T0, "E: x")], {"0": T0 - 1}, first_rank=4) == {
         "rank": 5, "at": T0, "exception": "E: x", "trace": ["E: x"], "error_file": None}
     assert own_failure(None, {"1": T0 + 2, "0": T0 + 1}, first_rank=4) == {"rank": 4, "at": T0 + 1, "exception": None}

@@ -1,9 +1,9 @@
-"""Issue 29: a worker's stream read as a terminal shows it (node/screen.py): progress bars drawn
+"""Issue 29: a worker's stream read as a terminal shows it (node/watch/screen.py): progress bars drawn
 with \\r and tqdm's cursor-up rows are live rows, every plain line still comes out once, as it was."""
 
 from __future__ import annotations
 
-from orchestrator.node.screen import MAX_ROWS, SETTLE, Screen
+from orchestrator.node.watch.screen import MAX_ROWS, SETTLE, Screen
 
 
 class Clock:

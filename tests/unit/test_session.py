@@ -2,7 +2,7 @@
 
 import queue
 
-from orchestrator.node import wire
+from orchestrator.node.protocol import wire
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.job.events import Closed, Message, SetupFailed
 from orchestrator.plan.launch import make_plan

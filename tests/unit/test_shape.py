@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
 MODULE_LINES = 450
 CLASS_LINES = 200
 FUNCTION_LINES = 50
-WHOLE = {"orchestrator.node.wire"}  # the protocol's vocabulary stays in one place, whatever its size
+WHOLE = {"orchestrator.node.protocol.wire"}  # the protocol's vocabulary stays in one place, whatever its size
 
 
 def modules() -> dict[str, Path]:
@@ -130,9 +130,9 @@ def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 def test_the_order_check_finds_an_import_of_a_later_stage():
     graph = {"orchestrator.plan.launch": {"orchestrator.config.cluster", "orchestrator.job.loop"},
-             "orchestrator.errors": {"orchestrator.node.wire"}, "orchestrator.views.console": {"orchestrator.api"},
+             "orchestrator.errors": {"orchestrator.node.protocol.wire"}, "orchestrator.views.console": {"orchestrator.api"},
              "orchestrator.job.loop": {"orchestrator.clean", "orchestrator.job.events", "orchestrator.remote.channel"}}
-    assert sorted(upward(graph)) == [("orchestrator.errors", "orchestrator.node.wire"),
+    assert sorted(upward(graph)) == [("orchestrator.errors", "orchestrator.node.protocol.wire"),
                              ("orchestrator.plan.launch", "orchestrator.job.loop"),
                              ("orchestrator.views.console", "orchestrator.api")]
 
@@ -229,3 +229,54 @@ def test_small_modules_classes_and_functions(name):
         elif not isinstance(node, ast.ClassDef) and size > FUNCTION_LINES:
             too_big.append(f"function {node.name}: {size} lines")
     assert not too_big, too_big
+
+
+# The node agent's house: its rooms, first to last (node.ROOMS); a room imports only rooms before it,
+# and the house's own modules (main, oneshot) import any room; no room imports them.
+def room_of(name: str) -> str:
+    from orchestrator import node
+
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[2] in node.ROOMS else "house"
+
+
+def node_upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The node modules' imports against the rooms' order."""
+    from orchestrator import node
+
+    order = list(node.ROOMS) + ["house"]
+    return [(name, target) for name, targets in graph.items() if name.startswith("orchestrator.node.")
+            for target in sorted(targets) if target.startswith("orchestrator.node.")
+            and order.index(room_of(target)) > order.index(room_of(name))]
+
+
+def test_the_room_check_finds_an_import_of_a_later_room():
+    graph = {"orchestrator.node.watch.relay": {"orchestrator.node.local.state", "orchestrator.node.attempt.run"},
+             "orchestrator.node.protocol.wire": {"orchestrator.node.main"},
+             "orchestrator.node.main": {"orchestrator.node.supervise.detached"}}
+    assert node_upward(graph) == [("orchestrator.node.watch.relay", "orchestrator.node.attempt.run"),
+                                  ("orchestrator.node.protocol.wire", "orchestrator.node.main")]
+
+
+def test_the_node_s_rooms_import_one_way():
+    known = modules()
+    assert node_upward({name: imported(name, path, known) for name, path in known.items()}) == []
+
+
+def test_each_room_of_the_node_says_what_it_does_and_what_it_may_import_and_holds_what_it_lists():
+    from orchestrator import node
+
+    here = PACKAGE / "node"
+    for room, names in node.ROOMS.items():
+        doc = ast.get_docstring(tree(here / room / "__init__.py")) or ""
+        assert "May import" in doc or "Imports nothing" in doc, room
+        on_disk = {p.stem for p in (here / room).glob("*.py")} - {"__init__"}
+        assert on_disk == set(names) | {n.split(".")[1] for n in node.IN_IMAGE if n.startswith(room + ".")}, room
+    assert {p.name for p in here.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(node.ROOMS)
+
+
+def test_the_node_keeps_a_handful_of_modules_of_its_own():
+    from orchestrator import node
+
+    own = {p.stem for p in (PACKAGE / "node").glob("*.py")} - {"__init__"}
+    assert own == set(node.HOUSE) | {"boot"} and len(own) <= 5

@@ -80,7 +80,7 @@ def test_the_inbox_restores_the_handlers_it_replaced():
 
 
 def _catches(pid: int, sig: int) -> bool:
-    from orchestrator.node.procs import catches
+    from orchestrator.node.local.procs import catches
 
     return catches(pid, sig)
 

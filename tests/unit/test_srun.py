@@ -37,7 +37,7 @@ def test_sbatch_options_run_to_the_cluster_file_or_a_double_dash():
 
 def test_slurm_s_word_after_a_node_s_end_still_makes_it_the_root_cause():
     """slurmstepd's line comes on the step's stderr, which may arrive after the agent's Exited."""
-    from orchestrator.node import wire
+    from orchestrator.node.protocol import wire
     from orchestrator.job.events import Message
     from tests.unit.fakejob import Harness
 
@@ -53,7 +53,7 @@ def test_slurm_s_word_after_a_node_s_end_still_makes_it_the_root_cause():
 def test_a_rank_killed_by_slurm_s_signal_before_its_agent_acted_is_slurm_s_doing_too():
     """scancel signals every process of the step: a rank may die of it first, and its launcher
     report a failed rank (exit code -15), before the agent stops on its own SIGTERM."""
-    from orchestrator.node import wire
+    from orchestrator.node.protocol import wire
     from orchestrator.job.events import Message
     from tests.unit.fakejob import Harness
 
@@ -71,7 +71,7 @@ def test_a_rank_killed_by_slurm_s_signal_before_its_agent_acted_is_slurm_s_doing
 def test_slurm_s_word_before_the_ranks_signalled_end_is_reported_makes_that_end_slurm_s_too():
     """The other order, seen in the Slurm test: slurmstepd's line arrives first, then the node's
     launcher reports its rank killed by the step's SIGTERM."""
-    from orchestrator.node import wire
+    from orchestrator.node.protocol import wire
     from orchestrator.job.events import Message
     from tests.unit.fakejob import Harness
 

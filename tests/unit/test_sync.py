@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.remote import protocol
-from orchestrator.node import sync as node_sync
+from orchestrator.node.files import sync as node_sync
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.config.cluster import SyncConfig
 from orchestrator.errors import ConfigError, SetupError
@@ -157,7 +157,7 @@ def test_a_node_agent_whose_controller_goes_silent_drops_its_partial_file_and_ex
     """A partition closes nothing: the agent must not wait forever on a half-sent file."""
     import subprocess
 
-    from orchestrator.node import wire
+    from orchestrator.node.protocol import wire
 
     spec = wire.SyncSpec(dest=str(tmp_path / "dest"), entries=[["big.bin", 10, 0, 0o644, None]], idle_timeout=1.0)
     proc = subprocess.Popen([sys.executable, "-u", *protocol.bootstrap_args()], stdin=subprocess.PIPE,
@@ -233,7 +233,7 @@ def agents_running(mark) -> list[int]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if protocol.BOOTSTRAP.encode() not in f.read():
+                if protocol.AGENT_MARK.encode() not in f.read():
                     continue
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if mine in f.read().split(b"\0"):

@@ -1,4 +1,4 @@
-"""Warm start's interpreter (node/warm.py), for real: a zygote of this machine's Python, forking
+"""Warm start's interpreter (node/launchers/warm.py), for real: a zygote of this machine's Python, forking
 scripts of ours. It imports only what each test names (no torch: the import is not the subject);
 the torch jobs run warm in tests/integration/test_warm_start.py."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node.warm import Warm, store_to_await
+from orchestrator.node.launchers.warm import Warm, store_to_await
 from tests.harness.procs import wait_for
 
 SCRIPT = textwrap.dedent('''
@@ -158,7 +158,7 @@ def test_a_module_that_fails_to_import_is_a_notice_and_the_rest_stays_warm(warm,
 
 
 def test_the_interpreter_shows_in_ps_as_one_named_line_and_still_carries_its_mark(warm, tmp_path):
-    from orchestrator.node.procs import WARM_MARK
+    from orchestrator.node.local.procs import WARM_MARK
     w = warm()
     assert w.ready(30), w.hello
     words = Path(f"/proc/{w.proc.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
@@ -198,20 +198,21 @@ def test_an_interpreter_that_said_cold_is_not_waited_for_as_if_it_still_imported
     notice that the imports took too long (seen on an H200, where a preload initialized CUDA)."""
     from types import SimpleNamespace
 
-    from orchestrator.node import run, wire
+    from orchestrator.node.attempt import run, warmline
+    from orchestrator.node.protocol import wire
     fake = tmp_path / "fake"
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text("class cuda:\n    is_initialized = staticmethod(lambda: True)\n")
     cold = warm(base=("torch",), env={"PYTHONPATH": str(fake)})
-    monkeypatch.setattr(run, "warm_interpreter", lambda *args: cold)
-    monkeypatch.setattr(run, "READY_WAIT", 60.0)
+    monkeypatch.setattr(warmline, "warm_interpreter", lambda *args: cold)
+    monkeypatch.setattr(warmline, "READY_WAIT", 60.0)
     sent = []
     out = SimpleNamespace(send=lambda frame, block=True: sent.append(frame))
     spec = SimpleNamespace(warm=True, warm_gpus_only=False, container=None, detach=False, heartbeat=0.05, keep=None,
                            job="j", node=0, run="r", attempt=0, orphan_timeout=30.0)
     runner = run.Runner(spec, out)
-    runner.warm = line = run.warm_interpreters(spec, 0, {}, str(tmp_path), out)
-    assert run.await_warm(runner) is None
+    runner.warm = line = warmline.warm_interpreters(spec, 0, {}, str(tmp_path), out)
+    assert warmline.await_warm(runner) is None
     assert cold.answered(0) and not cold.ready(0)  # back before READY_WAIT: it had answered
     said = [f.data for f in sent if isinstance(f, wire.Output)]
     assert not any(b"took too long" in d for d in said), said
@@ -223,18 +224,19 @@ def test_a_stop_while_the_interpreter_imports_is_acted_on_at_once(warm, tmp_path
     """Another node failed its preflight: this one stops now, not once its imports are done."""
     from types import SimpleNamespace
 
-    from orchestrator.node import events, run
+    from orchestrator.node.protocol import events
+    from orchestrator.node.attempt import run, warmline
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "slowmod.py").write_text("import time\ntime.sleep(60)\n")
     slow = warm(preload=("slowmod",), env={"PYTHONPATH": str(fake)})
-    monkeypatch.setattr(run, "warm_interpreter", lambda *args: slow)
+    monkeypatch.setattr(warmline, "warm_interpreter", lambda *args: slow)
     spec = SimpleNamespace(warm=True, warm_gpus_only=False, container=None, detach=False, heartbeat=0.05, keep=None,
                            job="j", node=0, run="r", attempt=0, orphan_timeout=30.0)
     runner = run.Runner(spec, SimpleNamespace(send=lambda frame, block=True: None))
-    runner.warm = run.warm_interpreters(spec, 0, {}, str(tmp_path), runner.out)
+    runner.warm = warmline.warm_interpreters(spec, 0, {}, str(tmp_path), runner.out)
     runner.events.put(events.Stop("stopped by ddp-up"))
-    assert run.await_warm(runner) == events.Stop("stopped by ddp-up")
+    assert warmline.await_warm(runner) == events.Stop("stopped by ddp-up")
     assert not slow.answered(0)  # still importing: nothing waited for it
 
 
@@ -263,7 +265,7 @@ def test_an_interpreter_ends_with_its_agent_even_while_it_still_imports(tmp_path
     (slow / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
     agent = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import os, sys
-        from orchestrator.node.warm import Warm
+        from orchestrator.node.launchers.warm import Warm
         w = Warm(sys.executable, {{"PYTHONPATH": {str(slow)!r}}}, {str(tmp_path)!r}, {str(tmp_path / "log")!r},
                  ("sleepy",), base=())
         print(w.proc.pid, flush=True)
@@ -397,12 +399,12 @@ def test_a_detached_job_forks_every_attempt_from_one_interpreter_that_no_attempt
     import functools
     from types import SimpleNamespace
 
-    from orchestrator.node import run
-    from orchestrator.node.procs import carries, read_tags
-    monkeypatch.setattr(run, "Warm", functools.partial(Warm, base=()))  # no torch: not the subject
+    from orchestrator.node.attempt import warmline
+    from orchestrator.node.local.procs import carries, read_tags
+    monkeypatch.setattr(warmline, "Warm", functools.partial(Warm, base=()))  # no torch: not the subject
     spec = SimpleNamespace(warm=True, warm_gpus_only=False, container=None, detach=True, restarts=1, recoveries=0,
                            keep=None, preload=None, nproc=1, job="20261128-000000-aaaaaa", node=0, run="r1", cluster="c1")
-    line = run.warm_interpreters(spec, 0, {"PATH": os.environ["PATH"], "DDP_UP_ATTEMPT": "0"}, str(tmp_path),  # the agent's
+    line = warmline.warm_interpreters(spec, 0, {"PATH": os.environ["PATH"], "DDP_UP_ATTEMPT": "0"}, str(tmp_path),  # the agent's
                                  SimpleNamespace(send=lambda frame, block=True: None))
     made = [line.take(0)]
     try:
@@ -433,16 +435,16 @@ def test_a_node_whose_preflight_fails_ends_its_early_interpreter_and_says_nothin
     its notices are held until the preflight passed, and a node that fails ends it first."""
     from types import SimpleNamespace
 
-    from orchestrator.node import run
+    from orchestrator.node.attempt import warmline
     sent = []
-    held = run.HeldFrames(SimpleNamespace(send=lambda frame, block=True: sent.append(frame)))
+    held = warmline.HeldFrames(SimpleNamespace(send=lambda frame, block=True: sent.append(frame)))
     held.send("warm notice")
     assert sent == []
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "slowmod.py").write_text("import time\ntime.sleep(60)\n")
     slow = warm(preload=("slowmod",), env={"PYTHONPATH": str(fake)})
-    run.end_warm(run.WarmLine(lambda attempt: slow, 0, False))  # the preflight failed: nothing is released
+    warmline.end_warm(warmline.WarmLine(lambda attempt: slow, 0, False))  # the preflight failed: nothing is released
     assert slow.proc.returncode is not None and sent == []  # ended, and reaped by the agent
     held.release()  # it passed: what was held goes, in order, and then each as it comes
     held.send("later")
@@ -600,7 +602,7 @@ def test_a_rank_s_sys_path_is_the_one_its_cold_start_makes(warm, tmp_path, inter
 def test_a_slow_client_of_the_interpreter_s_socket_holds_up_no_fork(tmp_path):
     """One of this user's processes connects and sends a byte at a time: the interpreter reads it as
     it comes, forks meanwhile, and drops it past its bound."""
-    bound = 5.0  # zygote's REQUEST_BOUND: seconds an asker has to send its whole request
+    bound = 5.0  # warmparent.REQUEST_BOUND: seconds an asker has to send its whole request
     sock = tmp_path / "w.sock"
     w = Warm(sys.executable, {"PATH": os.environ["PATH"]}, str(tmp_path), str(tmp_path / "warm.log"), (), base=(),
              listen=str(sock))

@@ -1,4 +1,4 @@
-"""torchrun's worker under warm start (zygote.WARM_STUB), against a stand-in for the warm
+"""torchrun's worker under warm start (userpython/standin.py), against a stand-in for the warm
 interpreter: a stop signal that reaches it after its rank ended (and was reaped) is no failure of
 its own: it ends with the rank's status, without a traceback."""
 
@@ -11,8 +11,9 @@ import subprocess
 import sys
 import threading
 
-from orchestrator.node.procs import catches
-from orchestrator.node.zygote import PASS_VAR, SOCKET_VAR, WARM_STUB
+from orchestrator.node.local.procs import catches
+from orchestrator.node.local.ourcode import written
+from orchestrator.node.userpython.standin import CODE_VAR, LOADER, PASS_VAR, SOCKET_VAR
 from tests.harness.procs import wait_for
 
 
@@ -39,8 +40,8 @@ def test_a_stop_after_the_rank_ended_ends_the_stand_in_with_the_ranks_status(tmp
 
     serving = threading.Thread(target=interpreter, daemon=True)
     serving.start()
-    env = dict(os.environ, **{SOCKET_VAR: str(tmp_path / "s"), PASS_VAR: "SIGTERM"})
-    stub = subprocess.Popen([sys.executable, "-S", "-c", WARM_STUB, "train.py"], env=env, cwd=tmp_path,
+    env = dict(os.environ, **{SOCKET_VAR: str(tmp_path / "s"), PASS_VAR: "SIGTERM", CODE_VAR: written(str(tmp_path))})
+    stub = subprocess.Popen([sys.executable, "-S", "-c", LOADER, "train.py"], env=env, cwd=tmp_path,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         # the stand-in has its handler in place: it passes signals on

@@ -70,8 +70,8 @@ print(json.dumps(dict(torch=torch.__version__, cuda=torch.version.cuda, nccl='.'
   capability=torch.cuda.get_device_capability(0), total=torch.cuda.get_device_properties(0).total_memory,
   nccl_available=d.is_nccl_available(), gloo_available=d.is_gloo_available()), indent=1))"
 step install 240 python3 -m pip install --no-deps --no-build-isolation -e .
-step probe 60 python3 -c "import json, os; from orchestrator.node import checks, facts
-print(json.dumps(dict(probe=checks.probe_torch(dict(os.environ)), gpus=checks.count_gpus(dict(os.environ)),
+step probe 60 python3 -c "import json, os; from orchestrator.node.attempt import checks; from orchestrator.node.probes import facts
+print(json.dumps(dict(probe=checks.probe_torch(dict(os.environ)), gpus=facts.count_gpus(dict(os.environ)),
   has_nvidia=facts.has_nvidia_gpus(), usage=facts.query_usage(), busy=facts.query_busy_gpus(None, 1)), indent=1))"
 step smi_idle 30 bash -c "nvidia-smi $Q_GPUS; echo ---; nvidia-smi $Q_APPS; echo ---; nvidia-smi --query-gpu=index,uuid,utilization.gpu,memory.used,memory.total --format=csv"
 

@@ -1,0 +1,413 @@
+"""A detached job's agents watching each other: the Supervisor in the master node's agent, and
+every other node's PeerLink to it (TCP on the master address; PEER frames, see wire.py). Each
+connection first proves that it knows the job's token (an HMAC of the supervisor's challenge).
+The decisions are decide.py's; here is the I/O, with the clock injected.
+"""
+
+import os
+import socket
+import threading
+import time
+
+from . import decide, notify
+from ..protocol import events, policy, wire
+from ..attempt.checks import listen_on
+from ..local.state import ATTEMPTS, ENDED, OUTCOME, write_record
+from ..protocol.stragglers import LateWatch
+from .watching import Watch
+
+JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job, in all
+JOIN_MAX = 4096  # bytes of a Join frame: an unauthenticated peer is read no further
+JOINING_MAX = 64  # connections still proving themselves at once; more are closed unread
+
+
+def proof(token, nonce):
+    # hashlib (with OpenSSL) and hmac: imported only where a detached job's agents meet, not in
+    # every agent's start (they are a tenth of it)
+    import hashlib
+    import hmac
+
+    return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def proof_ok(token, nonce, given):
+    import hmac
+
+    return isinstance(given, str) and hmac.compare_digest(proof(token, nonce), given)
+
+
+def listen_for_peers(addr):
+    """The supervisor's listening socket: on the master address the peers were given, where it
+    is an IPv4 address of this host's; else on every address (a host name: resolved here it may
+    be another address than the peers get, such as Debian's 127.0.1.1 for the host's own name;
+    or an address behind a NAT). Authentication guards it either way; this narrows who can knock."""
+    if addr and is_ipv4(addr):
+        try:
+            return listen_on(0, addr)
+        except OSError:
+            pass  # not this host's own
+    return listen_on(0)
+
+
+def is_ipv4(text):
+    try:
+        socket.inet_pton(socket.AF_INET, text)
+        return True
+    except OSError:
+        return False
+
+
+def handshake(conn, spec):
+    """(the node a connection proves to be, its stream), or (None, None): the challenge, then its
+    Join (an HMAC of the challenge under the job's token). The whole handshake has JOIN_TIMEOUT (a
+    peer that sends a byte now and then is cut all the same) and JOIN_MAX bytes: nothing more of
+    an unauthenticated peer is read or kept."""
+    cut = threading.Timer(JOIN_TIMEOUT, lambda: shut(conn))
+    cut.start()
+    try:
+        conn.settimeout(JOIN_TIMEOUT)
+        nonce = os.urandom(16).hex()
+        conn.sendall(wire.Challenge(nonce=nonce).encode())
+        stream = conn.makefile("rb")
+        line = stream.readline(JOIN_MAX)
+        if not line.endswith(b"\n"):
+            return None, None  # too long, or the stream ended: not one of ours
+        cls, values = wire.parse_header(line[:-1], wire.PEER)
+        join = wire.build(cls, values) if cls is wire.Join else None
+    finally:
+        cut.cancel()
+    if join is None or not (0 <= join.node < spec.nodes and join.node != spec.node
+                            and proof_ok(spec.token, nonce, join.proof)):
+        return None, None
+    return join.node, stream
+
+
+def shut(conn):
+    """End a connection from another thread: a blocked read returns at once."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class Door:
+    """The supervisor's listening socket. Every connection is accepted; at most JOINING_MAX are
+    proving themselves at once (handshake), more are closed unread; one that proves it is one of
+    the job's other agents goes on, on its own thread, to ``enter(conn, node, stream)``."""
+
+    def __init__(self, listener, spec, enter):
+        self.listener, self.spec, self.enter = listener, spec, enter
+        self.lock = threading.Lock()
+        self.joining = 0
+
+    def open(self):
+        threading.Thread(target=self.accept, name="supervisor", daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                full = self.joining >= JOINING_MAX
+                self.joining += not full
+            if full:  # a flood: closed unread, before a thread or a byte is spent on it
+                conn.close()
+                continue
+            threading.Thread(target=self.knock, args=(conn,), daemon=True).start()
+
+    def knock(self, conn):
+        node = stream = None
+        try:
+            node, stream = handshake(conn, self.spec)
+        except (OSError, ValueError, wire.ProtocolError):
+            pass
+        finally:
+            with self.lock:
+                self.joining -= 1
+        if node is None:
+            conn.close()  # not one of this job's agents: nothing is said to it
+        else:
+            self.enter(conn, node, stream)
+
+
+class Supervisor:
+    """The master node's agent, in a detached job: every other node's agent joins it and reports
+    its state. Once every node has ended the attempt, either the job is over (its outcome is
+    recorded here, every node told RunOver) or, with restarts left and every node still heard,
+    the master node's agent waits the delay and calls restart (every node told Restart).
+    ``clock``/``wall``: monotonic and wall time, injected so its tests run in fake time."""
+
+    def __init__(self, runner, listener, clock=time.monotonic, wall=time.time):
+        self.runner, self.spec, self.listener = runner, runner.spec, listener
+        self.port = listener.getsockname()[1]
+        self.clock, self.wall = clock, wall
+        self.lock = threading.Lock()
+        self.states = {}  # node -> {"state", "code", "reason", "at", "final"}, of the current attempt
+        self.links = {}  # node -> (socket, its send lock)
+        self.heard = {}  # node -> when it was last heard (monotonic)
+        self.halted = None  # the reason every node was told to stop
+        self.finished = threading.Event()  # every node has ended the current attempt
+        self.progress = decide.NodesProgress()  # what every node last said of its ranks
+        self.launched = clock()  # when the current attempt started: start-up's limit counts from here
+        self.startup = policy.startup_limit(self.spec.startup_timeout, self.spec.hang_timeout)  # its own limit
+        self.hung = None  # (why, when the stacks were asked for), once the job looks hung
+        self.first_done = None  # when the first node's job ended well (the others should follow)
+        self.attempt = runner.attempt
+        self.attempts = []  # the ended attempts before the current one, as outcome.json lists them
+        self.restart_frame = None  # the current attempt's Restart, for a node that missed it
+        self.late = LateWatch(self.spec.nodes)  # which node comes last to the collectives (stragglers.py)
+        self.book = decide.RestartBook(self.spec, clock())  # the restarts made so far, and the next's words
+        self.over_event = threading.Event()  # no attempt follows: the watch ends
+        self.door = Door(listener, self.spec, self.serve)
+        self.watcher = Watch(self)
+
+    def start(self, watch=True):
+        """Accept the other nodes; ``watch``: tick every heartbeat on a thread of its own (its
+        tests call tick themselves, in fake time)."""
+        now = self.launched = self.clock()
+        self.book.started(now)
+        self.heard = {node: now for node in range(self.spec.nodes)}  # joining is due from Go on
+        self.door.open()
+        if watch:
+            threading.Thread(target=self.watch, name="supervisor-watch", daemon=True).start()
+
+    def serve(self, conn, node, stream):
+        """A node that joined (see Door): its reports until it closes; one that joins after the
+        job was halted hears so at once."""
+        with self.lock:
+            self.links[node] = (conn, threading.Lock())
+            self.heard[node] = self.clock()
+            halted = self.halted
+        try:
+            conn.settimeout(self.spec.orphan_timeout)
+            if halted:
+                self.send(node, wire.Halt(reason=halted))
+            while True:
+                frame = wire.read_frame(stream, wire.PEER)
+                if frame is None:
+                    return
+                self.heard_from(node, frame)
+        except (OSError, ValueError, wire.ProtocolError):
+            pass  # a silent node is found lost by tick()
+        finally:
+            with self.lock:
+                if self.links.get(node, (None,))[0] is conn:
+                    del self.links[node]
+            conn.close()
+
+    def heard_from(self, node, frame):
+        now = self.clock()
+        if isinstance(frame, wire.Progress) and frame.node == node:  # before heard: a tick that sees it sees these
+            self.progress.said[node] = (frame.quiet, now, frame.waiting, frame.ended is True)
+        self.heard[node] = now
+        if isinstance(frame, wire.NodeState) and frame.node == node:
+            if frame.attempt < self.attempt and self.restart_frame is not None:
+                self.send(node, self.restart_frame)  # it reconnected after the word went out
+            self.report(node, frame.state, frame.code, frame.reason, frame.attempt, frame.final, frame.failure)
+        elif isinstance(frame, wire.Arrivals):
+            self.arrived(node, frame)
+
+    def arrived(self, node, frame):
+        """When ``node``'s ranks reached their collectives (its own, or a peer's Arrivals): a node
+        that has just become a straggler is told of, once, as ddp-up tells of one."""
+        with self.lock:
+            named = self.late.arrivals(node, frame.times, float)
+        for late in named:
+            self.runner.notices.send("straggler", "job %s: node %d is a straggler: %s" % (
+                self.spec.job, late.node, late.how()), node=late.node)
+
+    def send(self, node, frame):
+        link = self.links.get(node)
+        if link is None:
+            return
+        conn, lock = link
+        try:
+            with lock:
+                conn.sendall(frame.encode())
+        except OSError:
+            pass
+
+    def report(self, node, state, code=None, reason=None, attempt=None, final=False, failure=None):
+        with self.lock:
+            if attempt is not None and attempt != self.attempt:
+                return  # a word about another attempt (one resent on reconnecting)
+            if self.states.get(node, {}).get("state") in ENDED:
+                return  # a node ends once
+            self.states[node] = decide.node_end(state, code, reason, final, failure, self.wall())
+            if state == "done" and self.first_done is None:
+                self.first_done = self.clock()
+            ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == self.spec.nodes
+        if state in ("failed", "stopped", "lost"):
+            self.halt("node %d %s" % (node, decide.describe_end(state, code, reason)))
+        if ended:
+            blocker = self.why_not_restart()
+            if blocker is not None:
+                self.over(blocker)
+            self.finished.set()  # else the master node's agent restarts the job (DetachedRun.restart_here)
+
+    def why_not_restart(self):
+        """Why no attempt follows the one every node has ended, or None (its budget and words are
+        kept for restart): decide.next_attempt, the rule ddp-up's restarts follow."""
+        budget, words = self.book.decide(self.states, self.summary()["root_cause"], self.attempt, self.clock())
+        return None if budget else words
+
+    def restart(self, attempt, port):
+        """Attempt ``attempt`` begins: every node is told (and any that rejoins later, see
+        heard_from); the watch starts afresh."""
+        with self.lock:
+            self.attempts.append(dict(self.summary(), next=self.book.words))
+            write_record(self.runner.dir, {"attempts": self.attempts}, ATTEMPTS)  # an attach's words for it
+            self.book.begin(self.clock())
+            self.attempt = attempt
+            self.states, self.halted, self.hung, self.first_done = {}, None, None, None
+            self.progress = decide.NodesProgress()
+            self.late = LateWatch(self.spec.nodes)
+            now = self.launched = self.clock()
+            self.heard = {node: now for node in range(self.spec.nodes)}
+            self.restart_frame = wire.Restart(attempt=attempt, port=port)
+            self.finished.clear()
+        for node in list(self.links):
+            self.send(node, self.restart_frame)
+        root = notify.root_text(self.attempts[-1]["root_cause"])
+        self.runner.notices.send("restart", "job %s: attempt %d ended (%s); attempt %d starts" % (
+            self.spec.job, attempt - 1, root or "no root cause", attempt), attempt=attempt, root_cause=root)
+
+    def over(self, reason):
+        """No attempt follows: the outcome is recorded and every node told."""
+        last = dict(self.summary(), next=reason)
+        write_record(self.runner.dir, dict(last, job=self.spec.job, attempts=self.attempts + [last]), OUTCOME)
+        for node in list(self.links):
+            self.send(node, wire.RunOver(reason=reason))
+        self.over_event.set()
+        self.runner.notices.ended(last, reason)
+
+    def summary(self):
+        return decide.attempt_summary(self.attempt, self.states, self.hung, self.halted, self.wall())
+
+    def halt(self, reason):
+        """Every node still running stops, the master node's too; only the first reason counts."""
+        with self.lock:
+            if self.halted is not None:
+                return
+            self.halted = reason
+        for other in list(self.links):
+            if self.states.get(other, {}).get("state") not in ENDED:
+                self.send(other, wire.Halt(reason=reason))
+        self.runner.events.put(events.Halt(self.attempt, reason))
+
+    def watch(self):
+        while not self.over_event.wait(self.spec.heartbeat):
+            self.tick(self.clock())
+
+    def tick(self, now):
+        """Once a heartbeat (Watch.tick)."""
+        self.watcher.tick(now)
+
+
+class PeerLink:
+    """Every other node's agent, in a detached job: its line to the master node's Supervisor. A
+    Halt stops the job here; a supervisor unheard for orphan_timeout (the master node or the
+    network between them gone) stops it too, as a silent controller would. It reconnects while
+    it waits: a short break in the network is not a failure."""
+
+    def __init__(self, runner, addr, port, clock=time.monotonic):
+        self.runner = runner
+        self.spec = runner.spec
+        self.addr, self.port = addr, port
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.sock = None
+        self.heard = clock()
+        self.state = wire.NodeState(node=self.spec.node, state="running")
+        self.done = threading.Event()
+
+    def start(self):
+        threading.Thread(target=self.run, name="peer-link", daemon=True).start()
+        threading.Thread(target=self.beat, name="peer-beat", daemon=True).start()
+
+    def run(self):
+        while not self.done.is_set():
+            try:
+                self.session()
+            except (OSError, ValueError, wire.ProtocolError):
+                pass
+            if self.done.wait(1.0):
+                return
+
+    def session(self):
+        conn = socket.create_connection((self.addr, self.port), timeout=JOIN_TIMEOUT)
+        try:
+            conn.settimeout(self.spec.orphan_timeout)
+            stream = conn.makefile("rb")
+            challenge = wire.read_frame(stream, wire.PEER)
+            if not isinstance(challenge, wire.Challenge):
+                return
+            with self.lock:
+                conn.sendall(wire.Join(node=self.spec.node, proof=proof(self.spec.token, challenge.nonce)).encode()
+                             + self.state.encode())
+                self.sock = conn
+            while True:
+                frame = wire.read_frame(stream, wire.PEER)
+                if frame is None:
+                    return
+                self.heard = self.clock()
+                event = events.from_supervisor(frame, self.runner.attempt)
+                if event is not None:
+                    self.runner.events.put(event)
+        finally:
+            with self.lock:
+                self.sock = None
+            conn.close()
+
+    def send(self, frame):
+        with self.lock:
+            if self.sock is None:
+                return False
+            try:
+                self.sock.sendall(frame.encode())
+                return True
+            except OSError:
+                return False
+
+    def beat(self):
+        while not self.done.wait(self.spec.heartbeat):
+            stop = self.tick(self.clock())
+            if stop is not None:  # the one node given the targets besides the master's tells (plan.agent_spec)
+                self.runner.notices.send("lost", "job %s: node %d lost its supervisor for good: %s; it stops its part" % (
+                    self.spec.job, self.spec.node, stop.reason), node=self.spec.node)
+                self.runner.events.put(stop)
+                return
+
+    def tick(self, now):
+        """Once a heartbeat: say how quiet this node's ranks are; the Stop a silent supervisor
+        becomes, or None."""
+        self.send(wire.Progress(node=self.spec.node, quiet=now - self.runner.out.last_output,
+                                waiting=self.runner.waiting(), ended=self.runner.ranks_ended()))
+        silent = policy.silence(now, self.heard, self.spec.orphan_timeout)
+        if silent is None:
+            return None
+        return events.Stop("no word from the master node's supervisor for %.0f s" % silent)
+
+    def report(self, state, code, reason, attempt=0, final=False, failure=None, keep=False):
+        """This node's end of ``attempt``, to the supervisor (waiting a little for a connection, if
+        it is between two); the link then closes, unless ``keep``: the supervisor's word on a next
+        attempt is to come."""
+        self.set_state(wire.NodeState(node=self.spec.node, state=state, code=code, reason=reason,
+                                      attempt=attempt, final=final, failure=failure))
+        if not keep:
+            self.close()
+
+    def rejoin(self, attempt):
+        self.set_state(wire.NodeState(node=self.spec.node, state="running", attempt=attempt))
+
+    def set_state(self, state):
+        with self.lock:
+            self.state = state
+        deadline = self.clock() + 2 * self.spec.heartbeat
+        while not self.send(state) and self.clock() < deadline:
+            time.sleep(0.1)
+
+    def close(self):
+        self.done.set()
