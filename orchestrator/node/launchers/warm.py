@@ -129,6 +129,7 @@ class Warm(Forker):
         self.hello = None  # the interpreter's first answer: {"ready": ...} or {"cold": ...}
         self.said = threading.Event()
         self.children = {}  # pid -> WarmChild
+        self.heard_all = False  # its socket reached its end: every line it said is read
         self.started = {}  # local rank -> pid, as the interpreter reports them
         self.forked = threading.Condition(self.lock)
         self.buffer = b""
@@ -160,6 +161,7 @@ class Warm(Forker):
             self.take({"cold": why or "the warm interpreter %s%s" % (status, importing)})
         self.said.set()
         with self.lock:
+            self.heard_all = True  # a fork still waiting has its answer, if any, by now
             running = [child for child in self.children.values() if child.returncode is None]
             for child in running:
                 child.lost = "its warm interpreter %s, and its exit status with it" % status
@@ -204,12 +206,13 @@ class Warm(Forker):
                 child = self.children.get(message["ended"])
             if child is not None:
                 child.end(int(message["code"]))
-        elif "refused" in message:  # it will fork nothing more (beforefork.Seen.refusal): said once, and the
-            with self.lock:  # fork that waits for it starts cold now
+        elif "refused" in message:  # it will fork nothing more (beforefork.Seen.refusal): said once, then the
+            with self.lock:  # fork that waits for it starts cold (its notice before the rank's first line)
                 self.hello = {"cold": str(message.get("why"))}
+            self.report and self.report("ddp-up: warm start: %s\n" % self.why_cold())
+            with self.lock:
                 self.started[message["refused"]] = None
                 self.forked.notify_all()
-            self.report and self.report("ddp-up: warm start: %s\n" % self.why_cold())
 
     def ready(self, timeout=READY_WAIT):
         """Whether ranks can be forked: the imports done, CUDA untouched."""
@@ -251,7 +254,9 @@ class Warm(Forker):
                 self.sock.sendall(line[sent:])
             except OSError:
                 return None
-            while local_rank not in self.started and self.proc.poll() is None and time.monotonic() < deadline:
+            # until its answer, or every line it said was read: an interpreter that refused the fork and
+            # ended (a module changed on disk) may be gone before its word is read
+            while local_rank not in self.started and not self.heard_all and time.monotonic() < deadline:
                 self.forked.wait(0.5)
             return self.started.pop(local_rank, None)
 
