@@ -6,12 +6,12 @@ controller's for a node it lost).
 import signal
 
 from .launchers import container
+from .local.inventory import remove_stale_state
+from .local.procs import (KILL_WAIT, find_tagged, is_agent, job_env, job_ranks, kill_tagged, signal_ranks, signal_tagged,
+                          wait_gone)
+from .local.state import note_kill, remove_quietly
 from .probes import facts
 from .protocol import wire
-from .local.procs import job_env
-from .local.procs import AGENT_MARK, KILL_WAIT, find_tagged, job_ranks, kill_tagged, signal_ranks, signal_tagged, wait_gone
-from .local.inventory import remove_stale_state
-from .local.state import note_kill, remove_quietly
 
 
 def detect(spec, writer):
@@ -53,7 +53,7 @@ def signal_sweep(spec, match, found, writer):
 def stop_agents_first(match, grace):
     """kill_tagged, but a detached job's agents first get SIGTERM and ``grace`` to stop their own
     job and record its end (their workers are still there when they look)."""
-    agents = [p["pid"] for p in find_tagged(match) if AGENT_MARK in p["cmd"]]
+    agents = [p["pid"] for p in find_tagged(match) if is_agent(p)]
     notes = [note_kill(pid) for pid in agents]  # the signal is ddp-kill's: the run is over, not recovered
     stopped = [pid for pid in agents if signal_tagged(pid, signal.SIGTERM, match)]
     wait_gone(stopped, grace + KILL_WAIT)

@@ -116,3 +116,13 @@ def test_ddp_kills_note_tells_its_signal_from_anyone_elses_once(tmp_path, monkey
     assert state.killed_by_ddp_kill() is True and state.killed_by_ddp_kill() is False
     os.chmod(state.state_root(), 0o777)
     assert state.note_kill(os.getpid()) is None and state.killed_by_ddp_kill() is False
+
+
+def test_an_agent_is_known_by_its_name_and_one_of_an_earlier_version_by_its_old_mark():
+    """ddp-kill stops a detached job's agents first: this version's, named in ps, and those of a job
+    started before an upgrade, whose command line began with the loader's mark."""
+    from orchestrator.node.local.procs import is_agent
+
+    assert is_agent({"cmd": "ddp-up-agent job=20261128-000000-abcdef node=1"})
+    assert is_agent({"cmd": "/usr/bin/python3 -u -S -c 'ddp_up_agent';import sys,types,marshal;i=sys.stdin.buffer"})
+    assert not is_agent({"cmd": "/usr/bin/python3 -u train.py --agent ddp-up"})

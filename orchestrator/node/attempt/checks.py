@@ -13,11 +13,11 @@ import threading
 import time
 
 from ..launchers import image
-from ..probes import facts, gpuhealth
-from ..protocol import wire
 from ..local.ourcode import source_of
 from ..local.procs import TAG_ATTEMPT, TAG_JOB, TAG_NODE, find_tagged
 from ..local.state import JOB_ID, claim_node_dir, job_in_use
+from ..probes import facts, gpuhealth
+from ..protocol import wire
 from ..userpython import torchprobe
 
 

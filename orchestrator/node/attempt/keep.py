@@ -19,15 +19,14 @@ import sys
 import threading
 import time
 
-from ..protocol import events, policy, wire
-from ..local.procs import job_env
 from ..launchers.keptbox import HeldBox
-from .placement import TERMINAL_ENV, own_vars
-from ..local.procs import TAG_KEEP, kill_tagged
-from .run import install_handlers
-from ..local.state import private_dir, state_root, unsafe_state
 from ..launchers.keptwarm import kept_dir
 from ..launchers.warm import Warm
+from ..local.procs import TAG_KEEP, job_env, kill_tagged
+from ..local.state import private_dir, state_root, unsafe_state
+from ..protocol import events, policy, wire
+from .placement import TERMINAL_ENV, own_vars
+from .run import install_handlers
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

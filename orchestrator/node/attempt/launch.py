@@ -13,8 +13,8 @@ import time
 
 from ..launchers.keptbox import BoxLauncher
 from ..launchers.workers import OWN_LAUNCHER, Workers, parse_launch
-from ..local.procs import (KILL_WAIT, TAG_ATTEMPT, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged, read_tags,
-                           signal_name, signal_ranks, signal_tagged, wait_gone)
+from ..local.procs import (KILL_WAIT, TAG_ATTEMPT, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged,
+                           read_tags, signal_name, signal_ranks, signal_tagged, wait_gone)
 from ..probes import facts
 from ..protocol import events, policy, wire
 from ..watch import flight

@@ -11,7 +11,7 @@ import threading
 from ..launchers.keptbox import BoxWarm, HeldHere, keeps_box
 from ..launchers.keptwarm import KeptWarm
 from ..launchers.warm import READY_WAIT, Warm, attempt_files
-from ..local.procs import TAG_ATTEMPT, TAGS, spec_tags
+from ..local.procs import TAGS, TAG_ATTEMPT, spec_tags
 from ..protocol import events, policy, wire
 from .placement import TERMINAL_ENV, own_vars, warm_here
 

@@ -13,8 +13,8 @@ import sys
 import threading
 import time
 
-from ..protocol import wire
 from ..local.state import remove_quietly
+from ..protocol import wire
 
 
 def sync_needs(dest, entries):

@@ -39,8 +39,8 @@ import subprocess
 import sys
 import threading
 
+from ..local.procs import TAGS, TAG_KEEP, kill_tagged
 from .boxwarm import start_in
-from ..local.procs import TAG_KEEP, TAGS, kill_tagged
 from .warm import READY_WAIT, Warm, receive_request
 
 

@@ -19,9 +19,9 @@ import os
 import shutil
 import subprocess
 
-from ..probes import facts
-from ..local.procs import TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_KEEP, TAG_NODE, TAG_RUN, TAGS, spec_tags
+from ..local.procs import TAGS, TAG_ATTEMPT, TAG_CLUSTER, TAG_JOB, TAG_KEEP, TAG_NODE, TAG_RUN, spec_tags
 from ..local.state import write_private
+from ..probes import facts
 from .workers import OWN_LAUNCHER
 
 DAEMON_RUNTIMES = ("docker", "podman")  # the container outlives its client: stopped and removed by name

@@ -21,12 +21,12 @@ import subprocess
 import threading
 import time
 
-from ..local.procs import job_env
-from .container import CODE_DIR, COMMAND_WAIT, DAEMON_RUNTIMES, ENV_FILE, Box, gpu_ids, inner_env, write_env, write_package
-from ..local.procs import TAG_KEEP, TAGS
+from ..local.procs import TAGS, TAG_KEEP, job_env
 from ..local.state import open_regular, private_dir, state_root
+from .container import (Box, CODE_DIR, COMMAND_WAIT, DAEMON_RUNTIMES, ENV_FILE, gpu_ids, inner_env, write_env,
+                        write_package)
 from .keptwarm import KeptWarm, kept_dir
-from .warm import APPEAR_WAIT, LINE_MAX, READY_WAIT, Forker, WarmChild
+from .warm import APPEAR_WAIT, Forker, LINE_MAX, READY_WAIT, WarmChild
 
 START_WAIT = 120.0  # seconds its container may take to start and listen (a loaded node, a big image's start)
 

@@ -11,7 +11,7 @@ import time
 
 from ..local.ourcode import written
 from ..local.state import state_root
-from .warm import APPEAR_WAIT, LINE_MAX, READY_WAIT, Forker, WarmChild, store_to_await, watch_orphan
+from .warm import APPEAR_WAIT, Forker, LINE_MAX, READY_WAIT, WarmChild, store_to_await, watch_orphan
 
 
 def kept_dir(name):

@@ -33,8 +33,8 @@ import subprocess
 import threading
 import time
 
-from ..local.procs import TORCHRUN, signal_name
 from ..local.ourcode import written
+from ..local.procs import TORCHRUN, signal_name
 from ..userpython.proctitle import ROOM, ROOM_VAR
 from ..userpython.standin import CODE_VAR, PASS_VAR, SOCKET_VAR
 from ..userpython.warmparent import LOADER

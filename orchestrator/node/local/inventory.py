@@ -9,8 +9,8 @@ import shutil
 import time
 
 from .procs import TAG_CLUSTER, TAG_JOB, find_tagged
-from .state import (JOB_ID, OUTCOME, RECORD, RETENTION, checked_record, cluster_of, live_record, live_state, parse_node_dir,
-                    private_dir, read_record, state_root)
+from .state import (JOB_ID, OUTCOME, RECORD, RETENTION, checked_record, cluster_of, live_record, live_state,
+                    parse_node_dir, private_dir, read_record, state_root)
 
 
 LISTING_MOST = 32 << 20  # bytes of records one listing carries (a frame's header holds them all)

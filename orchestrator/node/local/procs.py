@@ -30,6 +30,13 @@ def spec_tags(spec, attempt):
 # An agent's name, the first word after its loader's on its command line (remote/protocol.title),
 # and the first of the words it keeps there (main.main): ps and /proc/PID/cmdline name it by this.
 AGENT_MARK = "ddp-up-agent"
+EARLIER_AGENT_MARK = "'ddp_up_agent';"  # how an agent of an earlier version began its command line
+
+
+def is_agent(proc):
+    """Whether ``proc`` (find_tagged's) is a node agent: this version's, or a detached job's agent
+    started by an earlier one (ddp-kill still stops it first)."""
+    return AGENT_MARK in proc["cmd"] or EARLIER_AGENT_MARK in proc["cmd"]
 
 KILL_WAIT = 3.0  # after SIGKILL, how long to wait for the kernel to reap before reporting
 
@@ -125,7 +132,7 @@ def job_ranks(found):
     (torchrun's workers) or of its agents (`launcher: none`), not those themselves, nor whatever
     a rank started (a data loader's worker would die of a signal its rank handles). The caller
     may be the agent itself (find_tagged leaves it out): its children are ranks too."""
-    parents = {p["pid"] for p in found if AGENT_MARK in p["cmd"] or is_launcher(p)}
+    parents = {p["pid"] for p in found if is_agent(p) or is_launcher(p)}
     parents.add(os.getpid())
     return [p for p in found if p["pid"] not in parents and parent_of(p["pid"]) in parents]
 

@@ -3,9 +3,9 @@ and of ``now`` (monotonic seconds; ``wall``: the wall clock, for records). The s
 (supervisor.py) does the I/O; its unit tests drive these in fake time.
 """
 
+from ..local.state import ENDED
 from ..protocol import policy
 from ..watch import failures
-from ..local.state import ENDED
 
 STOPPED_WAITING = "stopped for good while it waited to restart"  # a stop between attempts: the job is stopped
 

@@ -22,10 +22,10 @@ import os
 import signal
 import time
 
-from .notify import JobNotices
-from ..local.inventory import remove_stale_state
 from ..attempt.run import Runner
+from ..local.inventory import remove_stale_state
 from ..local.state import BARS, JOURNAL, Journal, per_attempt, write_record
+from .notify import JobNotices
 from .restarts import Restarts, master_of
 from .supervisor import PeerLink, Supervisor, listen_for_peers
 

@@ -21,8 +21,8 @@ import threading
 import time
 
 from ..protocol import wire
-from .decide import describe_end
 from ..watch.relay import masked
+from .decide import describe_end
 
 EVENTS = ("ended", "restart", "hang", "straggler", "signal", "lost")
 TIMEOUT = 10.0  # seconds one target may take

@@ -5,10 +5,10 @@ the detached jobs recorded on this node.
 import os
 import time
 
-from ..protocol import wire
 from ..local.inventory import recorded_jobs, remove_stale_state
-from ..local.state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_record, live_state, open_regular, per_attempt, read_bars,
-                    read_record, read_regular)
+from ..local.state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_record, live_state, open_regular,
+                           per_attempt, read_bars, read_record, read_regular)
+from ..protocol import wire
 
 
 def follow(spec, writer):

@@ -9,11 +9,11 @@ import socket
 import threading
 import time
 
-from . import decide, notify
-from ..protocol import events, policy, wire
 from ..attempt.checks import listen_on
 from ..local.state import ATTEMPTS, ENDED, OUTCOME, write_record
+from ..protocol import events, policy, wire
 from ..protocol.stragglers import LateWatch
+from . import decide, notify
 from .watching import Watch
 
 JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job, in all

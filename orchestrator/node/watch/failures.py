@@ -16,8 +16,8 @@ import threading
 import time
 
 from ..local.procs import carries, children, read_environ_value, read_tags
-from .relay import attempt_dirs, rank_dirs
 from ..local.state import open_regular
+from .relay import attempt_dirs, rank_dirs
 from .teardown import SCRIPTS_EVERY
 
 READ_MOST = 1 << 16  # bytes read of the end of a stderr log

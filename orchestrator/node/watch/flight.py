@@ -22,9 +22,9 @@ import os
 import re
 import time
 
-from ..protocol import wire
 from ..local.state import open_regular
-from ..userpython.rankhook import DIR_VAR, EVERY_VAR, RECORDER_FRAME, RECORDER_THREAD  # (the recorder: the rank hook's thread)
+from ..protocol import wire
+from ..userpython.rankhook import (DIR_VAR, EVERY_VAR, RECORDER_FRAME, RECORDER_THREAD)  # (the recorder: the rank hook's thread)
 
 BUFFER = "256"  # entries each rank keeps: a ring, so its cost does not grow with the run
 RECORD_EVERY = 5.0  # seconds between a rank's records (aligned to the wall clock on every rank)

@@ -13,10 +13,10 @@ import queue
 import threading
 import time
 
-from ..protocol import wire
-from .screen import Screen, whole_lines
-from .flight import RecorderFilter
 from ..local.state import open_regular
+from ..protocol import wire
+from .flight import RecorderFilter
+from .screen import Screen, whole_lines
 
 
 class Writer:

@@ -4,8 +4,8 @@ function runner (plan/call.py) left it beside the attempt's hooks, read back for
 import os
 import re
 
-from ..protocol import wire
 from ..local.state import open_regular
+from ..protocol import wire
 
 RESULT_FILE = re.compile(r"result\.(\d{1,7})")  # what it leaves for each global rank, beside itself
 RESULT_LIMIT = 8 << 20  # the runner's own limit (a bigger value fails the rank, saying so)
