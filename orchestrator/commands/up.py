@@ -25,6 +25,7 @@ from ..node.probes.facts import IFNAME_VARS
 from ..plan.launch import LaunchPlan, check_job_id, make_plan, new_job_id, warm_refused
 from ..plan.sbatch import SBATCH_SCRIPT, split_sbatch, submit
 from ..remote import signals
+from ..remote.detect import answering
 from ..remote.fetch import fetch_outputs
 from ..remote.parallel import interruptible
 from ..remote.sync import Tree, human_bytes, scan, sync_all, targets
@@ -249,7 +250,8 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
                          recoveries=recovery_limit(config, limit), commit=record and record.commit)
         return replace(plan, hooks=caller.call.hooks()) if caller.call else plan  # a function: its runner, its payload
 
-    restarts = Restarts.of(config, limit, planner=planner)  # detached, its restarts are its supervisor's
+    # detached, its restarts are its supervisor's; a node lost once is asked again at each restart
+    restarts = Restarts.of(config, limit, planner=planner, prober=answering)
     plan = restarts.plan(restarts.first_cluster(), 0)
     if args.dry_run:
         print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None,

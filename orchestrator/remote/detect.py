@@ -6,7 +6,7 @@ cluster whose counts are all known, and no view or rank ever changes after it is
 
 from __future__ import annotations
 
-from ..config.cluster import ClusterConfig
+from ..config.cluster import ClusterConfig, NodeConfig
 from ..errors import NodeProblem, SetupError
 from ..node.protocol import wire
 from .oneshot import Reply, call_agent
@@ -41,3 +41,13 @@ def _problem(reply: Reply) -> NodeProblem | None:
                            "/proc/driver/nvidia/gpus, or CUDA_VISIBLE_DEVICES hides them all)",
                            "set `gpus:` to the number of processes for this node")
     return None
+
+
+def answering(nodes: list[NodeConfig]) -> set[str]:
+    """The labels of those ``nodes`` that answer: reached, their agent started (after `setup:`),
+    and its answer read, each within its connect timeout and DETECT_MARGIN. A node lost earlier
+    is asked so before the next attempt (its preflight then checks the rest)."""
+    replies = on_each(nodes, lambda n: call_agent(n, wire.DetectSpec(env=dict(n.env)),
+                                                  n.ssh.connect_timeout + DETECT_MARGIN, until=wire.Detected,
+                                                  setup=True), name="rejoin")
+    return {r.node.label for r in replies if r.problem is None}

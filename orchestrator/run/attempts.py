@@ -6,12 +6,15 @@ every node of the failed one has stopped (the Job's own cleanup), and the run wa
 ``restart_delay`` times the attempt number: a node that needs a minute to come back gets it.
 
 The Roster (pure) says which listed nodes run, which wait as spares, and which are out. With
-``spares:`` (or ``min_nodes:``), a node is quarantined for the rest of the run when it is an
-attempt's root cause and was lost (its agent unreachable or silent), or is the root cause for the
-second time: the next spare takes its place, the same node rank with the same ranks, so the world
-size stays. Without a spare left, the run goes on with fewer nodes only as far as ``min_nodes``
-allows (the world size shrinks, and it says so); else it ends with the failure. With neither
-setting, every attempt runs on the nodes listed (a lost node may well be back).
+``spares:`` (or ``min_nodes:``), a node that is an attempt's root cause and was lost (its agent
+unreachable or silent) is away until it answers again; one lost a second time, or the root cause
+for the second time, is quarantined for the rest of the run. The next spare takes its place, the
+same node rank with the same ranks, so the world size stays. Without a spare left, the run goes
+on with fewer nodes only as far as ``min_nodes`` allows (the world size shrinks, and it says so);
+else it ends with the failure. With neither setting, every attempt runs on the nodes listed (a
+lost node may well be back). The away nodes are asked at the restarts after (Restarts.ask_away,
+during the delay); one that answers rejoins while the run is smaller than it started, else it
+waits as a spare (Roster.rejoin).
 
 A later attempt preflights again only where needed: a node whose preflight passed before and that
 was not lost since is "vetted" (vetted_after), and its agent skips the torch probe; a spare that
@@ -124,48 +127,82 @@ class Roster:
     min_nodes: int
     quarantined: list[str] = field(default_factory=list)
     blamed: Counter = field(default_factory=Counter)  # times each node was an attempt's root cause
+    away: list[NodeConfig] = field(default_factory=list)  # lost once: back once they answer again (rejoin)
+    losses: Counter = field(default_factory=Counter)  # times each node was lost as an attempt's root cause
+    just_lost: set[str] = field(default_factory=set)  # away since the attempt that just ended: not asked yet
+    size: int = 0  # the nodes the run starts on: it never grows past them
 
     @classmethod
     def of(cls, config: ClusterConfig) -> Roster:
         count = config.active_count
         return cls(list(config.nodes[:count]), list(config.nodes[count:]),
-                   config.min_nodes if config.min_nodes is not None else count)
+                   config.min_nodes if config.min_nodes is not None else count, size=count)
 
     def cluster(self, config: ClusterConfig) -> ClusterConfig:
         """The attempt's cluster: the active nodes in their positions (node ranks). The master
         moves to the first of them only if its own node is out."""
         nodes = tuple(replace(n, rank=i) for i, n in enumerate(self.active))
-        out = {a for n in config.nodes if n.label in self.quarantined for a in (n.addr, n.host)}
+        gone = set(self.quarantined) | {n.label for n in self.away}
+        out = {a for n in config.nodes if n.label in gone for a in (n.addr, n.host)}
         master = nodes[0].addr if config.master_addr in out else config.master_addr
         return replace(config, nodes=nodes, master_addr=master, spares=0)
+
+    @property
+    def out(self) -> tuple[str, ...]:
+        """The nodes out of the run so far: for good, and away until they answer again."""
+        return (*self.quarantined, *(n.label for n in self.away))
 
     @property
     def replaces(self) -> bool:
         """Whether nodes are ever taken out: with spares to take their place, or min_nodes to go
         on without. Without either, every attempt runs on the nodes listed."""
-        return bool(self.spares or self.quarantined) or self.min_nodes < len(self.active)
+        return bool(self.spares or self.quarantined or self.away) or self.min_nodes < len(self.active)
 
     def settle(self, cause_node: str | None, lost: bool) -> Verdict:
-        """After a failed attempt whose root cause was on ``cause_node`` (a label)."""
+        """After a failed attempt whose root cause was on ``cause_node`` (a label). A node lost
+        once is away: it comes back when it answers again (rejoin); lost twice, or the root cause
+        twice, it is out for the rest of the run."""
+        self.just_lost = set()
         if cause_node is None or not self.replaces:
             return Verdict(True)
         self.blamed[cause_node] += 1
+        self.losses[cause_node] += lost
         if not (lost or self.blamed[cause_node] >= 2):
             return Verdict(True)
-        self.quarantined.append(cause_node)
-        why = "lost" if lost else "the root cause twice"
         position = next(i for i, n in enumerate(self.active) if n.label == cause_node)
+        if lost and self.losses[cause_node] < 2:
+            self.away.append(self.active[position])
+            self.just_lost.add(cause_node)
+            out = f"{cause_node} is out until it answers again (lost)"
+        else:
+            self.quarantined.append(cause_node)
+            out = f"{cause_node} is out for the rest of the run ({'lost twice' if lost else 'the root cause twice'})"
         if self.spares:
             spare = self.spares.pop(0)
             self.active[position] = spare
-            return Verdict(True, f"{cause_node} is out for the rest of the run ({why}); spare {spare.label} takes "
-                                 f"its place as node {position}")
+            return Verdict(True, f"{out}; spare {spare.label} takes its place as node {position}")
         if len(self.active) - 1 >= self.min_nodes:
             self.active.pop(position)
-            return Verdict(True, f"{cause_node} is out for the rest of the run ({why}); no spare left: going on "
-                                 f"with {len(self.active)} node(s) (min_nodes: {self.min_nodes}), a smaller world")
-        return Verdict(False, f"{cause_node} is out for the rest of the run ({why}), and no spare is left "
-                              f"(set `spares:`, or `min_nodes:` to go on with fewer nodes)")
+            return Verdict(True, f"{out}; no spare left: going on with {len(self.active)} node(s) (min_nodes: "
+                                 f"{self.min_nodes}), a smaller world")
+        return Verdict(False, f"{out}, and no spare is left (set `spares:`, or `min_nodes:` to go on with fewer nodes)")
+
+    def rejoin(self, answering: set[str], listed: tuple[NodeConfig, ...]) -> list[str]:
+        """The away nodes that answer again come back: into the run while it is smaller than it
+        started (in their listed order, so node ranks follow the cluster file), else as spares.
+        What to say of each."""
+        said = []
+        for node in [n for n in self.away if n.label in answering]:
+            self.away.remove(node)
+            if len(self.active) < self.size:
+                order = {n.label: i for i, n in enumerate(listed)}
+                self.active = sorted(self.active + [node], key=lambda n: order.get(n.label, len(order)))
+                said.append(f"{node.label} answers again: it rejoins the run, which grows back to "
+                            f"{len(self.active)} node(s)")
+            else:
+                self.spares.append(node)
+                said.append(f"{node.label} answers again: it waits as a spare")
+        return said
 
 
 def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool],
@@ -221,6 +258,24 @@ def wait_for_signal(inbox, seconds: float) -> int | None:
     return inbox.first
 
 
+class Asking:
+    """``prober`` asked of ``nodes`` on a thread of its own: ``found`` (the labels that answered)
+    once ``done``. A prober that fails finds none: the nodes stay away."""
+
+    def __init__(self, prober: Callable[[list[NodeConfig]], set[str]], nodes: list[NodeConfig]):
+        self.found: set[str] = set()
+        self.done = threading.Event()
+        threading.Thread(target=self._ask, args=(prober, nodes), name="rejoin", daemon=True).start()
+
+    def _ask(self, prober: Callable[[list[NodeConfig]], set[str]], nodes: list[NodeConfig]) -> None:
+        try:
+            self.found = set(prober(nodes))
+        except Exception:  # noqa: BLE001 - asking is a favour: the run goes on with the nodes it has
+            self.found = set()
+        finally:
+            self.done.set()
+
+
 @dataclass(frozen=True)
 class NextAttempt:
     """What follows a failed attempt: the next one's cluster (None: the run ends here), why (its
@@ -245,13 +300,15 @@ class Restarts:
     vetted: dict[str, dict] = field(default_factory=dict)  # see vetted_after
     recoveries: int = 0  # new attempts after a node lost or an outside stop (recovery_limit)
     used: Counter = field(default_factory=Counter)  # {"restart": n, "recovery": m}
+    prober: Callable[[list[NodeConfig]], set[str]] | None = None  # the labels of those nodes that answer (remote/detect)
 
     @classmethod
     def of(cls, config: ClusterConfig, limit: int | None = None,
-           planner: Callable[[ClusterConfig, Attempt], LaunchPlan] | None = None) -> Restarts:
+           planner: Callable[[ClusterConfig, Attempt], LaunchPlan] | None = None,
+           prober: Callable[[list[NodeConfig]], set[str]] | None = None) -> Restarts:
         limit = config.restarts if limit is None else limit
         return cls(config, Roster.of(config), limit, config.restart_delay, planner,
-                   recoveries=recovery_limit(config, limit))
+                   recoveries=recovery_limit(config, limit), prober=prober)
 
     @property
     def any(self) -> bool:
@@ -261,9 +318,25 @@ class Restarts:
     def first_cluster(self) -> ClusterConfig:
         return self.roster.cluster(self.config)
 
+    def ask_away(self) -> Asking | None:
+        """The nodes away from the run asked whether they answer again, on a thread of its own
+        (while the run waits its restart delay); None where none is. A node lost in the attempt
+        that just ended is not asked yet: it did not answer a moment ago, and asking would hold
+        the smaller run's start for a connect timeout; the restart after asks it."""
+        asked = [n for n in self.roster.away if n.label not in self.roster.just_lost]
+        if not asked or self.prober is None:
+            return None
+        return Asking(self.prober, asked)
+
+    def welcome(self, asking: Asking | None) -> list[str]:
+        """The away nodes that answered come back (Roster.rejoin); what to say of each."""
+        if asking is None or not asking.done.is_set():
+            return []
+        return self.roster.rejoin(asking.found, self.config.nodes)
+
     def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
         """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""
-        return self.planner(cluster, Attempt(attempt, tuple(self.roster.quarantined), dict(self.vetted)))
+        return self.planner(cluster, Attempt(attempt, self.roster.out, dict(self.vetted)))
 
     def vet(self, statuses: list[NodeStatus]) -> None:
         """After an attempt: remember which nodes need no torch probe in the next one."""

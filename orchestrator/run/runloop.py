@@ -21,6 +21,10 @@ from ..views.logfiles import RunLogs
 from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
 from .notifier import Notifier
 
+# Seconds a restart waits, past its delay, for the nodes away from the run to answer (a connect
+# timeout and an agent's start): one that has not answered by then stays away this attempt.
+ASK_MOST = 30.0
+
 
 @dataclass(frozen=True)
 class Caller:
@@ -118,12 +122,18 @@ def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, b
     views.event("restart", f"job {plan.job_id}: attempt {plan.attempt} {last.end} ({last.root_cause or 'no root cause'}); "
                            f"attempt {plan.attempt + 1} ({nxt.why}) in {delay:g} s",
                 attempt=plan.attempt + 1, root_cause=last.root_cause)
+    asking = policy.ask_away()  # the nodes away from the run, asked meanwhile whether they answer again
     signum = wait_for_signal(inbox, delay)
+    deadline = time.monotonic() + ASK_MOST
+    while signum is None and asking is not None and not asking.done.is_set() and time.monotonic() < deadline:
+        signum = wait_for_signal(inbox, 0.1)
     if signum is not None:
         why = f"{signal.Signals(signum).name} while waiting to restart: no new attempt"
         views.notice(why)
         return None, signum, why
-    return policy.plan(nxt.cluster, plan.attempt + 1), None, nxt.why
+    for text in policy.welcome(asking):
+        views.notice(text)
+    return policy.plan(policy.first_cluster() if asking else nxt.cluster, plan.attempt + 1), None, nxt.why
 
 
 def detached_notices(plan: LaunchPlan, console_view: ConsoleView, cluster_arg: str) -> int:

@@ -73,7 +73,7 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(clu
     out = launch.output
     assert code == 0, out
     assert "disabling multiplexing" not in out, out  # the kept interpreters' ssh never raced the agents' for the master
-    assert f"{lost.addr} is out for the rest of the run (lost); spare {spare.addr} takes its place as node 1" in out
+    assert f"{lost.addr} is out until it answers again (lost); spare {spare.addr} takes its place as node 1" in out
     ready = re.search(rf"^{re.escape(spare.addr)}\s+r1\s+\| READY rank=1 world=2 host={spare.name} .* ppid=(\d+) "
                       r"warm=True attempt=1$", out, re.M)
     assert ready, out
@@ -86,6 +86,34 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(clu
     # issue 27, item 5: a lost node is not the job's own failure: `restarts:` stays untouched
     assert attempts[0]["end"] == "lost" and attempts[0]["next"].startswith("recovery 1 of 3 (not the job's own"), attempts
     # the cut-off node stops its part by itself: the leak check after this test waits for that
+
+
+@pytest.mark.long
+def test_a_lost_node_that_answers_again_rejoins_at_the_next_restart_and_the_world_grows_back(cluster, cluster_file):
+    """With `min_nodes:` and no spare, a node cut off is out of the run, which goes on smaller; its
+    link back, the next restart asks it, and it rejoins: the world is the listed one again."""
+    back = cluster.nodes[2]
+    path = cluster_file([(0, 1), (1, 1), (2, 1)], min_nodes=2, restarts=1, restart_delay=0.2, orphan_timeout=3,
+                        launcher="none", env={"TICK_SAYS_PORT": "1"})
+    launch = Launch([str(path), SCRIPT, "tick", "40", "0.2", "0", "3", "1"])  # rank 0 fails in attempt 1 only
+    try:
+        launch.wait_line(r"tick 3 rank=2$", 120)
+        cluster.partition(back)
+        launch.wait_line(r"PORT \d+ attempt=1$", 120)  # attempt 1 runs, on two nodes: the link comes back
+        cluster.heal(back)
+        code = launch.wait(240)
+    finally:
+        cluster.heal(back)
+        launch.proc.kill()
+    out = launch.output
+    assert code == 0, out
+    assert f"{back.addr} is out until it answers again (lost); no spare left: going on with 2 node(s)" in out, out
+    assert f"{back.addr} answers again: it rejoins the run, which grows back to 3 node(s)" in out, out
+    attempts = summary(out)["attempts"]
+    assert [a["nodes"] for a in attempts] == [[n.addr for n in cluster.nodes[:3]], [n.addr for n in cluster.nodes[:2]],
+                                              [n.addr for n in cluster.nodes[:3]]], attempts
+    assert [a["end"] for a in attempts] == ["lost", "failed", "succeeded"], attempts
+    assert "tick 39 rank=2" in out, out
 
 
 def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):

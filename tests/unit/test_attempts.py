@@ -25,7 +25,7 @@ def test_a_lost_node_is_out_at_once_and_the_spare_takes_its_rank():
     config = cluster(4, spares=1)
     roster = Roster.of(config)
     verdict = roster.settle("h1", lost=True)
-    assert verdict.go_on and verdict.notice == "h1 is out for the rest of the run (lost); spare h3 takes its place as node 1"
+    assert verdict.go_on and verdict.notice == "h1 is out until it answers again (lost); spare h3 takes its place as node 1"
     nxt = roster.cluster(config)
     assert [(n.rank, n.label, n.gpus) for n in nxt.nodes] == [(0, "h0", 2), (1, "h3", 2), (2, "h2", 2)]
 
@@ -56,6 +56,65 @@ def test_without_a_spare_the_run_shrinks_only_as_far_as_min_nodes_allows():
     assert [n.label for n in roster.cluster(config).nodes] == ["h0", "h1"]
     verdict = roster.settle("h1", lost=True)
     assert not verdict.go_on and "no spare is left" in verdict.notice
+
+
+def test_a_node_lost_twice_is_out_for_the_rest_of_the_run_and_never_asked_again():
+    config = cluster(4, min_nodes=2)
+    roster = Roster.of(config)
+    roster.settle("h1", lost=True)
+    assert roster.rejoin({"h1"}, config.nodes) and [n.label for n in roster.active] == ["h0", "h1", "h2", "h3"]
+    verdict = roster.settle("h1", lost=True)
+    assert verdict.notice.startswith("h1 is out for the rest of the run (lost twice); no spare left: going on with 3")
+    assert roster.quarantined == ["h1"] and roster.away == [] and roster.rejoin({"h1"}, config.nodes) == []
+    assert "h1" not in [n.label for n in roster.active]
+
+
+def test_a_lost_node_that_answers_again_rejoins_in_its_place_and_the_world_grows_back():
+    config = cluster(4, min_nodes=2)
+    roster = Roster.of(config)
+    roster.settle("h0", lost=True)
+    roster.settle("h2", lost=True)
+    shrunk = roster.cluster(config)
+    assert [n.label for n in shrunk.nodes] == ["h1", "h3"] and shrunk.master_addr == "h1" and roster.out == ("h0", "h2")
+    assert roster.rejoin({"h2"}, config.nodes) == ["h2 answers again: it rejoins the run, which grows back to 3 node(s)"]
+    assert [(n.rank, n.label) for n in roster.cluster(config).nodes] == [(0, "h1"), (1, "h2"), (2, "h3")]
+    assert roster.rejoin(set(), config.nodes) == [] and roster.out == ("h0",)  # still away: asked again next time
+    roster.rejoin({"h0"}, config.nodes)
+    grown = roster.cluster(config)
+    assert [n.label for n in grown.nodes] == ["h0", "h1", "h2", "h3"] and grown.master_addr == "h0" and roster.out == ()
+
+
+def test_a_lost_node_that_answers_again_after_a_spare_took_its_place_waits_as_a_spare():
+    config = cluster(3, spares=1)
+    roster = Roster.of(config)
+    roster.settle("h1", lost=True)
+    assert roster.rejoin({"h1"}, config.nodes) == ["h1 answers again: it waits as a spare"]
+    assert [n.label for n in roster.active] == ["h0", "h2"] and [n.label for n in roster.spares] == ["h1"]
+    verdict = roster.settle("h0", lost=True)  # the next loss: the node back takes its place
+    assert verdict.notice == "h0 is out until it answers again (lost); spare h1 takes its place as node 0"
+
+
+def test_a_restart_asks_the_nodes_away_meanwhile_and_takes_back_those_that_answer():
+    from orchestrator.plan.launch import make_plan
+
+    asked = []
+    policy = Restarts.of(cluster(3, restarts=2, min_nodes=2),
+                         planner=lambda c, a: make_plan(c, "train.py", [], "J1", "/tmp", attempt=a),
+                         prober=lambda nodes: asked.append([n.label for n in nodes]) or {"h2"})
+    assert policy.ask_away() is None and asked == []  # no one away: no one asked
+    policy.roster.settle("h2", lost=True)
+    assert policy.ask_away() is None and asked == []  # lost a moment ago: the smaller run starts at once
+    policy.roster.settle("h0", lost=False)  # the next attempt failed: the restart after asks h2
+    asking = policy.ask_away()
+    assert asking.done.wait(10) and asked == [["h2"]]
+    assert policy.welcome(asking) == ["h2 answers again: it rejoins the run, which grows back to 3 node(s)"]
+    plan = policy.plan(policy.first_cluster(), 2)
+    assert [n.label for n in plan.nodes] == ["h0", "h1", "h2"] and plan.quarantined == ()
+    failing = Restarts.of(cluster(3, restarts=2, min_nodes=2), prober=lambda nodes: 1 / 0)
+    failing.roster.settle("h2", lost=True)
+    failing.roster.settle(None, lost=False)
+    asking = failing.ask_away()
+    assert asking.done.wait(10) and failing.welcome(asking) == [] and failing.roster.out == ("h2",)
 
 
 def failed(kind="own", code=7, exception=None, label="h1", at=1.0):
