@@ -252,14 +252,14 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
 
     # detached, its restarts are its supervisor's; a node lost once is asked again at each restart
     restarts = Restarts.of(config, limit, planner=planner, prober=answering)
-    plan = restarts.plan(restarts.first_cluster(), 0)
+    plan = restarts.plan(restarts.cluster(), 0)
     if args.dry_run:
         print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None,
                       spares=[n.label for n in restarts.roster.spares])
         return EXIT_OK
     if sync:
         copy_workdirs(plan, sync, args.runs_dir, config.path, console)
-    stopped = gpus.gate(restarts.first_cluster(), console, inbox, args.allow_unhealthy_gpus) \
+    stopped = gpus.gate(restarts.cluster(), console, inbox, args.allow_unhealthy_gpus) \
         if config.measure_gpus else None
     if stopped is not None:
         return stopped
@@ -316,7 +316,7 @@ def kept_across_attempts(caller: Caller, plan: LaunchPlan, restarts: Restarts) -
 
     kept, spares = Kept(), restarts.roster.spares
     if spares:  # a spare keeps one ready too, for the attempt it joins
-        first = restarts.first_cluster()
+        first = restarts.cluster()
         kept.ahead(restarts.plan(replace(first, nodes=tuple(replace(n, rank=i) for i, n in enumerate(spares))), 0))
     return replace(caller, kept=kept)
 

@@ -67,14 +67,15 @@ _IMPORTS = re.compile(rb"^[ \t]*from (\.+)([\w.]*) import \(?([\w, ]+)", re.M)
 _KNOWN = frozenset(SHIPPED + IN_IMAGE)
 
 
-def source(name):
-    """The source of the house's module ``name`` (dotted, as in SHIPPED), as bytes."""
-    return _source(name)
+def path(name):
+    """The file of the house's module ``name`` (dotted, as in SHIPPED)."""
+    return Path(__file__).parent.joinpath(*name.split(".")).with_suffix(".py")
 
 
 @lru_cache(maxsize=None)
-def _source(name):
-    return Path(__file__).parent.joinpath(*name.split(".")).with_suffix(".py").read_bytes()
+def source(name):
+    """The source of the house's module ``name``, as bytes (read once)."""
+    return path(name).read_bytes()
 
 
 def imports(name):

@@ -5,7 +5,6 @@ The frames themselves are defined once, in node/protocol/wire.py, for both ends.
 
 from __future__ import annotations
 
-import importlib.util
 import marshal
 import sys
 import threading
@@ -26,20 +25,16 @@ STUB = "import sys;i=sys.stdin.buffer;exec(i.read(int(i.readline())))"
 # Both ends compile the shipped modules without docstrings (and asserts, which they have none of):
 # a sixth less bytecode to unpack on every node. The loader's compile says the same.
 OPTIMIZE = boot.OPTIMIZE
+
+
 def module_paths(names: tuple[str, ...] = node.SHIPPED) -> tuple[Path, ...]:
     """The files of node modules by their dotted names (node.SHIPPED's by default)."""
-    here = Path(node.__file__).parent
-    return tuple(here.joinpath(*name.split(".")).with_suffix(".py") for name in names)
-
-
-@lru_cache(maxsize=1)
-def _sources() -> dict[str, bytes]:
-    return {name: node.source(name) for name in node.SHIPPED}
+    return tuple(node.path(name) for name in names)
 
 
 def sources(names: tuple[str, ...] = node.SHIPPED) -> tuple[bytes, ...]:
     """The modules' sources, as sent to every node."""
-    return tuple(_sources()[name] for name in names)
+    return tuple(node.source(name) for name in names)
 
 
 @lru_cache(maxsize=None)
@@ -52,16 +47,16 @@ def modules_for(mode: type | None) -> tuple[str, ...]:
 
 
 def bytecode_key() -> str:
-    """What a node's Python must match to run this Python's bytecode (the bootstrap computes the
-    same): the cache tag and the magic number, which changes with every bytecode format."""
-    return "%s%s" % (sys.implementation.cache_tag, importlib.util.MAGIC_NUMBER.hex())
+    """What a node's Python must match to run this Python's bytecode: the cache tag and the magic
+    number, which changes with every bytecode format (the loader's own rule, boot.bytecode_key)."""
+    return boot.bytecode_key()
 
 
 @lru_cache(maxsize=None)
 def _compiled(name: str) -> bytes:
     if sys.implementation.cache_tag is None:
         return b""
-    return marshal.dumps(compile(_sources()[name], f"{node.PACKAGE}.{name}", "exec", dont_inherit=True,
+    return marshal.dumps(compile(node.source(name), f"{node.PACKAGE}.{name}", "exec", dont_inherit=True,
                                  optimize=OPTIMIZE))
 
 

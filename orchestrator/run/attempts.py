@@ -315,7 +315,8 @@ class Restarts:
         """Whether a run may ever have a second attempt."""
         return bool(self.limit or self.recoveries)
 
-    def first_cluster(self) -> ClusterConfig:
+    def cluster(self) -> ClusterConfig:
+        """The next attempt's cluster as the roster stands (the first attempt's, at first)."""
         return self.roster.cluster(self.config)
 
     def ask_away(self) -> Asking | None:

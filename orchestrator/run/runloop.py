@@ -133,7 +133,7 @@ def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, b
         return None, signum, why
     for text in policy.welcome(asking):
         views.notice(text)
-    return policy.plan(policy.first_cluster() if asking else nxt.cluster, plan.attempt + 1), None, nxt.why
+    return policy.plan(policy.cluster(), plan.attempt + 1), None, nxt.why  # nxt's, with who rejoined
 
 
 def detached_notices(plan: LaunchPlan, console_view: ConsoleView, cluster_arg: str) -> int:

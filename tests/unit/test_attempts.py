@@ -108,7 +108,7 @@ def test_a_restart_asks_the_nodes_away_meanwhile_and_takes_back_those_that_answe
     asking = policy.ask_away()
     assert asking.done.wait(10) and asked == [["h2"]]
     assert policy.welcome(asking) == ["h2 answers again: it rejoins the run, which grows back to 3 node(s)"]
-    plan = policy.plan(policy.first_cluster(), 2)
+    plan = policy.plan(policy.cluster(), 2)
     assert [n.label for n in plan.nodes] == ["h0", "h1", "h2"] and plan.quarantined == ()
     failing = Restarts.of(cluster(3, restarts=2, min_nodes=2), prober=lambda nodes: 1 / 0)
     failing.roster.settle("h2", lost=True)
@@ -211,7 +211,7 @@ def test_a_later_attempt_preflights_again_only_a_node_that_was_lost_or_is_new():
     assert vetted == {"h0": {"torch": "2.13.0", "cuda": "12.1", "nccl": "2.20.5"}, "h2": {"torch": "2.13.0"}}
     policy = Restarts.of(cluster(3, restarts=1), planner=lambda c, a: make_plan(c, "train.py", [], "J1", "/tmp", attempt=a))
     policy.vet(statuses)
-    nxt = policy.plan(policy.first_cluster(), 1)
+    nxt = policy.plan(policy.cluster(), 1)
     assert [nxt.agent_spec(n).needs_torch for n in nxt.nodes] == [False, True, True]
 
 

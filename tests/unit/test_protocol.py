@@ -285,3 +285,12 @@ def test_frames_are_immutable_values_with_checked_fields():
     with pytest.raises(TypeError, match="twice"):
         wire.Failed("what", what="again")
     assert repr(wire.Output("out", 0, b"secret bytes")) == "Output(stream='out', rank=0)"  # never the data
+
+
+def test_the_user_side_package_written_for_the_warm_interpreter_holds_all_it_imports():
+    """A module the warm interpreter or a stand-in imports but left out of what the agent writes
+    would make every rank start cold."""
+    from orchestrator.node.local import ourcode
+
+    written = {"userpython." + module.__name__.rpartition(".")[2] for module in ourcode.IMPORTED}
+    assert written == set(node.needs("userpython.warmparent", "userpython.standin"))

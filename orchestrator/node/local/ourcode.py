@@ -7,6 +7,7 @@ package. On the controller, and in a container's image, they are files.
 
 import os
 import shutil
+import stat
 import sys
 import tempfile
 
@@ -42,6 +43,7 @@ def written(parent):
     try:
         package = os.path.join(made, PACKAGE)
         os.mkdir(package, 0o700)
+        # as state.write_private writes, here again: a container's warm start runs without state and its wire
         for name, text in texts + [("__init__", "")]:
             fd = os.open(os.path.join(package, name + ".py"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -61,4 +63,4 @@ def ours(path):
         st = os.lstat(path)
     except OSError:
         return False
-    return os.path.isdir(path) and not os.path.islink(path) and st.st_uid == os.getuid()
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
