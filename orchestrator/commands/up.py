@@ -9,6 +9,7 @@ loop at every turn.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import shlex
 import sys
@@ -18,7 +19,7 @@ from functools import partial
 from rich.console import Console
 
 from ..config.cluster import NodeSource, SyncConfig
-from ..config.clusterfile import load_cluster
+from ..config.clusterfile import load_cluster, relisted
 from ..config.validate import LONGEST, MOST_RESTARTS
 from ..errors import EXIT_INTERNAL, EXIT_OK, DdpUpError, Interrupted, UsageError
 from ..node.probes.facts import IFNAME_VARS
@@ -250,8 +251,11 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
                          recoveries=recovery_limit(config, limit), commit=record and record.commit)
         return replace(plan, hooks=caller.call.hooks()) if caller.call else plan  # a function: its runner, its payload
 
-    # detached, its restarts are its supervisor's; a node lost once is asked again at each restart
-    restarts = Restarts.of(config, limit, planner=planner, prober=answering)
+    # detached, its restarts are its supervisor's; a node lost once is asked again at each restart;
+    # `nodes_command:` is run again before each attempt (its SSH notes were said at the launch)
+    restarts = Restarts.of(config, limit, planner=planner, prober=answering,
+                           lister=(lambda c: resolve_nodes(relisted(c), Console(file=io.StringIO())))
+                           if config.nodes_command else None)
     plan = restarts.plan(restarts.cluster(), 0)
     if args.dry_run:
         print_dry_run(plan, console, interruptible(lambda: scan(sync, skip=[args.runs_dir])) if sync else None,

@@ -123,6 +123,10 @@ class ClusterConfig:
     recoveries: int | None = None  # new attempts after a lost node or an outside stop (None: attempts.recovery_limit)
     spares: int = 0  # the last this many nodes stay idle, to replace a node that fails
     min_nodes: int | None = None  # without a free spare, go on with this many nodes or more (None: never fewer)
+    # seconds a node away from a smaller run must answer before the job is stopped to take it back
+    # (inf: never; it rejoins at the next restart the run makes anyway)
+    rejoin_after: float = 600.0
+    nodes_command: str | None = None  # a program that lists the nodes, run again before each attempt (nodescommand.py)
     flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/watch/flight.py): the stuck collective, stragglers
     warm: bool | None = None  # fork every rank from an interpreter that imported torch already (node/launchers/warm.py); false: cold;
     # None: the default (plan.launch.warm_start)

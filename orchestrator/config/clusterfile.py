@@ -16,6 +16,7 @@ import yaml
 from ..errors import ConfigError
 from .cluster import ClusterConfig, NodeSource
 from .masking import mask_values
+from .nodescommand import listed_nodes
 from .reading import load_yaml, read_text
 from .validate import Validator
 
@@ -39,9 +40,31 @@ def parse_cluster(text: str, path: str = "<cluster>", source: NodeSource | None 
     None: checked for form only, nothing forwarded. ``local_files=False`` reads no `env_file:`
     and checks no `sync:` source."""
     data, lines = load_yaml(text, path)
+    source = _command_source(data, lines, path, source)
     if source is not None:
         data = _with_source(data, lines, path, source)
     return dataclasses.replace(Validator(path, lines, environ, local_files).cluster(data), source_text=text)
+
+
+def relisted(config: ClusterConfig) -> ClusterConfig:
+    """The cluster as its `nodes_command:` lists it now: the file's text as it was read at the
+    launch, the program run again (ConfigError as at the launch)."""
+    return parse_cluster(config.source_text, config.path, environ=os.environ)
+
+
+def _command_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource | None) -> NodeSource | None:
+    """The nodes `nodes_command:` lists (run now), where the file has one."""
+    command = data.get("nodes_command") if isinstance(data, dict) else None
+    if command is None:
+        return source
+    if not isinstance(command, str) or not command.strip():
+        raise ConfigError(path, lines.get(("nodes_command",)), "nodes_command",
+                          f"must be a command line that prints the nodes, got {command!r}")
+    if source is not None:
+        raise ConfigError(path, lines.get(("nodes_command",)), "nodes_command",
+                          f"the nodes come from {source.name}: remove `nodes_command:` here or drop "
+                          f"{source.name.split()[0]}")
+    return NodeSource("nodes_command", path, listed_nodes(command, path, lines.get(("nodes_command",))))
 
 
 def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource) -> Any:

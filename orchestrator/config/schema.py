@@ -73,7 +73,11 @@ MEANING = {
     "no_restart_on_exit": "exit codes that end the run whatever restarts are left",
     "recoveries": "new attempts after a node lost or a stop from outside the job",
     "spares": "the last N nodes wait, and take a failed node's place",
+    "nodes_command": "a program that prints the nodes (`HOST slots=N` lines) instead of `nodes:`; run again "
+                     "before each attempt: new nodes are spares, vanished ones are out",
     "min_nodes": "go on with fewer nodes, down to this many, when no spare is left",
+    "rejoin_after": "a lost node that answers again this long stops a smaller run, which restarts at the larger size; "
+                    "never: it rejoins at the next restart",
     "flight_recorder": "torch's Flight Recorder in every rank: the stuck collective, stragglers",
     "notify": "where the job's events go: Apprise URLs, a webhook, a command",
     "fetch": "paths brought back from every node when the job ends, into runs/<job>/fetched/",
@@ -105,7 +109,7 @@ EXAMPLE = {
     "hang_timeout": "10m", "startup_timeout": "20m", "launcher": "accelerate", "env_file": ".env",
     "forward_env": "[WANDB_*, HF_TOKEN]", "secrets": "[MY_API_KEY]", "sync": "{src: ., exclude: [data/]}",
     "retention": "3d", "restarts": "3", "restart_delay": "30s", "no_restart_on_exit": "[2]", "recoveries": "5",
-    "spares": "1", "min_nodes": "3", "flight_recorder": "false", "notify": "[ntfy://my-topic]", "warm": "true",
+    "spares": "1", "min_nodes": "3", "rejoin_after": "30m", "nodes_command": "./list-nodes.sh", "flight_recorder": "false", "notify": "[ntfy://my-topic]", "warm": "true",
     "preload": "[lightning, transformers]", "measure_gpus": "true",
     "fetch": "[ckpt, logs/metrics.json]", "python": "~/venv/bin/python", "workdir": "~/project",
     "env": "{NCCL_DEBUG: WARN}", "transport": "srun", "gpus": "auto", "setup": "module load cuda/12.4",
@@ -132,6 +136,8 @@ def shape(rule: Rule) -> dict[str, Any]:
         return duration(args.get("allow_zero", False), args.get("most", LONGEST))
     if rule.check == "duration":
         return duration(True, LONGEST_RETENTION)
+    if rule.check == "positive_or_never":
+        return {"anyOf": [duration(args.get("allow_zero", False), LONGEST), {"const": "never"}]}
     if rule.check == "integer":
         out = {"type": "integer", "minimum": args.get("low", 0)}
         if args.get("high"):
@@ -214,12 +220,15 @@ def cluster_schema() -> dict[str, Any]:
                            obj({"src": dict(STRING), "exclude": dict(STRINGS), "gitignore": {"type": "boolean"}},
                                ("src",))]},
         "min_nodes": or_null({"type": "integer", "minimum": 1}),
+        "nodes_command": or_null({"type": "string", "pattern": r"\S"}),
         "notify": notify_shape(),
         **{key: rule_schema(rule) for key, rule in RULES.items()},
         **shared(),
     }
-    return {"$schema": SCHEMA_URL, "title": "ddp-up cluster file",
-            **obj({k: top[k] for k in TOP_KEYS if k in top}, ("nodes",))}
+    # the nodes are listed, or a program lists them: one of the two
+    command = {"required": ["nodes_command"], "properties": {"nodes_command": {"type": "string"}}}
+    return {"$schema": SCHEMA_URL, "title": "ddp-up cluster file", **obj({k: top[k] for k in TOP_KEYS if k in top}),
+            "if": command, "then": {"not": {"required": ["nodes"]}}, "else": {"required": ["nodes"]}}
 
 
 def schema_text() -> str:

@@ -8,6 +8,7 @@ default. Every error names the file, the line and the key path, from the nearest
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 import sys
@@ -31,10 +32,10 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0
 # Keys valid at the top level and overridable per node (and, on a node, `host`, `addr` and `ssh:`'s keys).
 MOST_PROCS = 1024  # processes on one node (`gpus:`): a larger number is a typo, not a machine
 SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup", "container")
-TOP_KEYS = ("nodes", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "startup_timeout",
+TOP_KEYS = ("nodes", "nodes_command", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "startup_timeout",
             "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
-            "spares", "min_nodes", "flight_recorder", "notify", "fetch", "warm", "preload", "measure_gpus",
+            "spares", "min_nodes", "rejoin_after", "flight_recorder", "notify", "fetch", "warm", "preload", "measure_gpus",
             *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none", "accelerate")
@@ -75,6 +76,7 @@ RULES = {  # top-level settings that are one checked value each
     "no_restart_on_exit": rule("exit_codes", ()),
     "recoveries": rule("integer", None, low=0, high=MOST_RESTARTS),
     "spares": rule("integer", 0, low=0),
+    "rejoin_after": rule("positive_or_never", "10m", allow_zero=True),
     "flight_recorder": rule("boolean", True),
     "fetch": rule("fetch_paths", ()),
     "warm": rule("boolean"),  # left out: on where it pays (plan.launch.warm_start)
@@ -115,7 +117,9 @@ class Checks:
         """Every rule's checked value: ``pick(key)`` gives (value, where) if the file sets it."""
         values = {}
         for key, (check, default, args) in rules.items():
-            value, at = pick(key) or (default() if callable(default) else default, default_at(key))
+            picked = pick(key)  # an empty key (`restarts:`) takes its default, as the schema says
+            value, at = picked if picked and picked[0] is not None else (default() if callable(default) else default,
+                                                                         default_at(key))
             values[key] = None if value is None else getattr(self, check)(value, at, **args)
         return values
 
@@ -201,6 +205,16 @@ class Checks:
             raise self.error(at, f"must be at most {most:.0f} seconds ({most / 86400:g} days), got {value!r}")
         return seconds
 
+    def positive_or_never(self, value: Any, at: tuple, allow_zero: bool = False) -> float:
+        """A duration, or ``never`` (infinite)."""
+        if value == "never":
+            return math.inf
+        seconds = parse_duration(value)
+        if seconds is None or seconds < 0 or (seconds == 0 and not allow_zero) or seconds > LONGEST:
+            raise self.error(at, f"must be a duration such as 90s, 10m or 2h (at most {LONGEST / 86400:g} days), "
+                                 f"or never, got {value!r}")
+        return seconds
+
     def duration(self, value: Any, at: tuple) -> float:
         return self.positive(value, at, allow_zero=True, most=LONGEST_RETENTION)
 
@@ -262,6 +276,7 @@ class Validator(Checks):
             secrets=(*self.names(top.get("secrets", []), ("secrets",)), *DEFAULT_SECRETS),
             sync=self.sync(top.get("sync")),
             min_nodes=self.min_nodes(top, len(nodes), settings["spares"]),
+            nodes_command=top.get("nodes_command"),  # run already, and checked (clusterfile._command_source)
             notify=notify.targets(top.get("notify"), lambda at, why: self.error(("notify", *at), why)),
             **settings)
 

@@ -61,13 +61,22 @@ class Closed:
     end: ChannelEnd
 
 
+@dataclass(frozen=True)
+class Regrow:
+    """Nodes away from this smaller run have answered long enough (run/regrow.py, posted from its
+    own thread; also the loop's ask, as it comes): the job stops with its grace, and the next
+    attempt starts at the larger size."""
+
+    labels: frozenset[str]
+
+
 class Wake:
     """A signal arrived (posted by the handler: SimpleQueue.put is safe there)."""
 
 
 WAKE = Wake()
 
-Event = Union[Lines, Message, SetupFailed, Closed, Wake]
+Event = Union[Lines, Message, SetupFailed, Closed, Regrow, Wake]
 
 
 # --- what the report handlers ask of the loop ---
@@ -121,4 +130,4 @@ class JournalRead:
     frame: JournalEnd
 
 
-Ask = Union[MasterPort, SupervisorPort, ChannelEnded, Record, Lost, KilledBy, JournalRead]
+Ask = Union[MasterPort, SupervisorPort, ChannelEnded, Record, Lost, KilledBy, JournalRead, Regrow]

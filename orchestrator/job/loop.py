@@ -20,7 +20,7 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable, Protocol
 
 from ..diagnose.flight import FlightLog
@@ -36,7 +36,8 @@ from ..remote.transports import transport_for
 from . import phases
 from .backlog import BacklogOrder
 from .events import (WAKE, ChannelEnded, JournalRead, KilledBy, LogLine, Lost, MasterPort, Message, Record,
-                     SupervisorPort, Wake)
+                     Regrow, SupervisorPort, Wake)
+from .following import Following
 from .hang import AskStacks, Finishing, HangWatch, Hung
 from .nodetable import NodeTable
 from .pace import PaceReports
@@ -92,40 +93,6 @@ def start_threads(sessions: list[Session]) -> None:
         threading.Thread(target=session.open, name=f"connect-{i}", daemon=True).start()
 
 
-@dataclass
-class Following:
-    """An attach's reading of a detached job's journals, one attempt (see Job.follow)."""
-
-    journal_ended: set[int] = field(default_factory=set)  # nodes whose journal was read to its end
-    later_attempt: bool = False  # a node's journal said a later attempt follows
-    absent: set[int] = field(default_factory=set)  # nodes where this attempt never began (the job ended first)
-    started: float | None = None  # the job's own start and end (wall clock), by its nodes' records
-    ended: float | None = None
-    master: str | None = None  # its master, addr:port, as the master node's record says
-    next: str | None = None  # what its supervisor decided after this attempt, as the master node says
-    order: BacklogOrder | None = None  # the nodes' journals, merged in time order
-
-    def result(self, result: JobResult) -> JobResult:
-        """The replay's result, with the job's own times and master rather than the attach's."""
-        if self.started is None:
-            return result
-        ended = self.ended if self.ended is not None else time.time()
-        return replace(result, started=self.started, ended=self.ended, elapsed=ended - self.started,
-                       master=self.master)
-
-    def record(self, frame: wire.JournalEnd | wire.Replayed, is_master: bool) -> None:
-        """What a node's record says of the job, from its JournalEnd (or, while it runs, Replayed)."""
-        started, ended, after = frame.started, getattr(frame, "ended", None), getattr(frame, "next", None)
-        if isinstance(started, (int, float)) and not isinstance(started, bool):
-            self.started = min(self.started or started, started)
-        if isinstance(ended, (int, float)) and not isinstance(ended, bool):
-            self.ended = max(self.ended or ended, ended)
-        if is_master and isinstance(frame.master, str):
-            self.master = frame.master[:300]
-        if isinstance(after, str):
-            self.next = after[:500]
-
-
 class JobLoop:
     """The job's state and the turning of its loop: one event at a time, then signals, deadlines
     and views. Every change to the job's own state is made here (the report handlers ask, by
@@ -158,12 +125,16 @@ class JobLoop:
         self.started, self._next_heartbeat = clock(), 0.0
         self.went: float | None = None  # wall clock of the Go, once it went
         self.detached = False  # detach: every node runs, and this loop let go of the job
+        self.regrow: Regrow | None = None  # the job was stopped for nodes that rejoin (run/regrow.py)
         self.following: Following | None = None  # attached to a detached job: its journals, read (see follow)
         self.channel_ended: set[int] = set()  # nodes whose channel reported its end (Closed)
         self.status: list[NodeStatus] = self.table.status  # the same list: the table changes it
         self._apply = {MasterPort: self._master_port, SupervisorPort: self._supervisor_port, Record: self._record,
                        ChannelEnded: lambda ask: self.channel_ended.add(ask.node), KilledBy: self._killed_by,
-                       Lost: lambda ask: self.lost(ask.node, ask.what), JournalRead: self._journal_read}
+                       Lost: lambda ask: self.lost(ask.node, ask.what),
+                       JournalRead: lambda ask: self.following.journal_read(ask.node, ask.frame,
+                                                                            ask.node == self.plan.master.index),
+                       Regrow: self._regrow}
 
     # --- one turn of the loop ---
 
@@ -261,13 +232,17 @@ class JobLoop:
         self.view.notice(f"{self.table[ask.node].plan.label}: {BY_DDP_KILL}; stopping all nodes")
         self.stop.request(BY_DDP_KILL)
 
-    def _journal_read(self, ask: JournalRead) -> None:
-        following = self.following
-        following.journal_ended.add(ask.node)
-        following.later_attempt |= ask.frame.later
-        following.record(ask.frame, ask.node == self.plan.master.index)
-        if ask.frame.absent:
-            following.absent.add(ask.node)
+    def _regrow(self, ask: Regrow) -> None:
+        """Every node stops with its grace (the ranks save) for the next attempt to take these
+        nodes back; not once it stops anyway (a failure, a signal: that end decides what follows)."""
+        if not self.following and not self.stop.requested:
+            self.regrow = ask
+            self.view.notice(f"{', '.join(sorted(ask.labels))} answer(s) again: stopping all nodes with their grace "
+                             f"(stop_grace: {self.plan.stop_grace:g} s to save), to start again on more nodes")
+            self.stop.request("stopped to grow back")
+
+    def grow(self, labels: set[str]) -> None:  # from any thread (run/regrow.Watch)
+        self.events.put(Regrow(frozenset(labels)))
 
     # --- failures ---
 

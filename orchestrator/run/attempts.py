@@ -32,10 +32,11 @@ from typing import Callable
 from ..config.cluster import ClusterConfig, NodeConfig
 from ..diagnose.outcome import JobResult, NodeStatus
 from ..diagnose.preflight import TORCH_FIELDS
-from ..errors import EXIT_SETUP, NodeProblem
+from ..errors import EXIT_SETUP, DdpUpError, NodeProblem
 from ..job.reports import SLURM_CANCELLED
 from ..node.protocol import policy
 from ..plan.launch import Attempt, LaunchPlan
+from .regrow import Asking, Prober, Watch, never
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class AttemptRecord:
                 "end": self.end, "root_cause": self.root_cause, "next": self.next}
 
 
-ENDS = ("succeeded", "failed", "hung", "lost", "stopped from outside", "could not start", "stopped")
+ENDS = ("succeeded", "failed", "hung", "lost", "stopped from outside", "could not start", "stopped", "stopped to grow")
 KIND_END = {"own": "failed", "hung": "hung", "lost": "lost", "outside": "stopped from outside"}
 DEFAULT_RECOVERIES = 3
 
@@ -73,8 +74,10 @@ def recovery_limit(config: ClusterConfig, restarts: int) -> int:
     return DEFAULT_RECOVERIES if restarts or config.spares or config.min_nodes is not None else 0
 
 
-def attempt_end(result: JobResult, cause: tuple[str | None, bool], could_not_start: bool = False) -> str:
-    """Why an attempt ended (one of ENDS)."""
+def attempt_end(result: JobResult, cause: tuple[str | None, bool], could_not_start: bool = False,
+                regrow: bool = False) -> str:
+    """Why an attempt ended (one of ENDS); ``regrow``: the run stopped it to grow back (a rank
+    that failed by itself meanwhile is still a failure, and one that ended well a success)."""
     if result.interrupted:
         return "stopped"
     if result.exit_code == 0:
@@ -83,7 +86,7 @@ def attempt_end(result: JobResult, cause: tuple[str | None, bool], could_not_sta
         return "could not start"
     root = result.root_cause
     if root is None:
-        return "lost" if cause[1] else "failed"
+        return "stopped to grow" if regrow and not cause[1] else "lost" if cause[1] else "failed"
     return KIND_END[root.kind]
 
 
@@ -131,6 +134,7 @@ class Roster:
     losses: Counter = field(default_factory=Counter)  # times each node was lost as an attempt's root cause
     just_lost: set[str] = field(default_factory=set)  # away since the attempt that just ended: not asked yet
     size: int = 0  # the nodes the run starts on: it never grows past them
+    vanished: list[NodeConfig] = field(default_factory=list)  # no longer listed by `nodes_command:`
 
     @classmethod
     def of(cls, config: ClusterConfig) -> Roster:
@@ -142,8 +146,8 @@ class Roster:
         """The attempt's cluster: the active nodes in their positions (node ranks). The master
         moves to the first of them only if its own node is out."""
         nodes = tuple(replace(n, rank=i) for i, n in enumerate(self.active))
-        gone = set(self.quarantined) | {n.label for n in self.away}
-        out = {a for n in config.nodes if n.label in gone for a in (n.addr, n.host)}
+        running = {n.label for n in nodes}
+        out = {a for n in (*config.nodes, *self.vanished) if n.label not in running for a in (n.addr, n.host)}
         master = nodes[0].addr if config.master_addr in out else config.master_addr
         return replace(config, nodes=nodes, master_addr=master, spares=0)
 
@@ -187,30 +191,65 @@ class Roster:
                                  f"{self.min_nodes}), a smaller world")
         return Verdict(False, f"{out}, and no spare is left (set `spares:`, or `min_nodes:` to go on with fewer nodes)")
 
-    def rejoin(self, answering: set[str], listed: tuple[NodeConfig, ...]) -> list[str]:
-        """The away nodes that answer again come back: into the run while it is smaller than it
-        started (in their listed order, so node ranks follow the cluster file), else as spares.
-        What to say of each."""
+    def relist(self, listed: tuple[NodeConfig, ...]) -> Verdict:
+        """The nodes `nodes_command:` lists now (each with its listed settings). One no longer
+        listed is out: a spare takes its place, else the run goes on smaller as far as min_nodes
+        allows. One listed for the first time joins where the run is smaller than it started,
+        else waits as a spare. A node out (away, quarantined) stays out as long as it was."""
+        now = {n.label: n for n in listed}
+        said: list[str] = []
+        self.spares = [now[n.label] for n in self.spares if n.label in now]
+        self.away = [n for n in self.away if n.label in now]
+        for node in [n for n in self.active if n.label not in now]:
+            self.vanished.append(node)
+            position = self.active.index(node)
+            if self.spares:
+                self.active[position] = self.spares.pop(0)
+                said.append(f"{node.label} is no longer listed; spare {self.active[position].label} takes its place")
+            else:
+                self.active.pop(position)
+                said.append(f"{node.label} is no longer listed: {len(self.active)} node(s) left")
+        self.active = [now[n.label] for n in self.active]
+        known = {n.label for n in (*self.active, *self.spares, *self.away)} | set(self.quarantined)
+        self.spares += [n for n in listed if n.label not in known]
+        said += self.fill(listed, [n.label for n in listed if n.label not in known],
+                          "{node} is listed now: it joins the run, which grows to {count} node(s)",
+                          "{node} is listed now: it waits as a spare")
+        if len(self.active) < self.min_nodes:
+            return Verdict(False, "; ".join(said + [f"fewer than min_nodes ({self.min_nodes}) are listed: no new attempt"]))
+        return Verdict(True, "; ".join(said) or None)
+
+    def fill(self, listed: tuple[NodeConfig, ...], labels: list[str], joins: str, waits: str) -> list[str]:
+        """The spares named by ``labels`` join the run while it is smaller than it started (the
+        run then in the listed order, so node ranks follow the list); what to say of each."""
         said = []
-        for node in [n for n in self.away if n.label in answering]:
-            self.away.remove(node)
+        for node in [n for n in self.spares if n.label in labels]:
             if len(self.active) < self.size:
+                self.spares.remove(node)
                 order = {n.label: i for i, n in enumerate(listed)}
                 self.active = sorted(self.active + [node], key=lambda n: order.get(n.label, len(order)))
-                said.append(f"{node.label} answers again: it rejoins the run, which grows back to "
-                            f"{len(self.active)} node(s)")
+                said.append(joins.format(node=node.label, count=len(self.active)))
             else:
-                self.spares.append(node)
-                said.append(f"{node.label} answers again: it waits as a spare")
+                said.append(waits.format(node=node.label))
         return said
+
+    def rejoin(self, answering: set[str], listed: tuple[NodeConfig, ...]) -> list[str]:
+        """The away nodes that answer again come back, as spares that join at once where the run
+        is smaller than it started; what to say of each."""
+        back = [n for n in self.away if n.label in answering]
+        self.away = [n for n in self.away if n.label not in answering]
+        self.spares += back
+        return self.fill(listed, [n.label for n in back],
+                         "{node} answers again: it rejoins the run, which grows back to {count} node(s)",
+                         "{node} answers again: it waits as a spare")
 
 
 def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool],
-                   could_not_start: bool = False, went: float | None = None) -> AttemptRecord:
+                   could_not_start: bool = False, went: float | None = None, regrow: bool = False) -> AttemptRecord:
     """The record of attempt ``plan.attempt``, ended now (one that could not start: exit status 3);
     ``went``: when its Go went (a first attempt's preflight, with its imports, is not how far it got)."""
     root = result.root_cause
-    end = attempt_end(result, cause, could_not_start)
+    end = attempt_end(result, cause, could_not_start, regrow)
     what = root.render() if root else (cause[0] and f"{cause[0]} {'could not start' if end == 'could not start' else 'lost'}")
     return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
                          result.exit_code if end != "could not start" else EXIT_SETUP,
@@ -258,24 +297,6 @@ def wait_for_signal(inbox, seconds: float) -> int | None:
     return inbox.first
 
 
-class Asking:
-    """``prober`` asked of ``nodes`` on a thread of its own: ``found`` (the labels that answered)
-    once ``done``. A prober that fails finds none: the nodes stay away."""
-
-    def __init__(self, prober: Callable[[list[NodeConfig]], set[str]], nodes: list[NodeConfig]):
-        self.found: set[str] = set()
-        self.done = threading.Event()
-        threading.Thread(target=self._ask, args=(prober, nodes), name="rejoin", daemon=True).start()
-
-    def _ask(self, prober: Callable[[list[NodeConfig]], set[str]], nodes: list[NodeConfig]) -> None:
-        try:
-            self.found = set(prober(nodes))
-        except Exception:  # noqa: BLE001 - asking is a favour: the run goes on with the nodes it has
-            self.found = set()
-        finally:
-            self.done.set()
-
-
 @dataclass(frozen=True)
 class NextAttempt:
     """What follows a failed attempt: the next one's cluster (None: the run ends here), why (its
@@ -300,15 +321,20 @@ class Restarts:
     vetted: dict[str, dict] = field(default_factory=dict)  # see vetted_after
     recoveries: int = 0  # new attempts after a node lost or an outside stop (recovery_limit)
     used: Counter = field(default_factory=Counter)  # {"restart": n, "recovery": m}
-    prober: Callable[[list[NodeConfig]], set[str]] | None = None  # the labels of those nodes that answer (remote/detect)
+    prober: Prober | None = None  # the labels of those nodes that answer (remote/detect)
+    lister: Callable[[ClusterConfig], ClusterConfig] | None = None  # `nodes_command:`: the cluster as listed now
+    watches: list[Watch] = field(default_factory=list)  # watch_away's, one an attempt that had one
+    rejoin_after: float = 600.0  # `rejoin_after:`: how long an away node answers before a running job stops to take it back
 
     @classmethod
     def of(cls, config: ClusterConfig, limit: int | None = None,
            planner: Callable[[ClusterConfig, Attempt], LaunchPlan] | None = None,
-           prober: Callable[[list[NodeConfig]], set[str]] | None = None) -> Restarts:
+           prober: Prober | None = None,
+           lister: Callable[[ClusterConfig], ClusterConfig] | None = None) -> Restarts:
         limit = config.restarts if limit is None else limit
         return cls(config, Roster.of(config), limit, config.restart_delay, planner,
-                   recoveries=recovery_limit(config, limit), prober=prober)
+                   recoveries=recovery_limit(config, limit), prober=prober,
+                   rejoin_after=config.rejoin_after, lister=lister)
 
     @property
     def any(self) -> bool:
@@ -334,6 +360,43 @@ class Restarts:
         if asking is None or not asking.done.is_set():
             return []
         return self.roster.rejoin(asking.found, self.config.nodes)
+
+    def relist(self) -> Verdict:
+        """Before an attempt, with `nodes_command:`: the nodes it lists now (Roster.relist). A
+        program that fails, or prints no valid list, changes nothing: the run keeps its last good
+        list, and says why."""
+        if self.lister is None:
+            return Verdict(True)
+        try:
+            listed = self.lister(self.config)
+        except DdpUpError as e:
+            return Verdict(True, f"{e.render()}; the run keeps its last good node list")
+        self.config = replace(self.config, nodes=listed.nodes)
+        return self.roster.relist(listed.nodes)
+
+    def watch_away(self, ready: Callable[[set[str]], None]) -> Watch | None:
+        """While an attempt runs smaller than the run started: its away nodes watched in the
+        background (regrow.Watch), ``ready`` called with those that answered for rejoin_after.
+        None where there is nothing to grow back to, or with `rejoin_after: never`."""
+        roster = self.roster
+        if self.prober is None or never(self.rejoin_after) or not roster.away or len(roster.active) >= roster.size:
+            return None
+        self.watches.append(Watch(self.prober, list(roster.away), self.rejoin_after, ready))
+        return self.watches[-1]
+
+    def close(self) -> None:
+        """The run ends: an ask under way (its ssh connections) is waited for, each bounded."""
+        for watch in self.watches:
+            watch.join()
+
+    def grow(self, labels: set[str], attempt: int) -> tuple[LaunchPlan | None, list[str]]:
+        """After an attempt stopped to grow: the nodes ``labels`` rejoin, and attempt ``attempt``
+        starts at once, on no budget of restarts (the job did not fail); what to say of each.
+        None: `nodes_command:` now lists fewer than min_nodes."""
+        said = self.roster.rejoin(labels, self.config.nodes)
+        listed = self.relist()
+        said += [listed.notice] if listed.notice else []
+        return (self.plan(self.cluster(), attempt) if listed.go_on else None), said
 
     def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
         """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""

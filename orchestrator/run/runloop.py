@@ -53,15 +53,19 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             plan = caller.kept(plan) if caller.kept else plan  # warm: interpreters kept from one attempt to the next
             job = Job(plan, views, preflight=preflight, inbox=inbox, shown=console_view.ranks)
             started = time.time()
-            result, cause, unstarted = run_attempt(job, plan, views, logs, records, restarting=restarts is not None)
+            result, cause, unstarted = run_attempt(job, plan, views, logs, records, restarts)
             swept_later.append(job)
             if job.detached:
                 return detached_notices(plan, console_view, cluster_arg)
-            records.append(attempt_record(plan, result, started, cause, could_not_start=unstarted, went=job.went))
+            records.append(attempt_record(plan, result, started, cause, could_not_start=unstarted, went=job.went,
+                                          regrow=job.regrow is not None))
             if restarts is None or records[-1].end in ("succeeded", "stopped"):
                 break
             restarts.vet(job.status)
-            following, signum, why = next_attempt(plan, result, cause, restarts, views, inbox, records)
+            if records[-1].end == "stopped to grow":
+                following, signum, why = grown_attempt(plan, job.regrow.labels, restarts, views)
+            else:
+                following, signum, why = next_attempt(plan, result, cause, restarts, views, inbox, records)
             records[-1] = replace(records[-1], next=why)
             if signum is not None:
                 result = replace(result, interrupted=signum)
@@ -71,6 +75,8 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             views.attempt(plan)
         for job in swept_later:
             job.report_sweeps()
+        if restarts is not None:
+            restarts.close()
         logs.finished(result, attempts=records)
         console_view.finished(result, attempts=records)
         if caller.on_result is not None:  # the Python API's caller: its ranks' values
@@ -83,10 +89,13 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
 
 
 def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[AttemptRecord],
-                restarting: bool) -> tuple[JobResult, tuple[str | None, bool], bool]:
+                restarts: Restarts | None) -> tuple[JobResult, tuple[str | None, bool], bool]:
     """One attempt to its end: its result, what to blame, and whether it could not start.
     Re-raises what ends the run at once: a bug, or a setup error of the first attempt (a later
-    one's, a spare not fit to run, is that attempt's failure: the next one may do without it)."""
+    one's, a spare not fit to run, is that attempt's failure: the next one may do without it).
+    Meanwhile the nodes away from a smaller run are watched (Restarts.watch_away)."""
+    restarting = restarts is not None
+    watch = restarts.watch_away(job.grow) if restarting else None
     try:
         result = job.run()
     except SetupError as e:
@@ -100,6 +109,9 @@ def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[
         job.close()
         logs.finished(job.result(), exit_code=getattr(e, "exit_code", EXIT_INTERNAL), attempts=records)
         raise
+    finally:
+        if watch is not None:
+            watch.close()
     job.close(sweeps=not restarting)
     return result, blame(result), False
 
@@ -133,7 +145,27 @@ def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, b
         return None, signum, why
     for text in policy.welcome(asking):
         views.notice(text)
+    listed = policy.relist()
+    if listed.notice:
+        views.notice(listed.notice)
+    if not listed.go_on:
+        return None, None, listed.notice
     return policy.plan(policy.cluster(), plan.attempt + 1), None, nxt.why  # nxt's, with who rejoined
+
+
+def grown_attempt(plan: LaunchPlan, labels: frozenset[str], policy: Restarts,
+                  views) -> tuple[LaunchPlan | None, None, str]:
+    """The attempt after one stopped to grow back: at once, with the nodes that answered again
+    (None: the node list shrank meanwhile below min_nodes); what came next, for the record."""
+    following, said = policy.grow(set(labels), plan.attempt + 1)
+    for text in said:
+        views.notice(text)
+    if following is None:
+        return None, None, said[-1]
+    why = f"grown back to {len(following.nodes)} node(s): {', '.join(sorted(labels))} rejoined"
+    views.event("restart", f"job {plan.job_id}: attempt {plan.attempt} stopped to grow; attempt {plan.attempt + 1} "
+                           f"({why}) now", attempt=plan.attempt + 1, root_cause=None)
+    return following, None, why
 
 
 def detached_notices(plan: LaunchPlan, console_view: ConsoleView, cluster_arg: str) -> int:

@@ -249,7 +249,9 @@ class ConsoleView:
         self.console.print(summary_table(result, self.plan.mask))
         if len(attempts) > 1:
             for a in attempts:
-                self.console.print(Text(f"attempt {a.number}: ", style="bold") + attempt_text(a, self.plan.mask))
+                self.console.print(Text(f"attempt {a.number} ", style="bold") +
+                                   Text(f"({len(a.nodes)} node(s), world size {a.world_size})", style="dim") +
+                                   Text(": ", style="bold") + attempt_text(a, self.plan.mask))
         root = result.root_cause
         if root:
             self.console.print(Text("root cause: ", style="bold red") + Text(safe_text(self.plan.mask(root.render()))))
@@ -262,10 +264,15 @@ class ConsoleView:
         self.notice(result.ending(attempts))
 
 
+GROWN = ("stopped to grow",)  # attempts.ENDS that are no failure of the job's
+
+
 def attempt_text(record, mask) -> Text:
     """One attempt in the final summary: its root cause, why it ended and what came next."""
     if record.end == "succeeded":
         return Text("ok", style="green")
+    if record.root_cause is None and record.end in GROWN:  # no failure: the run chose to stop it
+        return Text(record.end, style="yellow") + Text(f" (then {safe_text(mask(record.next or ''))})", style="dim")
     how = "; then ".join(part for part in (record.end, record.next) if part)
     return Text(safe_text(mask(record.root_cause or record.end)), style="red") + Text(f" ({safe_text(mask(how))})",
                                                                                         style="dim")

@@ -50,7 +50,7 @@ def test_when_restarts_run_out_the_run_fails_with_no_further_attempt(cluster, cl
     assert [a["attempt"] for a in attempts] == [0, 1] and attempts[-1]["next"] == "no restart left (restarts: 1)"
     assert "attempt=2" not in out and "(restart 1 of 1) in" in out and "attempt 1 failed: no restart left" in out
     for n in (0, 1):  # each attempt's root cause, named in the final summary
-        assert f"attempt {n}: {cluster.nodes[0].addr} (node 0, rank 0): rank 0 exited with code 5" in out, out
+        assert f"attempt {n} (2 node(s), world size 2): {cluster.nodes[0].addr} (node 0, rank 0): rank 0 exited with code 5" in out, out
 
 
 def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(cluster, cluster_file, tmp_path):
@@ -89,13 +89,15 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(clu
 
 
 @pytest.mark.long
-def test_a_lost_node_that_answers_again_rejoins_at_the_next_restart_and_the_world_grows_back(cluster, cluster_file):
-    """With `min_nodes:` and no spare, a node cut off is out of the run, which goes on smaller; its
-    link back, the next restart asks it, and it rejoins: the world is the listed one again."""
+def test_a_lost_node_that_answers_again_for_rejoin_after_stops_the_smaller_run_which_grows_back(cluster, cluster_file):
+    """With `min_nodes:` and no spare, a node cut off is out of the run, which goes on smaller
+    (rank 0 hangs there, so that attempt cannot end by itself); its link back, the node answers
+    for `rejoin_after:`, the smaller attempt is stopped with its grace and the next one runs on
+    every listed node again: the world is the listed one."""
     back = cluster.nodes[2]
-    path = cluster_file([(0, 1), (1, 1), (2, 1)], min_nodes=2, restarts=1, restart_delay=0.2, orphan_timeout=3,
+    path = cluster_file([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after=1, restart_delay=0.2, orphan_timeout=3,
                         launcher="none", env={"TICK_SAYS_PORT": "1"})
-    launch = Launch([str(path), SCRIPT, "tick", "40", "0.2", "0", "3", "1"])  # rank 0 fails in attempt 1 only
+    launch = Launch([str(path), SCRIPT, "tick", "40", "0.2", "0", "hang", "1"])  # rank 0 hangs in attempt 1 alone
     try:
         launch.wait_line(r"tick 3 rank=2$", 120)
         cluster.partition(back)
@@ -108,11 +110,13 @@ def test_a_lost_node_that_answers_again_rejoins_at_the_next_restart_and_the_worl
     out = launch.output
     assert code == 0, out
     assert f"{back.addr} is out until it answers again (lost); no spare left: going on with 2 node(s)" in out, out
+    assert f"{back.addr} answer(s) again: stopping all nodes with their grace" in out, out
     assert f"{back.addr} answers again: it rejoins the run, which grows back to 3 node(s)" in out, out
     attempts = summary(out)["attempts"]
     assert [a["nodes"] for a in attempts] == [[n.addr for n in cluster.nodes[:3]], [n.addr for n in cluster.nodes[:2]],
                                               [n.addr for n in cluster.nodes[:3]]], attempts
-    assert [a["end"] for a in attempts] == ["lost", "failed", "succeeded"], attempts
+    assert [(a["end"], a["world_size"]) for a in attempts] == [("lost", 3), ("stopped to grow", 2), ("succeeded", 3)]
+    assert attempts[1]["next"] == f"grown back to 3 node(s): {back.addr} rejoined", attempts
     assert "tick 39 rank=2" in out, out
 
 

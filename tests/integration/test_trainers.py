@@ -49,7 +49,7 @@ def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_p
     code, out, _ = ddp_up("--no-dashboard", str(path), str(EXAMPLES / script), "--out", str(out_dir), *args,
                           timeout=240)
     assert code == 0, out
-    assert re.search(rf"^attempt 0: \S+ \(node 1, rank 1\): {re.escape(cause)}", out, re.M), out
+    assert re.search(rf"^attempt 0 \(2 node\(s\), world size 2\): \S+ \(node 1, rank 1\): {re.escape(cause)}", out, re.M), out
     assert re.search(rf"\| {re.escape(resumed)}$", out, re.M), out  # from its own checkpoint, in attempt 1
     assert re.search(bar, out), out  # the bar, as its final state
     assert "ok after" in out and "in 2 attempts" in out

@@ -241,3 +241,70 @@ def test_no_attempt_follows_a_stop_that_slurm_made():
     policy = Restarts.of(cluster(2, restarts=3))
     assert policy.after(slurm, [record(0, slurm)], ("h1", False)).why.startswith("Slurm is ending the allocation")
     assert policy.after(failed("outside"), [record(0, failed("outside"))], ("h1", False)).cluster is not None
+
+
+# --- growing back while an attempt runs ------------------------------------------------------------
+
+def test_a_node_counts_as_back_once_it_has_answered_for_rejoin_after_without_a_miss():
+    from orchestrator.run.regrow import Streaks, ask_every
+    streaks = Streaks(rejoin_after=60.0)
+    assert streaks.heard(0.0, ["h1", "h2"], {"h1"}) == set()
+    assert streaks.heard(30.0, ["h1", "h2"], {"h1", "h2"}) == set()
+    assert streaks.heard(45.0, ["h1", "h2"], {"h2"}) == set()  # h1 missed: it starts over
+    assert streaks.heard(90.0, ["h1", "h2"], {"h1", "h2"}) == {"h2"}  # h2: 60 s since 30.0, no miss
+    assert Streaks(0.0).heard(5.0, ["h1"], {"h1"}) == {"h1"}
+    assert [ask_every(s) for s in (0, 20, 600, 86400)] == [2.0, 5.0, 60.0, 60.0]
+
+
+def test_the_watch_asks_the_away_nodes_until_they_have_answered_long_enough_then_says_so_once():
+    import threading
+    from orchestrator.run.regrow import Watch
+    config = cluster(3)
+    asked, said, answers = [], [], iter([set(), {"h2"}, {"h2"}, {"h2"}, {"h2"}])
+    done = threading.Event()
+    clock = iter(range(100)).__next__  # each ask one second after the last
+
+    def prober(nodes):
+        asked.append([n.label for n in nodes])
+        return next(answers)
+
+    watch = Watch(prober, [config.nodes[2]], 2.0, lambda labels: (said.append(labels), done.set()), clock=clock,
+                  every=0.001)
+    assert done.wait(10)
+    watch.join()
+    assert said == [{"h2"}] and asked == [["h2"]] * 4  # a miss, then answers at 1, 2, 3: 2 s without a miss
+    failing = Watch(lambda nodes: 1 / 0, [config.nodes[2]], 0.0, said.append, every=0.001)
+    assert not failing.closed.wait(0.05)  # a prober that fails finds no one, and the watch goes on
+    failing.join()
+    assert said == [{"h2"}] and not failing.thread.is_alive()
+
+
+def test_a_running_attempt_is_watched_only_while_it_is_smaller_than_the_run_started_and_rejoin_after_allows():
+    answers = lambda nodes: set()  # noqa: E731
+    policy = Restarts.of(cluster(3, min_nodes=2), prober=answers)
+    assert policy.watch_away(print) is None  # no one away
+    policy.roster.settle("h2", lost=True)
+    watch = policy.watch_away(print)
+    assert watch is not None and watch.every == 60.0  # rejoin_after: 10m by default: an ask a minute
+    watch.join()
+    never = Restarts.of(cluster(3, min_nodes=2, rejoin_after="never"), prober=answers)
+    never.roster.settle("h2", lost=True)
+    assert never.watch_away(print) is None
+    spare = Restarts.of(cluster(4, spares=1), prober=answers)
+    spare.roster.settle("h1", lost=True)  # the spare took its place: the run is whole, nothing to grow back to
+    assert spare.roster.away and spare.watch_away(print) is None
+
+
+def test_an_attempt_stopped_to_grow_is_followed_at_once_by_one_with_the_node_back_on_no_budget():
+    from orchestrator.plan.launch import make_plan
+    from orchestrator.run.attempts import attempt_end
+    policy = Restarts.of(cluster(3, min_nodes=2, restarts=1),
+                         planner=lambda c, a: make_plan(c, "train.py", [], "J1", "/tmp", attempt=a))
+    policy.roster.settle("h0", lost=True)  # the master's node: the master moved to h1
+    assert policy.cluster().master_addr == "h1"
+    assert attempt_end(failed(), ("h1", False), regrow=True) == "failed"  # a rank failed by itself meanwhile
+    assert attempt_end(failed("lost"), ("h1", True), regrow=True) == "lost"
+    plan, said = policy.grow({"h0"}, 2)
+    assert said == ["h0 answers again: it rejoins the run, which grows back to 3 node(s)"]
+    assert [n.label for n in plan.nodes] == ["h0", "h1", "h2"] and plan.world_size == 6 and plan.master_addr == "h0"
+    assert plan.attempt == 2 and not policy.used and plan.quarantined == ()

@@ -472,3 +472,27 @@ def test_start_up_is_given_at_least_ten_minutes_unless_told():
 
     assert HangWatch(12, "J").startup == STARTUP_LEAST == 600 and HangWatch(900, "J").startup == 900
     assert HangWatch(None, "J").startup is None and HangWatch(12, "J", startup=30).startup == 30
+
+
+# --- growing back ---------------------------------------------------------------------------------
+
+def test_nodes_that_answer_again_stop_the_job_with_its_grace_and_the_attempt_ends_stopped_to_grow():
+    from orchestrator.run.attempts import attempt_end, blame
+    h = Harness(2, stop_grace=30)
+    h.queue.at(T0 + 3.0, lambda: h.job.grow({"h9"}))
+    result = h.job.run()
+    assert [n.kinds()[-1] for n in h.nodes] == ["Stop", "Stop"] and h.states() == ["stopped", "stopped"]
+    assert not result.failures and result.interrupted is None and result.exit_code == 1
+    assert h.job.regrow is not None and h.job.regrow.labels == {"h9"}
+    assert any(t.startswith("h9 answer(s) again: stopping all nodes with their grace (stop_grace: 30 s")
+               for t in h.view.notices), h.view.notices
+    assert attempt_end(result, blame(result), regrow=True) == "stopped to grow"
+
+
+def test_a_grow_asked_while_the_job_stops_for_a_failure_changes_nothing():
+    h = Harness(2)
+    h.nodes[1].exit_code, h.nodes[1].run_for = 1, 2.0
+    h.queue.at(T0 + 2.5, lambda: h.job.grow({"h9"}))
+    result = h.job.run()
+    assert h.job.regrow is None and result.root_cause.node == 1
+    assert not any("answer(s) again" in t for t in h.view.notices)

@@ -20,7 +20,7 @@ def test_the_schema_names_every_key_the_validator_takes_and_no_other():
     assert list(schema["properties"]) == list(TOP_KEYS)
     assert set(schema["properties"]["nodes"]["items"]["properties"]) == set(NODE_KEYS)
     assert set(schema["properties"]["ssh"]["properties"]) == set(SSH_RULES)
-    assert not schema["additionalProperties"] and schema["required"] == ["nodes"]
+    assert not schema["additionalProperties"] and schema["else"] == {"required": ["nodes"]}  # or nodes_command
     keys = set(TOP_KEYS) | set(NODE_KEYS)
     assert keys <= set(MEANING), keys - set(MEANING)  # every key says what it is
 
@@ -91,6 +91,10 @@ def test_every_keys_example_is_a_valid_cluster_file_as_the_validator_reads_it(tm
             text = f"nodes: [{{host: x, gpus: 1, {key}: {example}}}]\n".replace("host: x, gpus: 1, host:", "gpus: 1, host:")
         elif key == "nodes":
             text = f"nodes: {example}\n"
+        elif key == "nodes_command":  # its program, in the cluster file's folder
+            (tmp_path / "list-nodes.sh").write_text("#!/bin/sh\necho a slots=1\n")
+            (tmp_path / "list-nodes.sh").chmod(0o755)
+            text = f"{key}: {example}\n"
         else:
             text = f"{nodes}{key}: {example}\n"
         parse_cluster(text, str(tmp_path / "c.yaml"))  # raises ConfigError, naming the key, if it is not

@@ -1,0 +1,52 @@
+"""Following a detached job (Job.follow): what its nodes' journals say of it, one attempt."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from ..diagnose.outcome import JobResult
+from ..node.protocol import wire
+from .backlog import BacklogOrder
+
+
+@dataclass
+class Following:
+    """An attach's reading of a detached job's journals, one attempt (see Job.follow)."""
+
+    journal_ended: set[int] = field(default_factory=set)  # nodes whose journal was read to its end
+    later_attempt: bool = False  # a node's journal said a later attempt follows
+    absent: set[int] = field(default_factory=set)  # nodes where this attempt never began (the job ended first)
+    started: float | None = None  # the job's own start and end (wall clock), by its nodes' records
+    ended: float | None = None
+    master: str | None = None  # its master, addr:port, as the master node's record says
+    next: str | None = None  # what its supervisor decided after this attempt, as the master node says
+    order: BacklogOrder | None = None  # the nodes' journals, merged in time order
+
+    def result(self, result: JobResult) -> JobResult:
+        """The replay's result, with the job's own times and master rather than the attach's."""
+        if self.started is None:
+            return result
+        ended = self.ended if self.ended is not None else time.time()
+        return replace(result, started=self.started, ended=self.ended, elapsed=ended - self.started,
+                       master=self.master)
+
+    def journal_read(self, node: int, frame: wire.JournalEnd, is_master: bool) -> None:
+        """This node's journal was read to its end (JournalRead)."""
+        self.journal_ended.add(node)
+        self.later_attempt |= frame.later
+        self.record(frame, is_master)
+        if frame.absent:
+            self.absent.add(node)
+
+    def record(self, frame: wire.JournalEnd | wire.Replayed, is_master: bool) -> None:
+        """What a node's record says of the job, from its JournalEnd (or, while it runs, Replayed)."""
+        started, ended, after = frame.started, getattr(frame, "ended", None), getattr(frame, "next", None)
+        if isinstance(started, (int, float)) and not isinstance(started, bool):
+            self.started = min(self.started or started, started)
+        if isinstance(ended, (int, float)) and not isinstance(ended, bool):
+            self.ended = max(self.ended or ended, ended)
+        if is_master and isinstance(frame.master, str):
+            self.master = frame.master[:300]
+        if isinstance(after, str):
+            self.next = after[:500]
