@@ -126,6 +126,7 @@ class ClusterConfig:
     # seconds a node away from a smaller run must answer before the job is stopped to take it back
     # (inf: never; it rejoins at the next restart the run makes anyway)
     rejoin_after: float = 600.0
+    evict_after: float | None = None  # a node the straggler measure names this long is set aside (off unless set)
     nodes_command: str | None = None  # a program that lists the nodes, run again before each attempt (nodescommand.py)
     flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/watch/flight.py): the stuck collective, stragglers
     warm: bool | None = None  # fork every rank from an interpreter that imported torch already (node/launchers/warm.py); false: cold;

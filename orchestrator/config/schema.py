@@ -73,6 +73,8 @@ MEANING = {
     "no_restart_on_exit": "exit codes that end the run whatever restarts are left",
     "recoveries": "new attempts after a node lost or a stop from outside the job",
     "spares": "the last N nodes wait, and take a failed node's place",
+    "evict_after": "set aside a node that arrives last at the collectives this long (a spare takes its place, or the "
+                   "run shrinks as min_nodes allows); off unless set",
     "nodes_command": "a program that prints the nodes (`HOST slots=N` lines) instead of `nodes:`; run again "
                      "before each attempt: new nodes are spares, vanished ones are out",
     "min_nodes": "go on with fewer nodes, down to this many, when no spare is left",
@@ -109,7 +111,7 @@ EXAMPLE = {
     "hang_timeout": "10m", "startup_timeout": "20m", "launcher": "accelerate", "env_file": ".env",
     "forward_env": "[WANDB_*, HF_TOKEN]", "secrets": "[MY_API_KEY]", "sync": "{src: ., exclude: [data/]}",
     "retention": "3d", "restarts": "3", "restart_delay": "30s", "no_restart_on_exit": "[2]", "recoveries": "5",
-    "spares": "1", "min_nodes": "3", "rejoin_after": "30m", "nodes_command": "./list-nodes.sh", "flight_recorder": "false", "notify": "[ntfy://my-topic]", "warm": "true",
+    "spares": "1", "min_nodes": "3", "rejoin_after": "30m", "evict_after": "15m", "nodes_command": "./list-nodes.sh", "flight_recorder": "false", "notify": "[ntfy://my-topic]", "warm": "true",
     "preload": "[lightning, transformers]", "measure_gpus": "true",
     "fetch": "[ckpt, logs/metrics.json]", "python": "~/venv/bin/python", "workdir": "~/project",
     "env": "{NCCL_DEBUG: WARN}", "transport": "srun", "gpus": "auto", "setup": "module load cuda/12.4",

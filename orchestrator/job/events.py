@@ -62,12 +62,20 @@ class Closed:
 
 
 @dataclass(frozen=True)
-class Regrow:
-    """Nodes away from this smaller run have answered long enough (run/regrow.py, posted from its
-    own thread; also the loop's ask, as it comes): the job stops with its grace, and the next
-    attempt starts at the larger size."""
+class Reshape:
+    """The run changes its nodes: the job stops with its grace, and the next attempt starts at
+    once on the new set (run/runloop.py). Nodes away from a smaller run that answered long enough
+    (``join``: run/regrow.py, posted from its own thread), or a node that has straggled for
+    `evict_after:` (``aside``: pace.py). Also the loop's ask, as it comes."""
 
-    labels: frozenset[str]
+    why: str  # what the console says
+    join: frozenset[str] = frozenset()
+    aside: str | None = None
+
+    @property
+    def end(self) -> str:
+        """The attempt's end (attempts.ENDS)."""
+        return "stopped to set a node aside" if self.aside else "stopped to grow"
 
 
 class Wake:
@@ -76,7 +84,7 @@ class Wake:
 
 WAKE = Wake()
 
-Event = Union[Lines, Message, SetupFailed, Closed, Regrow, Wake]
+Event = Union[Lines, Message, SetupFailed, Closed, Reshape, Wake]
 
 
 # --- what the report handlers ask of the loop ---
@@ -130,4 +138,4 @@ class JournalRead:
     frame: JournalEnd
 
 
-Ask = Union[MasterPort, SupervisorPort, ChannelEnded, Record, Lost, KilledBy, JournalRead, Regrow]
+Ask = Union[MasterPort, SupervisorPort, ChannelEnded, Record, Lost, KilledBy, JournalRead, Reshape]

@@ -36,7 +36,7 @@ from ..remote.transports import transport_for
 from . import phases
 from .backlog import BacklogOrder
 from .events import (WAKE, ChannelEnded, JournalRead, KilledBy, LogLine, Lost, MasterPort, Message, Record,
-                     Regrow, SupervisorPort, Wake)
+                     Reshape, SupervisorPort, Wake)
 from .following import Following
 from .hang import AskStacks, Finishing, HangWatch, Hung
 from .nodetable import NodeTable
@@ -125,16 +125,17 @@ class JobLoop:
         self.started, self._next_heartbeat = clock(), 0.0
         self.went: float | None = None  # wall clock of the Go, once it went
         self.detached = False  # detach: every node runs, and this loop let go of the job
-        self.regrow: Regrow | None = None  # the job was stopped for nodes that rejoin (run/regrow.py)
+        self.reshape: Reshape | None = None  # the job was stopped to change its nodes (events.Reshape)
         self.following: Following | None = None  # attached to a detached job: its journals, read (see follow)
         self.channel_ended: set[int] = set()  # nodes whose channel reported its end (Closed)
         self.status: list[NodeStatus] = self.table.status  # the same list: the table changes it
-        self._apply = {MasterPort: self._master_port, SupervisorPort: self._supervisor_port, Record: self._record,
+        self._apply = {MasterPort: self._master_port, SupervisorPort: self._supervisor_port,
+                       Record: lambda ask: self.record(ask.failure),
                        ChannelEnded: lambda ask: self.channel_ended.add(ask.node), KilledBy: self._killed_by,
                        Lost: lambda ask: self.lost(ask.node, ask.what),
                        JournalRead: lambda ask: self.following.journal_read(ask.node, ask.frame,
                                                                             ask.node == self.plan.master.index),
-                       Regrow: self._regrow}
+                       Reshape: self._reshape}
 
     # --- one turn of the loop ---
 
@@ -207,6 +208,7 @@ class JobLoop:
             self.fail(decision.node, decision.rank, None, decision.what, kind="hung")
         elif isinstance(decision, Finishing):
             self.view.notice(decision.what)
+        self._reshape(self.pace.aside(now))  # a straggler for evict_after, if one is due
         if not self.following and not self.stop.requested and self.hang.lingering(now, self.status):
             self.stop.request("every rank has ended; torchrun's exit barrier waited for a node whose launcher had ended")
         self.stop.escalate(now)
@@ -220,9 +222,6 @@ class JobLoop:
     def _supervisor_port(self, ask: SupervisorPort) -> None:
         self.supervisor_port = ask.port
 
-    def _record(self, ask: Record) -> None:
-        self.record(ask.failure)
-
     def _killed_by(self, ask: KilledBy) -> None:
         """ddp-kill is stopping this node's job (its note with the signal, node/local/state.py): the run
         is over as for a SIGTERM to ddp-up, every node stopped with its grace and no restart."""
@@ -232,17 +231,17 @@ class JobLoop:
         self.view.notice(f"{self.table[ask.node].plan.label}: {BY_DDP_KILL}; stopping all nodes")
         self.stop.request(BY_DDP_KILL)
 
-    def _regrow(self, ask: Regrow) -> None:
-        """Every node stops with its grace (the ranks save) for the next attempt to take these
-        nodes back; not once it stops anyway (a failure, a signal: that end decides what follows)."""
-        if not self.following and not self.stop.requested:
-            self.regrow = ask
-            self.view.notice(f"{', '.join(sorted(ask.labels))} answer(s) again: stopping all nodes with their grace "
-                             f"(stop_grace: {self.plan.stop_grace:g} s to save), to start again on more nodes")
-            self.stop.request("stopped to grow back")
+    def _reshape(self, ask: Reshape | None) -> None:
+        """Every node stops with its grace (the ranks save) for the next attempt to start on the
+        new set; not once it stops anyway (a failure, a signal: that end decides what follows)."""
+        if ask is not None and not self.following and not self.stop.requested:
+            self.reshape = ask
+            self.view.notice(f"{ask.why}: stopping all nodes with their grace (stop_grace: {self.plan.stop_grace:g} s "
+                             "to save), to start again without delay")
+            self.stop.request(ask.end)
 
     def grow(self, labels: set[str]) -> None:  # from any thread (run/regrow.Watch)
-        self.events.put(Regrow(frozenset(labels)))
+        self.events.put(Reshape(f"{', '.join(sorted(labels))} answer(s) again", join=frozenset(labels)))
 
     # --- failures ---
 

@@ -5,10 +5,11 @@ what the views show and, for a node that falls behind, one notice and one event.
 
 from __future__ import annotations
 
+from ..diagnose.gpuhealth import describe
 from ..diagnose.progress import Bar, ProgressBoard, read
 from ..diagnose.rankfailures import node_clock
 from ..node.protocol import wire
-from .events import LogLine
+from .events import LogLine, Reshape
 
 
 def bars_of(frame: wire.Bars, first_rank: int, nproc: int, mask=lambda text: text) -> list[Bar]:
@@ -33,6 +34,8 @@ class PaceReports:
         self.board = ProgressBoard([n.ranks for n in plan.nodes], shown)
         self.counts: dict[tuple[int, str], tuple] = {}  # (rank, stream) -> the counts its bars said last
         self.recorded: float | None = None  # the frame in hand's own time (its node's wall clock), where replayed
+        self.late_since: dict[int, float] = {}  # the nodes that straggle now, since when without a pause
+        self.set_aside = False  # a node was set aside already (one an attempt)
 
     def frame(self, node: int, frame: wire.Frame) -> None:
         if isinstance(frame, wire.Arrivals):
@@ -44,6 +47,28 @@ class PaceReports:
         skew = self.table[node].clock_skew
         for late in self.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
             self.behind(late.node, late.how())
+        now = self.clock()
+        for late in self.flight.figures():
+            if late.straggler:
+                self.late_since.setdefault(late.node, now)
+            else:
+                self.late_since.pop(late.node, None)
+
+    def aside(self, now: float) -> Reshape | None:
+        """With `evict_after:` (where a spare or min_nodes lets the run do without a node): the
+        node that has straggled that long, to set aside at the next attempt, with why: its
+        lateness, and what nvidia-smi said of its GPUs at the preflight. At most one an attempt."""
+        after = self.plan.evict_after
+        due = [n for n, since in self.late_since.items() if after is not None and now - since >= after
+               and self.table[n].state == "running"]
+        if self.set_aside or not due:
+            return None
+        self.set_aside = True
+        status, late = self.table[due[0]], {f.node: f for f in self.flight.figures()}[due[0]]
+        health = [g for g in status.info.get("gpu_health") or [] if isinstance(g, dict)]
+        said = "; ".join(f"GPU {g.get('index', '?')}: {describe(g)}" for g in health) or "no GPU facts (nvidia-smi gave none)"
+        return Reshape(f"{status.plan.label} has straggled for {after:g} s ({late.how()}); its GPUs at the preflight: "
+                       f"{said}", aside=status.plan.label)
 
     def bars(self, node: int, frame: wire.Bars) -> None:
         plan = self.table[node].plan

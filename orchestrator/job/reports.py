@@ -13,7 +13,7 @@ from ..diagnose.rankfailures import node_clock, own_failures, rank_ends, rank_er
 from ..errors import NodeProblem
 from ..node.protocol import policy, wire
 from .events import (Ask, ChannelEnded, Closed, JournalRead, KilledBy, Lines, Lost, MasterPort, Message, Record,
-                     Regrow, SetupFailed, SupervisorPort)
+                     Reshape, SetupFailed, SupervisorPort)
 
 LAST_LINE = 240  # characters of a node's latest line kept for the dashboard
 
@@ -63,7 +63,7 @@ class NodeReports:
         self.following = None  # the Job's Following while it follows a detached job (read only)
 
     def handle(self, event: object) -> list[Ask]:
-        if isinstance(event, Regrow):
+        if isinstance(event, Reshape):
             return [event]  # the run's, not a node's: the loop decides
         asks: list[Ask] = [ChannelEnded(event.node)] if isinstance(event, Closed) else []
         if isinstance(event, Lines):

@@ -89,6 +89,7 @@ class LaunchPlan:
     hooks: Mapping[str, str] = field(default_factory=dict)  # file name -> text each agent writes and puts on PYTHONPATH
     attempt: int = 0  # restarts: 0 for the first run, then 1, 2... (DDP_UP_ATTEMPT in every process)
     quarantined: tuple[str, ...] = ()  # restarts: nodes taken out of the run, for the dashboard
+    evict_after: float | None = None  # restarts: a node that straggles this long is set aside (pace.py)
     # restarts: nodes whose preflight passed in an earlier attempt and that were not lost since, with
     # the torch build they reported; their agents skip the torch probe (an import of torch, the slow
     # part of a preflight), and the cross-node checks use these facts
@@ -244,6 +245,7 @@ class Attempt:
 
     number: int = 0  # 0 for the first run, then 1, 2... (DDP_UP_ATTEMPT in every process)
     quarantined: tuple[str, ...] = ()  # nodes taken out of the run
+    evict_after: float | None = None  # `evict_after:`, where a spare or min_nodes lets the run do without a node
     vetted: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)  # see LaunchPlan.vetted
 
 
@@ -320,7 +322,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         retention=config.retention,
         allow_busy_gpus=allow_busy_gpus, allow_unhealthy_gpus=allow_unhealthy_gpus,
         attempt=attempt.number,
-        quarantined=attempt.quarantined,
+        quarantined=attempt.quarantined, evict_after=attempt.evict_after,
         vetted=dict(attempt.vetted),
         restarts=restarts if detach else 0,
         recoveries=recoveries if detach else 0,

@@ -29,14 +29,16 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ..config.cluster import ClusterConfig, NodeConfig
+from ..config.cluster import ClusterConfig
 from ..diagnose.outcome import JobResult, NodeStatus
 from ..diagnose.preflight import TORCH_FIELDS
 from ..errors import EXIT_SETUP, DdpUpError, NodeProblem
+from ..job.events import Reshape
 from ..job.reports import SLURM_CANCELLED
 from ..node.protocol import policy
 from ..plan.launch import Attempt, LaunchPlan
 from .regrow import Asking, Prober, Watch, never
+from .roster import Roster, Verdict
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,9 @@ class AttemptRecord:
                 "end": self.end, "root_cause": self.root_cause, "next": self.next}
 
 
-ENDS = ("succeeded", "failed", "hung", "lost", "stopped from outside", "could not start", "stopped", "stopped to grow")
+ENDS = ("succeeded", "failed", "hung", "lost", "stopped from outside", "could not start", "stopped", "stopped to grow",
+        "stopped to set a node aside")
+RESHAPED = ENDS[-2:]  # the run stopped the job to change its nodes: no failure
 KIND_END = {"own": "failed", "hung": "hung", "lost": "lost", "outside": "stopped from outside"}
 DEFAULT_RECOVERIES = 3
 
@@ -75,9 +79,9 @@ def recovery_limit(config: ClusterConfig, restarts: int) -> int:
 
 
 def attempt_end(result: JobResult, cause: tuple[str | None, bool], could_not_start: bool = False,
-                regrow: bool = False) -> str:
-    """Why an attempt ended (one of ENDS); ``regrow``: the run stopped it to grow back (a rank
-    that failed by itself meanwhile is still a failure, and one that ended well a success)."""
+                reshape: Reshape | None = None) -> str:
+    """Why an attempt ended (one of ENDS); ``reshape``: the run stopped it to change its nodes (a
+    rank that failed by itself meanwhile is still a failure, and one that ended well a success)."""
     if result.interrupted:
         return "stopped"
     if result.exit_code == 0:
@@ -86,7 +90,7 @@ def attempt_end(result: JobResult, cause: tuple[str | None, bool], could_not_sta
         return "could not start"
     root = result.root_cause
     if root is None:
-        return "stopped to grow" if regrow and not cause[1] else "lost" if cause[1] else "failed"
+        return reshape.end if reshape is not None and not cause[1] else "lost" if cause[1] else "failed"
     return KIND_END[root.kind]
 
 
@@ -117,139 +121,13 @@ def ran(records: list[AttemptRecord]) -> list[tuple[int, str | None, float]]:
     return [(r.number, r.signature, r.ended - (r.went or r.started)) for r in records]
 
 
-@dataclass
-class Verdict:
-    go_on: bool
-    notice: str | None = None
-
-
-@dataclass
-class Roster:
-    active: list[NodeConfig]
-    spares: list[NodeConfig]
-    min_nodes: int
-    quarantined: list[str] = field(default_factory=list)
-    blamed: Counter = field(default_factory=Counter)  # times each node was an attempt's root cause
-    away: list[NodeConfig] = field(default_factory=list)  # lost once: back once they answer again (rejoin)
-    losses: Counter = field(default_factory=Counter)  # times each node was lost as an attempt's root cause
-    just_lost: set[str] = field(default_factory=set)  # away since the attempt that just ended: not asked yet
-    size: int = 0  # the nodes the run starts on: it never grows past them
-    vanished: list[NodeConfig] = field(default_factory=list)  # no longer listed by `nodes_command:`
-
-    @classmethod
-    def of(cls, config: ClusterConfig) -> Roster:
-        count = config.active_count
-        return cls(list(config.nodes[:count]), list(config.nodes[count:]),
-                   config.min_nodes if config.min_nodes is not None else count, size=count)
-
-    def cluster(self, config: ClusterConfig) -> ClusterConfig:
-        """The attempt's cluster: the active nodes in their positions (node ranks). The master
-        moves to the first of them only if its own node is out."""
-        nodes = tuple(replace(n, rank=i) for i, n in enumerate(self.active))
-        running = {n.label for n in nodes}
-        out = {a for n in (*config.nodes, *self.vanished) if n.label not in running for a in (n.addr, n.host)}
-        master = nodes[0].addr if config.master_addr in out else config.master_addr
-        return replace(config, nodes=nodes, master_addr=master, spares=0)
-
-    @property
-    def out(self) -> tuple[str, ...]:
-        """The nodes out of the run so far: for good, and away until they answer again."""
-        return (*self.quarantined, *(n.label for n in self.away))
-
-    @property
-    def replaces(self) -> bool:
-        """Whether nodes are ever taken out: with spares to take their place, or min_nodes to go
-        on without. Without either, every attempt runs on the nodes listed."""
-        return bool(self.spares or self.quarantined or self.away) or self.min_nodes < len(self.active)
-
-    def settle(self, cause_node: str | None, lost: bool) -> Verdict:
-        """After a failed attempt whose root cause was on ``cause_node`` (a label). A node lost
-        once is away: it comes back when it answers again (rejoin); lost twice, or the root cause
-        twice, it is out for the rest of the run."""
-        self.just_lost = set()
-        if cause_node is None or not self.replaces:
-            return Verdict(True)
-        self.blamed[cause_node] += 1
-        self.losses[cause_node] += lost
-        if not (lost or self.blamed[cause_node] >= 2):
-            return Verdict(True)
-        position = next(i for i, n in enumerate(self.active) if n.label == cause_node)
-        if lost and self.losses[cause_node] < 2:
-            self.away.append(self.active[position])
-            self.just_lost.add(cause_node)
-            out = f"{cause_node} is out until it answers again (lost)"
-        else:
-            self.quarantined.append(cause_node)
-            out = f"{cause_node} is out for the rest of the run ({'lost twice' if lost else 'the root cause twice'})"
-        if self.spares:
-            spare = self.spares.pop(0)
-            self.active[position] = spare
-            return Verdict(True, f"{out}; spare {spare.label} takes its place as node {position}")
-        if len(self.active) - 1 >= self.min_nodes:
-            self.active.pop(position)
-            return Verdict(True, f"{out}; no spare left: going on with {len(self.active)} node(s) (min_nodes: "
-                                 f"{self.min_nodes}), a smaller world")
-        return Verdict(False, f"{out}, and no spare is left (set `spares:`, or `min_nodes:` to go on with fewer nodes)")
-
-    def relist(self, listed: tuple[NodeConfig, ...]) -> Verdict:
-        """The nodes `nodes_command:` lists now (each with its listed settings). One no longer
-        listed is out: a spare takes its place, else the run goes on smaller as far as min_nodes
-        allows. One listed for the first time joins where the run is smaller than it started,
-        else waits as a spare. A node out (away, quarantined) stays out as long as it was."""
-        now = {n.label: n for n in listed}
-        said: list[str] = []
-        self.spares = [now[n.label] for n in self.spares if n.label in now]
-        self.away = [n for n in self.away if n.label in now]
-        for node in [n for n in self.active if n.label not in now]:
-            self.vanished.append(node)
-            position = self.active.index(node)
-            if self.spares:
-                self.active[position] = self.spares.pop(0)
-                said.append(f"{node.label} is no longer listed; spare {self.active[position].label} takes its place")
-            else:
-                self.active.pop(position)
-                said.append(f"{node.label} is no longer listed: {len(self.active)} node(s) left")
-        self.active = [now[n.label] for n in self.active]
-        known = {n.label for n in (*self.active, *self.spares, *self.away)} | set(self.quarantined)
-        self.spares += [n for n in listed if n.label not in known]
-        said += self.fill(listed, [n.label for n in listed if n.label not in known],
-                          "{node} is listed now: it joins the run, which grows to {count} node(s)",
-                          "{node} is listed now: it waits as a spare")
-        if len(self.active) < self.min_nodes:
-            return Verdict(False, "; ".join(said + [f"fewer than min_nodes ({self.min_nodes}) are listed: no new attempt"]))
-        return Verdict(True, "; ".join(said) or None)
-
-    def fill(self, listed: tuple[NodeConfig, ...], labels: list[str], joins: str, waits: str) -> list[str]:
-        """The spares named by ``labels`` join the run while it is smaller than it started (the
-        run then in the listed order, so node ranks follow the list); what to say of each."""
-        said = []
-        for node in [n for n in self.spares if n.label in labels]:
-            if len(self.active) < self.size:
-                self.spares.remove(node)
-                order = {n.label: i for i, n in enumerate(listed)}
-                self.active = sorted(self.active + [node], key=lambda n: order.get(n.label, len(order)))
-                said.append(joins.format(node=node.label, count=len(self.active)))
-            else:
-                said.append(waits.format(node=node.label))
-        return said
-
-    def rejoin(self, answering: set[str], listed: tuple[NodeConfig, ...]) -> list[str]:
-        """The away nodes that answer again come back, as spares that join at once where the run
-        is smaller than it started; what to say of each."""
-        back = [n for n in self.away if n.label in answering]
-        self.away = [n for n in self.away if n.label not in answering]
-        self.spares += back
-        return self.fill(listed, [n.label for n in back],
-                         "{node} answers again: it rejoins the run, which grows back to {count} node(s)",
-                         "{node} answers again: it waits as a spare")
-
-
 def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: tuple[str | None, bool],
-                   could_not_start: bool = False, went: float | None = None, regrow: bool = False) -> AttemptRecord:
+                   could_not_start: bool = False, went: float | None = None,
+                   reshape: Reshape | None = None) -> AttemptRecord:
     """The record of attempt ``plan.attempt``, ended now (one that could not start: exit status 3);
     ``went``: when its Go went (a first attempt's preflight, with its imports, is not how far it got)."""
     root = result.root_cause
-    end = attempt_end(result, cause, could_not_start, regrow)
+    end = attempt_end(result, cause, could_not_start, reshape)
     what = root.render() if root else (cause[0] and f"{cause[0]} {'could not start' if end == 'could not start' else 'lost'}")
     return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
                          result.exit_code if end != "could not start" else EXIT_SETUP,
@@ -389,18 +267,24 @@ class Restarts:
         for watch in self.watches:
             watch.join()
 
-    def grow(self, labels: set[str], attempt: int) -> tuple[LaunchPlan | None, list[str]]:
-        """After an attempt stopped to grow: the nodes ``labels`` rejoin, and attempt ``attempt``
-        starts at once, on no budget of restarts (the job did not fail); what to say of each.
-        None: `nodes_command:` now lists fewer than min_nodes."""
-        said = self.roster.rejoin(labels, self.config.nodes)
+    def reshape(self, ask: Reshape, attempt: int) -> tuple[LaunchPlan | None, list[str]]:
+        """After an attempt stopped to change its nodes (job/events.Reshape): the nodes that answer
+        again rejoin, or the straggler is set aside, and attempt ``attempt`` starts at once, on no
+        budget of restarts (the job did not fail); what to say. None: no attempt can follow
+        (`nodes_command:` lists fewer than min_nodes now)."""
+        if ask.aside is not None:
+            verdict = self.roster.set_aside(ask.aside)
+            said, go_on = [verdict.notice], verdict.go_on
+        else:
+            said, go_on = self.roster.rejoin(set(ask.join), self.config.nodes), True
         listed = self.relist()
         said += [listed.notice] if listed.notice else []
-        return (self.plan(self.cluster(), attempt) if listed.go_on else None), said
+        return (self.plan(self.cluster(), attempt) if go_on and listed.go_on else None), said
 
     def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
         """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""
-        return self.planner(cluster, Attempt(attempt, self.roster.out, dict(self.vetted)))
+        evict_after = self.config.evict_after if self.roster.can_spare else None
+        return self.planner(cluster, Attempt(attempt, self.roster.out, evict_after, dict(self.vetted)))
 
     def vet(self, statuses: list[NodeStatus]) -> None:
         """After an attempt: remember which nodes need no torch probe in the next one."""

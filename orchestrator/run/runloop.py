@@ -10,6 +10,7 @@ from typing import Callable
 
 from ..diagnose.outcome import JobResult
 from ..errors import EXIT_INTERNAL, EXIT_OK, SetupError
+from ..job.events import Reshape
 from ..job.loop import Job
 from ..plan.call import Call
 from ..plan.launch import LaunchPlan
@@ -18,7 +19,7 @@ from ..views.callback import Line, LineCallback
 from ..views.console import ConsoleView
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
-from .attempts import AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
+from .attempts import RESHAPED, AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
 from .notifier import Notifier
 
 # Seconds a restart waits, past its delay, for the nodes away from the run to answer (a connect
@@ -58,12 +59,12 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             if job.detached:
                 return detached_notices(plan, console_view, cluster_arg)
             records.append(attempt_record(plan, result, started, cause, could_not_start=unstarted, went=job.went,
-                                          regrow=job.regrow is not None))
+                                          reshape=job.reshape))
             if restarts is None or records[-1].end in ("succeeded", "stopped"):
                 break
             restarts.vet(job.status)
-            if records[-1].end == "stopped to grow":
-                following, signum, why = grown_attempt(plan, job.regrow.labels, restarts, views)
+            if records[-1].end in RESHAPED:
+                following, signum, why = reshaped_attempt(plan, job.reshape, restarts, views)
             else:
                 following, signum, why = next_attempt(plan, result, cause, restarts, views, inbox, records)
             records[-1] = replace(records[-1], next=why)
@@ -153,17 +154,17 @@ def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, b
     return policy.plan(policy.cluster(), plan.attempt + 1), None, nxt.why  # nxt's, with who rejoined
 
 
-def grown_attempt(plan: LaunchPlan, labels: frozenset[str], policy: Restarts,
-                  views) -> tuple[LaunchPlan | None, None, str]:
-    """The attempt after one stopped to grow back: at once, with the nodes that answered again
-    (None: the node list shrank meanwhile below min_nodes); what came next, for the record."""
-    following, said = policy.grow(set(labels), plan.attempt + 1)
+def reshaped_attempt(plan: LaunchPlan, ask: Reshape, policy: Restarts, views) -> tuple[LaunchPlan | None, None, str]:
+    """The attempt after one stopped to change its nodes: at once, with the nodes that answered
+    again, or without the straggler (None: none can follow); what came next, for the record."""
+    following, said = policy.reshape(ask, plan.attempt + 1)
     for text in said:
         views.notice(text)
     if following is None:
         return None, None, said[-1]
-    why = f"grown back to {len(following.nodes)} node(s): {', '.join(sorted(labels))} rejoined"
-    views.event("restart", f"job {plan.job_id}: attempt {plan.attempt} stopped to grow; attempt {plan.attempt + 1} "
+    why = (f"grown back to {len(following.nodes)} node(s): {', '.join(sorted(ask.join))} rejoined" if ask.join else
+           f"{ask.aside} set aside: {len(following.nodes)} node(s)")
+    views.event("restart", f"job {plan.job_id}: attempt {plan.attempt} {ask.end}; attempt {plan.attempt + 1} "
                            f"({why}) now", attempt=plan.attempt + 1, root_cause=None)
     return following, None, why
 

@@ -110,7 +110,7 @@ def test_a_lost_node_that_answers_again_for_rejoin_after_stops_the_smaller_run_w
     out = launch.output
     assert code == 0, out
     assert f"{back.addr} is out until it answers again (lost); no spare left: going on with 2 node(s)" in out, out
-    assert f"{back.addr} answer(s) again: stopping all nodes with their grace" in out, out
+    assert f"{back.addr} answer(s) again: stopping all nodes with their grace" in out, out  # then at once
     assert f"{back.addr} answers again: it rejoins the run, which grows back to 3 node(s)" in out, out
     attempts = summary(out)["attempts"]
     assert [a["nodes"] for a in attempts] == [[n.addr for n in cluster.nodes[:3]], [n.addr for n in cluster.nodes[:2]],

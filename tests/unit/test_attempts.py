@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import signal
 
-from orchestrator.run.attempts import Restarts, Roster, delay_before, vetted_after, wait_for_signal
+from orchestrator.run.attempts import Restarts, delay_before, vetted_after, wait_for_signal
+from orchestrator.run.roster import Roster
 from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.remote.signals import SignalInbox
 
@@ -296,15 +297,38 @@ def test_a_running_attempt_is_watched_only_while_it_is_smaller_than_the_run_star
 
 
 def test_an_attempt_stopped_to_grow_is_followed_at_once_by_one_with_the_node_back_on_no_budget():
+    from orchestrator.job.events import Reshape
     from orchestrator.plan.launch import make_plan
     from orchestrator.run.attempts import attempt_end
     policy = Restarts.of(cluster(3, min_nodes=2, restarts=1),
                          planner=lambda c, a: make_plan(c, "train.py", [], "J1", "/tmp", attempt=a))
     policy.roster.settle("h0", lost=True)  # the master's node: the master moved to h1
     assert policy.cluster().master_addr == "h1"
-    assert attempt_end(failed(), ("h1", False), regrow=True) == "failed"  # a rank failed by itself meanwhile
-    assert attempt_end(failed("lost"), ("h1", True), regrow=True) == "lost"
-    plan, said = policy.grow({"h0"}, 2)
+    GROW = Reshape("h0 answer(s) again", join=frozenset({"h0"}))
+    assert attempt_end(failed(), ("h1", False), reshape=GROW) == "failed"  # a rank failed by itself meanwhile
+    assert attempt_end(failed("lost"), ("h1", True), reshape=GROW) == "lost"
+    plan, said = policy.reshape(GROW, 2)
     assert said == ["h0 answers again: it rejoins the run, which grows back to 3 node(s)"]
     assert [n.label for n in plan.nodes] == ["h0", "h1", "h2"] and plan.world_size == 6 and plan.master_addr == "h0"
     assert plan.attempt == 2 and not policy.used and plan.quarantined == ()
+
+
+def test_a_straggler_is_set_aside_only_where_the_run_can_do_without_it_and_a_second_time_for_good():
+    from orchestrator.job.events import Reshape
+    from orchestrator.plan.launch import make_plan
+
+    def planned(**top):
+        return Restarts.of(cluster(3, evict_after="15m", **top),
+                           planner=lambda c, a: make_plan(c, "train.py", [], "J1", "/tmp", attempt=a))
+
+    assert planned().plan(planned().cluster(), 0).evict_after is None  # every node needed: named, never set aside
+    assert planned(spares=1).plan(planned(spares=1).cluster(), 0).evict_after == 900.0
+    policy = planned(min_nodes=2)
+    assert policy.plan(policy.cluster(), 0).evict_after == 900.0
+    plan, said = policy.reshape(Reshape("h1 straggles", aside="h1"), 1)
+    assert said == ["h1 is out until it answers again (set aside: a straggler); no spare left: going on with 2 node(s) "
+                    "(min_nodes: 2), a smaller world"]
+    assert [n.label for n in plan.nodes] == ["h0", "h2"] and plan.evict_after is None and not policy.used
+    policy.roster.rejoin({"h1"}, policy.config.nodes)
+    assert policy.roster.set_aside("h1").notice.startswith("h1 is out for the rest of the run (set aside after it was "
+                                                           "out once already)")

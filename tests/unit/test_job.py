@@ -483,10 +483,10 @@ def test_nodes_that_answer_again_stop_the_job_with_its_grace_and_the_attempt_end
     result = h.job.run()
     assert [n.kinds()[-1] for n in h.nodes] == ["Stop", "Stop"] and h.states() == ["stopped", "stopped"]
     assert not result.failures and result.interrupted is None and result.exit_code == 1
-    assert h.job.regrow is not None and h.job.regrow.labels == {"h9"}
-    assert any(t.startswith("h9 answer(s) again: stopping all nodes with their grace (stop_grace: 30 s")
+    assert h.job.reshape is not None and h.job.reshape.join == {"h9"}
+    assert any(t.startswith("h9 answer(s) again: stopping all nodes with their grace (stop_grace: 30 s to save)")
                for t in h.view.notices), h.view.notices
-    assert attempt_end(result, blame(result), regrow=True) == "stopped to grow"
+    assert attempt_end(result, blame(result), reshape=h.job.reshape) == "stopped to grow"
 
 
 def test_a_grow_asked_while_the_job_stops_for_a_failure_changes_nothing():
@@ -494,5 +494,37 @@ def test_a_grow_asked_while_the_job_stops_for_a_failure_changes_nothing():
     h.nodes[1].exit_code, h.nodes[1].run_for = 1, 2.0
     h.queue.at(T0 + 2.5, lambda: h.job.grow({"h9"}))
     result = h.job.run()
-    assert h.job.regrow is None and result.root_cause.node == 1
+    assert h.job.reshape is None and result.root_cause.node == 1
     assert not any("answer(s) again" in t for t in h.view.notices)
+
+
+def test_a_node_that_straggles_for_evict_after_stops_the_job_to_be_set_aside_saying_why():
+    """The straggler measure (Arrivals: node 2's rank comes 200 ms after the others to every
+    collective) names node 2; once it has for evict_after, the job stops with its grace, naming
+    its lateness and what nvidia-smi said of its GPUs at the preflight. Without evict_after in the
+    plan (no spare, min_nodes at the size), it is only named."""
+    from orchestrator.run.attempts import attempt_end, blame
+
+    def straggling(replan):
+        h = Harness(3, replan=replan)
+        h.nodes[2].ready = {"gpu_health": [{"index": 0, "sw_thermal": True, "temp": 91, "sm_clock": 900,
+                                            "sm_max": 1980}]}
+        for n in h.nodes:
+            n.exit_code, n.run_for = 0, 60.0
+        for seq in range(100):
+            at = T0 + 5.0 + seq * 0.5
+            for node, late in ((0, 0.0), (1, 0.01), (2, 0.2)):
+                h.queue.at(at, Message(node, wire.Arrivals(times=[["0", seq, at + late, node]])))
+        return h, h.job.run()
+
+    h, result = straggling({"evict_after": 10.0})
+    said = [t for t in h.view.notices if "has straggled for 10 s" in t]
+    assert len(said) == 1 and said[0].startswith(
+        "h2 has straggled for 10 s (rank 2 arrives last at 100% of the job's collectives, 195 ms after the others); "
+        "its GPUs at the preflight: GPU 0: SW thermal slowdown active (91 °C, SM clock 900 of 1980 MHz)"), h.view.notices
+    assert said[0].endswith(": stopping all nodes with their grace (stop_grace: 10 s to save), to start again without "
+                            "delay")
+    assert h.job.reshape.aside == "h2" and h.states() == ["stopped"] * 3 and not result.failures
+    assert attempt_end(result, blame(result), reshape=h.job.reshape) == "stopped to set a node aside"
+    h, result = straggling({})
+    assert h.job.reshape is None and result.exit_code == 0 and any("h2 is a straggler" in t for t in h.view.notices)

@@ -4,13 +4,26 @@ Real /bin/sh programs, the real validator, the roster's rule; milliseconds each 
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
 from orchestrator.config import nodescommand
 from orchestrator.config.clusterfile import parse_cluster, relisted
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.run.attempts import Restarts, Roster
+from orchestrator.run.attempts import Restarts
+from orchestrator.run.roster import Roster
+
+
+def left_running(marker: str) -> list[str]:
+    """The processes whose command line holds ``marker``, once those being killed are gone (a
+    SIGKILL takes effect as the kernel gets to it: bounded)."""
+    deadline = time.monotonic() + 10
+    while True:
+        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def cluster_text(command: str, **top) -> str:
@@ -48,16 +61,14 @@ def test_a_program_that_does_not_end_is_stopped_with_everything_it_started(tmp_p
         parse_cluster(cluster_text(f"sh -c 'sleep 60; echo {marker}' & sh -c 'sleep 60; echo {marker}'"),
                       str(tmp_path / "c.yaml"))
     assert "did not finish within" in e.value.render() and "it must print the node list and exit" in e.value.render()
-    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-    assert not left, left  # its whole group: the child it left in the background too
+    assert not left_running(marker)  # its whole group: the child it left in the background too
 
 
 def test_what_a_program_leaves_running_is_stopped_when_it_ends(tmp_path):
     marker = f"{tmp_path}/left-behind"
     config = parse_cluster(cluster_text(f"sh -c 'sleep 60; echo {marker}' & echo a slots=1"), str(tmp_path / "c.yaml"))
     assert [n.label for n in config.nodes] == ["a"]
-    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-    assert not left, left
+    assert not left_running(marker)
 
 
 def test_nodes_listed_twice_over_are_refused(tmp_path):

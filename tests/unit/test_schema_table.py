@@ -50,6 +50,7 @@ TABLE: dict[str, list] = {
     "measure_gpus": [True, False, "yes", 1, None],
     "min_nodes": [1, 2, 3, 0, -1, 1.5, "2", True, None, math.nan],
     "rejoin_after": [*DURATIONS, "never", "Never", "never ", "nevermore"],
+    "evict_after": DURATIONS,
     "nodes_command": ["echo a slots=1", "", 5, True, None],  # beside `nodes:`: refused, but when empty
     "config_file": ["/dev/null", "", 5, None, "/nonexistent/ssh_config"],
     "notify": [["ntfy://topic"], [], [{"webhook": "https://example.invalid/hook"}], [{"webhook": "ftp://x"}],
