@@ -16,6 +16,8 @@ from tests.harness import procs
 from tests.harness.runner import Launch, ddp_kill, ddp_up, run_dir
 from tests.integration.conftest import SCRIPT
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
 LAUNCHER = "none"  # but where a test names torchrun (see conftest.cluster_file)
 
 
@@ -89,35 +91,41 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_job_resumes(clu
 
 
 @pytest.mark.long
-def test_a_lost_node_that_answers_again_for_rejoin_after_stops_the_smaller_run_which_grows_back(cluster, cluster_file):
-    """With `min_nodes:` and no spare, a node cut off is out of the run, which goes on smaller
-    (rank 0 hangs there, so that attempt cannot end by itself); its link back, the node answers
-    for `rejoin_after:`, the smaller attempt is stopped with its grace and the next one runs on
-    every listed node again: the world is the listed one."""
+def test_the_ddp_example_resumes_from_its_checkpoint_smaller_then_at_the_full_size_again(cluster, cluster_file):
+    """examples/train.py --checkpoint under torchrun, warm, at 3 nodes, `min_nodes: 2` and no
+    spare: node 2 cut off is out of the run, which goes on at 2 nodes with the example resuming
+    after its last saved step at world size 2; the link back, node 2 answers for `rejoin_after:`,
+    the smaller attempt is stopped with its grace, and the next one runs on every listed node
+    again, the example resuming at world size 3. Ctrl-C then ends it."""
     back = cluster.nodes[2]
-    path = cluster_file([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after=1, restart_delay=0.2, orphan_timeout=3,
-                        launcher="none", env={"TICK_SAYS_PORT": "1"})
-    launch = Launch([str(path), SCRIPT, "tick", "40", "0.2", "0", "hang", "1"])  # rank 0 hangs in attempt 1 alone
+    path = cluster_file([(0, 1), (1, 1), (2, 1)], launcher="torchrun", min_nodes=2, rejoin_after=1,
+                        restart_delay=0.2, orphan_timeout=3, stop_grace=3)
+    launch = Launch([str(path), str(EXAMPLES / "train.py"), "--steps", "100000", "--step-time", "0.2",
+                     "--checkpoint", "ckpt.pt", "--global-batch", "6"])
     try:
-        launch.wait_line(r"tick 3 rank=2$", 120)
+        launch.wait_line(r"r0 \| step 3 loss", 180)
         cluster.partition(back)
-        launch.wait_line(r"PORT \d+ attempt=1$", 120)  # attempt 1 runs, on two nodes: the link comes back
+        launch.wait_line(r"resumed after step \d+ at world size 2$", 180)
         cluster.heal(back)
-        code = launch.wait(240)
+        launch.wait_line(r"resumed after step \d+ at world size 3$", 180)
+        launch.wait_line(r"r2 \| step \d+ loss", 60)  # the node that came back trains again
+        launch.signal(signal.SIGINT)
+        code = launch.wait(60)
     finally:
         cluster.heal(back)
         launch.proc.kill()
     out = launch.output
-    assert code == 0, out
+    assert code == 130, out
+    smaller, grown = (int(re.search(rf"resumed after step (\d+) at world size {w}$", out, re.M).group(1)) for w in (2, 3))
+    assert 3 <= smaller < grown, out  # each resumed from the last step saved, none lost, none twice
     assert f"{back.addr} is out until it answers again (lost); no spare left: going on with 2 node(s)" in out, out
-    assert f"{back.addr} answer(s) again: stopping all nodes with their grace" in out, out  # then at once
+    assert f"{back.addr} answer(s) again: stopping all nodes with their grace" in out, out
     assert f"{back.addr} answers again: it rejoins the run, which grows back to 3 node(s)" in out, out
     attempts = summary(out)["attempts"]
     assert [a["nodes"] for a in attempts] == [[n.addr for n in cluster.nodes[:3]], [n.addr for n in cluster.nodes[:2]],
                                               [n.addr for n in cluster.nodes[:3]]], attempts
-    assert [(a["end"], a["world_size"]) for a in attempts] == [("lost", 3), ("stopped to grow", 2), ("succeeded", 3)]
+    assert [(a["end"], a["world_size"]) for a in attempts] == [("lost", 3), ("stopped to grow", 2), ("stopped", 3)]
     assert attempts[1]["next"] == f"grown back to 3 node(s): {back.addr} rejoined", attempts
-    assert "tick 39 rank=2" in out, out
 
 
 def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):
