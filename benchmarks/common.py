@@ -122,11 +122,11 @@ def ssh_argv(cluster: SSHCluster, node: Node, remote: str, tty: bool = False) ->
 
 
 def torchrun_line(nodes: list[Node], k: int, port: int, workdir: str, tag: str, script_args: list[str],
-                  nproc: int = 1) -> str:
+                  nproc: int = 1, script: str = SCRIPT) -> str:
     """The launcher line a user types on node k. The ddp-up tag is set only so the benchmark can
     count (and finally clean up) the baseline's processes; nothing in the launch reads it."""
     argv = [sys.executable, "-u", "-m", "torch.distributed.run", f"--nnodes={len(nodes)}", f"--nproc-per-node={nproc}",
-            f"--node-rank={k}", f"--master-addr={nodes[0].addr}", f"--master-port={port}", SCRIPT, *script_args]
+            f"--node-rank={k}", f"--master-addr={nodes[0].addr}", f"--master-port={port}", script, *script_args]
     env = " ".join(f"{name}={value}" for name, value in JOB_ENV.items()) + f" DDP_UP_JOB={tag} DDP_UP_NODE={k}"
     return f"cd {shlex.quote(workdir)} && exec env {env} {shlex.join(argv)}"
 

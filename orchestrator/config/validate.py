@@ -276,10 +276,18 @@ class Validator(Checks):
             master_port=self.master_port(master),
             secrets=(*self.names(top.get("secrets", []), ("secrets",)), *DEFAULT_SECRETS),
             sync=self.sync(top.get("sync")),
-            min_nodes=self.min_nodes(top, len(nodes), settings["spares"]),
+            min_nodes=self.spared(top, len(nodes), settings),
             nodes_command=top.get("nodes_command"),  # run already, and checked (clusterfile._command_source)
             notify=notify.targets(top.get("notify"), lambda at, why: self.error(("notify", *at), why)),
             **settings)
+
+    def spared(self, top: dict, count: int, settings: dict) -> int | None:
+        """`min_nodes:` (see min_nodes), and `evict_after:` only where the run can do without a node."""
+        least = self.min_nodes(top, count, settings["spares"])
+        if settings["evict_after"] is not None and not settings["spares"] and (least is None or least >= count):
+            raise self.error(("evict_after",), "sets a slow node aside, but the run cannot do without one: add "
+                                               "`spares: 1`, or `min_nodes:` below the node count")
+        return least
 
     def min_nodes(self, top: dict, count: int, spares: int) -> int | None:
         """`min_nodes:`, checked against the nodes the job starts on (and `spares:` against the count)."""

@@ -74,7 +74,7 @@ class Session(Protocol):
     def send(self, frame: wire.Frame) -> None: ...
     def cancel(self) -> None: ...
     def close(self) -> None: ...
-    def disconnect(self) -> None: ...
+    def disconnect(self, wait: bool = True) -> None: ...
 
 
 class Sweeper(Protocol):
@@ -354,7 +354,8 @@ class Job(JobLoop):
             return
         for session in self.sessions:
             session.cancel()
-        on_each(self.sessions, lambda s: s.disconnect(), inbox=None, name="disconnect")
+        on_each(list(zip(self.sessions, self.status)), lambda pair: pair[0].disconnect(wait=pair[1].state != "lost"),
+                inbox=None, name="disconnect")  # a lost node's link says nothing more: its threads are not waited for
         if sweeps:
             self.report_sweeps()
 

@@ -62,8 +62,9 @@ class NodeSession:
     def close(self) -> None:
         self.channel.close()
 
-    def disconnect(self) -> None:
-        self.channel.disconnect()
+    def disconnect(self, wait: bool = True) -> None:
+        """``wait``: for the agent's last words (not from a node lost: nothing more comes)."""
+        self.channel.disconnect(timeout=2.0 if wait else 0.0)
 
     def _frames(self, frames: list[wire.Frame]) -> None:
         batch: list[LogLine] = []

@@ -151,9 +151,12 @@ class AgentChannel:
             self.proc.close()
 
     def disconnect(self, timeout: float = 2.0) -> None:
+        """Close, let the threads read what the agent said last (within ``timeout``, all of them
+        together: a link that is down answers nothing), then end the transport."""
         self.close()
+        deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
         self.transport.close()
 
     # --- threads ---

@@ -153,8 +153,9 @@ class FakeNode:
     def close(self) -> None:
         self.closed = True
 
-    def disconnect(self) -> None:
+    def disconnect(self, wait: bool = True) -> None:
         self.closed = True
+        self.waited = wait
 
 
 class FakeSweeper:

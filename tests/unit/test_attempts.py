@@ -321,14 +321,24 @@ def test_a_straggler_is_set_aside_only_where_the_run_can_do_without_it_and_a_sec
         return Restarts.of(cluster(3, evict_after="15m", **top),
                            planner=lambda c, a: make_plan(c, "train.py", [], "J1", "/tmp", attempt=a))
 
-    assert planned().plan(planned().cluster(), 0).evict_after is None  # every node needed: named, never set aside
     assert planned(spares=1).plan(planned(spares=1).cluster(), 0).evict_after == 900.0
     policy = planned(min_nodes=2)
     assert policy.plan(policy.cluster(), 0).evict_after == 900.0
     plan, said = policy.reshape(Reshape("h1 straggles", aside="h1"), 1)
     assert said == ["h1 is out until it answers again (set aside: a straggler); no spare left: going on with 2 node(s) "
                     "(min_nodes: 2), a smaller world"]
-    assert [n.label for n in plan.nodes] == ["h0", "h2"] and plan.evict_after is None and not policy.used
+    assert [n.label for n in plan.nodes] == ["h0", "h2"] and not policy.used
+    assert plan.evict_after is None  # at min_nodes now: every node needed, a straggler is only named
     policy.roster.rejoin({"h1"}, policy.config.nodes)
     assert policy.roster.set_aside("h1").notice.startswith("h1 is out for the rest of the run (set aside after it was "
                                                            "out once already)")
+
+
+def test_evict_after_without_a_node_to_spare_is_refused_naming_the_fix():
+    import pytest
+
+    from orchestrator.errors import ConfigError
+    with pytest.raises(ConfigError) as e:
+        parse_cluster("nodes: [{host: a, gpus: 1}, {host: b, gpus: 1}]\nevict_after: 15m\nmin_nodes: 2\n")
+    assert e.value.key == "evict_after" and "add `spares: 1`, or `min_nodes:` below the node count" in e.value.message
+    assert parse_cluster("nodes: [{host: a, gpus: 1}, {host: b, gpus: 1}]\nevict_after: 15m\nmin_nodes: 1\n").evict_after == 900

@@ -76,6 +76,8 @@ def test_a_node_whose_channel_closes_is_lost_swept_and_named():
     assert result.exit_code == 1 and h.states() == ["stopped", "lost"]
     assert h.sweeper.swept == ["h1"]
     assert result.root_cause.what == "connection to the node agent lost (client_loop: send disconnect: Broken pipe)"
+    h.job.close(sweeps=False)
+    assert [n.waited for n in h.nodes] == [True, False]  # a lost node's link says nothing more: not waited for
 
 
 def test_a_silent_node_is_lost_after_orphan_timeout():

@@ -149,3 +149,4 @@ def test_a_program_that_fails_before_an_attempt_leaves_the_last_good_list():
                                      "which grows to 2 node(s)"
     assert [n.label for n in policy.cluster().nodes] == ["b", "c"] and policy.cluster().master_addr == "b"
     assert Restarts.of(config).relist().notice is None  # no nodes_command: nothing to read again
+

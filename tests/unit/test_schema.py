@@ -95,6 +95,8 @@ def test_every_keys_example_is_a_valid_cluster_file_as_the_validator_reads_it(tm
             (tmp_path / "list-nodes.sh").write_text("#!/bin/sh\necho a slots=1\n")
             (tmp_path / "list-nodes.sh").chmod(0o755)
             text = f"{key}: {example}\n"
+        elif key == "evict_after":  # with a node to spare
+            text = f"{nodes}spares: 1\n{key}: {example}\n"
         else:
             text = f"{nodes}{key}: {example}\n"
         parse_cluster(text, str(tmp_path / "c.yaml"))  # raises ConfigError, naming the key, if it is not

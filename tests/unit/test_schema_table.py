@@ -87,6 +87,8 @@ def cluster_with(key: str, value) -> dict:
         return {"nodes": [{**nodes[0], key: value}, nodes[1]]}
     if key in SSH_KEYS:
         return {"nodes": nodes, "ssh": {key: value}}
+    if key == "evict_after":  # a slow node set aside needs a spare (or min_nodes) to do without it
+        return {"nodes": nodes, "spares": 1, key: value}
     return {"nodes": nodes, key: value}
 
 
