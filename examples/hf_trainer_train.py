@@ -62,7 +62,7 @@ def main():
                       callbacks=[FailOnce(args.fail_step, args.fail_rank, args.kill)] if args.fail_step >= 0 else [])
     last = get_last_checkpoint(args.out) if os.path.isdir(args.out) else None
     if last and trainer.is_world_process_zero():
-        print(f"resuming from {os.path.basename(last)}", flush=True)
+        print(f"resuming from {os.path.basename(last)} at world size {training.world_size}", flush=True)
     trainer.train(resume_from_checkpoint=last)
     if trainer.is_world_process_zero():
         print(f"trained to step {trainer.state.global_step}", flush=True)

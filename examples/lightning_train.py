@@ -57,7 +57,7 @@ def main():
     last = os.path.join(args.out, "last.ckpt")
     resume = last if os.path.exists(last) else None
     if resume and trainer.global_rank == 0:
-        print("resuming from last.ckpt", flush=True)
+        print(f"resuming from last.ckpt at world size {trainer.world_size}", flush=True)
     trainer.fit(Tiny(args.fail_epoch, args.fail_rank, args.kill),
                 torch.utils.data.DataLoader(data, batch_size=16), ckpt_path=resume)
     if trainer.global_rank == 0:

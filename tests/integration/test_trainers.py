@@ -17,12 +17,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 TRAINERS = {
     "lightning": ("lightning", "lightning_train.py", ["--epochs", "3", "--fail-epoch", "1", "--kill"], "torchrun",
-                  "rank 1 was killed by SIGKILL", "resuming from last.ckpt", r"Epoch 2/2\s+\S+\s+8/8", "last.ckpt"),
+                  "rank 1 was killed by SIGKILL", "resuming from last.ckpt at world size 2", r"Epoch 2/2\s+\S+\s+8/8", "last.ckpt"),
     "accelerate": ("accelerate", "accelerate_train.py", ["--epochs", "3", "--fail-epoch", "1"], "accelerate",
                    "rank 1 exited with code 1: RuntimeError: injected failure in epoch 1", "resuming at epoch 1",
                    r"epoch 2: 100%\|", "epoch.json"),
     "hf_trainer": ("transformers", "hf_trainer_train.py", ["--steps", "12", "--fail-step", "6"], "torchrun",
-                   "rank 1 exited with code 1: RuntimeError: injected failure at step 6", "resuming from checkpoint-4",
+                   "rank 1 exited with code 1: RuntimeError: injected failure at step 6", "resuming from checkpoint-4 at world size 2",
                    r"100%\|\S+\| 12/12", "checkpoint-12"),
 }
 
