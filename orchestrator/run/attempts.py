@@ -56,11 +56,12 @@ class AttemptRecord:
     signature: str | None = None  # how it failed, numbers left out (crash_loop compares them)
     next: str | None = None  # what came after it: "restart 1 of 3", "recovery 1 of 3", or why nothing did
     went: float | None = None  # wall clock of its Go: how long it ran counts from there (crash_loop)
+    out: tuple[str, ...] = ()  # the listed nodes out of the run while it ran (away or for good)
 
     def as_dict(self, iso) -> dict:
         return {"attempt": self.number, "started": iso(self.started), "ended": iso(self.ended),
                 "nodes": list(self.nodes), "world_size": self.world_size, "exit_code": self.exit_code,
-                "end": self.end, "root_cause": self.root_cause, "next": self.next}
+                "out": list(self.out), "end": self.end, "root_cause": self.root_cause, "next": self.next}
 
 
 ENDS = ("succeeded", "failed", "hung", "lost", "stopped from outside", "could not start", "stopped", "stopped to grow",
@@ -131,7 +132,8 @@ def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: t
     what = root.render() if root else (cause[0] and f"{cause[0]} {'could not start' if end == 'could not start' else 'lost'}")
     return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
                          result.exit_code if end != "could not start" else EXIT_SETUP,
-                         plan.mask(what) if what else None, end, failure_signature(result), went=went)
+                         plan.mask(what) if what else None, end, failure_signature(result), went=went,
+                         out=tuple(plan.quarantined))
 
 
 def blame(result: JobResult) -> tuple[str | None, bool]:

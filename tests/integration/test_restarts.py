@@ -126,6 +126,7 @@ def test_the_ddp_example_resumes_from_its_checkpoint_smaller_then_at_the_full_si
                                               [n.addr for n in cluster.nodes[:3]]], attempts
     assert [(a["end"], a["world_size"]) for a in attempts] == [("lost", 3), ("stopped to grow", 2), ("stopped", 3)]
     assert attempts[1]["next"] == f"grown back to 3 node(s): {back.addr} rejoined", attempts
+    assert [a["out"] for a in attempts] == [[], [back.addr], []], attempts
 
 
 def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):
