@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ..config.cluster import ClusterConfig
+from ..config.cluster import ClusterConfig, NodeConfig
 from ..diagnose.outcome import JobResult, NodeStatus
 from ..diagnose.preflight import TORCH_FIELDS
 from ..errors import EXIT_SETUP, DdpUpError, NodeProblem
@@ -255,25 +255,39 @@ class Restarts:
         return self.roster.relist(listed.nodes)
 
     def watch_away(self, ready: Callable[[set[str]], None]) -> Watch | None:
-        """While an attempt runs smaller than the run started: its away nodes watched in the
-        background (regrow.Watch), ``ready`` called with those that answered for rejoin_after.
-        None where there is nothing to grow back to, or with `rejoin_after: never`."""
+        """While an attempt runs smaller than the run started: the nodes that could join watched
+        in the background (regrow.Watch: the away ones, and with `nodes_command:` those it lists
+        for the first time), ``ready`` called with those that answered for rejoin_after. None
+        where there is nothing to grow back to, or with `rejoin_after: never`."""
         roster = self.roster
-        if self.prober is None or never(self.rejoin_after) or not roster.away or len(roster.active) >= roster.size:
+        if self.prober is None or never(self.rejoin_after) or len(roster.active) >= roster.size or \
+                not (roster.away or self.lister):
             return None
-        self.watches.append(Watch(self.prober, list(roster.away), self.rejoin_after, ready))
+        self.watches.append(Watch(self.prober, lambda: list(roster.away) + self.newly_listed(), self.rejoin_after,
+                                  ready))
         return self.watches[-1]
+
+    def newly_listed(self) -> list[NodeConfig]:
+        """With `nodes_command:` (run now, from the watch's thread; the roster is only read): the
+        nodes it lists that the run has not seen."""
+        if self.lister is None:
+            return []
+        seen = {n.label for n in (*self.roster.active, *self.roster.spares, *self.roster.away)} | \
+            set(self.roster.quarantined)
+        return [n for n in self.lister(self.config).nodes if n.label not in seen]
 
     def close(self) -> None:
         """The run ends: an ask under way (its ssh connections) is waited for, each bounded."""
         for watch in self.watches:
             watch.join()
 
-    def reshape(self, ask: Reshape, attempt: int) -> tuple[LaunchPlan | None, list[str]]:
+    def reshape(self, ask: Reshape, attempt: int) -> tuple[LaunchPlan | None, list[str], str]:
         """After an attempt stopped to change its nodes (job/events.Reshape): the nodes that answer
-        again rejoin, or the straggler is set aside, and attempt ``attempt`` starts at once, on no
-        budget of restarts (the job did not fail); what to say. None: no attempt can follow
-        (`nodes_command:` lists fewer than min_nodes now)."""
+        again rejoin (or, newly listed by `nodes_command:`, join), or the straggler is set aside,
+        and attempt ``attempt`` starts at once, on no budget of restarts (the job did not fail).
+        (Its plan, what to say, why for the record); None: no attempt can follow (the program
+        lists fewer than min_nodes now)."""
+        away = {n.label for n in self.roster.away}
         if ask.aside is not None:
             verdict = self.roster.set_aside(ask.aside)
             said, go_on = [verdict.notice], verdict.go_on
@@ -281,7 +295,13 @@ class Restarts:
             said, go_on = self.roster.rejoin(set(ask.join), self.config.nodes), True
         listed = self.relist()
         said += [listed.notice] if listed.notice else []
-        return (self.plan(self.cluster(), attempt) if go_on and listed.go_on else None), said
+        if not (go_on and listed.go_on):
+            return None, said, said[-1]
+        size, names = len(self.roster.active), ", ".join(sorted(ask.join))
+        why = (f"{ask.aside} set aside: {size} node(s)" if ask.aside else
+               f"grown back to {size} node(s): {names} rejoined" if set(ask.join) <= away else
+               f"grown to {size} node(s): {names} joined")
+        return self.plan(self.cluster(), attempt), said, why
 
     def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
         """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""

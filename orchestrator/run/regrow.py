@@ -73,26 +73,32 @@ class Streaks:
 
 
 class Watch:
-    """The away nodes asked every ask_every(rejoin_after) seconds on a thread of its own, until
-    some have answered for rejoin_after: ``ready`` is called once with their labels, and the watch
-    ends. ``close`` ends it sooner (the attempt ended first); ``join`` waits for an ask under way
-    (its ssh connections), bounded."""
+    """The nodes that could join (``candidates()``: the away nodes, and those a `nodes_command:`
+    lists for the first time) asked every ask_every(rejoin_after) seconds on a thread of its own,
+    until some have answered for rejoin_after: ``ready`` is called once with their labels, and the
+    watch ends. ``close`` ends it sooner (the attempt ended first); ``join`` waits for an ask
+    under way (its ssh connections), bounded."""
 
-    def __init__(self, prober: Prober, nodes: list[NodeConfig], rejoin_after: float,
+    def __init__(self, prober: Prober, candidates: Callable[[], list[NodeConfig]], rejoin_after: float,
                  ready: Callable[[set[str]], None], clock: Callable[[], float] = time.monotonic,
                  every: float | None = None):
         self.closed = threading.Event()
         self.every = ask_every(rejoin_after) if every is None else every
-        self.most = max(n.ssh.connect_timeout for n in nodes) + 20.0  # an ask's own bound: connect, agent's start
-        self.thread = threading.Thread(target=self._watch, args=(prober, nodes, rejoin_after, ready, clock),
+        self.most = 30.0  # an ask's own bound (a connect timeout and an agent's start), once one is under way
+        self.thread = threading.Thread(target=self._watch, args=(prober, candidates, rejoin_after, ready, clock),
                                        name="rejoin-watch", daemon=True)
         self.thread.start()
 
-    def _watch(self, prober: Prober, nodes: list[NodeConfig], rejoin_after: float,
+    def _watch(self, prober: Prober, candidates: Callable[[], list[NodeConfig]], rejoin_after: float,
                ready: Callable[[set[str]], None], clock: Callable[[], float]) -> None:
-        streaks, labels = Streaks(rejoin_after), [n.label for n in nodes]
+        streaks = Streaks(rejoin_after)
         while not self.closed.wait(self.every):
-            healthy = streaks.heard(clock(), labels, answering(prober, nodes))
+            try:
+                nodes = candidates()
+            except Exception:  # noqa: BLE001 - a node list that cannot be read now: none this round
+                nodes = []
+            self.most = max([self.most] + [n.ssh.connect_timeout + 20.0 for n in nodes])
+            healthy = streaks.heard(clock(), [n.label for n in nodes], answering(prober, nodes) if nodes else set())
             if healthy and not self.closed.is_set():
                 ready(healthy)
                 return

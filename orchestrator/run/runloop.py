@@ -157,13 +157,11 @@ def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, b
 def reshaped_attempt(plan: LaunchPlan, ask: Reshape, policy: Restarts, views) -> tuple[LaunchPlan | None, None, str]:
     """The attempt after one stopped to change its nodes: at once, with the nodes that answered
     again, or without the straggler (None: none can follow); what came next, for the record."""
-    following, said = policy.reshape(ask, plan.attempt + 1)
+    following, said, why = policy.reshape(ask, plan.attempt + 1)
     for text in said:
         views.notice(text)
     if following is None:
-        return None, None, said[-1]
-    why = (f"grown back to {len(following.nodes)} node(s): {', '.join(sorted(ask.join))} rejoined" if ask.join else
-           f"{ask.aside} set aside: {len(following.nodes)} node(s)")
+        return None, None, why
     views.event("restart", f"job {plan.job_id}: attempt {plan.attempt} {ask.end}; attempt {plan.attempt + 1} "
                            f"({why}) now", attempt=plan.attempt + 1, root_cause=None)
     return following, None, why

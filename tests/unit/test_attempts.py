@@ -269,12 +269,12 @@ def test_the_watch_asks_the_away_nodes_until_they_have_answered_long_enough_then
         asked.append([n.label for n in nodes])
         return next(answers)
 
-    watch = Watch(prober, [config.nodes[2]], 2.0, lambda labels: (said.append(labels), done.set()), clock=clock,
-                  every=0.001)
+    watch = Watch(prober, lambda: [config.nodes[2]], 2.0, lambda labels: (said.append(labels), done.set()),
+                  clock=clock, every=0.001)
     assert done.wait(10)
     watch.join()
     assert said == [{"h2"}] and asked == [["h2"]] * 4  # a miss, then answers at 1, 2, 3: 2 s without a miss
-    failing = Watch(lambda nodes: 1 / 0, [config.nodes[2]], 0.0, said.append, every=0.001)
+    failing = Watch(lambda nodes: 1 / 0, lambda: [config.nodes[2]], 0.0, said.append, every=0.001)
     assert not failing.closed.wait(0.05)  # a prober that fails finds no one, and the watch goes on
     failing.join()
     assert said == [{"h2"}] and not failing.thread.is_alive()
@@ -307,7 +307,8 @@ def test_an_attempt_stopped_to_grow_is_followed_at_once_by_one_with_the_node_bac
     GROW = Reshape("h0 answer(s) again", join=frozenset({"h0"}))
     assert attempt_end(failed(), ("h1", False), reshape=GROW) == "failed"  # a rank failed by itself meanwhile
     assert attempt_end(failed("lost"), ("h1", True), reshape=GROW) == "lost"
-    plan, said = policy.reshape(GROW, 2)
+    plan, said, why = policy.reshape(GROW, 2)
+    assert why == "grown back to 3 node(s): h0 rejoined"
     assert said == ["h0 answers again: it rejoins the run, which grows back to 3 node(s)"]
     assert [n.label for n in plan.nodes] == ["h0", "h1", "h2"] and plan.world_size == 6 and plan.master_addr == "h0"
     assert plan.attempt == 2 and not policy.used and plan.quarantined == ()
@@ -324,7 +325,8 @@ def test_a_straggler_is_set_aside_only_where_the_run_can_do_without_it_and_a_sec
     assert planned(spares=1).plan(planned(spares=1).cluster(), 0).evict_after == 900.0
     policy = planned(min_nodes=2)
     assert policy.plan(policy.cluster(), 0).evict_after == 900.0
-    plan, said = policy.reshape(Reshape("h1 straggles", aside="h1"), 1)
+    plan, said, why = policy.reshape(Reshape("h1 straggles", aside="h1"), 1)
+    assert why == "h1 set aside: 2 node(s)"
     assert said == ["h1 is out until it answers again (set aside: a straggler); no spare left: going on with 2 node(s) "
                     "(min_nodes: 2), a smaller world"]
     assert [n.label for n in plan.nodes] == ["h0", "h2"] and not policy.used

@@ -150,3 +150,36 @@ def test_a_program_that_fails_before_an_attempt_leaves_the_last_good_list():
     assert [n.label for n in policy.cluster().nodes] == ["b", "c"] and policy.cluster().master_addr == "b"
     assert Restarts.of(config).relist().notice is None  # no nodes_command: nothing to read again
 
+
+
+def test_a_node_newly_listed_while_a_smaller_run_runs_is_watched_and_joins_once_it_answers(tmp_path):
+    """With `nodes_command:`, a smaller attempt is watched for nodes the program lists for the
+    first time, as for away nodes: once one answers for rejoin_after, the run stops to take it."""
+    import threading
+
+    from orchestrator.job.events import Reshape
+    from orchestrator.plan.launch import make_plan
+    from orchestrator.run import regrow
+
+    pool = tmp_path / "pool.txt"
+    pool.write_text("a slots=1\nb slots=1\nc slots=1\n")
+    config = parse_cluster(cluster_text(f"cat {pool}", min_nodes=2, rejoin_after=0), str(tmp_path / "c.yaml"))
+    asked, done = [], threading.Event()
+    policy = Restarts.of(config, planner=lambda c, a: make_plan(c, "train.py", [], "J1", "/tmp", attempt=a),
+                         prober=lambda nodes: asked.append(sorted(n.label for n in nodes)) or {"d"},
+                         lister=lambda c: relisted(c))
+    pool.write_text("a slots=1\nb slots=1\n")
+    assert policy.relist().notice == "c is no longer listed: 2 node(s) left"
+    pool.write_text("a slots=1\nb slots=1\nd slots=1\n")
+    real_every, regrow.ask_every = regrow.ask_every, lambda after: 0.01
+    try:
+        watch = policy.watch_away(lambda labels: (asked.append(labels), done.set()))
+        assert watch is not None and done.wait(10)
+    finally:
+        regrow.ask_every = real_every
+        policy.close()
+    assert asked == [["d"], {"d"}]  # the new node, asked; then said to be ready
+    plan, said, why = policy.reshape(Reshape("d answer(s) again", join=frozenset({"d"})), 1)
+    assert why == "grown to 3 node(s): d joined"
+    assert said == ["d is listed now: it joins the run, which grows to 3 node(s)"]
+    assert [n.label for n in plan.nodes] == ["a", "b", "d"]
