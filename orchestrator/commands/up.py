@@ -26,7 +26,7 @@ from ..node.probes.facts import IFNAME_VARS
 from ..plan.launch import LaunchPlan, check_job_id, make_plan, new_job_id, warm_refused
 from ..plan.sbatch import SBATCH_SCRIPT, split_sbatch, submit
 from ..remote import signals
-from ..remote.detect import answering
+from ..remote.detect import Answering
 from ..remote.fetch import fetch_outputs
 from ..remote.parallel import interruptible
 from ..remote.sync import Tree, human_bytes, scan, sync_all, targets
@@ -253,7 +253,7 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
 
     # detached, its restarts are its supervisor's; a node lost once is asked again at each restart;
     # `nodes_command:` is run again before each attempt (its SSH notes were said at the launch)
-    restarts = Restarts.of(config, limit, planner=planner, prober=answering,
+    restarts = Restarts.of(config, limit, planner=planner, prober=Answering(),
                            lister=(lambda c: resolve_nodes(relisted(c), Console(file=io.StringIO())))
                            if config.nodes_command else None)
     plan = restarts.plan(restarts.cluster(), 0)

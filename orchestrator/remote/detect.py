@@ -9,7 +9,8 @@ from __future__ import annotations
 from ..config.cluster import ClusterConfig, NodeConfig
 from ..errors import NodeProblem, SetupError
 from ..node.protocol import wire
-from .oneshot import Reply, call_agent
+from .oneshot import Calls, Reply, call_agent
+from .transports import transport_for
 from .parallel import on_each
 
 DETECT_MARGIN = 15.0  # seconds for the agent to start and answer, on top of the connect timeout
@@ -43,11 +44,23 @@ def _problem(reply: Reply) -> NodeProblem | None:
     return None
 
 
-def answering(nodes: list[NodeConfig]) -> set[str]:
-    """The labels of those ``nodes`` that answer: reached, their agent started (after `setup:`),
-    and its answer read, each within its connect timeout and DETECT_MARGIN. A node lost earlier
-    is asked so before the next attempt (its preflight then checks the rest)."""
-    replies = on_each(nodes, lambda n: call_agent(n, wire.DetectSpec(env=dict(n.env)),
-                                                  n.ssh.connect_timeout + DETECT_MARGIN, until=wire.Detected,
-                                                  setup=True), name="rejoin")
-    return {r.node.label for r in replies if r.problem is None}
+class Answering:
+    """Which nodes answer (``__call__``: the labels of those reached, their agent started after
+    `setup:` and its answer read, each within its connect timeout and DETECT_MARGIN), from any
+    thread; ``cut`` ends the asks under way (the run ends: their ssh processes with it). A node
+    lost earlier is asked so before it rejoins (its preflight then checks the rest)."""
+
+    def __init__(self) -> None:
+        self.calls = Calls()
+
+    def __call__(self, nodes: list[NodeConfig]) -> set[str]:
+        # a connection of its own: the run's shared one to a node that was lost may be hung on a dead link
+        replies = on_each(nodes, lambda n: call_agent(n, wire.DetectSpec(env=dict(n.env)),
+                                                      n.ssh.connect_timeout + DETECT_MARGIN, until=wire.Detected,
+                                                      transport=transport_for(n, shared=False), setup=True,
+                                                      calls=self.calls),
+                          inbox=None, name="rejoin")
+        return {r.node.label for r in replies if r.problem is None}
+
+    def cut(self) -> None:
+        self.calls.cut()

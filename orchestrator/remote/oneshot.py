@@ -6,6 +6,7 @@ The same channel, bootstrap and frames as a launch; the agent answers and exits.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -85,17 +86,52 @@ class AgentCall:
         self.channel.close()
         self.channel.transport.close()
 
+    def abort(self) -> None:
+        """From another thread, at once: the process here ends first (ssh, still connecting or
+        not), so that the call's own writer, blocked on its stdin, fails instead of holding it."""
+        proc = self.channel.proc
+        if proc is not None:
+            proc.terminate()
+        self.close()
+
+
+class Calls:
+    """The calls under way, for another thread to cut short (``cut``: their connections closed,
+    their ssh processes ended); a call begun after a cut goes on, bounded as every call is."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._under_way: set[AgentCall] = set()
+
+    def add(self, call: AgentCall) -> None:
+        with self._lock:
+            self._under_way.add(call)
+
+    def discard(self, call: AgentCall) -> None:
+        with self._lock:
+            self._under_way.discard(call)
+
+    def cut(self) -> None:
+        with self._lock:
+            calls = list(self._under_way)
+        for call in calls:
+            call.abort()
+
 
 def call_agent(node: NodeConfig, spec: wire.Frame, limit: float, until: type,
-               transport: Transport | None = None, setup: bool = False) -> Reply:
-    """Send ``spec`` and collect frames until an ``until`` frame; bounded by ``limit`` seconds."""
+               transport: Transport | None = None, setup: bool = False, calls: Calls | None = None) -> Reply:
+    """Send ``spec`` and collect frames until an ``until`` frame; bounded by ``limit`` seconds.
+    ``calls``: where the call is kept while under way, for another thread to cut it short."""
     reply = Reply(node)
     call = AgentCall(node, spec, transport, setup)
-    reply.problem = call.open()
-    if reply.problem is not None:
-        return reply
+    if calls is not None:
+        calls.add(call)
     try:
-        reply.problem = call.wait_for(until, limit, reply.frames)
+        reply.problem = call.open()
+        if reply.problem is None:
+            reply.problem = call.wait_for(until, limit, reply.frames)
     finally:
         call.close()
+        if calls is not None:
+            calls.discard(call)
     return reply

@@ -87,12 +87,6 @@ class OpenSSHProcess(LocalProcess):
         super().close()
         self.release()
 
-    def terminate(self) -> None:
-        try:
-            self.proc.terminate()
-        except OSError:
-            pass
-
 
 def ssh_args(node: NodeConfig, control: bool = False, master: bool = True) -> list[str]:
     """ssh and its options for ``node``, up to (not including) ``-- HOST``; with ``control``,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 from abc import ABC, abstractmethod
 from typing import Mapping
@@ -58,6 +59,10 @@ class RemoteProcess(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close the streams; the agent sees EOF on stdin and stops its job."""
+
+    def terminate(self) -> None:
+        """End the process here now (a call cut short): a write blocked on its stdin fails."""
+        self.close()
 
 
 class Transport(ABC):
@@ -109,6 +114,17 @@ class LocalProcess(RemoteProcess):
     def close(self) -> None:
         try:
             self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def terminate(self) -> None:
+        """Its session: started as one (start_new_session), so what it started ends with it (a
+        setup's command, ssh's ProxyCommand), and no one of them holds the pipe on. As
+        Popen.send_signal does: only while it is not reaped, so the id is still its own."""
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
         except OSError:
             pass
 

@@ -277,7 +277,9 @@ class Restarts:
         return [n for n in self.lister(self.config).nodes if n.label not in seen]
 
     def close(self) -> None:
-        """The run ends: an ask under way (its ssh connections) is waited for, each bounded."""
+        """The run ends: the asks under way are cut short (their ssh processes end), and each
+        watch's thread is waited for, bounded."""
+        getattr(self.prober, "cut", lambda: None)()
         for watch in self.watches:
             watch.join()
 

@@ -19,7 +19,9 @@ from ..config.cluster import NodeConfig
 
 ASK_EVERY = (2.0, 60.0)  # the least and the most seconds between two asks of the away nodes
 
-Prober = Callable[[list[NodeConfig]], "set[str]"]  # the labels of those nodes that answer (remote/detect.answering)
+# The labels of those nodes that answer (remote/detect.Answering); one with a ``cut()`` has the
+# asks under way ended when a watch closes.
+Prober = Callable[[list[NodeConfig]], "set[str]"]
 
 
 def ask_every(rejoin_after: float) -> float:
@@ -83,6 +85,7 @@ class Watch:
                  ready: Callable[[set[str]], None], clock: Callable[[], float] = time.monotonic,
                  every: float | None = None):
         self.closed = threading.Event()
+        self.cut = getattr(prober, "cut", lambda: None)
         self.every = ask_every(rejoin_after) if every is None else every
         self.most = 30.0  # an ask's own bound (a connect timeout and an agent's start), once one is under way
         self.thread = threading.Thread(target=self._watch, args=(prober, candidates, rejoin_after, ready, clock),
@@ -104,7 +107,9 @@ class Watch:
                 return
 
     def close(self) -> None:
+        """No more asks; the one under way, if any, is cut short (the attempt it was for ended)."""
         self.closed.set()
+        self.cut()
 
     def join(self) -> None:
         self.close()

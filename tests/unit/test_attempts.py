@@ -344,3 +344,84 @@ def test_evict_after_without_a_node_to_spare_is_refused_naming_the_fix():
         parse_cluster("nodes: [{host: a, gpus: 1}, {host: b, gpus: 1}]\nevict_after: 15m\nmin_nodes: 2\n")
     assert e.value.key == "evict_after" and "add `spares: 1`, or `min_nodes:` below the node count" in e.value.message
     assert parse_cluster("nodes: [{host: a, gpus: 1}, {host: b, gpus: 1}]\nevict_after: 15m\nmin_nodes: 1\n").evict_after == 900
+
+
+
+
+def test_a_watch_closed_cuts_its_ask_short_and_the_run_waits_for_no_dead_host(monkeypatch):
+    """The attempt ends while an ask is under way to a node that does not answer (a connect that
+    would take its whole timeout): closing the watch cuts that ask short (detect.Answering.cut
+    closes the calls under way: an ssh client still connecting is ended), and the run's end
+    waits for nothing."""
+    import threading
+    import time as clock
+
+    from orchestrator.remote.oneshot import Calls
+    from orchestrator.run import regrow
+
+    asking = threading.Event()
+
+    class Call:  # an AgentCall still connecting: abort() is what ends it
+        def __init__(self):
+            self.closed = threading.Event()
+
+        def abort(self):
+            self.closed.set()
+
+    class Stuck:
+        def __init__(self):
+            self.calls = Calls()
+
+        def __call__(self, nodes):
+            call = Call()
+            self.calls.add(call)
+            asking.set()
+            call.closed.wait(60)  # as a connect to a dead host would, until its call is closed
+            self.calls.discard(call)
+            return set()
+
+        def cut(self):
+            self.calls.cut()
+
+    monkeypatch.setattr(regrow, "ask_every", lambda after: 0.01)
+    policy = Restarts.of(cluster(3, min_nodes=2), prober=Stuck())
+    policy.roster.settle("h2", lost=True)
+    watch = policy.watch_away(print)
+    assert asking.wait(10)
+    started = clock.monotonic()
+    watch.close()
+    policy.close()
+    assert not watch.thread.is_alive() and clock.monotonic() - started < 5
+
+
+def test_an_ask_whose_node_never_reads_is_cut_short_with_everything_it_started(tmp_path):
+    """A real ask (detect.Answering) to a node whose agent never starts reading: its `setup:`
+    sleeps, so the agent's code fills the pipe and the call's writer blocks on it. Cut, the ask
+    returns at once, nothing it started goes on, and the node counts as not answering."""
+    import subprocess
+    import threading
+    import time as clock
+
+    from orchestrator.remote.detect import Answering
+
+    marker = f"{tmp_path}/never-reads"
+    node = parse_cluster(f"transport: local\nsetup: 'sleep 60 # {marker}'\nnodes: [{{host: h0, gpus: 1}}]\n").nodes[0]
+    answering, found = Answering(), []
+    thread = threading.Thread(target=lambda: found.append(answering([node])), daemon=True)
+    thread.start()
+
+    def running() -> list[str]:
+        return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+
+    deadline = clock.monotonic() + 30
+    while not running() and clock.monotonic() < deadline:
+        clock.sleep(0.05)
+    assert running(), "the ask never started"
+    started = clock.monotonic()
+    answering.cut()  # not held by the call's writer, blocked on the pipe: its setup sleeps 60 s
+    thread.join(10)
+    assert clock.monotonic() - started < 10 and not thread.is_alive() and found == [set()]
+    deadline = clock.monotonic() + 10
+    while running() and clock.monotonic() < deadline:
+        clock.sleep(0.05)
+    assert not running()
