@@ -105,6 +105,25 @@ def test_ctrl_c_in_the_allocation_stops_every_node(slurm, slurm_file):
     assert not procs.wait_no_job_processes(None, 15)
 
 
+def test_a_node_lost_inside_the_allocation_is_left_out_and_the_run_goes_on_smaller_within_it(slurm, slurm_file):
+    """`min_nodes: 2` inside a 3-node allocation: dsl3's step ends abruptly (its srun killed, as
+    when the node dies), the node is lost, and the next attempt runs within the allocation on the
+    two left, naming the lost node as Slurm names it; the job ends ok."""
+    run = in_allocation(slurm, slurm_file(launcher="none", min_nodes=2, rejoin_after="never", restart_delay=0,
+                                          orphan_timeout=3), SCRIPT, "tick", "30", "0.1")
+    run.wait_line(r"^dsl3\s+r2\s+\| tick 3 rank=2", 60)
+    step = subprocess.run(["pgrep", "-f", f"srun .*--nodelist=dsl3 .*DDP_UP_JOB={run.job_id}"], capture_output=True,
+                          text=True).stdout.split()
+    assert step, run.output
+    os.kill(int(step[0]), signal.SIGKILL)
+    assert run.wait(120) == 0, run.output
+    out = run.output
+    assert "dsl3 is out until it answers again (lost); no spare left: going on with 2 node(s)" in out, out
+    assert "attempt 1: 2 node(s) (dsl1, dsl2), world size 2; out of the run: dsl3" in out, out
+    assert re.search(r"^dsl2\s+r1\s+\| tick 29 rank=1", out, re.M), out
+    assert not procs.wait_no_job_processes(None, 15)
+
+
 def test_scancel_of_the_allocation_is_named_as_slurm_s_doing(slurm, slurm_file):
     run = in_allocation(slurm, slurm_file(launcher="none"), SCRIPT, "tick", "3000", "0.1")
     run.wait_line(r"^dsl3\s+r2\s+\| tick \d+ rank=2", 60)
