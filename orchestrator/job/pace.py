@@ -47,6 +47,8 @@ class PaceReports:
         skew = self.table[node].clock_skew
         for late in self.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
             self.behind(late.node, late.how())
+        if self.plan.evict_after is None:
+            return  # no one is set aside: how long a node has straggled is not kept
         now = self.clock()
         for late in self.flight.figures():
             if late.straggler:
@@ -59,8 +61,7 @@ class PaceReports:
         node that has straggled that long, to set aside at the next attempt, with why: its
         lateness, and what nvidia-smi said of its GPUs at the preflight. At most one an attempt."""
         after = self.plan.evict_after
-        due = [n for n, since in self.late_since.items() if after is not None and now - since >= after
-               and self.table[n].state == "running"]
+        due = [n for n, since in self.late_since.items() if now - since >= after and self.table[n].state == "running"]
         if self.set_aside or not due:
             return None
         self.set_aside = True

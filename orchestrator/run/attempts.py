@@ -37,7 +37,7 @@ from ..job.events import Reshape
 from ..job.reports import SLURM_CANCELLED
 from ..node.protocol import policy
 from ..plan.launch import Attempt, LaunchPlan
-from .regrow import Asking, Prober, Watch, never
+from .regrow import Asking, Prober, Watch, cut, never
 from .roster import Roster, Verdict
 
 
@@ -279,7 +279,7 @@ class Restarts:
     def close(self) -> None:
         """The run ends: the asks under way are cut short (their ssh processes end), and each
         watch's thread is waited for, bounded."""
-        getattr(self.prober, "cut", lambda: None)()
+        cut(self.prober)
         for watch in self.watches:
             watch.join()
 
@@ -295,15 +295,24 @@ class Restarts:
             said, go_on = [verdict.notice], verdict.go_on
         else:
             said, go_on = self.roster.rejoin(set(ask.join), self.config.nodes), True
-        listed = self.relist()
-        said += [listed.notice] if listed.notice else []
-        if not (go_on and listed.go_on):
+        if not go_on:
             return None, said, said[-1]
-        size, names = len(self.roster.active), ", ".join(sorted(ask.join))
+        following, listed = self.following(attempt)
+        said += listed
+        if following is None:
+            return None, said, said[-1]
+        size, names = len(following.nodes), ", ".join(sorted(ask.join))
         why = (f"{ask.aside} set aside: {size} node(s)" if ask.aside else
                f"grown back to {size} node(s): {names} rejoined" if set(ask.join) <= away else
                f"grown to {size} node(s): {names} joined")
-        return self.plan(self.cluster(), attempt), said, why
+        return following, said, why
+
+    def following(self, attempt: int) -> tuple[LaunchPlan | None, list[str]]:
+        """Attempt ``attempt``'s plan on the roster as it stands, once `nodes_command:` is read
+        again (relist); None where it lists fewer than min_nodes now. What to say of the list."""
+        listed = self.relist()
+        said = [listed.notice] if listed.notice else []
+        return (self.plan(self.cluster(), attempt) if listed.go_on else None), said
 
     def plan(self, cluster: ClusterConfig, attempt: int) -> LaunchPlan:
         """Attempt ``attempt``'s plan on ``cluster``, naming the nodes out of the run so far."""

@@ -31,6 +31,11 @@ def ask_every(rejoin_after: float) -> float:
     return min(most, max(least, rejoin_after / 4))
 
 
+def cut(prober: Prober) -> None:
+    """End the asks under way, of a prober that can (detect.Answering.cut)."""
+    getattr(prober, "cut", lambda: None)()
+
+
 def answering(prober: Prober, nodes: list[NodeConfig]) -> set[str]:
     """``prober``'s answer; a prober that fails finds none (asking is a favour: the run goes on
     with the nodes it has)."""
@@ -85,7 +90,7 @@ class Watch:
                  ready: Callable[[set[str]], None], clock: Callable[[], float] = time.monotonic,
                  every: float | None = None):
         self.closed = threading.Event()
-        self.cut = getattr(prober, "cut", lambda: None)
+        self.prober = prober
         self.every = ask_every(rejoin_after) if every is None else every
         self.most = 30.0  # an ask's own bound (a connect timeout and an agent's start), once one is under way
         self.thread = threading.Thread(target=self._watch, args=(prober, candidates, rejoin_after, ready, clock),
@@ -109,7 +114,7 @@ class Watch:
     def close(self) -> None:
         """No more asks; the one under way, if any, is cut short (the attempt it was for ended)."""
         self.closed.set()
-        self.cut()
+        cut(self.prober)
 
     def join(self) -> None:
         self.close()

@@ -144,14 +144,11 @@ def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, b
         why = f"{signal.Signals(signum).name} while waiting to restart: no new attempt"
         views.notice(why)
         return None, signum, why
-    for text in policy.welcome(asking):
+    welcomed = policy.welcome(asking)  # the away nodes that answered come back, then the next plan
+    following, said = policy.following(plan.attempt + 1)
+    for text in welcomed + said:
         views.notice(text)
-    listed = policy.relist()
-    if listed.notice:
-        views.notice(listed.notice)
-    if not listed.go_on:
-        return None, None, listed.notice
-    return policy.plan(policy.cluster(), plan.attempt + 1), None, nxt.why  # nxt's, with who rejoined
+    return following, None, nxt.why if following is not None else said[-1]  # nxt's, with who rejoined
 
 
 def reshaped_attempt(plan: LaunchPlan, ask: Reshape, policy: Restarts, views) -> tuple[LaunchPlan | None, None, str]:
