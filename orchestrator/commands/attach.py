@@ -179,7 +179,7 @@ def ls_parser() -> argparse.ArgumentParser:
 class JobRow:
     job: str
     script: str
-    state: str  # running | restarting | done | failed | stopped | lost
+    state: str  # running | restarting | done | failed | stopped | lost (a node's: also away, left out by an elastic job)
     ranks: int
     started: float | None
     ended: float | None
@@ -214,7 +214,7 @@ def merge_records(records: list[dict]) -> list[JobRow]:
         if root and root.get("state") == "hung" and state == "stopped":
             state = "failed"  # its supervisor stopped it: a hang is the job's failure
         rows.append(JobRow(job, str(recs[0].get("script") or "?"), state,
-                           sum((r.get("ranks") or [0, 0])[1] for r in recs),
+                           sum((r.get("ranks") or [0, 0])[1] for r in recs if r.get("state") != "away"),
                            min((r["started"] for r in recs if r.get("started")), default=None), ended,
                            None if live else (0 if state == "done" else 1),
                            describe_root(root, labels),

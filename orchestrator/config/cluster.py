@@ -183,6 +183,11 @@ class NodeSource:
     transport: str | None = None  # how the source's nodes are reached (Slurm: srun), unless the file says
 
 
+def never(rejoin_after: float) -> bool:
+    """`rejoin_after: never` (kept as infinity): a run grows back only at a restart it makes anyway."""
+    return rejoin_after == float("inf")
+
+
 def cluster_id_for(path: str) -> str:
     """Stable id of a cluster file (its real path), so ddp-kill can find jobs launched from it."""
     real = os.path.realpath(path)

@@ -21,6 +21,10 @@ class Following:
     ended: float | None = None
     master: str | None = None  # its master, addr:port, as the master node's record says
     next: str | None = None  # what its supervisor decided after this attempt, as the master node says
+    nodes: list[int] | None = None  # an elastic job's: the nodes of the next attempt, as the master node says,
+    lost: int | None = None  # the node (index in the cluster file) its supervisor found lost, the root cause,
+    grew: bool = False  # and whether it stopped this attempt to take nodes back
+    over: bool = False  # the master node's word: no attempt follows this one
     order: BacklogOrder | None = None  # the nodes' journals, merged in time order
 
     def result(self, result: JobResult) -> JobResult:
@@ -50,3 +54,10 @@ class Following:
             self.master = frame.master[:300]
         if isinstance(after, str):
             self.next = after[:500]
+        nodes, lost = getattr(frame, "nodes", None), getattr(frame, "lost", None)
+        if is_master and isinstance(nodes, list) and all(type(n) is int for n in nodes):
+            self.nodes = nodes
+        if is_master and type(lost) is int:
+            self.lost = lost
+        self.grew |= is_master and getattr(frame, "grew", False) is True
+        self.over |= is_master and getattr(frame, "over", False) is True

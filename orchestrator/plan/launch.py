@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..config.cluster import ClusterConfig, NodeConfig, node_workdir, quote_path
+from ..config.cluster import ClusterConfig, NodeConfig, never, node_workdir, quote_path
 from ..config.containers import box_code
 from ..config.masking import mask_secrets
 from ..errors import UsageError
@@ -98,6 +98,8 @@ class LaunchPlan:
     recoveries: int = 0  # detach: and the recoveries (attempts.recovery_limit)
     no_restart_on_exit: tuple[int, ...] = ()  # detach: exit codes no restart can fix
     restart_delay: float = 10.0  # detach: see RunSpec.restart_delay
+    min_nodes: int | None = None  # detach: an elastic job's fewest nodes (its supervisor decides, node/supervise/members.py)
+    rejoin_after: float | None = None  # detach, elastic: see RunSpec.rejoin_after (None: never)
     notify: tuple = ()  # notify.Target: who hears of the job's events
     commit: str | None = None  # the local checkout's commit the job ran from (runrecord.py), for ddp-ls
 
@@ -187,7 +189,9 @@ class LaunchPlan:
                         recoveries=self.recoveries, no_restart_on_exit=list(self.no_restart_on_exit) or None,
                         master_addr=self.master_addr if is_master else None,
                         secrets=sorted(self.secrets) or None, commit=self.commit,
-                        notify=self._detached_notify(node)) if self.detach else {}
+                        notify=self._detached_notify(node), min_nodes=self.min_nodes,
+                        sizes=[n.nproc for n in self.nodes] if self.min_nodes is not None else None,
+                        rejoin_after=self.rejoin_after) if self.detach else {}
         return wire.RunSpec(
             job=self.job_id, node=node.index, cluster=self.cluster_id, run=self.run_token, workdir=node.workdir,
             script=self.script,
@@ -324,13 +328,18 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         attempt=attempt.number,
         quarantined=attempt.quarantined, evict_after=attempt.evict_after,
         vetted=dict(attempt.vetted),
-        restarts=restarts if detach else 0,
-        recoveries=recoveries if detach else 0,
-        no_restart_on_exit=tuple(config.no_restart_on_exit) if detach else (),
         restart_delay=config.restart_delay,
         notify=config.notify,
         commit=commit,
+        **(supervised(config, restarts, recoveries) if detach else {}),
     )
+
+
+def supervised(config: ClusterConfig, restarts: int, recoveries: int) -> dict:
+    """A detached job's own restarts, as its supervisor makes them (the rest of a run that stays
+    makes its own: each attempt a plan of its own)."""
+    return dict(restarts=restarts, recoveries=recoveries, no_restart_on_exit=tuple(config.no_restart_on_exit),
+                min_nodes=config.min_nodes, rejoin_after=None if never(config.rejoin_after) else config.rejoin_after)
 
 
 def check_job_id(value: str, flag: str) -> str:

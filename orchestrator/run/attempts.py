@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ..config.cluster import ClusterConfig, NodeConfig
+from ..config.cluster import ClusterConfig, NodeConfig, never
 from ..diagnose.outcome import JobResult, NodeStatus
 from ..diagnose.preflight import TORCH_FIELDS
 from ..errors import EXIT_SETUP, DdpUpError, NodeProblem
@@ -37,7 +37,7 @@ from ..job.events import Reshape
 from ..job.reports import SLURM_CANCELLED
 from ..node.protocol import policy
 from ..plan.launch import Attempt, LaunchPlan
-from .regrow import Asking, Prober, Watch, cut, never
+from .regrow import Asking, Prober, Watch, cut
 from .roster import Roster, Verdict
 
 

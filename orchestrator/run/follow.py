@@ -15,6 +15,7 @@ import dataclasses
 import os
 import time
 
+from ..job.events import Reshape
 from ..job.loop import Job
 from ..job.session import NodeSession
 from ..node.protocol import wire
@@ -32,10 +33,31 @@ def follow_plan(config, job_id: str, master: str | None = None) -> LaunchPlan:
                                startup_timeout=None, **({"master_port": int(port)} if port.isdigit() else {}))
 
 
+def on_nodes(plan: LaunchPlan, full: LaunchPlan, nodes: list[int] | None) -> LaunchPlan:
+    """The plan of an elastic job's attempt on ``nodes`` (indices in the cluster file; None: every
+    node), as its supervisor laid it out (node/supervise/members.place): those nodes in order,
+    numbered from 0 with their ranks without gaps; each still reads its own journal (config.rank)."""
+    if nodes is None:
+        nodes = [n.index for n in full.nodes]
+    kept, first = [], 0
+    for node in (n for n in full.nodes if n.index in nodes):
+        kept.append(dataclasses.replace(node, index=len(kept), first_rank=first))
+        first += node.nproc
+    return dataclasses.replace(plan, nodes=tuple(kept))
+
+
+def supervisors_blame(result, following, full: LaunchPlan) -> tuple[str | None, bool]:
+    """blame's, or where the journals name no root cause, the node the job's supervisor found lost."""
+    cause = blame(result)
+    if cause == (None, False) and following.lost is not None:
+        return next((n.label for n in full.nodes if n.index == following.lost), None), True
+    return cause
+
+
 def journal_sessions(follow: bool, tail: int | None = None):
     def make(plan: LaunchPlan, post, clock) -> list[NodeSession]:
-        return [NodeSession(plan, n, transport_for(n.config), post, clock,
-                            follow=wire.FollowSpec(job=plan.job_id, node=n.index, follow=follow,
+        return [NodeSession(plan, n, transport_for(n.config), post, clock,  # the journal of the node the file names
+                            follow=wire.FollowSpec(job=plan.job_id, node=n.config.rank, follow=follow,
                                                    heartbeat=plan.heartbeat, tail=tail, attempt=plan.attempt))
                 for n in plan.nodes]
     return make
@@ -46,7 +68,7 @@ def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inb
     """Every attempt of a detached job that restarted (``restarts:``), one after the other, as a
     run that restarts shows them: the Job of the last, and a record of each."""
     records: list[AttemptRecord] = []
-    last = None
+    last, full = None, plan
     while True:
         job = Job(plan, views, sessions=sessions(follow, tail), inbox=inbox, shown=shown)
         started = time.time()
@@ -56,10 +78,12 @@ def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inb
             job.close()
         if last is not None and job.interrupted is None and len(job.following.absent) == len(job.status):
             return last, records  # it was stopped while it waited to restart: the attempt before was its last
-        record = attempt_record(plan, result, started, blame(result))
+        record = attempt_record(plan, result, started, supervisors_blame(result, job.following, full),
+                                reshape=Reshape("", frozenset()) if job.following.grew else None)
         ran_on = record.end not in ("succeeded", "stopped")  # what came next, as an attached run says it
         records.append(dataclasses.replace(record, next=job.following.next) if ran_on else record)
-        if job.interrupted or not job.following.later_attempt or any(s.problem for s in job.status):
+        if job.interrupted or job.following.over or not job.following.later_attempt or \
+                any(s.problem for s in job.status):
             return job, records
-        last, plan = job, dataclasses.replace(plan, attempt=plan.attempt + 1)
+        last, plan = job, on_nodes(dataclasses.replace(plan, attempt=plan.attempt + 1), full, job.following.nodes)
         views.attempt(plan)

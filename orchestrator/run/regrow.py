@@ -10,7 +10,6 @@ the imports): a node that flaps would cost one each time.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Callable
@@ -119,8 +118,3 @@ class Watch:
     def join(self) -> None:
         self.close()
         self.thread.join(self.most)
-
-
-def never(rejoin_after: float) -> bool:
-    """`rejoin_after: never`: a run grows back only at a restart it makes anyway."""
-    return math.isinf(rejoin_after)

@@ -175,4 +175,8 @@ def detached_notices(plan: LaunchPlan, console_view: ConsoleView, cluster_arg: s
     if plan.restarts:
         console_view.notice(f"on a failure its own agents start it again, up to {plan.restarts} time(s) "
                             "(restarts:; ddp-ls shows the attempt)")
+    if plan.min_nodes is not None:
+        back = "never while it runs" if plan.rejoin_after is None else f"once it has answered for {plan.rejoin_after:g} s"
+        console_view.notice(f"a node lost is left out while at least {plan.min_nodes} node(s) remain (min_nodes:); "
+                            f"it is taken back {back} (rejoin_after:)")
     return EXIT_OK

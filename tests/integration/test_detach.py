@@ -135,24 +135,38 @@ def test_a_failing_rank_stops_every_node_and_is_named(cluster, detached):
     assert f"master {summary['master']}" in out.splitlines()[0] and ":auto" not in out, out  # its first line too
 
 
-def test_a_node_cut_off_is_lost_the_others_stop_and_it_stops_its_part_itself(cluster, detached):
-    path = detached([(0, 1), (1, 1), (2, 1)])
-    job = detach(path, "tick", "3000", "0.2")
+def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_back(cluster, detached):
+    """`min_nodes:` with --detach: node 2, cut off, is lost; its own agent stops its part and waits.
+    The job's agents go on, on nodes 0 and 1 at world size 2; once node 2 answers again for
+    rejoin_after they stop and start the job on all three, which runs to its end. An attach shows
+    each attempt with its nodes; nothing of the job is left."""
+    path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after=2, restart_delay=1,
+                    env={"TICK_SAYS_WORLD": 1})
+    job = detach(path, "tick", "50", "0.2")
     cluster.partition(cluster.nodes[2])
     try:
         deadline = time.monotonic() + 60
-        while True:  # node 2 cannot answer ddp-ls: the master node's outcome says what happened
+        while True:  # node 2 cannot answer ddp-ls: the others say the job runs without it
             row = jobs(path, reachable=False).get(job, {})
-            if row.get("state") not in (None, "running"):
+            if row.get("attempt") == 1 and row["nodes"].get("0") == row["nodes"].get("1") == "running":
                 break
             assert time.monotonic() < deadline, row
             time.sleep(0.5)
-        # (node 2's own record shows too: these namespace nodes share one /tmp)
-        assert row["nodes"]["0"] == row["nodes"]["1"] == "stopped" and "(node 2) lost" in row["root_cause"], row
     finally:
         cluster.heal(cluster.nodes[2])
-    assert not procs.wait_no_job_processes(job, timeout=30)  # its agent heard no supervisor: it stopped
-    assert jobs(path)[job]["nodes"]["2"] == "stopped"
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
+    assert code == 0, out
+    worlds = {(int(a), int(r)): int(w) for w, r, a in re.findall(r"r\d+ \| WORLD (\d+) rank=(\d+) attempt=(\d+)$", out, re.M)}
+    assert worlds == {(0, 0): 3, (0, 1): 3, (0, 2): 3, (1, 0): 2, (1, 1): 2, (2, 0): 3, (2, 1): 3, (2, 2): 3}, out
+    assert "attempt 1: 2 node(s)" in out and "attempt 2: 3 node(s)" in out, out
+    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    assert [a.get("end") for a in attempts] == ["lost", "stopped to grow", "succeeded"], attempts
+    assert attempts[0]["root_cause"] == f"{cluster.nodes[2].addr} lost", attempts
+    assert "on 2 of 3 nodes (node(s) 2 away)" in attempts[0]["next"], attempts
+    assert "stopped to take nodes back on all 3 nodes" in attempts[1]["next"], attempts
+    row = jobs(path)[job]
+    assert row["state"] == "done" and row["attempt"] == 2 and set(row["nodes"].values()) == {"done"}, row
+    assert not procs.wait_no_job_processes(job, timeout=30)
 
 
 def test_ctrl_c_detaches_the_attach_and_ddp_kill_stops_the_job(detached):

@@ -276,6 +276,9 @@ def main():
             fail_rank = -1
         if os.environ.get("TICK_SAYS_PORT"):  # opt-in: a test that checks which master port each attempt had
             print(f"PORT {os.environ['MASTER_PORT']} attempt={os.environ.get('DDP_UP_ATTEMPT')}", flush=True)
+        if os.environ.get("TICK_SAYS_WORLD"):  # opt-in: a test that checks each attempt's world size
+            print(f"WORLD {os.environ['WORLD_SIZE']} rank={rank} attempt={os.environ.get('DDP_UP_ATTEMPT')}",
+                  flush=True)
         for i in range(n):
             print(f"tick {i} rank={rank}", flush=True)
             if rank == fail_rank and i == 2 and code == "hang":  # silent from here on: a hang

@@ -95,16 +95,17 @@ def test_help_renders(module, main, capsys):
     assert done.value.code == 0 and "--slurm" in capsys.readouterr().out
 
 
-def test_detach_takes_restarts_but_refuses_spares_before_connecting(tmp_path, capsys):
+def test_detach_takes_restarts_and_min_nodes_but_refuses_spares_before_connecting(tmp_path, capsys):
     nodes = "nodes: [{host: 192.0.2.1, gpus: 1}, {host: 192.0.2.2, gpus: 1}, {host: 192.0.2.3, gpus: 1}]\n"  # never dialed
     c = tmp_path / "c.yaml"
-    c.write_text("restarts: 2\n" + nodes)
-    assert main_up(["--detach", "--dry-run", "--job-id", "J", str(c), "t.py"]) == 0
-    for top in ("spares: 1\n", "min_nodes: 2\n"):
+    for top in ("", "min_nodes: 2\n"):
+        c.write_text("restarts: 2\n" + top + nodes)
+        assert main_up(["--detach", "--dry-run", "--job-id", "J", str(c), "t.py"]) == 0
+    for top, said in (("spares: 1\n", "--detach: spares need ddp-up to stay"),
+                      ("min_nodes: 2\nevict_after: 5m\n", "--detach: evict_after needs ddp-up to stay")):
         c.write_text("restarts: 2\n" + top + nodes)
         assert main_up(["--detach", "--job-id", "J", str(c), "t.py"]) == 2
-        err = capsys.readouterr().err
-        assert "--detach: spares and min_nodes need ddp-up to stay" in err and "`restarts:` alone works detached" in err
+        assert said in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,ours,script_args", [

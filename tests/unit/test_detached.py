@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from orchestrator.node.attempt import checks
-from orchestrator.node.supervise import decide, detached, replay, restarts, supervisor
+from orchestrator.node.supervise import decide, detached, door, members, replay, restarts, supervisor
 from orchestrator.node.protocol import events, policy, wire
 from orchestrator.node.local import inventory, procs, state
 from orchestrator.commands.attach import ls_table, merge_records
@@ -60,10 +60,12 @@ class FakeRunner:
     """What the supervisor and a link use of an agent's Runner: its spec, events and directory."""
 
     def __init__(self, node: int, nodes: int, where: str, clock: FakeClock, orphan_timeout: float = 30.0,
-                 hang_timeout: float | None = None, restarts: int = 0, startup_timeout: float | None = None):
+                 hang_timeout: float | None = None, restarts: int = 0, startup_timeout: float | None = None,
+                 recoveries: int = 0, min_nodes: int | None = None, rejoin_after: float | None = None):
         self.spec = SimpleNamespace(job="J1", node=node, nodes=nodes, token=TOKEN, orphan_timeout=orphan_timeout,
-                                    heartbeat=0.2, hang_timeout=hang_timeout, restarts=restarts, recoveries=0,
-                                    no_restart_on_exit=None, startup_timeout=startup_timeout)
+                                    heartbeat=0.2, hang_timeout=hang_timeout, restarts=restarts, recoveries=recoveries,
+                                    no_restart_on_exit=None, startup_timeout=startup_timeout, min_nodes=min_nodes,
+                                    rejoin_after=rejoin_after, sizes=[1] * nodes)
         self.attempt = 0
         self.out = SimpleNamespace(last_output=clock())  # the Writer: when a rank last printed
         self.late: list[int] = []  # its ranks that have not begun (DetachedRun.waiting)
@@ -155,7 +157,7 @@ def test_a_connection_without_the_token_is_never_heard(tmp_path):
         stream = s.makefile("rb")
         challenge = wire.read_frame(stream, wire.PEER)
         assert isinstance(challenge, wire.Challenge)
-        s.sendall(wire.Join(node=1, proof=supervisor.proof("b" * 64, challenge.nonce)).encode()
+        s.sendall(wire.Join(node=1, proof=door.proof("b" * 64, challenge.nonce)).encode()
                   + wire.NodeState(node=1, state="failed", code=1).encode())
         assert stream.read() == b""  # closed on us, nothing said
     assert runner0.events.empty() and 1 not in sup.states
@@ -319,9 +321,11 @@ def test_ls_merges_the_nodes_records_into_one_row_a_job():
     root = {"node": 1, "state": "failed", "code": 7, "reason": None, "at": 150.0}
     records = [rec("a", 0, "stopped", outcome={"root_cause": root}), rec("a", 1, "failed", code=7),
                rec("a", 1, "failed", code=7),  # the same node seen twice (nodes sharing a directory)
-               rec("b", 0, "done", commit="0123456789abcdef"), rec("b", 1, "running"), rec("c", 0, "done")]
+               rec("b", 0, "done", commit="0123456789abcdef"), rec("b", 1, "running"), rec("c", 0, "done"),
+               rec("d", 0, "running"), rec("d", 1, "away"), rec("d", 2, "running")]  # elastic: node 1 left out
     rows = {r.job: r for r in merge_records(records)}
-    a, b, c = rows["a"], rows["b"], rows["c"]
+    a, b, c, d = rows["a"], rows["b"], rows["c"], rows["d"]
+    assert (d.state, d.ranks, d.nodes) == ("running", 4, {"0": "running", "1": "away", "2": "running"})
     assert (a.state, a.ranks, a.exit_status, a.root_cause) == ("failed", 4, 1, "h1 (node 1) failed (exit code 7)")
     assert (b.state, b.exit_status, b.ended, b.duration(400.0)) == ("running", None, None, 300.0)
     assert (c.state, c.exit_status, c.ranks) == ("done", 0, 2)
@@ -444,11 +448,137 @@ def test_a_later_attempt_runs_the_same_launch_line_on_its_own_master_port():
     from orchestrator.config.clusterfile import parse_cluster
     from orchestrator.plan.launch import make_plan
 
-    for launcher in ("torchrun", "none"):
+    for launcher in ("torchrun", "none", "accelerate"):
         plan = make_plan(parse_cluster(f"launcher: {launcher}\nnodes: [{{host: a, gpus: 2}}, {{host: b, gpus: 2}}]\n"),
                          "train.py", ["--lr", "0.1", "--master-port=1"], "J1", "/tmp")
         first, later = plan.launcher_argv(plan.nodes[1], 29500), plan.launcher_argv(plan.nodes[1], 41234)
         assert restarts.with_port(first, 41234) == later  # the script's own --master-port=1 is its own
+
+
+def test_an_elastic_attempts_launch_line_is_the_one_a_plan_of_its_nodes_would_give():
+    """members.place and restarts.relaid, on every launcher: node c's line of the 3-node job, laid out
+    for an attempt on nodes a and c, is what ddp-up would give c in a job of a and c alone; the
+    script's own arguments are untouched, however they are spelt."""
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.plan.launch import make_plan
+
+    script = ["--nnodes=9", "--node-rank=9", "--world-size=9", "--num_processes=9"]
+    for launcher, gpus in (("torchrun", (2, 1, 3)), ("none", (2, 1, 3)), ("accelerate", (2, 2, 2))):
+        def plan_of(*hosts):
+            nodes = ", ".join(f"{{host: {h}, gpus: {gpus['abc'.index(h)]}}}" for h in hosts)
+            return make_plan(parse_cluster(f"launcher: {launcher}\nnodes: [{nodes}]\n"), "t.py", script, "J1", "/tmp")
+        full, shrunk = plan_of("a", "b", "c"), plan_of("a", "c")
+        shape = members.place([n.nproc for n in full.nodes], [0, 2], 2)
+        assert shape == (1, 2, 2 + gpus[2], 2)
+        line = restarts.relaid(restarts.with_port(full.launcher_argv(full.nodes[2], 29500), 41234), shape)
+        assert line == shrunk.launcher_argv(shrunk.nodes[1], 41234), launcher
+
+
+def test_an_elastic_jobs_members_leave_come_back_and_go_for_good():
+    """members.Members, pure: a lost node is away; linked again it answers, and is due after
+    rejoin_after (not while the job already stops to take one back); fewer than min_nodes is the
+    job's end, with the nodes away named; lost twice is out for good, never answering again."""
+    spec = SimpleNamespace(nodes=4, min_nodes=2, rejoin_after=10.0)
+    m = members.Members(spec)
+    m.lost(3)
+    assert m.following([3]) == ([0, 1, 2], None)
+    m.begin([0, 1, 2], linked=[1, 2], now=0.0)
+    assert m.answering == {} and m.due(100.0) == []
+    m.linked(3, 5.0)
+    assert m.due(14.0) == [] and m.due(15.0) == [3]
+    m.growing = [3]
+    assert m.due(99.0) == []  # stopping to take it back already
+    assert m.following([1, 2]) == ([0, 3], None)  # an away node that answers joins at any restart
+    assert m.following([])[0] == [0, 1, 2, 3] and m.words([0, 1, 2, 3]) == " on all 4 nodes"
+    m.begin([0, 1, 2, 3], linked=[1, 2, 3], now=20.0)
+    assert m.answering == {} and m.words([0, 1, 2, 3]) == ""
+    m.lost(3)
+    assert 3 in m.out and m.following([3]) == ([0, 1, 2], None) and m.words([0, 1, 2]) == " on 3 of 4 nodes (node(s) 3 away)"
+    m.begin([0, 1, 2], linked=[3], now=30.0)  # its agent still linked: out, never answering
+    m.linked(3, 31.0)
+    assert m.answering == {} and m.due(1e9) == []
+    m.lost(1)
+    m.lost(2)
+    assert m.following([1, 2]) == (None, "1 of 4 nodes left (node(s) 1, 2, 3 away), fewer than min_nodes: 2")
+
+
+def test_an_elastic_detached_job_goes_on_without_a_lost_node_and_takes_it_back(tmp_path):
+    """The supervisor in fake time, 3 nodes, min_nodes: 2: node 2 never joins and is lost; the next
+    attempt runs on nodes 0 and 1 and uses a recovery. Node 2's agent then joins: it is away (its
+    word on attempt 0 is not taken for the running one), and once it has answered for rejoin_after
+    the job is stopped, and the attempt after runs on all three, using up no budget."""
+    clock = FakeClock()
+    runner0, sup = start_supervisor(tmp_path, 3, clock, restarts=1, recoveries=2, min_nodes=2, rejoin_after=10.0)
+    runner1, one = link(tmp_path, 1, 3, sup.port, clock)
+    wait(lambda: running(sup, 1))
+    tick_heard(sup, clock, 31.0, 1)
+    assert runner0.next_stop() == runner1.next_stop() == "node 2 lost (no word from its agent for 31 s)"
+    clock.advance(1.0)
+    one.report("stopped", -15, "node 2 lost", attempt=0, keep=True)
+    sup.report(0, "stopped", -15, "node 2 lost", attempt=0)
+    assert sup.finished.wait(10) and sup.why_not_restart() is None
+    assert sup.book.words == ("recovery 1 of 2 (not the job's own failure: restarts: untouched) on 2 of 3 nodes "
+                              "(node(s) 2 away)")
+    assert sup.restart(1, 29511) == wire.Restart(attempt=1, port=29511, nodes=[0, 1])
+    assert runner1.events.get(timeout=10) == events.Restart(wire.Restart(attempt=1, port=29511, nodes=[0, 1]))
+    runner1.attempt = 1
+    one.rejoin(1)
+    sup.report(0, "running", attempt=1)
+    wait(lambda: running(sup, 1))
+
+    runner2, two = link(tmp_path, 2, 3, sup.port, clock)  # its agent, back: it still says attempt 0 runs
+    wait(lambda: 2 in sup.members.answering)
+    assert 2 not in sup.states and runner2.events.empty()  # no Halt, no Restart for a node left out
+    tick_heard(sup, clock, 5.0, 1, 2)
+    assert runner0.events.empty()
+    tick_heard(sup, clock, 6.0, 1, 2)
+    runner0.attempt = 1
+    assert runner0.next_stop() == runner1.next_stop() == "stopped to take node(s) 2 back (answering for 11 s)"
+    sup.report(0, "stopped", -15, "grow", attempt=1)
+    clock.advance(1.0)  # the root cause: the first to end
+    one.report("stopped", -15, "grow", attempt=1, keep=True)
+    assert sup.finished.wait(10) and sup.why_not_restart() is None
+    assert sup.book.words == "stopped to take nodes back on all 3 nodes"
+    sup.restart(2, 29512)
+    both = wire.Restart(attempt=2, port=29512, nodes=[0, 1, 2])
+    assert runner2.events.get(timeout=10) == events.Restart(both)
+    assert sup.book.used == {"recovery": 1, "grow": 1}
+    attempts = json.loads((tmp_path / state.ATTEMPTS).read_text())["attempts"]
+    assert [a["next_nodes"] for a in attempts] == [[0, 1], [0, 1, 2]]
+    assert replay.decided(str(tmp_path), 0) == {"next": attempts[0]["next"], "nodes": [0, 1], "lost": 2,
+                                                "grew": False, "over": False}
+    assert replay.decided(str(tmp_path), 1)["grew"] is True
+    assert runner0.notices.sent[-1] == ("restart", "job J1: attempt 1 ended (node 0 stopped (grow)); attempt 2 "
+                                        "starts on all 3 nodes")
+    one.close()
+    two.close()
+    sup.listener.close()
+
+
+def test_an_attach_lays_out_an_elastic_attempt_as_its_supervisor_did():
+    """run/follow.on_nodes: an attempt on nodes 0 and 2 is followed as a job of two nodes whose
+    ranks have no gap, each reading the journal of the node the cluster file names."""
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.plan.launch import make_plan
+    from orchestrator.run.follow import on_nodes
+
+    full = make_plan(parse_cluster("nodes: [{host: a, gpus: 2}, {host: b, gpus: 1}, {host: c, gpus: 3}]\n"),
+                     "t.py", [], "J1", "/tmp")
+    shrunk = on_nodes(full, full, [0, 2])
+    assert [(n.index, n.label, n.first_rank, n.config.rank) for n in shrunk.nodes] == [(0, "a", 0, 0), (1, "c", 2, 2)]
+    assert shrunk.world_size == 5 and on_nodes(full, full, None).nodes == full.nodes
+
+
+def test_an_elastic_nodes_link_stops_its_part_then_waits_to_be_taken_back():
+    """PeerLink in fake time, min_nodes set: the supervisor unheard for orphan_timeout halts this
+    attempt only (once); its agent waits to hear it again for away_wait, then stops for good."""
+    clock = FakeClock()
+    runner = FakeRunner(1, 3, "/nonexistent", clock, orphan_timeout=30.0, min_nodes=2, rejoin_after=120.0)
+    peer = supervisor.PeerLink(runner, "127.0.0.1", 9, clock=clock)  # never started: no connection
+    assert peer.tick(clock.advance(31.0)) == events.Halt(
+        0, "no word from the master node's supervisor for 31 s; its part stops, and it waits to be taken back")
+    assert peer.tick(clock.advance(100.0)) is None
+    assert peer.tick(clock.advance(20.0)) == events.Stop("no word from the master node's supervisor for 151 s")
 
 
 def test_an_attach_follows_every_attempt_and_stops_at_one_that_never_began():
@@ -508,8 +638,8 @@ def test_a_slow_drip_an_endless_header_and_a_flood_cannot_hold_the_supervisors_p
     extend it), an unauthenticated line is read up to JOIN_MAX bytes and no further, and at most
     JOINING_MAX connections are proving themselves at once (more are closed unread); a real node
     still joins once the others are gone."""
-    monkeypatch.setattr(supervisor, "JOIN_TIMEOUT", 1.0)
-    monkeypatch.setattr(supervisor, "JOINING_MAX", 4)
+    monkeypatch.setattr(door, "JOIN_TIMEOUT", 1.0)
+    monkeypatch.setattr(door, "JOINING_MAX", 4)
     clock = FakeClock()
     runner0, sup = start_supervisor(tmp_path, 2, clock)
     addr = ("127.0.0.1", sup.port)
@@ -543,10 +673,10 @@ def test_a_slow_drip_an_endless_header_and_a_flood_cannot_hold_the_supervisors_p
     # The flood: JOINING_MAX connections that say nothing, held open until the extra one is
     # turned away. Each is cut at JOIN_TIMEOUT: 1 s left too short a window under a loaded
     # machine's scheduling (the first was cut before the last was accepted: failed once in a run).
-    monkeypatch.setattr(supervisor, "JOIN_TIMEOUT", 30.0)
+    monkeypatch.setattr(door, "JOIN_TIMEOUT", 30.0)
     wait(lambda: sup.door.joining == 0)  # the drip's and the endless header's slots given back
-    idle = [socket.create_connection(addr, timeout=5) for _ in range(supervisor.JOINING_MAX)]
-    wait(lambda: sup.door.joining == supervisor.JOINING_MAX)
+    idle = [socket.create_connection(addr, timeout=5) for _ in range(door.JOINING_MAX)]
+    wait(lambda: sup.door.joining == door.JOINING_MAX)
     extra = socket.create_connection(addr, timeout=5)
     assert extra.recv(200) == b""  # closed unread: not even a challenge is spent on it
     for s in idle + [extra]:
@@ -561,9 +691,9 @@ def test_the_supervisor_listens_where_the_peers_were_told_to_knock():
     """Issue 26, item 5: on the master address, not on every address; where that address is not
     this host's (a NAT between the nodes), or is a name (resolved here, it may differ from what the
     peers get), on every address as before."""
-    on_master = supervisor.listen_for_peers("127.0.0.1")
-    foreign = supervisor.listen_for_peers("192.0.2.1")  # TEST-NET-1: never this host's; nothing is sent
-    named = supervisor.listen_for_peers("localhost")
+    on_master = door.listen_for_peers("127.0.0.1")
+    foreign = door.listen_for_peers("192.0.2.1")  # TEST-NET-1: never this host's; nothing is sent
+    named = door.listen_for_peers("localhost")
     try:
         assert on_master.getsockname()[0] == "127.0.0.1"
         assert foreign.getsockname()[0] == "0.0.0.0" and named.getsockname()[0] == "0.0.0.0"

@@ -36,6 +36,7 @@ RECORD = "record.json"
 OUTCOME = "outcome.json"
 ATTEMPTS = "attempts.json"  # the master node's: every attempt so far that another followed, with why
 ENDED = ("done", "failed", "stopped", "lost")
+LIVE = ("running", "restarting", "away")  # while its agent runs: "away", an elastic job's node left out
 RETENTION = 7 * 86400.0  # a finished detached job's record and journal are kept this long
 
 
@@ -355,7 +356,7 @@ def live_state(record):
     """The record's state, or "lost" for a job whose agent is gone without recording its end (a
     SIGKILL, a reboot): a pid that now belongs to another process does not carry the job's tag."""
     state = record.get("state")
-    if state in ("running", "restarting"):
+    if state in LIVE:
         tags = read_tags(record.get("pid") or 0) or {}
         if tags.get(TAG_JOB) != record.get("job"):
             return "lost"
@@ -366,7 +367,7 @@ def live_record(record, where):
     """``record`` with "state" its live state. An agent records its end, then exits: a record read
     just before the end and a look at its pid just after would call a finished job lost, so where
     the agent is gone the record is read once more, and only one that still says it runs is lost."""
-    if record.get("state") in ("running", "restarting") and live_state(record) == "lost":
+    if record.get("state") in LIVE and live_state(record) == "lost":
         again = read_record(where)
         if again is not None and again.get("job") == record.get("job"):
             record = again

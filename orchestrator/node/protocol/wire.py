@@ -179,6 +179,12 @@ class RunSpec(Frame):
     secrets: list | None = None
     notify: list | None = None  # detach: [[kind, value, events or None]]: webhook and command targets (node/supervise/notify.py)
     commit: str | None = None  # detach: the commit the job ran from, for its record (ddp-ls)
+    # detach, `min_nodes:` (an elastic job): each node's rank count, by node index (a later attempt's
+    # layout, supervise/layout.py); the fewest nodes an attempt runs on; how long a node left out
+    # answers before the job stops to take it back (None: never, only at a restart that happens anyway)
+    sizes: list | None = None
+    min_nodes: int | None = None
+    rejoin_after: float | None = None
     warm: bool = False  # fork every rank from a warm interpreter (node/launchers/warm.py; in a container, node/launchers/boxwarm.py)
     warm_gpus_only: bool = False  # warm only on a node with NVIDIA GPUs (ddp-check --gpus: elsewhere no torch)
     preload: list | None = None  # warm: modules it imports besides torch
@@ -568,6 +574,10 @@ class JournalEnd(Frame):
     ended: float | None = None
     master: str | None = None
     next: str | None = None  # the master node's: what its supervisor decided after this attempt, and why
+    nodes: list | None = None  # the master node's, for an elastic job: the nodes of the attempt that follows,
+    lost: int | None = None  # the node its supervisor found lost, this attempt's root cause,
+    grew: bool = False  # and whether it stopped the attempt to take nodes back
+    over: bool = False  # the master node's: its supervisor decided that no attempt follows this one
 
 
 @_frame(TO_CONTROLLER)
@@ -684,6 +694,7 @@ class Restart(Frame):
 
     attempt: int
     port: int
+    nodes: list | None = None  # an elastic job: the nodes it runs on, by index (None: every node)
 
 
 @_frame(PEER)

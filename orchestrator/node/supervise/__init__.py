@@ -1,6 +1,7 @@
 """A detached job, on its own: its run and restarts (detached), the supervisor on the master's
-node and every other node's link to it (supervisor), their decisions as pure functions
-(decide), the notices sent away from the screen (notify), and its journal replayed (replay).
+node and every other node's link to it (supervisor, where they meet: door), their decisions as
+pure functions (decide; an elastic job's nodes: members), the notices sent away from the screen
+(notify), and its journal replayed (replay).
 
 May import: every room before it (userpython to attempt).
 """

@@ -17,20 +17,29 @@ def attempt_root(states, hung=None, halted=None):
     return attempt_summary(0, states, hung, halted, 0.0)["root_cause"]
 
 
-def next_attempt(states, root, attempts, limits, used, listed):
+def next_attempt(states, root, attempts, limits, used, listed, elastic=None):
     """What follows a detached job's attempt whose every node has ended, by policy.next_attempt
     (the rule ddp-up's restarts follow): (the budget the next attempt takes, its words), or (None,
     why none follows). Whatever the budgets: not after it succeeded, nor after someone stopped it for
-    good (ddp-kill, a shutdown), nor with a node lost (the supervisor cannot reach it to start it,
-    and nothing takes its place). ``root``: attempt_summary's root cause; ``attempts``: [(number,
-    signature, seconds it ran)] before this one; ``listed``: no_restart_on_exit's codes."""
+    good (ddp-kill, a shutdown), nor with a node lost, unless the job is elastic (`min_nodes:`; the
+    supervisor cannot reach a lost node to start it). ``root``: attempt_summary's root cause;
+    ``attempts``: [(number, signature, seconds it ran)] before this one; ``listed``:
+    no_restart_on_exit's codes; ``elastic``: (why the job cannot go on with the nodes left, or
+    None; whether the attempt was stopped to take nodes back), for a job with `min_nodes:`. A job
+    stopped to take nodes back starts again at once, and uses up no budget ("grow")."""
     if all(st["state"] == "done" for st in states.values()):
         return None, "every node done"
     if any(st.get("final") for st in states.values()):
         return None, "stopped for good"
     lost = sorted(n for n, st in states.items() if st["state"] == "lost")
-    if lost:
-        return None, "node %d lost (a detached job restarts only on nodes its supervisor still hears)" % lost[0]
+    if lost and elastic is None:
+        return None, "node %d lost (a detached job restarts only on nodes its supervisor still hears; " \
+                     "`min_nodes:` lets it go on without)" % lost[0]
+    short, growing = elastic or (None, False)
+    if short:
+        return None, short
+    if growing and (root or {}).get("state") == "stopped":
+        return "grow", "stopped to take nodes back"
     end = ENDS.get((root or {}).get("state"), "failed")
     unfixable = None
     if end == "failed" and root.get("node") is not None:
@@ -49,10 +58,11 @@ class RestartBook:
         self.used, self.ran, self.began = {}, [], now  # new attempts by budget; (number, signature, seconds)
         self.budget, self.words, self.pending = None, None, []  # the last decision
 
-    def decide(self, states, root, attempt, now):
+    def decide(self, states, root, attempt, now, elastic=None):
         """next_attempt after ``attempt`` (every node has ended it), kept for begin."""
         self.pending = self.ran + [(attempt, signature(root), now - self.began)]
-        self.budget, self.words = next_attempt(states, root, self.pending, self.limits, self.used, self.listed)
+        self.budget, self.words = next_attempt(states, root, self.pending, self.limits, self.used, self.listed,
+                                               elastic)
         return self.budget, self.words
 
     def started(self, now):

@@ -27,7 +27,8 @@ from ..local.inventory import remove_stale_state
 from ..local.state import BARS, JOURNAL, Journal, per_attempt, write_record
 from .notify import JobNotices
 from .restarts import Restarts, master_of
-from .supervisor import PeerLink, Supervisor, listen_for_peers
+from .door import listen_for_peers
+from .supervisor import PeerLink, Supervisor
 
 
 class DetachedRun(Runner):
@@ -44,6 +45,7 @@ class DetachedRun(Runner):
         self.draft = None  # the record, written before the job starts; self.record once it runs on its own
         self.notices = JobNotices(spec, writer)  # the user's webhook and command targets (node/supervise/notify.py)
         self.restarts = Restarts(self)  # between two attempts
+        self.ranks = list(spec.ranks or [0, 0])  # [first global rank, count] in this attempt (an elastic job's move)
 
     def prepare(self):
         if not (self.spec.check_port or self.spec.pick_port):
@@ -58,7 +60,7 @@ class DetachedRun(Runner):
 
     def before_start(self, go):
         self.out.secrets = tuple(sorted(self.spec.secrets or (), key=len, reverse=True))
-        self.out.begun, self.out.first_rank = set(), (self.spec.ranks or [0])[0]  # this attempt's start-up
+        self.out.begun, self.out.first_rank = set(), self.ranks[0]  # this attempt's start-up
         if self.out.journal is not None:
             self.out.journal.close()  # the attempt before's is complete
         self.out.journal = Journal(os.path.join(self.dir, per_attempt(JOURNAL, self.attempt)),
@@ -69,13 +71,13 @@ class DetachedRun(Runner):
 
     def new_record(self, go):
         return {"job": self.spec.job, "node": self.spec.node, "label": self.spec.label, "script": self.spec.script,
-                "ranks": self.spec.ranks, "pid": os.getpid(), "started": time.time(), "ended": None,
+                "ranks": self.ranks, "pid": os.getpid(), "started": time.time(), "ended": None,
                 "state": "running", "code": None, "reason": None, "retention": self.spec.retention,
                 "attempt": self.attempt, "master": master_of(go.argv), "commit": self.spec.commit}
 
     def waiting(self):
         """This node's ranks (global) that have not begun: the supervisor's start-up watch."""
-        first, count = self.spec.ranks or (0, 0)
+        first, count = self.ranks
         return [first + rank for rank in range(count) if rank not in (self.out.begun or ())]
 
     def ranks_ended(self):

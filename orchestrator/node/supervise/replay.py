@@ -6,7 +6,7 @@ import os
 import time
 
 from ..local.inventory import recorded_jobs, remove_stale_state
-from ..local.state import (ATTEMPTS, BARS, JOURNAL, OUTCOME, job_node_dir, live_record, live_state, open_regular,
+from ..local.state import (ATTEMPTS, BARS, JOURNAL, LIVE, OUTCOME, job_node_dir, live_record, live_state, open_regular,
                            per_attempt, read_bars, read_record, read_regular)
 from ..protocol import wire
 
@@ -55,19 +55,47 @@ def follow(spec, writer):
                 writer.send(wire.Heartbeat(), block=False)
                 beat = time.monotonic()
             time.sleep(0.1)
-    later = current > spec.attempt or (spec.follow and state == "restarting" and current == spec.attempt)
-    return journal_end(writer, running, later, record, decided(where, spec.attempt))
+    later = current > spec.attempt or (spec.follow and state in ("restarting", "away") and current == spec.attempt)
+    return journal_end(writer, running, later, record, awaited(where, spec.attempt, writer) if later else
+                       decided(where, spec.attempt))
+
+
+def awaited(where, attempt, writer):
+    """decided's, where this node is the master (it keeps the attempts file) and a later attempt
+    may follow: waited for (bounded) while its supervisor waits for every node to end the attempt."""
+    deadline = time.monotonic() + DECISION_WAIT
+    after = decided(where, attempt)
+    while not after and read_record(where or "", ATTEMPTS) is not None and time.monotonic() < deadline \
+            and not writer.broken:
+        writer.send(wire.Heartbeat(), block=False)
+        time.sleep(0.2)
+        after = decided(where, attempt)
+    return after
+
+
+DECISION_WAIT = 120.0  # seconds a follower of the master node's journal waits for its supervisor's decision
 
 
 def decided(where, attempt):
-    """The supervisor's words after ``attempt`` ("restart 1 of 3", "no restarts left"), where this
-    node is the master and they are written: in the outcome once the job is over, before that in
-    the attempts file it keeps at each restart. None elsewhere."""
+    """What the supervisor decided after ``attempt``, where this node is the master and it is
+    written (in the outcome once the job is over, before that in the attempts file it keeps at each
+    restart), as JournalEnd's fields: its words ("restart 1 of 3", "no restarts left"); in an elastic
+    job, the next attempt's nodes (indices), the node it found lost, whether it stopped the attempt
+    to take nodes back; whether the job ended with it. {} elsewhere."""
     for name in (OUTCOME, ATTEMPTS):
-        for entry in (read_record(where or "", name) or {}).get("attempts") or ():
+        entries = (read_record(where or "", name) or {}).get("attempts") or ()
+        for entry in entries:
             if isinstance(entry, dict) and entry.get("attempt") == attempt and isinstance(entry.get("next"), str):
-                return entry["next"]
-    return None
+                nodes, root = entry.get("next_nodes"), entry.get("root_cause") or {}
+                lost = root.get("node") if isinstance(root, dict) and root.get("state") == "lost" else None
+                return {"next": entry["next"], "nodes": nodes if is_ints(nodes) else None,
+                        "lost": lost if is_ints([lost]) else None, "grew": entry.get("grew") is True,
+                        "over": name == OUTCOME and entry is entries[-1]}
+    return {}
+
+
+def is_ints(value):
+    return isinstance(value, list) and all(type(n) is int for n in value)
 
 
 def no_journal(spec, where, writer):
@@ -107,9 +135,9 @@ class LiveBars:
 
 def journal_end(writer, running, later, record, after=None):
     """The journal was sent to its end: say so, with what the record says of the job here (and,
-    on the master node, what its supervisor decided after the attempt)."""
+    on the master node, what its supervisor decided after the attempt: decided's)."""
     writer.send(wire.JournalEnd(running=running, later=later, started=record.get("started"), ended=record.get("ended"),
-                                master=record.get("master"), next=after))
+                                master=record.get("master"), **(after or {})))
     writer.drain(30)
     return 0
 
@@ -126,13 +154,13 @@ def decoded(decoder, data):
 def attempt_live(state, current, attempt):
     """Whether ``attempt``'s journal may still grow, from the record: the job runs it, or is just
     starting it (an agent creates an attempt's journal, then records that it runs it)."""
-    return state in ("running", "restarting") and (current < attempt or (current == attempt and state == "running"))
+    return state in LIVE and (current < attempt or (current == attempt and state == "running"))
 
 
 def waiting_to_restart(record, attempt):
     """Whether the job may still begin ``attempt`` here (it waits to restart, or runs the one before)."""
     record = record or {}
-    return live_state(record) in ("restarting", "running") and record.get("attempt", 0) < attempt
+    return live_state(record) in LIVE and record.get("attempt", 0) < attempt
 
 
 def backlog_to_skip(f, tail):

@@ -1,7 +1,7 @@
 """A detached job between two attempts, on each node: how the attempt ended here, recorded and told
 to the supervisor; the next attempt decided after its delay (the master node, restart_here) or
-awaited (every other node, await_restart); then begun with the first attempt's launch line and
-a fresh master port (begin).
+awaited (every other node, await_restart); then begun with the first attempt's launch line, a
+fresh master port and, in an elastic job, the shape of the nodes it runs on (begin).
 """
 
 import os
@@ -12,13 +12,33 @@ from ..local.state import per_attempt, write_record
 from ..protocol import events, policy, wire
 from ..watch.relay import masked
 from . import decide
+from .members import place
+
+PORT = ("--master-port=", "--main_process_port=")  # torchrun's and ddp-up's own; accelerate's
+# The launchers' options that give the job's shape, all before the master port (plan/launch.py's
+# launcher_argv): the node count, this node's rank among them, its first global rank, the world size
+SHAPE = {"--nnodes=": 3, "--num_machines=": 3, "--node-rank=": 0, "--machine_rank=": 0, "--first-rank=": 1,
+         "--world-size=": 2, "--num_processes=": 2}
+
+
+def port_at(argv):
+    return next(i for i, a in enumerate(argv) if a.startswith(PORT))
 
 
 def with_port(argv, port):
-    """The launch line with another master port: the launcher's ``--master-port=N`` (both take it
-    so), which comes before the script; the script's own arguments are left as they are."""
-    at = next(i for i, a in enumerate(argv) if a.startswith("--master-port="))
-    return argv[:at] + ["--master-port=%d" % port] + argv[at + 1:]
+    """The launch line with another master port: the launcher's own option, which comes before
+    the script; the script's own arguments are left as they are."""
+    at = port_at(argv)
+    return argv[:at] + ["%s=%d" % (argv[at].partition("=")[0], port)] + argv[at + 1:]
+
+
+def relaid(argv, shape):
+    """The launch line for another shape of the job, ``shape``: (node rank, first global rank,
+    world size, node count), members.place's. Only the launcher's options change."""
+    at = port_at(argv)
+    head = [name + str(shape[SHAPE[name]]) if name in SHAPE else arg
+            for arg, name in ((arg, arg.partition("=")[0] + "=") for arg in argv[:at])]
+    return head + argv[at:]
 
 
 def master_of(argv):
@@ -61,7 +81,7 @@ class Restarts:
         state = policy.node_end(bool(failures), stopped, code)
         rank_code = run.launch.report.rank_code() if state == "failed" else None  # the rank's own, as ddp-up reads it
         code = code if rank_code is None else rank_code  # torchrun's is 1 for any rank; no_restart_on_exit reads the rank's
-        failure = own_failure(failures, ends, (run.spec.ranks or [0])[0]) if state == "failed" else None
+        failure = own_failure(failures, ends, run.ranks[0]) if state == "failed" else None
         failure = masked(failure, run.out.secrets)  # for the supervisor's outcome, which ddp-ls shows
         more = run.attempt < run.spec.restarts + run.spec.recoveries and not run.for_good  # may restart
         run.record.update(ended=time.time(), state="restarting" if more else state, code=code, reason=reason)
@@ -98,8 +118,7 @@ class Restarts:
         except OSError as e:
             return None, "master port %s not free for attempt %d (%s)" % (run.spec.check_port, attempt, e.strerror)
         port = run.held.port
-        run.supervisor.restart(attempt, port)
-        return wire.Restart(attempt=attempt, port=port), None
+        return run.supervisor.restart(attempt, port), None
 
     def await_restart(self):
         """Every other node, between two attempts: the supervisor's word (bounded: a supervisor
@@ -108,7 +127,10 @@ class Restarts:
         run = self.run
         while True:
             event = run.events.get()
-            if isinstance(event, events.Restart):
+            if isinstance(event, events.Restart) and event.frame.nodes is not None \
+                    and run.spec.node not in event.frame.nodes:
+                self.left_out(event.frame.attempt)  # an elastic job goes on without this node: it waits
+            elif isinstance(event, events.Restart):
                 return event.frame, None
             if isinstance(event, (events.Over, events.Stop)):
                 run.link.close()
@@ -116,19 +138,30 @@ class Restarts:
                     return None, "%s while it waited to restart" % event.reason
                 return None, (event.reason if event.reason == decide.STOPPED_WAITING else None)
 
+    def left_out(self, attempt):
+        """An elastic job's attempt ``attempt`` runs without this node (it was lost): recorded,
+        and this node's agent waits to be taken back (or for the job's end)."""
+        run = self.run
+        run.record.update(state="away", reason="attempt %d runs without this node; it waits to be taken back" % attempt)
+        write_record(run.dir, run.record)
+
     def begin(self, restart):
         """Start attempt ``restart.attempt`` here: the launch line of the first with the new
-        master port, its own journal and torchrun log directory, DDP_UP_ATTEMPT its number."""
+        master port (and an elastic job's shape), its own journal and torchrun log directory,
+        DDP_UP_ATTEMPT its number."""
         run = self.run
         run.attempt, run.next_go = restart.attempt, None
         run.log_dir = os.path.join(run.dir, per_attempt("logs", run.attempt))
         go = run.first_go
         run.close_listener()
         argv = with_port(go.argv, restart.port)
+        if restart.nodes is not None:
+            shape = place(run.spec.sizes, restart.nodes, run.spec.node)
+            argv, run.ranks = relaid(argv, shape), [shape[1], run.spec.sizes[run.spec.node]]
         run.start(wire.Go(argv=argv, supervisor=go.supervisor, env=go.env))
         run.out.last_output = run.clock()
         run.record.update(state="running", attempt=run.attempt, ended=None, code=None, reason=None,
-                           master=master_of(argv))
+                           master=master_of(argv), ranks=run.ranks)
         write_record(run.dir, run.record)
         if run.supervisor is not None:
             run.supervisor.report(run.spec.node, "running", attempt=run.attempt)

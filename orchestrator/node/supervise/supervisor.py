@@ -1,135 +1,30 @@
 """A detached job's agents watching each other: the Supervisor in the master node's agent, and
 every other node's PeerLink to it (TCP on the master address; PEER frames, see wire.py). Each
-connection first proves that it knows the job's token (an HMAC of the supervisor's challenge).
-The decisions are decide.py's; here is the I/O, with the clock injected.
+connection first proves that it knows the job's token, at the supervisor's Door (door.py).
+The decisions are decide.py's and members.py's; here is the I/O, with the clock injected.
 """
 
-import os
 import socket
 import threading
 import time
 
-from ..attempt.checks import listen_on
 from ..local.state import ATTEMPTS, ENDED, OUTCOME, write_record
 from ..protocol import events, policy, wire
 from ..protocol.stragglers import LateWatch
 from . import decide, notify
+from .door import JOIN_TIMEOUT, Door, proof
+from .members import Members
 from .watching import Watch
 
-JOIN_TIMEOUT = 10.0  # for a connection to the supervisor to prove it belongs to the job, in all
-JOIN_MAX = 4096  # bytes of a Join frame: an unauthenticated peer is read no further
-JOINING_MAX = 64  # connections still proving themselves at once; more are closed unread
+AWAY_WAIT_LEAST = 60.0  # an elastic job's node that lost its supervisor waits this long at least to hear it again
 
 
-def proof(token, nonce):
-    # hashlib (with OpenSSL) and hmac: imported only where a detached job's agents meet, not in
-    # every agent's start (they are a tenth of it)
-    import hashlib
-    import hmac
-
-    return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
-
-
-def proof_ok(token, nonce, given):
-    import hmac
-
-    return isinstance(given, str) and hmac.compare_digest(proof(token, nonce), given)
-
-
-def listen_for_peers(addr):
-    """The supervisor's listening socket: on the master address the peers were given, where it
-    is an IPv4 address of this host's; else on every address (a host name: resolved here it may
-    be another address than the peers get, such as Debian's 127.0.1.1 for the host's own name;
-    or an address behind a NAT). Authentication guards it either way; this narrows who can knock."""
-    if addr and is_ipv4(addr):
-        try:
-            return listen_on(0, addr)
-        except OSError:
-            pass  # not this host's own
-    return listen_on(0)
-
-
-def is_ipv4(text):
-    try:
-        socket.inet_pton(socket.AF_INET, text)
-        return True
-    except OSError:
-        return False
-
-
-def handshake(conn, spec):
-    """(the node a connection proves to be, its stream), or (None, None): the challenge, then its
-    Join (an HMAC of the challenge under the job's token). The whole handshake has JOIN_TIMEOUT (a
-    peer that sends a byte now and then is cut all the same) and JOIN_MAX bytes: nothing more of
-    an unauthenticated peer is read or kept."""
-    cut = threading.Timer(JOIN_TIMEOUT, lambda: shut(conn))
-    cut.start()
-    try:
-        conn.settimeout(JOIN_TIMEOUT)
-        nonce = os.urandom(16).hex()
-        conn.sendall(wire.Challenge(nonce=nonce).encode())
-        stream = conn.makefile("rb")
-        line = stream.readline(JOIN_MAX)
-        if not line.endswith(b"\n"):
-            return None, None  # too long, or the stream ended: not one of ours
-        cls, values = wire.parse_header(line[:-1], wire.PEER)
-        join = wire.build(cls, values) if cls is wire.Join else None
-    finally:
-        cut.cancel()
-    if join is None or not (0 <= join.node < spec.nodes and join.node != spec.node
-                            and proof_ok(spec.token, nonce, join.proof)):
-        return None, None
-    return join.node, stream
-
-
-def shut(conn):
-    """End a connection from another thread: a blocked read returns at once."""
-    try:
-        conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-class Door:
-    """The supervisor's listening socket. Every connection is accepted; at most JOINING_MAX are
-    proving themselves at once (handshake), more are closed unread; one that proves it is one of
-    the job's other agents goes on, on its own thread, to ``enter(conn, node, stream)``."""
-
-    def __init__(self, listener, spec, enter):
-        self.listener, self.spec, self.enter = listener, spec, enter
-        self.lock = threading.Lock()
-        self.joining = 0
-
-    def open(self):
-        threading.Thread(target=self.accept, name="supervisor", daemon=True).start()
-
-    def accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with self.lock:
-                full = self.joining >= JOINING_MAX
-                self.joining += not full
-            if full:  # a flood: closed unread, before a thread or a byte is spent on it
-                conn.close()
-                continue
-            threading.Thread(target=self.knock, args=(conn,), daemon=True).start()
-
-    def knock(self, conn):
-        node = stream = None
-        try:
-            node, stream = handshake(conn, self.spec)
-        except (OSError, ValueError, wire.ProtocolError):
-            pass
-        finally:
-            with self.lock:
-                self.joining -= 1
-        if node is None:
-            conn.close()  # not one of this job's agents: nothing is said to it
-        else:
-            self.enter(conn, node, stream)
+def away_wait(spec):
+    """How long a node of an elastic job (`min_nodes:`) that lost its supervisor waits, its part
+    stopped, to hear it again (and be taken back) before its agent gives up: rejoin_after (the
+    default's 10 minutes with `never`), at least a minute. A node always hears it after a break
+    of the network; a supervisor gone for good leaves its agents idle this long at most."""
+    return max(AWAY_WAIT_LEAST, spec.rejoin_after if spec.rejoin_after is not None else 600.0)
 
 
 class Supervisor:
@@ -155,10 +50,12 @@ class Supervisor:
         self.hung = None  # (why, when the stacks were asked for), once the job looks hung
         self.first_done = None  # when the first node's job ended well (the others should follow)
         self.attempt = runner.attempt
-        self.attempts = []  # the ended attempts before the current one, as outcome.json lists them
+        self.attempts = []  # the ended attempts (the current one too, once a restart is decided), as outcome.json lists them
         self.restart_frame = None  # the current attempt's Restart, for a node that missed it
         self.late = LateWatch(self.spec.nodes)  # which node comes last to the collectives (stragglers.py)
         self.book = decide.RestartBook(self.spec, clock())  # the restarts made so far, and the next's words
+        self.members = Members(self.spec)  # the nodes each attempt runs on (`min_nodes:`), and the others
+        self.next_nodes = None  # an elastic job's: the nodes of the attempt decided on
         self.over_event = threading.Event()  # no attempt follows: the watch ends
         self.door = Door(listener, self.spec, self.serve)
         self.watcher = Watch(self)
@@ -169,6 +66,7 @@ class Supervisor:
         now = self.launched = self.clock()
         self.book.started(now)
         self.heard = {node: now for node in range(self.spec.nodes)}  # joining is due from Go on
+        write_record(self.runner.dir, {"attempts": []}, ATTEMPTS)  # an attach knows the master node by it
         self.door.open()
         if watch:
             threading.Thread(target=self.watch, name="supervisor-watch", daemon=True).start()
@@ -179,9 +77,12 @@ class Supervisor:
         with self.lock:
             self.links[node] = (conn, threading.Lock())
             self.heard[node] = self.clock()
-            halted = self.halted
+            self.members.linked(node, self.heard[node])
+            halted = self.halted if not self.members.away(node) else None
         try:
             conn.settimeout(self.spec.orphan_timeout)
+            if node in self.members.out:  # lost twice: its agent need wait no longer
+                self.send(node, wire.RunOver(reason=self.members.out_words(node)))
             if halted:
                 self.send(node, wire.Halt(reason=halted))
             while True:
@@ -195,6 +96,7 @@ class Supervisor:
             with self.lock:
                 if self.links.get(node, (None,))[0] is conn:
                     del self.links[node]
+                    self.members.unlinked(node)
             conn.close()
 
     def heard_from(self, node, frame):
@@ -202,7 +104,7 @@ class Supervisor:
         if isinstance(frame, wire.Progress) and frame.node == node:  # before heard: a tick that sees it sees these
             self.progress.said[node] = (frame.quiet, now, frame.waiting, frame.ended is True)
         self.heard[node] = now
-        if isinstance(frame, wire.NodeState) and frame.node == node:
+        if isinstance(frame, wire.NodeState) and frame.node == node and not self.members.away(node):
             if frame.attempt < self.attempt and self.restart_frame is not None:
                 self.send(node, self.restart_frame)  # it reconnected after the word went out
             self.report(node, frame.state, frame.code, frame.reason, frame.attempt, frame.final, frame.failure)
@@ -231,34 +133,41 @@ class Supervisor:
 
     def report(self, node, state, code=None, reason=None, attempt=None, final=False, failure=None):
         with self.lock:
-            if attempt is not None and attempt != self.attempt:
-                return  # a word about another attempt (one resent on reconnecting)
+            if attempt is not None and attempt != self.attempt or self.members.away(node):
+                return  # a word about another attempt (one resent on reconnecting), or from a node left out
             if self.states.get(node, {}).get("state") in ENDED:
                 return  # a node ends once
             self.states[node] = decide.node_end(state, code, reason, final, failure, self.wall())
             if state == "done" and self.first_done is None:
                 self.first_done = self.clock()
-            ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == self.spec.nodes
+            if state == "lost" and self.members.elastic:
+                self.members.lost(node)
+            ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == len(self.members.nodes)
         if state in ("failed", "stopped", "lost"):
             self.halt("node %d %s" % (node, decide.describe_end(state, code, reason)))
         if ended:
             blocker = self.why_not_restart()
             if blocker is not None:
                 self.over(blocker)
+            else:
+                self.decided()
             self.finished.set()  # else the master node's agent restarts the job (DetachedRun.restart_here)
 
     def why_not_restart(self):
         """Why no attempt follows the one every node has ended, or None (its budget and words are
         kept for restart): decide.next_attempt, the rule ddp-up's restarts follow."""
-        budget, words = self.book.decide(self.states, self.summary()["root_cause"], self.attempt, self.clock())
+        with self.lock:  # the nodes' own threads link and unlink them
+            self.next_nodes, elastic = self.members.after(self.states)
+        budget, words = self.book.decide(self.states, self.summary()["root_cause"], self.attempt, self.clock(),
+                                         elastic)
+        if budget and self.next_nodes is not None:
+            self.book.words += self.members.words(self.next_nodes)
         return None if budget else words
 
     def restart(self, attempt, port):
-        """Attempt ``attempt`` begins: every node is told (and any that rejoins later, see
-        heard_from); the watch starts afresh."""
+        """Attempt ``attempt`` begins: every node of it is told (and any that rejoins later, see
+        heard_from); the watch starts afresh. Its Restart frame, for the master node's own agent."""
         with self.lock:
-            self.attempts.append(dict(self.summary(), next=self.book.words))
-            write_record(self.runner.dir, {"attempts": self.attempts}, ATTEMPTS)  # an attach's words for it
             self.book.begin(self.clock())
             self.attempt = attempt
             self.states, self.halted, self.hung, self.first_done = {}, None, None, None
@@ -266,18 +175,32 @@ class Supervisor:
             self.late = LateWatch(self.spec.nodes)
             now = self.launched = self.clock()
             self.heard = {node: now for node in range(self.spec.nodes)}
-            self.restart_frame = wire.Restart(attempt=attempt, port=port)
+            on = self.members.words(self.next_nodes) if self.next_nodes is not None else ""
+            if self.next_nodes is not None:
+                self.members.begin(self.next_nodes, list(self.links), now)
+            self.restart_frame = wire.Restart(attempt=attempt, port=port, nodes=self.next_nodes)
             self.finished.clear()
         for node in list(self.links):
-            self.send(node, self.restart_frame)
+            if not self.members.away(node):
+                self.send(node, self.restart_frame)
         root = notify.root_text(self.attempts[-1]["root_cause"])
-        self.runner.notices.send("restart", "job %s: attempt %d ended (%s); attempt %d starts" % (
-            self.spec.job, attempt - 1, root or "no root cause", attempt), attempt=attempt, root_cause=root)
+        self.runner.notices.send("restart", "job %s: attempt %d ended (%s); attempt %d starts%s" % (
+            self.spec.job, attempt - 1, root or "no root cause", attempt, on), attempt=attempt, root_cause=root)
+        return self.restart_frame
+
+    def decided(self):
+        """An attempt follows: the decision is written now, for an attach (replay.decided)."""
+        with self.lock:
+            self.attempts.append(dict(self.summary(), next=self.book.words, next_nodes=self.next_nodes,
+                                      grew=self.book.budget == "grow"))
+            write_record(self.runner.dir, {"attempts": self.attempts}, ATTEMPTS)
 
     def over(self, reason):
-        """No attempt follows: the outcome is recorded and every node told."""
+        """No attempt follows: the outcome is recorded and every node told (in place of a restart
+        decided on, where the job was stopped while it waited, or no port was free)."""
         last = dict(self.summary(), next=reason)
-        write_record(self.runner.dir, dict(last, job=self.spec.job, attempts=self.attempts + [last]), OUTCOME)
+        earlier = [a for a in self.attempts if a["attempt"] != self.attempt]
+        write_record(self.runner.dir, dict(last, job=self.spec.job, attempts=earlier + [last]), OUTCOME)
         for node in list(self.links):
             self.send(node, wire.RunOver(reason=reason))
         self.over_event.set()
@@ -293,7 +216,7 @@ class Supervisor:
                 return
             self.halted = reason
         for other in list(self.links):
-            if self.states.get(other, {}).get("state") not in ENDED:
+            if self.states.get(other, {}).get("state") not in ENDED and not self.members.away(other):
                 self.send(other, wire.Halt(reason=reason))
         self.runner.events.put(events.Halt(self.attempt, reason))
 
@@ -310,7 +233,9 @@ class PeerLink:
     """Every other node's agent, in a detached job: its line to the master node's Supervisor. A
     Halt stops the job here; a supervisor unheard for orphan_timeout (the master node or the
     network between them gone) stops it too, as a silent controller would. It reconnects while
-    it waits: a short break in the network is not a failure."""
+    it waits: a short break in the network is not a failure. In an elastic job the silence stops
+    only this attempt here (the job may go on without this node, and take it back): the agent
+    waits to hear the supervisor again for away_wait, then stops for good."""
 
     def __init__(self, runner, addr, port, clock=time.monotonic):
         self.runner = runner
@@ -322,6 +247,7 @@ class PeerLink:
         self.heard = clock()
         self.state = wire.NodeState(node=self.spec.node, state="running")
         self.done = threading.Event()
+        self.cut = False  # an elastic job's: this silence has stopped the attempt here
 
     def start(self):
         threading.Thread(target=self.run, name="peer-link", daemon=True).start()
@@ -374,7 +300,9 @@ class PeerLink:
     def beat(self):
         while not self.done.wait(self.spec.heartbeat):
             stop = self.tick(self.clock())
-            if stop is not None:  # the one node given the targets besides the master's tells (plan.agent_spec)
+            if isinstance(stop, events.Halt):  # an elastic job's: this attempt only
+                self.runner.events.put(stop)
+            elif stop is not None:  # the one node given the targets besides the master's tells (plan.agent_spec)
                 self.runner.notices.send("lost", "job %s: node %d lost its supervisor for good: %s; it stops its part" % (
                     self.spec.job, self.spec.node, stop.reason), node=self.spec.node)
                 self.runner.events.put(stop)
@@ -382,13 +310,21 @@ class PeerLink:
 
     def tick(self, now):
         """Once a heartbeat: say how quiet this node's ranks are; the Stop a silent supervisor
-        becomes, or None."""
+        becomes (in an elastic job, first the Halt of this attempt, then the Stop once it has
+        waited away_wait), or None."""
         self.send(wire.Progress(node=self.spec.node, quiet=now - self.runner.out.last_output,
                                 waiting=self.runner.waiting(), ended=self.runner.ranks_ended()))
         silent = policy.silence(now, self.heard, self.spec.orphan_timeout)
+        self.cut = self.cut and silent is not None
         if silent is None:
             return None
-        return events.Stop("no word from the master node's supervisor for %.0f s" % silent)
+        words = "no word from the master node's supervisor for %.0f s" % silent
+        if self.spec.min_nodes is None or silent > self.spec.orphan_timeout + away_wait(self.spec):
+            return events.Stop(words)
+        if self.cut:
+            return None
+        self.cut = True
+        return events.Halt(self.runner.attempt, words + "; its part stops, and it waits to be taken back")
 
     def report(self, state, code, reason, attempt=0, final=False, failure=None, keep=False):
         """This node's end of ``attempt``, to the supervisor (waiting a little for a connection, if
