@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import sys
 import time
+from contextlib import nullcontext
 
 from rich.table import Table
 from rich.text import Text
@@ -21,11 +23,14 @@ from ..remote import signals
 from ..remote.oneshot import call_agent
 from ..remote.parallel import on_each
 from ..run.follow import follow_attempts, follow_plan
+from ..run.runloop import report_notice
 from ..run.record import detached_here
 from ..views.console import ConsoleView
 from ..views.terminal import terminal_console
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
+from ..views.report import REPORT
+from ..views.timeline import Timeline
 from .common import (Parser, add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report,
                      make_view, report, ssh_connections, table_console)
 
@@ -70,7 +75,7 @@ def attach_parser() -> argparse.ArgumentParser:
 
 def main_attach(argv: list[str] | None = None) -> int:
     args = attach_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    return _follow("ddp-attach", args, follow=True, show_end=True)
+    return _follow("ddp-attach", args, follow=True, show_end=True, page=True)
 
 
 # --- ddp-logs -------------------------------------------------------------------------------
@@ -91,7 +96,10 @@ def main_logs(argv: list[str] | None = None) -> int:
     return _follow("ddp-logs", args, follow=args.follow, show_end=False)
 
 
-def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -> int:
+def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool, page: bool = False,
+            plain: type | None = None) -> int:
+    """Replay the job's journals (follow_attempts) into the views and the run logs; ``page``: its
+    timeline too, and its report (ddp-attach's, ddp-report's)."""
     console = terminal_console()
     try:
         job_id = _job_id(args, prog)
@@ -111,33 +119,47 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool) -
             if not found:
                 raise NoSuchJob(job_id, [n.label for n in config.nodes], args.cluster or "CLUSTER.yaml")
             plan = follow_plan(config, job_id, master)
-            view = make_view(plan, console, args, plain=ConsoleView if show_end else LinesView, prog=prog)
+            view = make_view(plan, console, args, plain=plain or (ConsoleView if show_end else LinesView), prog=prog)
         except DdpUpError as e:
             return report(prog, e, config.secret_values)
         except Interrupted as e:
             return interrupted(prog, e, "before every node answered")
         # The journals from their start rewrite the run logs whole; a tail would cut them.
         logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True) if args.tail is None else NoLogs()
-        with view, logs:
-            job, records = follow_attempts(plan, Fanout(view, logs), follow, args.tail, inbox, shown=view.ranks)
-        result = job.result()
-        problems = [s.problem for s in job.status if s.problem is not None]
+        timeline = Timeline(logs.dir, plan, replay=True) if page and args.tail is None and config.report else None
+        with view, logs, timeline or nullcontext():
+            job, records = follow_attempts(plan, Fanout(view, logs, *((timeline,) if timeline else ())), follow,
+                                           args.tail, inbox, shown=view.ranks, timeline=timeline)
         if job.interrupted:
             return 128 + job.interrupted
         console.file.flush()  # what the last write left buffered: a reader gone by now is told here
         if signal.SIGPIPE in inbox.received:  # stdout went before the last line was out: nothing more to say
             return 128 + signal.SIGPIPE
-        ended = all(s.terminal and s.state != "error" for s in job.status)
-        shown = records if len(records) > 1 else ()  # a job that never restarted: as before restarts
-        if ended:
-            logs.finished(result, attempts=shown)
-        if show_end and ended:
-            view.finished(result, attempts=shown)
-        for p in problems:
-            view.notice(p.render())
-        if problems or all(s.state in ("error", "lost") for s in job.status):  # a node not read: the docs' 3
-            return 3
-        return result.exit_code if show_end else EXIT_OK
+        return followed(job, records, view, logs, timeline, show_end,
+                        f"ddp-report {args.cluster or 'CLUSTER.yaml'} {job_id}")
+
+
+def followed(job, records: list, view, logs, timeline: Timeline | None, show_end: bool, again: str) -> int:
+    """A replay's end: the run logs' summary and the timeline's end (once the job has ended
+    everywhere), the job's end on the screen, its page (``again`` makes it anew), the nodes not
+    read. The exit status."""
+    result = job.result()
+    problems = [s.problem for s in job.status if s.problem is not None]
+    ended = all(s.terminal and s.state != "error" for s in job.status)
+    shown = records if len(records) > 1 else ()  # a job that never restarted: as before restarts
+    if ended:
+        logs.finished(result, attempts=shown)
+        if timeline is not None:
+            timeline.finished(result, attempts=records)
+    if show_end and ended:
+        view.finished(result, attempts=shown)
+    if timeline is not None:
+        report_notice(logs.dir, view, again)
+    for p in problems:
+        view.notice(p.render())
+    if problems or all(s.state in ("error", "lost") for s in job.status):  # a node not read: the docs' 3
+        return 3
+    return result.exit_code if show_end else EXIT_OK
 
 
 class NoLogs:
@@ -157,6 +179,16 @@ class LinesView(ConsoleView):
     """ddp-logs: the lines alone, no job banner."""
 
     def intro(self, plan: LaunchPlan) -> None:
+        pass
+
+
+class NoLinesView(LinesView):
+    """ddp-report: ddp-up's own notices alone, not the job's lines."""
+
+    def lines(self, node, lines) -> None:
+        pass
+
+    def bars(self, node, bars, at=None) -> None:
         pass
 
 
@@ -271,11 +303,16 @@ def main_ls(argv: list[str] | None = None) -> int:
                if jobs is None or rec.get("job") in jobs]  # with no cluster file named, the jobs started from here
     rows = merge_records(records)
     now = time.time()
+    pages = {row.job: page_of(args.runs_dir, row.job) for row in rows}
     if args.json:
         for row in rows:
-            print(json.dumps(dict(dataclasses.asdict(row), duration=row.duration(now))))
+            print(json.dumps(dict(dataclasses.asdict(row), duration=row.duration(now), report=pages[row.job])))
     elif rows:
         console.print(ls_table(rows, now))
+        for row in rows:
+            if pages[row.job] or row.state not in ("running", "restarting"):
+                console.print(outside(f"ddp-ls: {row.job}: report {pages[row.job]}" if pages[row.job] else
+                                      f"ddp-ls: {row.job}: no report here yet (ddp-report CLUSTER.yaml {row.job})"))
     else:
         console.print("ddp-ls: no detached jobs on these nodes (ddp-up --detach starts one)", markup=False, highlight=False)
     for r in replies:
@@ -284,6 +321,12 @@ def main_ls(argv: list[str] | None = None) -> int:
         for skipped in (r.frames[wire.Jobs].skipped or ()) if r.problem is None else ():
             console.print(outside(f"ddp-ls: {r.node.label}: passed over {str(skipped)} (remove it, or ddp-kill --purge)"))
     return 3 if any(r.problem for r in replies) else EXIT_OK
+
+
+def page_of(runs_dir: str, job: str) -> str | None:
+    """The job's report page (views/report.py) where this machine has one, in ``runs_dir``."""
+    path = os.path.join(runs_dir, job, REPORT)
+    return path if os.path.isfile(path) else None
 
 
 def list_jobs(nodes: list) -> list:

@@ -45,6 +45,8 @@ EXITS = {
                   "cluster file or usage, 3 no such job or a node could not be reached, 128+N killed by signal N",
     "ddp-fetch": "0 every node's copy is here, 2 bad cluster file or usage, 3 a node could not be read from "
                  "or its copy written (the others' copies are made), 128+N killed by signal N",
+    "ddp-report": "0 written, 1 it could not be written, 2 bad cluster file or usage, 3 no such run or job (or a "
+                  "node could not be reached), 128+N killed by signal N",
     "ddp-logs": "0 printed, 2 bad cluster file or usage, 3 no such job or a node could not be reached, 128+N "
                 "killed by signal N",
 }
@@ -164,6 +166,12 @@ class QuietView:
         pass
 
     def bars(self, node, bars, at=None) -> None:
+        pass
+
+    def gpus(self, node, gpus, at=None) -> None:
+        pass
+
+    def late(self, figures) -> None:
         pass
 
     def event(self, kind, text, **fields) -> None:

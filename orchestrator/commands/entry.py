@@ -50,6 +50,10 @@ def logs() -> None:
     _run("main_logs", "attach")
 
 
+def report() -> None:
+    _run("main_report", "report")
+
+
 def ls() -> None:
     _run("main_ls", "attach")
 

@@ -104,9 +104,11 @@ def parsers() -> list:
     from .check import check_parser
     from .fetch import fetch_parser
     from .kill import kill_parser
+    from .report import report_parser
     from .up import up_parser
 
-    return [up_parser(), check_parser(), kill_parser(), ls_parser(), attach_parser(), logs_parser(), fetch_parser()]
+    return [up_parser(), check_parser(), kill_parser(), ls_parser(), attach_parser(), logs_parser(), fetch_parser(),
+            report_parser()]
 
 
 def commands_page() -> str:

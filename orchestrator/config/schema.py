@@ -81,6 +81,7 @@ MEANING = {
     "rejoin_after": "a lost node that answers again this long stops a smaller run, which restarts at the larger size; "
                     "never: it rejoins at the next restart",
     "flight_recorder": "torch's Flight Recorder in every rank: the stuck collective, stragglers",
+    "report": "keep the run's timeline and write runs/<job>/report.html, a page of charts, at its end",
     "notify": "where the job's events go: Apprise URLs, a webhook, a command",
     "fetch": "paths brought back from every node when the job ends, into runs/<job>/fetched/",
     "warm": "fork every rank from an interpreter on its node that imported torch before the launch; false: the cold start; "
@@ -111,7 +112,7 @@ EXAMPLE = {
     "hang_timeout": "10m", "startup_timeout": "20m", "launcher": "accelerate", "env_file": ".env",
     "forward_env": "[WANDB_*, HF_TOKEN]", "secrets": "[MY_API_KEY]", "sync": "{src: ., exclude: [data/]}",
     "retention": "3d", "restarts": "3", "restart_delay": "30s", "no_restart_on_exit": "[2]", "recoveries": "5",
-    "spares": "1", "min_nodes": "3", "rejoin_after": "30m", "evict_after": "15m", "nodes_command": "./list-nodes.sh", "flight_recorder": "false", "notify": "[ntfy://my-topic]", "warm": "true",
+    "spares": "1", "min_nodes": "3", "rejoin_after": "30m", "evict_after": "15m", "nodes_command": "./list-nodes.sh", "flight_recorder": "false", "report": "false", "notify": "[ntfy://my-topic]", "warm": "true",
     "preload": "[lightning, transformers]", "measure_gpus": "true",
     "fetch": "[ckpt, logs/metrics.json]", "python": "~/venv/bin/python", "workdir": "~/project",
     "env": "{NCCL_DEBUG: WARN}", "transport": "srun", "gpus": "auto", "setup": "module load cuda/12.4",

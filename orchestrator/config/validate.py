@@ -35,7 +35,7 @@ SHARED_KEYS = ("python", "workdir", "env", "transport", "gpus", "setup", "contai
 TOP_KEYS = ("nodes", "nodes_command", "ssh", "master", "orphan_timeout", "stop_grace", "stop_signal", "hang_timeout", "startup_timeout",
             "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
-            "spares", "min_nodes", "rejoin_after", "evict_after", "flight_recorder", "notify", "fetch", "warm", "preload", "measure_gpus",
+            "spares", "min_nodes", "rejoin_after", "evict_after", "flight_recorder", "report", "notify", "fetch", "warm", "preload", "measure_gpus",
             *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none", "accelerate")
@@ -79,6 +79,7 @@ RULES = {  # top-level settings that are one checked value each
     "rejoin_after": rule("positive_or_never", "10m", allow_zero=True),
     "evict_after": rule("positive"),
     "flight_recorder": rule("boolean", True),
+    "report": rule("boolean", True),
     "fetch": rule("fetch_paths", ()),
     "warm": rule("boolean"),  # left out: on where it pays (plan.launch.warm_start)
     "preload": rule("module_names", ()),

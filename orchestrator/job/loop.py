@@ -57,6 +57,10 @@ class View(Protocol):
     def bars(self, node: NodePlan, bars: list[Bar], at: float | None = None) -> None:
         """What the node's ranks draw now (progress bars), each time it changes; ``at``: when
         the node recorded them (a detached job's replay), else now."""
+    def gpus(self, node: NodePlan, gpus: list, at: float | None = None) -> None:
+        """A sample of the node's GPUs (wire.GpuUsage's), for the run's timeline."""
+    def late(self, figures) -> None:
+        """Each node's lateness at the collectives now (stragglers.Lateness), for the run's timeline."""
     def event(self, kind: str, text: str, **fields) -> None:
         """Something happened that the user may want to hear of away from the screen (notify.py)."""
     def tick(self, snapshot: Callable[[], JobSnapshot]) -> None:

@@ -47,6 +47,7 @@ class PaceReports:
         skew = self.table[node].clock_skew
         for late in self.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
             self.behind(late.node, late.how())
+        self.view.late(self.flight.figures())
         if self.plan.evict_after is None:
             return  # no one is set aside: how long a node has straggled is not kept
         now = self.clock()

@@ -95,6 +95,7 @@ class NodeReports:
             self.table.set(node, "running")
         elif isinstance(frame, wire.GpuUsage):
             status.gpus = frame.gpus
+            self.view.gpus(status.plan, frame.gpus, at=self.pace.recorded)
         elif isinstance(frame, wire.Dumped):
             self.hang.dumped(node, self.clock())
         elif isinstance(frame, wire.RanksEnded):

@@ -102,6 +102,7 @@ class LaunchPlan:
     rejoin_after: float | None = None  # detach, elastic: see RunSpec.rejoin_after (None: never)
     notify: tuple = ()  # notify.Target: who hears of the job's events
     commit: str | None = None  # the local checkout's commit the job ran from (runrecord.py), for ddp-ls
+    report: bool = True  # `report:`: the run's timeline kept, and its page written at its end (views/report.py)
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -330,7 +331,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         vetted=dict(attempt.vetted),
         restart_delay=config.restart_delay,
         notify=config.notify,
-        commit=commit,
+        commit=commit, report=config.report and not detach,
         **(supervised(config, restarts, recoveries) if detach else {}),
     )
 

@@ -3,8 +3,10 @@ each an ordinary Job to its end, until one succeeds, none is left, or a signal e
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -19,6 +21,8 @@ from ..views.callback import Line, LineCallback
 from ..views.console import ConsoleView
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
+from ..views.report import make_report
+from ..views.timeline import Timeline
 from .attempts import RESHAPED, AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
 from .notifier import Notifier
 
@@ -45,11 +49,12 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
     gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
     ends once every node runs (exit 0), the job going on under its own agents. With
     ``restarts``, a failed attempt is followed by the next one (attempts.py) until one succeeds or none is left."""
-    views = Fanout(console_view, logs, *((notifier,) if notifier else ()),
+    timeline = Timeline(logs.dir, plan) if plan.report else None
+    views = Fanout(console_view, logs, *((notifier,) if notifier else ()), *((timeline,) if timeline else ()),
                    *((LineCallback(caller.on_line, console_view.notice),) if caller.on_line else ()))
     records: list[AttemptRecord] = []
     swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
-    with console_view, logs:
+    with console_view, logs, timeline or nullcontext():
         while True:
             plan = caller.kept(plan) if caller.kept else plan  # warm: interpreters kept from one attempt to the next
             job = Job(plan, views, preflight=preflight, inbox=inbox, shown=console_view.ranks)
@@ -74,19 +79,40 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
                 break
             plan = following
             views.attempt(plan)
-        for job in swept_later:
-            job.report_sweeps()
-        if restarts is not None:
-            restarts.close()
-        logs.finished(result, attempts=records)
-        console_view.finished(result, attempts=records)
-        if caller.on_result is not None:  # the Python API's caller: its ranks' values
-            caller.on_result(result)
-        if notifier:
-            notifier.finished(result, attempts=records)
-            notifier.close()
+        settle(result, records, swept_later, restarts, (logs, timeline, console_view), caller, notifier)
     console_view.notice(f"logs: {logs.dir}")
+    if timeline is not None:
+        report_notice(logs.dir, console_view, f"ddp-report {os.path.basename(logs.dir)}")
     return result.exit_code
+
+
+def settle(result: JobResult, records: list[AttemptRecord], swept: list[Job], restarts: Restarts | None,
+           views: tuple, caller: Caller, notifier: Notifier | None) -> None:
+    """The run's end, in order: the sweeps of its lost nodes said, the watch of its away nodes
+    ended, each of ``views`` finished (summary.json, then the timeline's end, then the screen's),
+    the Python caller given its ranks' values, the notify targets told."""
+    for job in swept:
+        job.report_sweeps()
+    if restarts is not None:
+        restarts.close()
+    for view in views:
+        if view is not None:
+            view.finished(result, attempts=records)
+    if caller.on_result is not None:
+        caller.on_result(result)
+    if notifier:
+        notifier.finished(result, attempts=records)
+        notifier.close()
+
+
+def report_notice(where: str, view, again: str) -> None:
+    """The run's page (views/report.py), made and named in its last lines. A report that cannot be
+    made (a full disk, a damaged file) is said, with ``again``, the command that tries again, and
+    changes nothing else: the run's status is its own."""
+    try:
+        view.notice(f"report: {make_report(where)}")
+    except Exception as e:  # the report is a picture of the run: never a reason to fail it
+        view.notice(f"no report ({type(e).__name__}: {str(e)[:300]}); {again} tries again")
 
 
 def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[AttemptRecord],

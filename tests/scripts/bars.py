@@ -24,7 +24,7 @@ RANK = int(os.environ.get("RANK", "0"))
 def real_tqdm(steps, step_s):
     from tqdm import tqdm
 
-    for i in tqdm(range(steps), desc="train", mininterval=0, miniters=1):
+    for i in tqdm(range(steps), desc=os.environ.get("BAR_DESC", "train"), mininterval=0, miniters=1):
         time.sleep(step_s)
         if i == steps // 2:
             tqdm.write("halfway rank=%d" % RANK)

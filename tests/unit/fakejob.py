@@ -175,6 +175,8 @@ class RecordingView:
         self.states: list[tuple[str, str]] = []
         self.lines_seen: list[LogLine] = []
         self.bars_seen: list = []
+        self.gpus_seen: list = []
+        self.late_seen: list = []
         self.events: list[tuple[str, str, dict]] = []
 
     def lines(self, node, lines) -> None:
@@ -182,6 +184,12 @@ class RecordingView:
 
     def bars(self, node, bars, at=None) -> None:
         self.bars_seen.extend(bars)
+
+    def gpus(self, node, gpus, at=None) -> None:
+        self.gpus_seen.append((node.label, gpus))
+
+    def late(self, figures) -> None:
+        self.late_seen.append(tuple(figures))
 
     def event(self, kind: str, text: str, **fields) -> None:
         self.events.append((kind, text, fields))

@@ -27,7 +27,7 @@ TABLE: dict[str, list] = {
     "stop_signal": ["SIGTERM", "usr1", "SigUsr2", "INT", "SIGKILL", "KILL", "sigterm ", "ſigusr1", "", 15, None],
     "launcher": ["torchrun", "none", "accelerate", "legacy", "mpirun", "", 1],
     "no_restart_on_exit": [[2], [2, 3.0], [], [0], [256], [2.5], [True], "2", 2],
-    "flight_recorder": [True, False, "yes", 1, None], "warm": [True, False, "yes", 1, None],
+    "flight_recorder": [True, False, "yes", 1, None], "report": [True, False, "yes", 1, None], "warm": [True, False, "yes", 1, None],
     "preload": [["lightning"], ["torch.nn", "transformers"], [], "lightning", [""], ["a-b"], ["1x"], ["a..b"], [1],
                 ["os; rm"], 5],
     "fetch": ["ckpt", ["ckpt", "logs/m.json"], [], "", " ", [""], ["a", 1], 5, "/", "..", "ckpt/..", "~",

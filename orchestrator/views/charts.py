@@ -1,0 +1,129 @@
+"""The report's charts (report.py), as Plotly figures, from a run's timeline: its attempts and
+nodes' states on one time axis, each rank's training rate and lines per second, each GPU's
+utilization and memory, each node's late time at the collectives. A chart with nothing to show is
+left out, and the page says which data the run had none of. Imported only when a report is made.
+"""
+
+from __future__ import annotations
+
+import html
+from statistics import median
+
+import plotly.graph_objects as go
+
+from .rundata import STATE_COLORS, RunData
+
+AXIS = "seconds since the run's start"
+
+
+def label(text) -> str:
+    """A chart's text from the run (a host, a bar's description, a cause): Plotly reads a few HTML
+    tags in labels and hover text, so it gets them escaped, and shows them as they were."""
+    return html.escape("" if text is None else str(text))
+
+
+def figures(data: RunData) -> list[tuple[str, go.Figure]]:
+    made = [("timeline", timeline(data)), ("rate", rates(data)), ("lines", lines(data)),
+            ("gpu-util", gpus(data, 1, "GPU utilization (%)")), ("gpu-memory", gpus(data, 2, "GPU memory used (MiB)")),
+            ("late", late(data))]
+    for name, what in (("rate", "progress bars"), ("gpu-util", "GPUs reported")):
+        if dict(made)[name] is None and data.records:
+            data.missing.append(f"{what}: the run had none")
+    return [(name, fig) for name, fig in made if fig is not None]
+
+
+def layout(fig: go.Figure, title: str, y: str) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=AXIS, yaxis_title=y, height=420, margin={"t": 50, "b": 40},
+                      legend={"font": {"size": 10}})
+    return fig
+
+
+def timeline(data: RunData) -> go.Figure | None:
+    """Each node's states as bars on one time axis (a bar a stretch in one state, hover: why),
+    every attempt's start a line, its end a marker with how it ended and why."""
+    states, end = data.kind("state"), data.kind("end")
+    last = end[-1].get("t") if end else max([s.get("t", 0) for s in states] + [a.get("end") or 0 for a in data.kind("attempt")])
+    stretches: dict[str, list] = {}
+    by_node: dict[str, list] = {}
+    for s in states:
+        by_node.setdefault(str(s.get("node")), []).append(s)
+    for node, seen in by_node.items():
+        for here, after in zip(seen, seen[1:] + [None]):
+            until = after.get("t") if after else last
+            stretches.setdefault(str(here.get("state")), []).append(
+                (node, here.get("t", 0), max(0.0, (until or 0) - (here.get("t") or 0)), here.get("reason")))
+    if not stretches:
+        return None
+    fig = go.Figure()
+    for state, parts in stretches.items():
+        fig.add_trace(go.Bar(orientation="h", name=label(state), y=[label(p[0]) for p in parts],
+                             base=[p[1] for p in parts], x=[p[2] for p in parts],
+                             marker_color=STATE_COLORS.get(state, "#444"),
+                             hovertext=[label(f"{p[0]}: {state}" + (f" ({p[3]})" if p[3] else "")) for p in parts],
+                             hoverinfo="text"))
+    ends = [a for a in data.kind("attempt") if a.get("end") is not None]
+    if ends:
+        fig.add_trace(go.Scatter(x=[a["end"] for a in ends], y=[label(next(iter(by_node)))] * len(ends),
+                                 mode="markers", marker={"symbol": "x", "size": 12, "color": "#000"},
+                                 name="attempt ends", hoverinfo="text",
+                                 hovertext=[label(f"attempt {a.get('attempt')}: {a.get('end_why')}; {a.get('cause') or ''}"
+                                                  f"{'; then ' + a['next'] if a.get('next') else ''}") for a in ends]))
+    for a in data.kind("attempt"):
+        fig.add_vline(x=a.get("start") or 0, line_dash="dot", annotation_text=f"attempt {a.get('attempt')}")
+    fig.update_layout(barmode="overlay")
+    return layout(fig, "Attempts and each node's states", "node")
+
+
+def series(data: RunData, kind: str) -> list[dict]:
+    return [s for s in data.kind(kind) if isinstance(s.get("points"), list)]
+
+
+def rates(data: RunData) -> go.Figure | None:
+    """Each rank's rate as its progress bar says it; the slowest (lowest median) named."""
+    found = [(s, [p for p in s["points"] if len(p) == 3 and p[2] is not None]) for s in series(data, "progress")]
+    found = [(s, pts) for s, pts in found if pts]
+    if not found:
+        return None
+    fig = go.Figure()
+    for s, pts in found:
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[2] for p in pts], mode="lines",
+                                 name=label(f"rank {s.get('rank')} ({s.get('node')})"),
+                                 hovertext=label(s.get("desc")), hoverinfo="x+y+name+text"))
+    slowest = min(found, key=lambda f: median(p[2] for p in f[1]))
+    rate = median(p[2] for p in slowest[1])
+    title = (f"Training rate per rank ({label(slowest[0].get('unit') or 'it')}/s): slowest rank "
+             f"{label(slowest[0].get('rank'))} on {label(slowest[0].get('node'))}, median {rate:.3g}/s")
+    return layout(fig, title, "items a second")
+
+
+def lines(data: RunData) -> go.Figure | None:
+    found = series(data, "lines")
+    if not found:
+        return None
+    fig = go.Figure()
+    for s in sorted(found, key=lambda s: s.get("rank", 0)):
+        fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[1] for p in s["points"]], mode="lines",
+                                 name=label(f"rank {s.get('rank')} ({s.get('node')})")))
+    return layout(fig, "Lines a second per rank", "lines a second")
+
+
+def gpus(data: RunData, at: int, title: str) -> go.Figure | None:
+    found = series(data, "gpu")
+    if not found:
+        return None
+    fig = go.Figure()
+    for s in found:
+        fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[at] for p in s["points"]], mode="lines",
+                                 name=label(f"{s.get('node')} GPU {s.get('gpu')}")))
+    return layout(fig, title, title.rpartition(" (")[2].rstrip(")"))
+
+
+def late(data: RunData) -> go.Figure | None:
+    found = [s for s in series(data, "late") if any(p[1] for p in s["points"])]
+    if not found:
+        return None
+    fig = go.Figure()
+    for s in found:
+        fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[1] for p in s["points"]], mode="lines",
+                                 name=label(s.get("node"))))
+    return layout(fig, "Late at the collectives, per node (median, ms)", "ms after the others")

@@ -1,0 +1,121 @@
+"""The run's report: ``runs/<job>/report.html``, one self-contained page that opens offline in any
+browser, drawn by Plotly from what the run left in its folder: the timeline (timeline.py), the
+summary (summary.json) and what ran (run.json). Made at the run's end, and again by ddp-report.
+
+Plotly is imported here only, when a report is made: ddp-up's start pays nothing for it. Every
+text on the page came from a rank, a node or a file, and is escaped: for the page's own HTML by
+``html.escape``; for a chart's labels too, since Plotly reads a few HTML tags in them; and Plotly
+writes its data with ``<``, ``>`` and ``/`` as JSON escapes, so no text can close a script. What
+the run masked (secrets) is masked in these files already.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+
+from ..ownfiles import no_link_open, own_dir
+from .rundata import RunData, load
+
+REPORT = "report.html"
+
+
+def esc(value) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def make_report(where: str) -> str:
+    """Write ``where``/report.html from the folder's files; its path."""
+    page = render(load(where))
+    path = os.path.join(own_dir(where, private=True), REPORT)
+    tmp = os.path.join(where, f".{REPORT}.tmp")
+    with os.fdopen(no_link_open(tmp, fresh=True, mode=0o600), "w", encoding="utf-8") as f:
+        f.write(page)
+    os.replace(tmp, path)
+    return path
+
+
+def render(data: RunData) -> str:
+    from plotly.offline import get_plotlyjs
+
+    from .charts import figures
+
+    charts = [chart_div(name, fig) for name, fig in figures(data)]
+    parts = [f"<h1>ddp-up run {esc(data.job_id)}</h1>", outcome(data), missing(data), root_cause(data),
+             attempts(data), *charts, what_ran(data)]
+    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>ddp-up {esc(data.job_id)}</title>"
+            f"<style>{STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
+            + "\n".join(p for p in parts if p) + "</body></html>\n")
+
+
+def chart_div(name: str, fig) -> str:
+    import plotly.io as pio
+
+    return f"<section class=chart>{pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f'chart-{name}', config={'displaylogo': False})}</section>"
+
+
+def outcome(data: RunData) -> str:
+    summary = data.summary or {}
+    end = data.kind("end")
+    status = summary.get("exit_code", end[-1].get("exit_status") if end else None)
+    words = "ok" if status == 0 else "failed" if status is not None else "unknown"
+    if summary.get("interrupted_by"):
+        words = f"stopped (signal {summary['interrupted_by']})"
+    return (f"<p class=outcome>{esc(words)}: exit status {esc(status)}; started {esc(summary.get('started'))}, "
+            f"ended {esc(summary.get('ended'))}; world size {esc(summary.get('world_size'))}; master "
+            f"{esc(summary.get('master'))}; script {esc(summary.get('script'))}</p>")
+
+
+def missing(data: RunData) -> str:
+    if not data.missing:
+        return ""
+    items = "".join(f"<li>{esc(m)}</li>" for m in data.missing)
+    return f"<div class=missing><b>Not on this page:</b><ul>{items}</ul></div>"
+
+
+def root_cause(data: RunData) -> str:
+    root = (data.summary or {}).get("root_cause")
+    if not isinstance(root, dict):
+        return ""
+    trace = root.get("traceback") or []
+    lines = "\n".join(str(t) for t in trace) if isinstance(trace, list) else str(trace)
+    return (f"<h2>Root cause</h2><p>{esc(root.get('host'))} (node {esc(root.get('node'))}, rank "
+            f"{esc(root.get('rank'))}): {esc(root.get('what'))}</p>"
+            + (f"<p class=exception>{esc(root.get('exception'))}</p>" if root.get("exception") else "")
+            + (f"<pre class=traceback>{esc(lines)}</pre>" if lines else ""))
+
+
+def attempts(data: RunData) -> str:
+    rows = data.kind("attempt")
+    if not rows:
+        return ""
+    cells = "".join(
+        f"<tr><td>{esc(a.get('attempt'))}</td><td>{esc(len(a.get('nodes') or []))}</td><td>{esc(a.get('world_size'))}</td>"
+        f"<td>{esc(a.get('start'))}</td><td>{esc(a.get('end'))}</td><td>{esc(a.get('end_why'))}</td>"
+        f"<td>{esc(a.get('cause'))}</td><td>{esc(a.get('next'))}</td></tr>" for a in rows)
+    return ("<h2>Attempts</h2><table><tr><th>attempt</th><th>nodes</th><th>world size</th><th>start (s)</th>"
+            f"<th>end (s)</th><th>end</th><th>cause</th><th>then</th></tr>{cells}</table>")
+
+
+def what_ran(data: RunData) -> str:
+    run = data.run or {}
+    git = run.get("git") or {}
+    items = [("command", " ".join(map(str, run.get("command") or []))), ("in", run.get("cwd")),
+             ("cluster file", run.get("cluster_file")),
+             ("commit", f"{git.get('commit')} ({git.get('branch')}{', with changes' if git.get('dirty') else ''})"
+              if git.get("commit") else None),
+             ("versions", ", ".join(f"{k} {v}" for k, v in (run.get("versions") or {}).items()))]
+    nodes = [n for n in (data.summary or {}).get("nodes") or [] if isinstance(n, dict)]
+    items += [(f"node {n.get('node')} {n.get('host')}", ", ".join(f"{k} {n.get(k)}" for k in
+                                                                  ("python", "torch", "cuda", "nccl") if n.get(k)))
+              for n in nodes]
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in items if v)
+    return f"<h2>What ran</h2><table class=ran>{rows}</table>" if rows else ""
+
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.5em}.outcome{font-size:1.05em}
+.missing{background:#fff4e5;border:1px solid #f0b37e;padding:.5em 1em}
+pre.traceback{background:#f6f6f6;padding:.8em;overflow-x:auto;white-space:pre-wrap}
+table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
+section.chart{margin-top:1em}"""

@@ -1,0 +1,91 @@
+"""The run's timeline (views/timeline.py): bounded series, the file's lines, secrets masked, a
+file without its end when the run did not end; and the report page's text escaped (report.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+from orchestrator.config.clusterfile import parse_cluster
+from orchestrator.diagnose.progress import Bar
+from orchestrator.job.events import LogLine
+from orchestrator.node.protocol.stragglers import Lateness
+from orchestrator.plan.launch import make_plan
+from orchestrator.views import timeline
+from orchestrator.views.report import load, render
+
+
+class Wall:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_series_keeps_at_most_its_points_and_the_means_of_what_it_merged():
+    s = timeline.Series()
+    for i in range(86_400 // 5):  # a day, a sample every 5 s: the value is the hour
+        s.add(1000.0 + i * 5, (i * 5) // 3600)
+    points = s.points(1000.0)
+    assert len(points) <= timeline.POINTS and s.step >= 86_400 / timeline.POINTS
+    assert points[0][1] == 0 and points[-1][1] == 23 and [p[1] for p in points] == sorted(p[1] for p in points)
+    counts = timeline.Series(total=True)  # lines: so many a bucket, shown per second
+    for i in range(100):
+        counts.add(i * 0.5, 3)  # 6 lines a second
+    assert {p[1] for p in counts.points(0.0)} == {6.0}
+
+
+def test_the_timeline_keeps_each_kind_masks_secrets_and_ends_only_with_the_run(tmp_path):
+    wall = Wall()
+    plan = make_plan(parse_cluster("env: {TOKEN: hunter2-secret}\nsecrets: [TOKEN]\n"
+                                   "nodes: [{host: a, gpus: 2}, {host: b, gpus: 2}]\n"), "t.py", [], "J1", "/tmp")
+    kept = timeline.Timeline(str(tmp_path), plan, wall=wall)
+    node = plan.nodes[1]
+    wall.now += 3
+    kept.node_state(SimpleNamespace(plan=node, state="running", reason=None))
+    kept.lines(node, [LogLine("out", 2, "x"), LogLine("out", 2, "y", more=True), LogLine("out", 3, "z")])
+    kept.bars(node, [Bar("err", 2, ("train hunter2-secret: 40%|####  | 4/10 [00:02<00:03, 2.00it/s]",))])
+    kept.gpus(node, [[0, 87, 61000, 81559], ["odd"], [1, "x", 1, 2]])
+    kept.late([Lateness(1, 20, 18, 0.180, 3)])
+    kept.close()
+    lines = [json.loads(x) for x in (tmp_path / timeline.NAME).read_text().splitlines()]
+    kinds = [x["kind"] for x in lines]
+    assert kinds[0] == "run" and "end" not in kinds  # closed, not finished: cut short
+    states = [(x["t"], x["node"], x["state"]) for x in lines if x["kind"] == "state"]
+    assert states == [(0.0, "a", "connecting"), (0.0, "b", "connecting"), (3.0, "b", "running")]
+    by = {(x["kind"], x.get("rank"), x.get("node"), x.get("gpu")): x for x in lines}
+    assert by[("lines", 2, "b", None)]["points"] == [[3.0, 0.5]] and by[("lines", 3, "b", None)]["points"] == [[3.0, 0.5]]
+    progress = by[("progress", 2, "b", None)]
+    assert progress["points"] == [[3.0, 4.0, 2.0]] and progress["total"] == 10
+    assert "hunter2-secret" not in json.dumps(lines) and "***" in progress["desc"]
+    assert by[("gpu", None, "b", 0)]["points"] == [[3.0, 87.0, 61000.0]] and by[("gpu", None, "b", 0)]["total_mib"] == 81559
+    assert by[("late", None, "b", None)]["points"] == [[3.0, 180.0]]
+    assert oct(os.stat(tmp_path / timeline.NAME).st_mode & 0o777) == "0o600"
+
+    wall.now += 2
+    kept.finished(SimpleNamespace(exit_code=1), attempts=[SimpleNamespace(number=0, ended=wall.now, end="failed",
+                                                                          root_cause="b (node 1, rank 2) failed", next=None)])
+    lines = [json.loads(x) for x in (tmp_path / timeline.NAME).read_text().splitlines()]
+    assert lines[-1] == {"kind": "end", "t": 5.0, "exit_status": 1}
+    assert {x["kind"]: x for x in lines}["attempt"] == {
+        "kind": "attempt", "attempt": 0, "start": 0.0, "end": 5.0, "nodes": ["a", "b"], "world_size": 4,
+        "end_why": "failed", "cause": "b (node 1, rank 2) failed", "next": None}
+
+
+def test_the_page_escapes_what_came_from_the_run(tmp_path):
+    """The page's own text (the root cause, a traceback, a host, the command) is escaped; a chart's
+    labels too (Plotly reads a few tags in them); Plotly writes its data with < > / escaped."""
+    evil = "</script><script>alert(1)</script>"
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "exit_code": 1, "root_cause": {"host": evil, "node": 0, "rank": 0, "what": evil, "exception": evil,
+                                       "traceback": [evil, "  File x"]}, "nodes": [{"node": 0, "host": evil}]}))
+    (tmp_path / "run.json").write_text(json.dumps({"command": ["ddp-up", evil]}))
+    (tmp_path / timeline.NAME).write_text("\n".join(json.dumps(x) for x in (
+        {"kind": "state", "t": 0, "node": evil, "state": "running", "reason": evil},
+        {"kind": "progress", "rank": 0, "node": evil, "desc": evil, "unit": evil, "points": [[1, 2, 3], [2, 3, 4]]},
+        {"kind": "end", "t": 3, "exit_status": 1})))
+    page = render(load(str(tmp_path)))
+    assert evil not in page and "<script>alert" not in page
+    assert page.count("&lt;/script&gt;&lt;script&gt;alert(1)") >= 5  # the page's text, shown as it was
