@@ -42,7 +42,8 @@ def timeline(data: RunData) -> go.Figure | None:
     """Each node's states as bars on one time axis (a bar a stretch in one state, hover: why),
     every attempt's start a line, its end a marker with how it ended and why."""
     states, end = data.kind("state"), data.kind("end")
-    last = end[-1].get("t") if end else max([s.get("t", 0) for s in states] + [a.get("end") or 0 for a in data.kind("attempt")])
+    last = end[-1].get("t") if end else max([s.get("t", 0) for s in states] +
+                                            [a.get("end") or 0 for a in data.kind("attempt")], default=0)
     stretches: dict[str, list] = {}
     by_node: dict[str, list] = {}
     for s in states:

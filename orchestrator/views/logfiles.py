@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import IO, Callable
 
 from ..config.masking import mask_secrets, mask_values
+from ..diagnose.gpuhealth import describe
 from ..diagnose.progress import Bar, Snapshots
 from ..job.events import LogLine
 from ..ownfiles import no_link_open, own_dir, safe_name
@@ -33,6 +34,13 @@ def _iso(wall: float | None) -> str | None:
 
 VERSIONS = ("hostname", "python", "torch", "cuda", "nccl")  # a node's, from its preflight, in summary.json
 HOLD_MOST = 8 << 20  # characters of other lines held while one line arrives in pieces; past it, that line is cut
+
+
+def gpus_said(info: dict) -> dict:
+    """{"gpus": what nvidia-smi said of each of the job's GPUs at the preflight}, for summary.json
+    (the report shows it); {} where it said nothing."""
+    health = [g for g in info.get("gpu_health") or [] if isinstance(g, dict)]
+    return {"gpus": [{"index": g.get("index"), "name": g.get("name"), "said": describe(g)} for g in health]} if health else {}
 
 
 class WholeLines:
@@ -209,7 +217,7 @@ class RunLogs:
 
     def node_state(self, status) -> None:
         if status.state == "ready":
-            self.node_versions[status.plan.index] = {k: status.info.get(k) for k in VERSIONS}
+            self.node_versions[status.plan.index] = {k: status.info.get(k) for k in VERSIONS} | gpus_said(status.info)
         if status.state == "starting":
             self.node_started.setdefault(status.plan.index, self.wall())
         if status.terminal:

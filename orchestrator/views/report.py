@@ -42,7 +42,7 @@ def render(data: RunData) -> str:
 
     charts = [chart_div(name, fig) for name, fig in figures(data)]
     parts = [f"<h1>ddp-up run {esc(data.job_id)}</h1>", outcome(data), missing(data), root_cause(data),
-             attempts(data), *charts, what_ran(data)]
+             attempts(data), *charts, what_ran(data), gpus_said(data)]
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>ddp-up {esc(data.job_id)}</title>"
             f"<style>{STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
             + "\n".join(p for p in parts if p) + "</body></html>\n")
@@ -111,6 +111,16 @@ def what_ran(data: RunData) -> str:
               for n in nodes]
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in items if v)
     return f"<h2>What ran</h2><table class=ran>{rows}</table>" if rows else ""
+
+
+def gpus_said(data: RunData) -> str:
+    """What nvidia-smi said of each node's GPUs at the preflight (summary.json's)."""
+    rows = "".join(f"<tr><td>{esc(n.get('host'))}</td><td>{esc(g.get('index'))}</td><td>{esc(g.get('name'))}</td>"
+                   f"<td>{esc(g.get('said'))}</td></tr>"
+                   for n in (data.summary or {}).get("nodes") or [] if isinstance(n, dict)
+                   for g in n.get("gpus") or [] if isinstance(g, dict))
+    return ("<h2>GPUs at the preflight</h2><table><tr><th>node</th><th>GPU</th><th>name</th>"
+            f"<th>nvidia-smi said</th></tr>{rows}</table>") if rows else ""
 
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px;color:#222}

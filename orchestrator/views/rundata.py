@@ -32,6 +32,24 @@ class RunData:
         return [r for r in self.records if r.get("kind") == kind]
 
 
+def sound(record) -> bool:
+    """Whether a timeline line has the fields its kind draws, of the types it draws them with."""
+    if not isinstance(record, dict):
+        return False
+    kind, number = record.get("kind"), (int, float)
+    if kind == "state":
+        return isinstance(record.get("t"), number)
+    if kind == "attempt":
+        return all(isinstance(record.get(k), number) or record.get(k) is None for k in ("start", "end")) and \
+            isinstance(record.get("nodes", []), list)
+    if kind in ("progress", "lines", "gpu", "late"):
+        points, least = record.get("points"), 3 if kind in ("progress", "gpu") else 2  # [t, values...]
+        return isinstance(points, list) and all(
+            isinstance(p, list) and len(p) >= least and all(isinstance(v, number) or v is None for v in p)
+            for p in points)
+    return kind in ("run", "end")
+
+
 def load(where: str) -> RunData:
     """The folder's files, each read whole and bounded, as regular files only (never through a
     link); one missing or damaged is named in ``missing``, and the page shows the rest."""
@@ -40,16 +58,21 @@ def load(where: str) -> RunData:
     if raw is None:
         data.missing.append(f"{TIMELINE}: {why} (no charts over time)")
     else:
+        damaged = 0
         for line in raw.decode("utf-8", "replace").splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
-                continue  # a line cut short by a crash mid-write (written whole and renamed: rare)
-            if isinstance(record, dict):
+                record = None  # a line cut short (a crash mid-write: it is written whole and renamed) or damaged
+            if sound(record):
                 data.records.append(record)
+            else:
+                damaged += 1
+        if damaged:
+            data.missing.append(f"{damaged} damaged line(s) of {TIMELINE}, left out")
         if not data.kind("end"):
-            data.missing.append("the run's last moments: its timeline was cut short (the controller was "
-                                "stopped or killed before the run's end); the page shows what it kept")
+            data.missing.append("the run's end: its timeline has none yet (the run still goes on, or ddp-up was "
+                                "killed before the end); the page shows what was kept, written every 30 s")
     for name in ("summary.json", "run.json"):
         raw, why = read_regular(os.path.join(where, name), READ_MOST)
         try:
@@ -60,6 +83,10 @@ def load(where: str) -> RunData:
             data.missing.append(f"{name}: {why or 'not a record'}")
             value = None
         setattr(data, name.partition(".")[0], value)
+    for lost in data.kind("state"):
+        if lost.get("state") == "lost":
+            data.missing.append(f"{lost.get('node')}: lost at {lost.get('t')} s (attempt {lost.get('attempt')}); "
+                                "nothing of it after that in that attempt")
     run = data.kind("run")
     data.job_id = str((run[0].get("job") if run else None) or (data.summary or {}).get("job_id") or data.job_id)
     return data

@@ -60,7 +60,6 @@ def cluster_file(cluster, tmp_path, request):
         top.setdefault("python", sys.executable)
         top.setdefault("workdir", str(tmp_path))
         top.setdefault("env", {"OMP_NUM_THREADS": 1})
-        top.setdefault("report", False)  # its page costs a run 0.6 s of CPU: the tests of it ask for it
         return cluster.cluster_file(tmp_path / "cluster.yaml", [(cluster.nodes[i], g) for i, g in layout], **top)
 
     return make

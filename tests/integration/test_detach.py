@@ -22,6 +22,7 @@ from tests.integration.conftest import SCRIPT
 ATTACH = "from orchestrator.commands.entry import attach; attach()"
 LOGS = "from orchestrator.commands.entry import logs; logs()"
 LS = "from orchestrator.commands.entry import ls; ls()"
+REPORT = "from orchestrator.commands.entry import report; report()"
 ORPHAN = 3.0  # the cluster files' orphan_timeout: the controller is gone for many times this
 
 
@@ -141,7 +142,7 @@ def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_bac
     rejoin_after they stop and start the job on all three, which runs to its end. An attach shows
     each attempt with its nodes; nothing of the job is left."""
     path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after=2, restart_delay=1,
-                    env={"TICK_SAYS_WORLD": 1})
+                    env={"TICK_SAYS_WORLD": 1}, report=True)
     job = detach(path, "tick", "50", "0.2")
     cluster.partition(cluster.nodes[2])
     try:
@@ -164,6 +165,14 @@ def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_bac
     assert attempts[0]["root_cause"] == f"{cluster.nodes[2].addr} lost", attempts
     assert "on 2 of 3 nodes (node(s) 2 away)" in attempts[0]["next"], attempts
     assert "stopped to take nodes back on all 3 nodes" in attempts[1]["next"], attempts
+    assert out.rstrip().endswith(f"report: {RUNS_ROOT}/{job}/report.html"), out  # its page, from the journals
+    kept = [json.loads(line) for line in (run_dir(job) / "timeline.jsonl").read_text().splitlines()]
+    spans = [(a["start"], a["end"], len(a["nodes"]), a["end_why"]) for a in kept if a["kind"] == "attempt"]
+    assert [s[2:] for s in spans] == [(3, "lost"), (2, "stopped to grow"), (3, "succeeded")], spans
+    assert 0 <= spans[0][0] < spans[1][0] < spans[2][0] < spans[2][1] < 60, spans  # the nodes' times, not the replay's
+    (run_dir(job) / "report.html").unlink()
+    code, out = run(REPORT, str(path), job, "--runs-dir", RUNS_ROOT)  # ddp-report: the same, its lines unshown
+    assert code == 0 and out.strip() == f"ddp-report report: {RUNS_ROOT}/{job}/report.html", out
     row = jobs(path)[job]
     assert row["state"] == "done" and row["attempt"] == 2 and set(row["nodes"].values()) == {"done"}, row
     assert not procs.wait_no_job_processes(job, timeout=30)

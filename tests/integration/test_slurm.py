@@ -55,7 +55,7 @@ def slurm_file(tmp_path):
         import yaml
 
         doc = {"python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1},
-               "orphan_timeout": 10, "stop_grace": 3, **top}
+               "orphan_timeout": 10, "stop_grace": 3, "report": False, **top}  # its page: the report's tests
         path = tmp_path / "cluster.yaml"
         path.write_text(yaml.safe_dump(doc))
         return str(path)
@@ -105,12 +105,14 @@ def test_ctrl_c_in_the_allocation_stops_every_node(slurm, slurm_file):
     assert not procs.wait_no_job_processes(None, 15)
 
 
-def test_a_node_lost_inside_the_allocation_is_left_out_and_the_run_goes_on_smaller_within_it(slurm, slurm_file):
+def test_a_node_lost_inside_the_allocation_is_left_out_and_taken_back_when_it_answers(slurm, slurm_file):
     """`min_nodes: 2` inside a 3-node allocation: dsl3's step ends abruptly (its srun killed, as
     when the node dies), the node is lost, and the next attempt runs within the allocation on the
-    two left, naming the lost node as Slurm names it; the job ends ok."""
-    run = in_allocation(slurm, slurm_file(launcher="none", min_nodes=2, rejoin_after="never", restart_delay=0,
-                                          orphan_timeout=3), SCRIPT, "tick", "30", "0.1")
+    two left, naming the lost node as Slurm names it. The node itself is well: asked through a
+    step of its own, it answers, and after `rejoin_after` the run grows back to all three, which
+    run the job to its end."""
+    run = in_allocation(slurm, slurm_file(launcher="none", min_nodes=2, rejoin_after=2, restart_delay=0,
+                                          orphan_timeout=3), SCRIPT, "tick", "60", "0.1")
     run.wait_line(r"^dsl3\s+r2\s+\| tick 3 rank=2", 60)
     step = subprocess.run(["pgrep", "-f", f"srun .*--nodelist=dsl3 .*DDP_UP_JOB={run.job_id}"], capture_output=True,
                           text=True).stdout.split()
@@ -120,7 +122,8 @@ def test_a_node_lost_inside_the_allocation_is_left_out_and_the_run_goes_on_small
     out = run.output
     assert "dsl3 is out until it answers again (lost); no spare left: going on with 2 node(s)" in out, out
     assert "attempt 1: 2 node(s) (dsl1, dsl2), world size 2; out of the run: dsl3" in out, out
-    assert re.search(r"^dsl2\s+r1\s+\| tick 29 rank=1", out, re.M), out
+    assert re.search(r"attempt 2: 3 node\(s\) \(dsl1, dsl2, dsl3\), world size 3", out), out
+    assert re.search(r"^dsl3\s+r2\s+\| tick 59 rank=2", out, re.M), out
     assert not procs.wait_no_job_processes(None, 15)
 
 

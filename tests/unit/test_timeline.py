@@ -86,6 +86,55 @@ def test_the_page_escapes_what_came_from_the_run(tmp_path):
         {"kind": "state", "t": 0, "node": evil, "state": "running", "reason": evil},
         {"kind": "progress", "rank": 0, "node": evil, "desc": evil, "unit": evil, "points": [[1, 2, 3], [2, 3, 4]]},
         {"kind": "end", "t": 3, "exit_status": 1})))
-    page = render(load(str(tmp_path)))
+    with open(tmp_path / timeline.NAME, "a") as f:  # damaged lines: left out, counted, the rest drawn
+        f.write('\n{"kind": "state", "t": "soon"}\n{"kind": "lines", "points": [["x", 1]]}\n[1, 2]\n{"kind"')
+    data = load(str(tmp_path))
+    assert "4 damaged line(s) of timeline.jsonl, left out" in data.missing and len(data.records) == 3
+    page = render(data)
     assert evil not in page and "<script>alert" not in page
     assert page.count("&lt;/script&gt;&lt;script&gt;alert(1)") >= 5  # the page's text, shown as it was
+
+
+def test_the_page_has_a_chart_for_each_kind_kept_the_traceback_and_what_a_lost_node_left_out(tmp_path):
+    from orchestrator.views.charts import figures
+    from orchestrator.views.rundata import load
+
+    (tmp_path / "summary.json").write_text(json.dumps({"exit_code": 1, "root_cause": {
+        "host": "b", "node": 1, "rank": 2, "what": "exited with code 1", "exception": "ValueError: bad batch",
+        "traceback": ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>']}}))
+    (tmp_path / timeline.NAME).write_text("\n".join(json.dumps(x) for x in (
+        {"kind": "state", "t": 0, "node": "a", "attempt": 0, "state": "running", "reason": None},
+        {"kind": "state", "t": 5, "node": "b", "attempt": 0, "state": "lost", "reason": "no word for 30 s"},
+        {"kind": "progress", "rank": 0, "node": "a", "desc": "d", "points": [[1, 2, 3.0], [2, 3, 1.0]]},
+        {"kind": "progress", "rank": 1, "node": "a", "desc": "d", "points": [[1, 2, 5.0], [2, 3, 6.0]]},
+        {"kind": "gpu", "node": "a", "gpu": 0, "total_mib": 80000, "points": [[1, 90, 7000], [2, 95, 7100]]},
+        {"kind": "late", "node": "b", "points": [[1, 0.0], [2, 180.0]]},
+        {"kind": "end", "t": 6, "exit_status": 1})))
+    data = load(str(tmp_path))
+    made = dict(figures(data))
+    assert set(made) == {"timeline", "rate", "gpu-util", "gpu-memory", "late"}  # no lines kept: no chart of them
+    assert [t.y for t in made["gpu-memory"].data] == [(7000, 7100)] and [t.y for t in made["late"].data] == [(0.0, 180.0)]
+    assert "slowest rank 0 on a, median 2/s" in made["rate"].layout.title.text
+    assert data.missing == ["run.json: missing", "b: lost at 5 s (attempt 0); nothing of it after that in that attempt"]
+    page = render(data)
+    assert "ValueError: bad batch" in page and "File &quot;train.py&quot;, line 9" in page
+
+
+def test_the_page_says_what_nvidia_smi_said_of_each_gpu_at_the_preflight(tmp_path):
+    """An H100's real answer (tests/data/gpu/health/h100), through the run logs' summary to the page."""
+    from pathlib import Path
+
+    from orchestrator.node.probes.gpuhealth import parse_health
+    from orchestrator.views.logfiles import RunLogs
+
+    plan = make_plan(parse_cluster("nodes: [{host: gpu-a, gpus: 1}]\n"), "t.py", [], "J1", "/tmp")
+    health = parse_health((Path(__file__).parents[1] / "data" / "gpu" / "health" / "h100" / "smi-health.csv").read_text())
+    logs = RunLogs(plan, str(tmp_path))
+    logs.node_state(SimpleNamespace(plan=plan.nodes[0], state="ready", terminal=False, rank_errors=[],
+                                    info={"python": "3.11", "gpu_health": health}))
+    node = logs.summary(SimpleNamespace(root_cause=None, lateness=(), master_text="a:1", interrupted=None,
+                                        nodes=[], collectives=None, started=None, ended=None), 0)
+    (tmp_path / "summary.json").write_text(json.dumps(dict(node, nodes=[{"node": 0, "host": "gpu-a",
+                                                                          **logs.node_versions[0]}])))
+    page = render(load(str(tmp_path)))
+    assert "GPUs at the preflight" in page and "NVIDIA H100 80GB HBM3" in page and "PCIe gen 5 x16" in page, page[-3000:]
