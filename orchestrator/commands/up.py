@@ -212,9 +212,6 @@ def load_for_up(args: argparse.Namespace, inbox: signals.SignalInbox):
         raise UsageError("--detach: spares need ddp-up to stay (it starts a spare's agent; a detached job's own "
                          "agents restart it only on the nodes they run on): run without --detach, or use "
                          "`min_nodes:` instead of `spares:` (a detached job goes on without a lost node)")
-    if args.detach and config.evict_after is not None:
-        raise UsageError("--detach: evict_after needs ddp-up to stay (it measures which node is late): run "
-                         "without --detach, or leave out `evict_after:`")
     if args.detach and any(n.transport == "srun" for n in config.nodes):
         raise UsageError("--detach: a job reached through srun ends with its allocation, which ends with "
                          "this command; to run without a terminal, submit it: ddp-up --sbatch [SBATCH OPTIONS] "

@@ -117,6 +117,17 @@ def describe(gpu: dict) -> str:
     return "; ".join(p for p in parts if p)
 
 
+def said_of(statuses: list[NodeStatus]) -> dict[str, str]:
+    """{node index as text: what nvidia-smi said of its GPUs at the preflight}, in words: why a node
+    set aside for straggling may be slow (ddp-up's own words, job/pace.py; a detached job's supervisor's)."""
+    said = {}
+    for s in statuses:
+        health = [g for g in s.info.get("gpu_health") or [] if isinstance(g, dict)]
+        said[str(s.plan.index)] = "; ".join(f"GPU {g.get('index', '?')}: {describe(g)}" for g in health) or \
+            "no GPU facts (nvidia-smi gave none)"
+    return said
+
+
 def health_problems(statuses: list[NodeStatus], allowed: bool) -> tuple[list[NodeProblem], list[str]]:
     """Fatal findings on the job's GPUs as problems (notices with --allow-unhealthy-gpus), and
     warnings as notices."""

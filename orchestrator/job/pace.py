@@ -5,7 +5,7 @@ what the views show and, for a node that falls behind, one notice and one event.
 
 from __future__ import annotations
 
-from ..diagnose.gpuhealth import describe
+from ..diagnose.gpuhealth import said_of
 from ..diagnose.progress import Bar, ProgressBoard, read
 from ..diagnose.rankfailures import node_clock
 from ..node.protocol import wire
@@ -48,8 +48,8 @@ class PaceReports:
         for late in self.flight.arrivals(node, frame.times, lambda at: node_clock(at, skew)):
             self.behind(late.node, late.how())
         self.view.late(self.flight.figures())
-        if self.plan.evict_after is None:
-            return  # no one is set aside: how long a node has straggled is not kept
+        if self.plan.evict_after is None or self.plan.detach:
+            return  # no one is set aside (a detached job's supervisor sets its own aside): how long is not kept
         now = self.clock()
         for late in self.flight.figures():
             if late.straggler:
@@ -67,8 +67,7 @@ class PaceReports:
             return None
         self.set_aside = True
         status, late = self.table[due[0]], {f.node: f for f in self.flight.figures()}[due[0]]
-        health = [g for g in status.info.get("gpu_health") or [] if isinstance(g, dict)]
-        said = "; ".join(f"GPU {g.get('index', '?')}: {describe(g)}" for g in health) or "no GPU facts (nvidia-smi gave none)"
+        said = said_of([status])[str(status.plan.index)]
         return Reshape(f"{status.plan.label} has straggled for {after:g} s ({late.how()}); its GPUs at the preflight: "
                        f"{said}", aside=status.plan.label)
 

@@ -69,8 +69,10 @@ def go_frames(plan, statuses, master_port: int | None, supervisor_port: int | No
         raise SetupError([NodeProblem(plan.master.label, "the master did not report its supervisor's port",
                                       "use the same ddp-up version everywhere")])
     supervisor = [plan.master_addr, supervisor_port] if plan.detach else None
+    said = gpuhealth.said_of(statuses) if plan.detach and plan.evict_after is not None else None
     return [wire.Go(argv=plan.launcher_argv(status.plan, master_port), supervisor=supervisor,
-                    env=preflight.interface_env(status) or None) for status in statuses]
+                    env=preflight.interface_env(status) or None,
+                    gpus_said=said if status.plan.index == plan.master.index else None) for status in statuses]
 
 
 def settling(sessions, statuses) -> list[int]:

@@ -192,7 +192,7 @@ class LaunchPlan:
                         secrets=sorted(self.secrets) or None, commit=self.commit,
                         notify=self._detached_notify(node), min_nodes=self.min_nodes,
                         sizes=[n.nproc for n in self.nodes] if self.min_nodes is not None else None,
-                        rejoin_after=self.rejoin_after) if self.detach else {}
+                        rejoin_after=self.rejoin_after, evict_after=self.evict_after) if self.detach else {}
         return wire.RunSpec(
             job=self.job_id, node=node.index, cluster=self.cluster_id, run=self.run_token, workdir=node.workdir,
             script=self.script,
@@ -327,7 +327,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         retention=config.retention,
         allow_busy_gpus=allow_busy_gpus, allow_unhealthy_gpus=allow_unhealthy_gpus,
         attempt=attempt.number,
-        quarantined=attempt.quarantined, evict_after=attempt.evict_after,
+        quarantined=attempt.quarantined, evict_after=config.evict_after if detach else attempt.evict_after,
         vetted=dict(attempt.vetted),
         restart_delay=config.restart_delay,
         notify=config.notify,

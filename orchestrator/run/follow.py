@@ -83,7 +83,8 @@ def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inb
         if last is not None and job.interrupted is None and len(job.following.absent) == len(job.status):
             return last, records  # it was stopped while it waited to restart: the attempt before was its last
         record = attempt_record(plan, result, started, supervisors_blame(result, job.following, full),
-                                reshape=Reshape("", frozenset()) if job.following.grew else None)
+                                reshape=Reshape("", aside="?" if job.following.reshaped == "aside" else None)
+                                if job.following.reshaped else None)
         ran_on = record.end not in ("succeeded", "stopped")  # what came next, as an attached run says it
         records.append(dataclasses.replace(record, next=job.following.next) if ran_on else record)
         if job.interrupted or job.following.over or not job.following.later_attempt or \

@@ -143,21 +143,32 @@ def parse_node_dir(entry):
 CLUSTER_FILE = "cluster"  # the cluster id of the job a node directory is of (ddp-kill CLUSTER touches only its own)
 
 
+CLAIM_TRIES = 5  # times a node directory is claimed while another job's sweep removes its empty job directory
+
+
 def claim_node_dir(job, node, attempt=0, cluster=None):
     """(the node's state directory, None), or (None, Failed): the job's id is in use here, or
-    the state root is not private. ``cluster``: the job's cluster id, kept in it (CLUSTER_FILE)."""
+    the state root is not private. ``cluster``: the job's cluster id, kept in it (CLUSTER_FILE).
+    Another job's sweep here (remove_stale_state) removes an empty job directory: one made here a
+    moment before its node directory may go in between, and is made again."""
     root = state_root()
-    for path in (root, os.path.join(root, job)):
-        why = private_dir(path)
-        if why:
-            return None, unsafe_state(path, why)
     path = os.path.join(root, job, node_dir_name(node, attempt))
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        return None, job_in_use(job, "its state directory %s exists" % path)
-    except OSError as e:
-        return None, unsafe_state(path, "cannot be created (%s)" % (e.strerror or e))
+    for _ in range(CLAIM_TRIES):
+        unsafe = next(((p, why) for p in (root, os.path.dirname(path)) for why in [private_dir(p)] if why), None)
+        if unsafe is not None and os.path.lexists(unsafe[0]):
+            return None, unsafe_state(*unsafe)
+        try:
+            if unsafe is None:
+                os.mkdir(path, 0o700)
+                break
+        except FileExistsError:
+            return None, job_in_use(job, "its state directory %s exists" % path)
+        except FileNotFoundError:
+            continue  # its job directory went since it was made: made again
+        except OSError as e:
+            return None, unsafe_state(path, "cannot be created (%s)" % (e.strerror or e))
+    else:
+        return None, unsafe_state(os.path.dirname(path), "went each time it was made (another job's sweep)")
     if cluster:
         write_private(os.path.join(path, CLUSTER_FILE), cluster)
     return path, None

@@ -185,6 +185,7 @@ class RunSpec(Frame):
     sizes: list | None = None
     min_nodes: int | None = None
     rejoin_after: float | None = None
+    evict_after: float | None = None  # detach, elastic: a node that straggles this long is set aside (members.py)
     warm: bool = False  # fork every rank from a warm interpreter (node/launchers/warm.py; in a container, node/launchers/boxwarm.py)
     warm_gpus_only: bool = False  # warm only on a node with NVIDIA GPUs (ddp-check --gpus: elsewhere no torch)
     preload: list | None = None  # warm: modules it imports besides torch
@@ -293,6 +294,9 @@ class Go(Frame):
     argv: list[str]
     supervisor: list | None = None  # detach: [address, port] of the master node's supervisor
     env: dict | None = None  # set by ddp-up at go (the interface that reaches the master), over the spec's
+    # detach, `evict_after:`, the master node's: what nvidia-smi said of each node's GPUs at the
+    # preflight ({node index as text: words}), for the words of a node set aside
+    gpus_said: dict | None = None
 
 
 @_frame(TO_AGENT)
@@ -576,7 +580,7 @@ class JournalEnd(Frame):
     next: str | None = None  # the master node's: what its supervisor decided after this attempt, and why
     nodes: list | None = None  # the master node's, for an elastic job: the nodes of the attempt that follows,
     lost: int | None = None  # the node its supervisor found lost, this attempt's root cause,
-    grew: bool = False  # and whether it stopped the attempt to take nodes back
+    reshaped: str | None = None  # and whether it stopped the attempt to change its nodes: "grow", "aside"
     over: bool = False  # the master node's: its supervisor decided that no attempt follows this one
 
 

@@ -6,6 +6,7 @@ and of ``now`` (monotonic seconds; ``wall``: the wall clock, for records). The s
 from ..local.state import ENDED
 from ..protocol import policy
 from ..watch import failures
+from .members import RESHAPES
 
 STOPPED_WAITING = "stopped for good while it waited to restart"  # a stop between attempts: the job is stopped
 
@@ -25,8 +26,8 @@ def next_attempt(states, root, attempts, limits, used, listed, elastic=None):
     supervisor cannot reach a lost node to start it). ``root``: attempt_summary's root cause;
     ``attempts``: [(number, signature, seconds it ran)] before this one; ``listed``:
     no_restart_on_exit's codes; ``elastic``: (why the job cannot go on with the nodes left, or
-    None; whether the attempt was stopped to take nodes back), for a job with `min_nodes:`. A job
-    stopped to take nodes back starts again at once, and uses up no budget ("grow")."""
+    None; how the attempt was stopped to change its nodes: "grow", "aside", or None), for a job
+    with `min_nodes:`. A job stopped to change its nodes starts again at once, and uses up no budget."""
     if all(st["state"] == "done" for st in states.values()):
         return None, "every node done"
     if any(st.get("final") for st in states.values()):
@@ -35,11 +36,11 @@ def next_attempt(states, root, attempts, limits, used, listed, elastic=None):
     if lost and elastic is None:
         return None, "node %d lost (a detached job restarts only on nodes its supervisor still hears; " \
                      "`min_nodes:` lets it go on without)" % lost[0]
-    short, growing = elastic or (None, False)
+    short, reshape = elastic or (None, None)
     if short:
         return None, short
-    if growing and (root or {}).get("state") == "stopped":
-        return "grow", "stopped to take nodes back"
+    if reshape and (root or {}).get("state") == "stopped":
+        return reshape, RESHAPES[reshape]
     end = ENDS.get((root or {}).get("state"), "failed")
     unfixable = None
     if end == "failed" and root.get("node") is not None:

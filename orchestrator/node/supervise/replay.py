@@ -89,7 +89,8 @@ def decided(where, attempt):
                 nodes, root = entry.get("next_nodes"), entry.get("root_cause") or {}
                 lost = root.get("node") if isinstance(root, dict) and root.get("state") == "lost" else None
                 return {"next": entry["next"], "nodes": nodes if is_ints(nodes) else None,
-                        "lost": lost if is_ints([lost]) else None, "grew": entry.get("grew") is True,
+                        "lost": lost if is_ints([lost]) else None,
+                        "reshaped": entry.get("reshaped") if entry.get("reshaped") in ("grow", "aside") else None,
                         "over": name == OUTCOME and entry is entries[-1]}
     return {}
 

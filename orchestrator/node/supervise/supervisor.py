@@ -54,8 +54,7 @@ class Supervisor:
         self.restart_frame = None  # the current attempt's Restart, for a node that missed it
         self.late = LateWatch(self.spec.nodes)  # which node comes last to the collectives (stragglers.py)
         self.book = decide.RestartBook(self.spec, clock())  # the restarts made so far, and the next's words
-        self.members = Members(self.spec)  # the nodes each attempt runs on (`min_nodes:`), and the others
-        self.next_nodes = None  # an elastic job's: the nodes of the attempt decided on
+        self.members, self.next_nodes = Members(self.spec), None  # each attempt's nodes (`min_nodes:`); the next's
         self.over_event = threading.Event()  # no attempt follows: the watch ends
         self.door = Door(listener, self.spec, self.serve)
         self.watcher = Watch(self)
@@ -116,6 +115,7 @@ class Supervisor:
         that has just become a straggler is told of, once, as ddp-up tells of one."""
         with self.lock:
             named = self.late.arrivals(node, frame.times, float)
+            self.members.straggling(self.late.figures(), self.clock())
         for late in named:
             self.runner.notices.send("straggler", "job %s: node %d is a straggler: %s" % (
                 self.spec.job, late.node, late.how()), node=late.node)
@@ -192,8 +192,8 @@ class Supervisor:
         """An attempt follows: the decision is written now, for an attach (replay.decided)."""
         with self.lock:
             self.attempts.append(dict(self.summary(), next=self.book.words, next_nodes=self.next_nodes,
-                                      grew=self.book.budget == "grow"))
-            write_record(self.runner.dir, {"attempts": self.attempts}, ATTEMPTS)
+                                      reshaped=self.members.reshape))
+        write_record(self.runner.dir, {"attempts": list(self.attempts)}, ATTEMPTS)
 
     def over(self, reason):
         """No attempt follows: the outcome is recorded and every node told (in place of a restart

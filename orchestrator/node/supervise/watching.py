@@ -23,18 +23,33 @@ class Watch:
         for node, silent in decide.lost_peers(now, peers, sup.heard, sup.states, sup.spec.orphan_timeout):
             sup.report(node, "lost", None, "no word from its agent for %.0f s" % silent)
         self.watch_hang(now)
-        with sup.lock:  # the nodes' own threads link and unlink them
-            due = sup.members.due(now)  # an elastic job's away nodes, back for rejoin_after
-            since = min((sup.members.answering[n] for n in due), default=now)
-            if due and sup.halted is None:
-                sup.members.growing = due
-        if due and sup.members.growing == due:
-            self.grow(due, now - since)
+        why = self.reshape(now)
+        if why is not None:
+            sup.halt(why)
 
-    def grow(self, nodes, answered):
-        """Away ``nodes`` have answered for rejoin_after: every node stops, with its grace, and the
-        next attempt takes them back (decide.next_attempt's "grow")."""
-        self.sup.halt("stopped to take node(s) %s back (answering for %.0f s)" % (", ".join(map(str, nodes)), answered))
+    def reshape(self, now):
+        """An elastic job's change of nodes due now (members.py), decided under the lock the nodes'
+        own threads link and unlink under: why the job stops for it (every node with its grace; the
+        next attempt runs on the new nodes: decide.next_attempt's "grow" or "aside"), or None. Away
+        nodes that have answered for rejoin_after first; else a node that has straggled for evict_after."""
+        sup = self.sup
+        with sup.lock:
+            if sup.halted is not None:
+                return None
+            due = sup.members.due(now)
+            if due:
+                sup.members.reshape, sup.members.growing = "grow", due
+                return "stopped to take node(s) %s back (answering for %.0f s)" % (
+                    ", ".join(map(str, due)), now - min(sup.members.answering[n] for n in due))
+            aside = sup.members.aside_due(now, sup.spec.node)
+            if aside is None:
+                return None
+            late = {f.node: f for f in sup.late.figures()}[aside]
+            sup.members.set_aside(aside)
+        go = sup.runner.first_go  # the master node's Go: what ddp-up's preflight heard of every node's GPUs
+        said = ((go.gpus_said if go is not None else None) or {}).get(str(aside), "no GPU facts")
+        return "stopped to set node %d aside: it has straggled for %.0f s (%s); its GPUs at the preflight: %s" % (
+            aside, sup.members.evict_after, late.how(), said)
 
     def watch_hang(self, now):
         sup = self.sup
