@@ -141,9 +141,11 @@ def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_bac
     The job's agents go on, on nodes 0 and 1 at world size 2; once node 2 answers again for
     rejoin_after they stop and start the job on all three, which runs to its end. An attach shows
     each attempt with its nodes; nothing of the job is left."""
+    # ssh's connect_timeout 1: each ddp-ls while node 2 is cut off waits that long for it, not 5 s
+    # (the smaller attempt, 12 s, must still run when the link comes back, under a loaded suite too)
     path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after=2, restart_delay=1,
-                    env={"TICK_SAYS_WORLD": 1}, report=True)
-    job = detach(path, "tick", "50", "0.2")
+                    env={"TICK_SAYS_WORLD": 1}, report=True, ssh={"connect_timeout": 1})
+    job = detach(path, "tick", "60", "0.2")
     cluster.partition(cluster.nodes[2])
     try:
         deadline = time.monotonic() + 60
