@@ -363,9 +363,10 @@ class Job(JobLoop):
         if sweeps:
             self.report_sweeps()
 
-    def report_sweeps(self) -> None:
-        """Wait for the sweeps of lost nodes (each bounded) and say how each went."""
-        for text in sweep_notices(self.sweeper.finish(), self.plan.orphan_timeout):
+    def report_sweeps(self, back: frozenset[str] = frozenset()) -> None:
+        """Wait for the sweeps of lost nodes (each bounded) and say how each went (``back``: the
+        nodes that ran a later attempt of the run)."""
+        for text in sweep_notices(self.sweeper.finish(), self.plan.orphan_timeout, back):
             self.view.notice(text)
 
     # --- the phases (their values: phases.py) ---

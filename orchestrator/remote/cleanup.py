@@ -96,11 +96,15 @@ class LostNodeSweeper:
         return list(self._reports)
 
 
-def sweep_notices(reports: list[SweepReport], orphan_timeout: float) -> list[str]:
-    """How each sweep of a lost node went, as the job's notices say it."""
+def sweep_notices(reports: list[SweepReport], orphan_timeout: float, back: frozenset[str] = frozenset()) -> list[str]:
+    """How each sweep of a lost node went, as the job's notices say it; ``back``: the nodes that
+    answered again afterwards and ran a later attempt of the run (an elastic run's, a restart's)."""
     notices = []
     for report in reports:
-        if report.error:
+        if report.error and report.node.label in back:
+            notices.append(f"{report.node.label}: when it was lost, its cleanup could not be confirmed ({report.error}); "
+                           "it answered again afterwards, and ran a later attempt")
+        elif report.error:
             notices.append(f"{report.node.label}: cleanup not confirmed ({report.error}); its agent stops the job by "
                            f"itself within orphan_timeout ({orphan_timeout:g} s), or run ddp-kill")
         elif report.found:

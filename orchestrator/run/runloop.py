@@ -92,7 +92,7 @@ def settle(result: JobResult, records: list[AttemptRecord], swept: list[Job], re
     ended, each of ``views`` finished (summary.json, then the timeline's end, then the screen's),
     the Python caller given its ranks' values, the notify targets told."""
     for job in swept:
-        job.report_sweeps()
+        job.report_sweeps(frozenset(label for r in records if r.number > job.plan.attempt for label in r.nodes))
     if restarts is not None:
         restarts.close()
     for view in views:

@@ -425,3 +425,18 @@ def test_an_ask_whose_node_never_reads_is_cut_short_with_everything_it_started(t
     while running() and clock.monotonic() < deadline:
         clock.sleep(0.05)
     assert not running()
+
+
+def test_a_lost_nodes_unconfirmed_cleanup_is_said_as_past_once_it_ran_a_later_attempt():
+    """The end of an elastic run whose lost node came back: the sweep that could not reach it then
+    is not told as if the node were still unreachable and its processes maybe running."""
+    from types import SimpleNamespace
+
+    from orchestrator.remote.cleanup import SweepReport, sweep_notices
+
+    reports = [SweepReport(SimpleNamespace(label=label), error="ssh: connect timed out") for label in ("a", "b")]
+    assert sweep_notices(reports, 30, frozenset({"b"})) == [
+        "a: cleanup not confirmed (ssh: connect timed out); its agent stops the job by itself within orphan_timeout "
+        "(30 s), or run ddp-kill",
+        "b: when it was lost, its cleanup could not be confirmed (ssh: connect timed out); it answered again "
+        "afterwards, and ran a later attempt"]
