@@ -24,7 +24,7 @@ def place(sizes, nodes, node):
 
 
 class Members:
-    """The nodes of ``spec`` (a RunSpec: nodes, min_nodes, rejoin_after) and where each stands."""
+    """The nodes of ``spec`` (a RunSpec: nodes, min_nodes, rejoin_after, evict_after) and where each stands."""
 
     def __init__(self, spec):
         self.size = spec.nodes
@@ -56,19 +56,19 @@ class Members:
         self.answering.pop(node, None)
 
     def lost(self, node):
-        """``node`` was lost in the current attempt: it is away from the next (its agent may come
-        back), out for good the second time."""
+        """``node`` was lost (or is set aside) in the current attempt: it is away from the next (its
+        agent may come back), out for good the second time."""
         self.losses[node] = self.losses.get(node, 0) + 1
         self.answering.pop(node, None)
         if self.losses[node] >= LOSSES_OUT:
             self.out.add(node)
 
     def out_words(self, node):
-        return "node %d is out of the job for good (lost %d times)" % (node, self.losses[node])
+        return "node %d is out of the job for good (lost or set aside %d times)" % (node, self.losses[node])
 
     def after(self, states):
         """After an attempt whose nodes ended as ``states`` ({node: {"state"}}): (the next attempt's
-        nodes, (why it cannot go on, whether it was stopped to grow): decide.next_attempt's
+        nodes, (why it cannot go on, how it was stopped to change its nodes): decide.next_attempt's
         ``elastic``), or (None, None) for a job that is not elastic."""
         if not self.elastic:
             return None, None
@@ -103,9 +103,7 @@ class Members:
         """``node`` is set aside: away from the next attempt, back as a lost node comes back (its agent,
         still linked, answers from the next attempt on); the second time, out for good."""
         self.reshape, self.aside = "aside", node
-        self.losses[node] = self.losses.get(node, 0) + 1
-        if self.losses[node] >= LOSSES_OUT:
-            self.out.add(node)
+        self.lost(node)
 
     def following(self, lost):
         """The next attempt's nodes: this attempt's that were not ``lost``, and every away node that
