@@ -138,3 +138,16 @@ def test_the_page_says_what_nvidia_smi_said_of_each_gpu_at_the_preflight(tmp_pat
                                                                           **logs.node_versions[0]}])))
     page = render(load(str(tmp_path)))
     assert "GPUs at the preflight" in page and "NVIDIA H100 80GB HBM3" in page and "PCIe gen 5 x16" in page, page[-3000:]
+
+
+def test_ddp_report_makes_a_runs_page_again_and_names_what_it_cannot(tmp_path, capsys):
+    from orchestrator.commands.report import main_report
+
+    (tmp_path / "J1").mkdir()
+    (tmp_path / "J1" / timeline.NAME).write_text('{"kind": "run", "job": "J1", "started": 1.7e9, "format": 1}\n')
+    assert main_report(["J1", "--runs-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == f"ddp-report report: {tmp_path}/J1/report.html"
+    assert (tmp_path / "J1" / "report.html").stat().st_size > 1 << 20  # Plotly's script inside: it opens offline
+    assert main_report(["J2", "--runs-dir", str(tmp_path)]) == 3
+    assert "no run J2 in" in capsys.readouterr().err
+    assert main_report([]) == 2 and main_report(["a b"]) == 2
