@@ -117,12 +117,17 @@ def describe(gpu: dict) -> str:
     return "; ".join(p for p in parts if p)
 
 
+def health_of(info: dict) -> list[dict]:
+    """What nvidia-smi said of a node's GPUs at its preflight (its Ready's ``gpu_health``), one dict a GPU."""
+    return [g for g in info.get("gpu_health") or [] if isinstance(g, dict)]
+
+
 def said_of(statuses: list[NodeStatus]) -> dict[str, str]:
     """{node index as text: what nvidia-smi said of its GPUs at the preflight}, in words: why a node
     set aside for straggling may be slow (ddp-up's own words, job/pace.py; a detached job's supervisor's)."""
     said = {}
     for s in statuses:
-        health = [g for g in s.info.get("gpu_health") or [] if isinstance(g, dict)]
+        health = health_of(s.info)
         said[str(s.plan.index)] = "; ".join(f"GPU {g.get('index', '?')}: {describe(g)}" for g in health) or \
             "no GPU facts (nvidia-smi gave none)"
     return said
@@ -133,8 +138,8 @@ def health_problems(statuses: list[NodeStatus], allowed: bool) -> tuple[list[Nod
     warnings as notices."""
     problems, notices = [], []
     for s in statuses:
-        for gpu in s.info.get("gpu_health") or []:
-            for f in findings(gpu) if isinstance(gpu, dict) else []:
+        for gpu in health_of(s.info):
+            for f in findings(gpu):
                 if f.fatal and not allowed:
                     problems.append(NodeProblem(s.plan.label, f.text(), f"{f.fix}; or pass --allow-unhealthy-gpus "
                                                                         "to start on it anyway"))

@@ -82,9 +82,11 @@ def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inb
             job.close()
         if last is not None and job.interrupted is None and len(job.following.absent) == len(job.status):
             return last, records  # it was stopped while it waited to restart: the attempt before was its last
+        # the supervisor's reshape, for the attempt's end only (attempts.attempt_end reads Reshape.end)
+        reshaped = job.following.reshaped
         record = attempt_record(plan, result, started, supervisors_blame(result, job.following, full),
-                                reshape=Reshape("", aside="?" if job.following.reshaped == "aside" else None)
-                                if job.following.reshaped else None)
+                                reshape=Reshape("", aside="(its supervisor's)" if reshaped == "aside" else None)
+                                if reshaped else None)
         ran_on = record.end not in ("succeeded", "stopped")  # what came next, as an attached run says it
         records.append(dataclasses.replace(record, next=job.following.next) if ran_on else record)
         if job.interrupted or job.following.over or not job.following.later_attempt or \

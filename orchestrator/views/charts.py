@@ -6,20 +6,13 @@ left out, and the page says which data the run had none of. Imported only when a
 
 from __future__ import annotations
 
-import html
 from statistics import median
 
 import plotly.graph_objects as go
 
-from .rundata import STATE_COLORS, RunData
+from .rundata import STATE_COLORS, RunData, esc
 
 AXIS = "seconds since the run's start"
-
-
-def label(text) -> str:
-    """A chart's text from the run (a host, a bar's description, a cause): Plotly reads a few HTML
-    tags in labels and hover text, so it gets them escaped, and shows them as they were."""
-    return html.escape("" if text is None else str(text))
 
 
 def figures(data: RunData) -> list[tuple[str, go.Figure]]:
@@ -57,17 +50,17 @@ def timeline(data: RunData) -> go.Figure | None:
         return None
     fig = go.Figure()
     for state, parts in stretches.items():
-        fig.add_trace(go.Bar(orientation="h", name=label(state), y=[label(p[0]) for p in parts],
+        fig.add_trace(go.Bar(orientation="h", name=esc(state), y=[esc(p[0]) for p in parts],
                              base=[p[1] for p in parts], x=[p[2] for p in parts],
                              marker_color=STATE_COLORS.get(state, "#444"),
-                             hovertext=[label(f"{p[0]}: {state}" + (f" ({p[3]})" if p[3] else "")) for p in parts],
+                             hovertext=[esc(f"{p[0]}: {state}" + (f" ({p[3]})" if p[3] else "")) for p in parts],
                              hoverinfo="text"))
     ends = [a for a in data.kind("attempt") if a.get("end") is not None]
     if ends:
-        fig.add_trace(go.Scatter(x=[a["end"] for a in ends], y=[label(next(iter(by_node)))] * len(ends),
+        fig.add_trace(go.Scatter(x=[a["end"] for a in ends], y=[esc(next(iter(by_node)))] * len(ends),
                                  mode="markers", marker={"symbol": "x", "size": 12, "color": "#000"},
                                  name="attempt ends", hoverinfo="text",
-                                 hovertext=[label(f"attempt {a.get('attempt')}: {a.get('end_why')}; {a.get('cause') or ''}"
+                                 hovertext=[esc(f"attempt {a.get('attempt')}: {a.get('end_why')}; {a.get('cause') or ''}"
                                                   f"{'; then ' + a['next'] if a.get('next') else ''}") for a in ends]))
     for a in data.kind("attempt"):
         fig.add_vline(x=a.get("start") or 0, line_dash="dot", annotation_text=f"attempt {a.get('attempt')}")
@@ -88,12 +81,12 @@ def rates(data: RunData) -> go.Figure | None:
     fig = go.Figure()
     for s, pts in found:
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[2] for p in pts], mode="lines",
-                                 name=label(f"rank {s.get('rank')} ({s.get('node')})"),
-                                 hovertext=label(s.get("desc")), hoverinfo="x+y+name+text"))
+                                 name=esc(f"rank {s.get('rank')} ({s.get('node')})"),
+                                 hovertext=esc(s.get("desc")), hoverinfo="x+y+name+text"))
     slowest = min(found, key=lambda f: median(p[2] for p in f[1]))
     rate = median(p[2] for p in slowest[1])
-    title = (f"Training rate per rank ({label(slowest[0].get('unit') or 'it')}/s): slowest rank "
-             f"{label(slowest[0].get('rank'))} on {label(slowest[0].get('node'))}, median {rate:.3g}/s")
+    title = (f"Training rate per rank ({esc(slowest[0].get('unit') or 'it')}/s): slowest rank "
+             f"{esc(slowest[0].get('rank'))} on {esc(slowest[0].get('node'))}, median {rate:.3g}/s")
     return layout(fig, title, "items a second")
 
 
@@ -104,7 +97,7 @@ def lines(data: RunData) -> go.Figure | None:
     fig = go.Figure()
     for s in sorted(found, key=lambda s: s.get("rank", 0)):
         fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[1] for p in s["points"]], mode="lines",
-                                 name=label(f"rank {s.get('rank')} ({s.get('node')})")))
+                                 name=esc(f"rank {s.get('rank')} ({s.get('node')})")))
     return layout(fig, "Lines a second per rank", "lines a second")
 
 
@@ -115,7 +108,7 @@ def gpus(data: RunData, at: int, title: str) -> go.Figure | None:
     fig = go.Figure()
     for s in found:
         fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[at] for p in s["points"]], mode="lines",
-                                 name=label(f"{s.get('node')} GPU {s.get('gpu')}")))
+                                 name=esc(f"{s.get('node')} GPU {s.get('gpu')}")))
     return layout(fig, title, title.rpartition(" (")[2].rstrip(")"))
 
 
@@ -126,5 +119,5 @@ def late(data: RunData) -> go.Figure | None:
     fig = go.Figure()
     for s in found:
         fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[1] for p in s["points"]], mode="lines",
-                                 name=label(s.get("node"))))
+                                 name=esc(s.get("node"))))
     return layout(fig, "Late at the collectives, per node (median, ms)", "ms after the others")

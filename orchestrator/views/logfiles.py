@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import IO, Callable
 
 from ..config.masking import mask_secrets, mask_values
-from ..diagnose.gpuhealth import describe
+from ..diagnose.gpuhealth import describe, health_of
 from ..diagnose.progress import Bar, Snapshots
 from ..job.events import LogLine
 from ..ownfiles import no_link_open, own_dir, safe_name
@@ -39,7 +39,7 @@ HOLD_MOST = 8 << 20  # characters of other lines held while one line arrives in 
 def gpus_said(info: dict) -> dict:
     """{"gpus": what nvidia-smi said of each of the job's GPUs at the preflight}, for summary.json
     (the report shows it); {} where it said nothing."""
-    health = [g for g in info.get("gpu_health") or [] if isinstance(g, dict)]
+    health = health_of(info)
     return {"gpus": [{"index": g.get("index"), "name": g.get("name"), "said": describe(g)} for g in health]} if health else {}
 
 

@@ -11,17 +11,12 @@ the run masked (secrets) is masked in these files already.
 
 from __future__ import annotations
 
-import html
 import os
 
 from ..ownfiles import no_link_open, own_dir
-from .rundata import RunData, load
+from .rundata import RunData, esc, load
 
 REPORT = "report.html"
-
-
-def esc(value) -> str:
-    return html.escape("" if value is None else str(value))
 
 
 def make_report(where: str) -> str:

@@ -5,6 +5,7 @@ only; what is missing or damaged is named, and the page shows the rest.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from dataclasses import dataclass, field
@@ -30,6 +31,12 @@ class RunData:
 
     def kind(self, kind: str) -> list[dict]:
         return [r for r in self.records if r.get("kind") == kind]
+
+
+def esc(value) -> str:
+    """Any text of the run's (a traceback, a host, a bar's description) for the page: escaped,
+    for its own HTML and for a chart's labels and hover text alike (Plotly reads a few tags there)."""
+    return html.escape("" if value is None else str(value))
 
 
 def sound(record) -> bool:

@@ -155,16 +155,17 @@ def claim_node_dir(job, node, attempt=0, cluster=None):
     path = os.path.join(root, job, node_dir_name(node, attempt))
     for _ in range(CLAIM_TRIES):
         unsafe = next(((p, why) for p in (root, os.path.dirname(path)) for why in [private_dir(p)] if why), None)
-        if unsafe is not None and os.path.lexists(unsafe[0]):
-            return None, unsafe_state(*unsafe)
+        if unsafe is not None:
+            if os.path.lexists(unsafe[0]):
+                return None, unsafe_state(*unsafe)
+            continue  # it went since it was made: made again
         try:
-            if unsafe is None:
-                os.mkdir(path, 0o700)
-                break
+            os.mkdir(path, 0o700)
+            break
         except FileExistsError:
             return None, job_in_use(job, "its state directory %s exists" % path)
         except FileNotFoundError:
-            continue  # its job directory went since it was made: made again
+            continue  # its job directory went since it was checked: made again
         except OSError as e:
             return None, unsafe_state(path, "cannot be created (%s)" % (e.strerror or e))
     else:

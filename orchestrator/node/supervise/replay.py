@@ -60,6 +60,9 @@ def follow(spec, writer):
                        decided(where, spec.attempt))
 
 
+DECISION_WAIT = 120.0  # seconds a follower of the master node's journal waits for its supervisor's decision
+
+
 def awaited(where, attempt, writer):
     """decided's, where this node is the master (it keeps the attempts file) and a later attempt
     may follow: waited for (bounded) while its supervisor waits for every node to end the attempt."""
@@ -71,9 +74,6 @@ def awaited(where, attempt, writer):
         time.sleep(0.2)
         after = decided(where, attempt)
     return after
-
-
-DECISION_WAIT = 120.0  # seconds a follower of the master node's journal waits for its supervisor's decision
 
 
 def decided(where, attempt):
