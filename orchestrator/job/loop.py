@@ -32,7 +32,7 @@ from ..plan.launch import LaunchPlan, NodePlan
 from ..remote.cleanup import LostNodeSweeper, sweep_notices
 from ..remote.parallel import on_each
 from ..remote.signals import INBOX, SignalInbox
-from ..remote.transports import transport_for
+from ..remote.transports import forget_connection, transport_for
 from . import phases
 from .backlog import BacklogOrder
 from .events import (WAKE, ChannelEnded, JournalRead, KilledBy, LogLine, Lost, MasterPort, Message, Record,
@@ -254,6 +254,7 @@ class JobLoop:
         job was stopping already because of a signal."""
         cancel = self.status[node].slurm_cancel  # Slurm ended the step: not a lost network
         self.table.set(node, "lost", reason=cancel or what)
+        forget_connection(self.plan.nodes[node].config)  # a dead link's connection: never used again
         self.sessions[node].close()
         if self.following:
             return  # only this view of the node is lost; the job there goes on under its supervisor

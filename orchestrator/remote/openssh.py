@@ -88,6 +88,26 @@ class OpenSSHProcess(LocalProcess):
         self.release()
 
 
+DROP_TIMEOUT = 5.0  # for `ssh -O exit` to a lost node's master (it answers over a local socket)
+
+
+def drop_shared(node: NodeConfig) -> None:
+    """A node declared lost: its shared connection is never used again. Later ssh processes for it
+    open a new one (SSHRun.renew), and the old master is asked to exit (`ssh -O exit`, on a thread
+    of its own, bounded), which ends the sessions still riding it: a writer blocked on a dead link
+    fails instead of holding a close."""
+    old = ssh_args(node, control=True, master=False)
+    CONTROL.renew(node)
+
+    def ask() -> None:
+        try:
+            subprocess.run([*old, "-O", "exit", "--", node.host], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=DROP_TIMEOUT)
+        except (OSError, subprocess.SubprocessError):
+            pass  # no master, or one that does not answer: close() ends it at the run's end
+    threading.Thread(target=ask, name=f"{node.label}-drop", daemon=True).start()
+
+
 def ssh_args(node: NodeConfig, control: bool = False, master: bool = True) -> list[str]:
     """ssh and its options for ``node``, up to (not including) ``-- HOST``; with ``control``,
     through the run's shared connection to it (``master``: see SSHRun.options)."""

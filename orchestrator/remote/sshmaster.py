@@ -24,7 +24,7 @@ RUN_DIR = re.compile(r"ddp-up-ssh-(\d+)-\w+")  # ours: the pid that made it, the
 # renames it: the run's directory must leave room for "/", %C (40 hex digits) and that suffix within
 # a Unix socket's path, 104 bytes on the BSDs and macOS, 108 on Linux (the smaller holds everywhere).
 SOCKET_PATH_MAX = 104
-SOCKET_ROOM = 1 + 40 + 17
+SOCKET_ROOM = 1 + 40 + 17 + 4  # and a renewed connection's prefix ("g12-": see SSHRun.renew)
 
 
 def run_parent() -> str:
@@ -49,6 +49,7 @@ class SSHRun:
     def __init__(self) -> None:
         self.dir: str | None = None
         self.configs: dict[tuple, str] = {}
+        self.renewed: dict[tuple, int] = {}  # a node's connections renewed so far (see renew)
         self.lock = threading.Lock()
 
     def _where(self) -> str:
@@ -65,9 +66,20 @@ class SSHRun:
         exists"): a connection that starts beside the run's first one (a kept interpreter's, as the
         agent's starts) uses the master where there is one, else a connection of its own."""
         where = self._where()
+        with self.lock:
+            times = self.renewed.get(_endpoint(node), 0)
         # %C: a hash of the connection's endpoints, short enough for a socket path
-        return ["-o", f"ControlMaster={'auto' if master else 'no'}", "-o", f"ControlPath={where}/%C",
-                "-o", f"ControlPersist={PERSIST}"]
+        return ["-o", f"ControlMaster={'auto' if master else 'no'}",
+                "-o", f"ControlPath={where}/{f'g{times}-' if times else ''}%C", "-o", f"ControlPersist={PERSIST}"]
+
+    def renew(self, node: NodeConfig) -> None:
+        """From now on, ``node``'s ssh processes share a new connection (a new socket): the one
+        before may be dead without knowing it (a node lost: TCP backs off for minutes before it
+        gives up, and a session asked of it waits as long). The old master is asked to exit by
+        the caller, and in any case by ``close``, with every other socket of the run."""
+        with self.lock:
+            key = _endpoint(node)
+            self.renewed[key] = self.renewed.get(key, 0) + 1
 
     def config_for(self, ssh: SSHSettings) -> str | None:
         """A config file that puts the cluster file's identity file and known_hosts before the
@@ -101,11 +113,15 @@ class SSHRun:
         is one of ours (it is private), so no node needs naming: each master is asked to exit
         over its socket, as `ssh -O exit` asks it, without a process per node."""
         with self.lock:
-            where, self.dir, self.configs = self.dir, None, {}
+            where, self.dir, self.configs, self.renewed = self.dir, None, {}, {}
         if where is None:
             return
         on_each(control_sockets(where), lambda path: end_master(path, EXIT_TIMEOUT), inbox=None, name="ssh-exit")
         shutil.rmtree(where, ignore_errors=True)
+
+
+def _endpoint(node: NodeConfig) -> tuple:
+    return node.host, node.ssh.user, node.ssh.port, node.ssh.config_file
 
 
 # ssh's connection-sharing protocol (OpenSSH's PROTOCOL.mux): what `ssh -O exit` sends

@@ -14,6 +14,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 from abc import ABC, abstractmethod
 from typing import Mapping
 
@@ -27,6 +28,10 @@ from ..node.local.procs import JOB_TMPDIR  # TMPDIR as setup left it, for the jo
 # fresh mapping a read, and its page faults (1 GiB through a pipe, read 1 MiB at a time: 170,000
 # faults and 0.28 s of system time; 64 KiB at a time: 7,000 and 0.10 s).
 CHUNK = 1 << 16
+# The longest a close waits for stdin to close. A write blocked on a peer that reads no more (an ssh
+# client whose link went down) holds the stream's lock, and closing it would wait on that write for
+# as long as TCP retries; past this the process is ended instead, which fails the write.
+CLOSE_WAIT = 1.0
 
 
 class ConnectFailed(Exception):
@@ -112,6 +117,14 @@ class LocalProcess(RemoteProcess):
             return None
 
     def close(self) -> None:
+        """Close stdin, within CLOSE_WAIT: never a wait on the peer (see CLOSE_WAIT)."""
+        closer = threading.Thread(target=self._close_stdin, name="stdin-close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_WAIT)
+        if closer.is_alive():
+            self.terminate()
+
+    def _close_stdin(self) -> None:
         try:
             self.proc.stdin.close()
         except OSError:

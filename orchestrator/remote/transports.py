@@ -6,7 +6,7 @@ Apart from the base so that the base never imports its subclasses (each imports 
 from __future__ import annotations
 
 from ..config.cluster import NodeConfig
-from .openssh import OpenSSHTransport
+from .openssh import OpenSSHTransport, drop_shared
 from .paramiko_ssh import SSHTransport
 from .srun import SrunTransport
 from .transport import LocalTransport, Transport
@@ -23,3 +23,10 @@ def transport_for(node: NodeConfig, shared: bool = True, bulk: bool = False, mas
     if node.ssh.client == "openssh":
         return OpenSSHTransport(node, shared, bulk, master)
     return SSHTransport(node)
+
+
+def forget_connection(node: NodeConfig) -> None:
+    """``node`` was lost: the run's shared connection to it is never used again (openssh.drop_shared);
+    the other transports share none across calls."""
+    if node.transport == "ssh" and node.ssh.client == "openssh":
+        drop_shared(node)

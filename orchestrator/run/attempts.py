@@ -145,6 +145,12 @@ def blame(result: JobResult) -> tuple[str | None, bool]:
     return cause.label, any(n.plan.label == cause.label and n.state == "lost" for n in result.nodes)
 
 
+def lost_in(result: JobResult) -> tuple[str, ...]:
+    """The labels of the nodes an attempt lost or could not reach, in node order (the root
+    cause's among them or not)."""
+    return tuple(n.plan.label for n in result.nodes if n.state in ("lost", "error"))
+
+
 def blame_setup(problems: list[NodeProblem]) -> tuple[str | None, bool]:
     """A later attempt whose preflight failed (a spare not fit to run): its first named node,
     treated as lost (it never ran; another try there would fail the same way)."""
@@ -342,7 +348,7 @@ class Restarts:
                                           self.unfixable(result))
         if budget is None:
             return NextAttempt(None, why)
-        verdict = self.roster.settle(*cause)
+        verdict = self.roster.settle(*cause, also_lost=lost_in(result))
         if not verdict.go_on:
             return NextAttempt(None, verdict.notice, verdict.notice)
         self.used[budget] += 1

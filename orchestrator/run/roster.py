@@ -55,20 +55,38 @@ class Roster:
         on without. Without either, every attempt runs on the nodes listed."""
         return bool(self.spares or self.quarantined or self.away) or self.min_nodes < len(self.active)
 
-    def settle(self, cause_node: str | None, lost: bool) -> Verdict:
-        """After a failed attempt whose root cause was on ``cause_node`` (a label). A node lost
-        once is away: it comes back when it answers again (rejoin); lost twice, or the root cause
-        twice, it is out for the rest of the run."""
+    def settle(self, cause_node: str | None, lost: bool, also_lost: tuple[str, ...] = ()) -> Verdict:
+        """After a failed attempt whose root cause was on ``cause_node`` (a label), with the other
+        nodes lost in it (``also_lost``). Every node lost is out of the next attempt, whatever the
+        root cause was (two lost at once; a rank failing as a node drops): lost once, it is away
+        and comes back when it answers again (rejoin); lost twice, or the root cause twice, it is
+        out for the rest of the run."""
         self.just_lost = set()
-        if cause_node is None or not self.replaces:
+        if not self.replaces:
             return Verdict(True)
-        self.blamed[cause_node] += 1
-        self.losses[cause_node] += lost
-        if not (lost or self.blamed[cause_node] >= 2):
-            return Verdict(True)
-        if lost and self.losses[cause_node] < 2:
-            return self.take_out(cause_node, away=True, why="lost")
-        return self.take_out(cause_node, away=False, why="lost twice" if lost else "the root cause twice")
+        said: list[str] = []
+        running = {n.label for n in self.active}  # before a spare takes a place
+        if cause_node is not None:
+            self.blamed[cause_node] += 1
+            if lost or self.blamed[cause_node] >= 2:
+                verdict = self._out(cause_node, lost, "lost" if lost else "the root cause twice")
+                if not verdict.go_on:
+                    return verdict
+                said.append(verdict.notice)
+        for label in dict.fromkeys(also_lost):
+            if label != cause_node and label in running:
+                verdict = self._out(label, True, "lost")
+                if not verdict.go_on:
+                    return Verdict(False, "; ".join([*said, verdict.notice]))
+                said.append(verdict.notice)
+        return Verdict(True, "; ".join(said) or None)
+
+    def _out(self, label: str, lost: bool, why: str) -> Verdict:
+        """``label`` out: away until it answers again if lost for the first time, else for good."""
+        self.losses[label] += lost
+        if lost and self.losses[label] < 2:
+            return self.take_out(label, away=True, why=why)
+        return self.take_out(label, away=False, why="lost twice" if lost else why)
 
     def set_aside(self, label: str) -> Verdict:
         """A node that straggled for `evict_after:` (job/pace.py): out until it answers again, as
@@ -103,6 +121,9 @@ class Roster:
             self.active.pop(position)
             return Verdict(True, f"{out}; no spare left: going on with {len(self.active)} node(s) (min_nodes: "
                                  f"{self.min_nodes}), a smaller world")
+        if self.min_nodes < self.size:
+            return Verdict(False, f"{out}, and no spare is left: {len(self.active) - 1} node(s) would remain, fewer than "
+                                  f"min_nodes ({self.min_nodes})")
         return Verdict(False, f"{out}, and no spare is left (set `spares:`, or `min_nodes:` to go on with fewer nodes)")
 
     def relist(self, listed: tuple[NodeConfig, ...]) -> Verdict:

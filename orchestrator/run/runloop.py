@@ -91,8 +91,8 @@ def settle(result: JobResult, records: list[AttemptRecord], swept: list[Job], re
     """The run's end, in order: the sweeps of its lost nodes said, the watch of its away nodes
     ended, each of ``views`` finished (summary.json, then the timeline's end, then the screen's),
     the Python caller given its ranks' values, the notify targets told."""
-    for job in swept:
-        job.report_sweeps(frozenset(label for r in records if r.number > job.plan.attempt for label in r.nodes))
+    for i, job in enumerate(swept):  # a node back: it answered again, and a later attempt's Go reached it
+        job.report_sweeps(frozenset(n.label for later in swept[i + 1:] if later.went is not None for n in later.plan.nodes))
     if restarts is not None:
         restarts.close()
     for view in views:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import time
 
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -42,8 +43,13 @@ class Ink:
         if style is None:
             self.open = self.close = ""
             return
-        with console.capture() as captured:
-            console.print(Text(self._PROBE, style=style), end="")
+        # On a console of its own with the same colors: the view's may hold a Live (the dashboard,
+        # at a restart), whose hook adds its frame to whatever goes through that console, a
+        # capture too; every line then ended with the dashboard's old frame.
+        scratch = Console(file=io.StringIO(), color_system=console.color_system, force_terminal=console.is_terminal,
+                          no_color=console.no_color, legacy_windows=console.legacy_windows)
+        with scratch.capture() as captured:
+            scratch.print(Text(self._PROBE, style=style), end="")
         self.open, _, self.close = captured.get().partition(self._PROBE)
 
     def __call__(self, text: str) -> str:

@@ -69,3 +69,30 @@ def test_a_burst_of_output_is_delivered_whole(cluster, cluster_file):
         got = (d / f"rank{rank}.log").read_text().split("\n")  # not splitlines(): it also splits on \x1c-\x1e
         numbers = [int(l.rsplit(" ", 1)[1]) for l in got if l.startswith(f"rank {rank} x")]
         assert numbers == list(range(lines)), f"rank {rank}: {len(numbers)} of {lines} lines, in order?"
+
+
+def test_the_dashboard_after_a_restart_shows_the_new_attempt(tmux, tmp_path):
+    """A rank fails once and the run restarts under the live table: in a real terminal every line
+    of attempt 1 shows as printed, and the table is attempt 1's (2 local nodes x 2 ranks)."""
+    from tests.harness.runner import local_cluster
+
+    path = local_cluster(tmp_path, nodes=2, gpus=2, launcher="none", restarts=1, restart_delay=0.2)
+    env = f"PYTHONPATH={shlex.quote(str(REPO))} COLUMNS= LINES="
+    cmd = (f"cd {shlex.quote(str(tmp_path))} && env {env} {shlex.quote(sys.executable)} -c {shlex.quote(UP)} "
+           f"--runs-dir {shlex.quote(RUNS_ROOT)} {path} {SCRIPT} tick 50 0.1 3 4 0; "
+           f"echo EXIT=$?; tmux -L {tmux.socket} wait-for -S ddp-up-done; sleep 60")
+    tmux("new-session", "-d", "-s", "dash", "-x", "200", "-y", "50", cmd)
+
+    def second_attempt():
+        screen = tmux("capture-pane", "-p", "-t", "dash")
+        return screen if "attempt 1" in screen and re.search(r"r3 \| tick 20 rank=3$", screen, re.M) else None
+
+    screen = procs.wait_for(second_attempt, timeout=90, interval=0.2)
+    assert screen, tmux("capture-pane", "-p", "-t", "dash")
+    rank_lines = [line for line in screen.splitlines() if re.match(r"local-\d r\d ", line)]
+    assert rank_lines and all(re.fullmatch(r"local-\d r(\d) +\| tick \d+ rank=\1", line) for line in rank_lines), screen
+    header = [line for line in screen.splitlines() if "ddp-up job" in line]
+    assert len(header) == 1 and "attempt 1" in header[0] and "running" in header[0], screen
+    assert re.search(r"^\s+1\s+local-1\s+2-3\s+running\s.*tick \d+ rank=\d$", screen, re.M), screen  # attempt 1's row
+    tmux("wait-for", "ddp-up-done")
+    assert "EXIT=0" in tmux("capture-pane", "-p", "-t", "dash")

@@ -16,7 +16,8 @@
   job.py blob N           every rank prints "start" and one unterminated N-byte binary line, no \r (no torch)
   job.py tick N S [R C [A,B]]  every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2,
                           or with C "hang" goes silent there for good (only in attempts A,B if given:
-                          DDP_UP_ATTEMPT) (no torch)
+                          DDP_UP_ATTEMPT) (no torch); with $TICK_FAIL_ON, rank 0 of attempt 0 exits 3 once
+                          that file exists
   job.py save FILE        (no torch) every rank prints its TORCH_ELASTIC_SHUTDOWN_TIMEOUT and "running"; on
                           each $SAVE_ON (SIGTERM unless set) it prints "got SIG... #n"; on the first it saves
                           for $SAVE_S seconds, writes FILE.<rank> and exits 0; "got SIGUSR1 #n" on each other SIGUSR1;
@@ -279,8 +280,13 @@ def main():
         if os.environ.get("TICK_SAYS_WORLD"):  # opt-in: a test that checks each attempt's world size
             print(f"WORLD {os.environ['WORLD_SIZE']} rank={rank} attempt={os.environ.get('DDP_UP_ATTEMPT')}",
                   flush=True)
+        fail_on = os.environ.get("TICK_FAIL_ON")  # opt-in: rank 0 of attempt 0 exits 3 once this file exists
+        fail_on = fail_on if rank == 0 and os.environ.get("DDP_UP_ATTEMPT", "0") == "0" else None
         for i in range(n):
             print(f"tick {i} rank={rank}", flush=True)
+            if fail_on and os.path.exists(fail_on):  # a failure at a moment the test chooses
+                print(f"rank {rank} failing with 3", file=sys.stderr, flush=True)
+                finish(3)
             if rank == fail_rank and i == 2 and code == "hang":  # silent from here on: a hang
                 while True:
                     time.sleep(1)

@@ -440,3 +440,43 @@ def test_a_lost_nodes_unconfirmed_cleanup_is_said_as_past_once_it_ran_a_later_at
         "(30 s), or run ddp-kill",
         "b: when it was lost, its cleanup could not be confirmed (ssh: connect timed out); it answered again "
         "afterwards, and ran a later attempt"]
+
+
+def test_every_node_lost_in_an_attempt_is_out_of_the_next_whatever_the_root_cause():
+    config = cluster(3, min_nodes=1)
+    roster = Roster.of(config)
+    verdict = roster.settle("h1", lost=True, also_lost=("h1", "h2"))  # two links cut together
+    assert verdict.go_on and [n.label for n in roster.cluster(config).nodes] == ["h0"]
+    assert roster.out == ("h1", "h2") and "h1 is out" in verdict.notice and "h2 is out" in verdict.notice
+    config = cluster(3, min_nodes=2, restarts=1)
+    roster = Roster.of(config)
+    verdict = roster.settle("h0", lost=False, also_lost=("h2",))  # a rank failed on h0 as h2 dropped
+    assert verdict.go_on and [n.label for n in roster.cluster(config).nodes] == ["h0", "h1"] and roster.out == ("h2",)
+    assert roster.quarantined == []  # h0 failed once: a second chance
+
+
+def test_a_loss_below_min_nodes_says_so_and_never_advises_what_is_set():
+    config = cluster(3, min_nodes=2)
+    verdict = Roster.of(config).settle("h1", lost=True, also_lost=("h1", "h2"))
+    assert not verdict.go_on and "fewer than min_nodes (2)" in verdict.notice and "set `" not in verdict.notice
+    verdict = Roster.of(cluster(4, spares=1)).settle("h1", lost=True, also_lost=("h1", "h2"))
+    assert not verdict.go_on and "spare h3 takes its place as node 1" in verdict.notice  # then h2: no spare left
+    assert "h2 is out until it answers again (lost), and no spare is left (set `spares:`" in verdict.notice
+
+
+def test_without_spares_or_min_nodes_a_lost_node_stays_listed():
+    config = cluster(3, restarts=1)
+    roster = Roster.of(config)
+    assert roster.settle("h0", lost=False, also_lost=("h2",)).go_on and len(roster.cluster(config).nodes) == 3
+
+
+def test_the_next_attempt_is_planned_without_every_node_the_last_one_lost():
+    from orchestrator.diagnose.outcome import Failure, JobResult, NodeOutcome
+
+    nodes = cluster(3, min_nodes=1, restarts=1).nodes
+    outcomes = tuple(NodeOutcome(type("P", (), {"label": n.label})(), s, None, None, None, 0)
+                     for n, s in zip(nodes, ("failed", "lost", "lost")))
+    result = JobResult(None, outcomes, None, (Failure(0, "h0", 0, 1, "rank 0 exited with code 1", 1.0, None),))
+    policy = Restarts.of(cluster(3, min_nodes=1, restarts=1))
+    nxt = policy.after(result, [record(0, result)], ("h0", False))
+    assert nxt.cluster is not None and [n.label for n in nxt.cluster.nodes] == ["h0"]

@@ -76,3 +76,20 @@ def test_in_200_columns_every_column_and_the_whole_reason_show():
     assert lines[1].split() == ["node", "host", "ranks", "state", "up", "lines", "lines/s", "exit", "gpu", "progress",
                                 "last", "line"]
     assert "rank 3 exited with code 1" in lines[3] and "45% 7.3it/s eta 1:15" in lines[2]
+
+
+def test_a_view_made_again_under_the_live_table_styles_lines_with_colors_alone():
+    """A restart makes the view's inks again while the dashboard's Live runs: once, the capture
+    they were made with went through the Live's hook, and every line after it ended with the
+    dashboard's old frame (on screen: each rank line read as attempt 0's header)."""
+    from rich.live import Live
+    from rich.style import Style
+    from rich.text import Text
+
+    from orchestrator.views.console import Ink
+
+    console = Console(file=io.StringIO(), force_terminal=True, color_system="standard", width=120)
+    before = Ink(console, Style(color="cyan"))
+    with Live(Text("ddp-up job J1  running"), console=console, auto_refresh=False, transient=True):
+        during = Ink(console, Style(color="cyan"))
+    assert (during.open, during.close) == (before.open, before.close) == ("\x1b[36m", "\x1b[0m")

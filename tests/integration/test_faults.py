@@ -1,0 +1,98 @@
+"""Faults that come together, on the sshd cluster: two nodes cut off at once, a rank failing as a
+node drops, under `min_nodes:`, `spares:` and plain `restarts:`. Every run goes on as the restarts
+guide says, or ends, within a bound; a stop (Ctrl-C) is honoured in the smaller run; every attempt's
+ranks are gapless; its record (summary.json) is whole; nothing is left on any node (the leak check).
+
+Table-driven: one case a row, each a test of its own (the workers share them out). The workload is
+job.py's tick (no torch): rank 0 of the first attempt fails when the test says (TICK_FAIL_ON)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.harness.runner import Launch, run_dir
+from tests.integration.conftest import SCRIPT
+
+LAUNCHER = "none"
+STOP_BOUND = 20.0  # seconds from a Ctrl-C to ddp-up's exit: stop_grace (2) and the sweeps' bounds
+
+
+@dataclass(frozen=True)
+class Case:
+    settings: dict
+    layout: int  # nodes listed (node 0 first), one rank each
+    cut: tuple[int, ...]  # the nodes whose links are cut together
+    rank_fails: bool  # rank 0 fails as they drop
+    then: tuple[int, ...] | None  # the nodes of attempt 1 (None: no attempt 1 runs the job)
+    code: int  # ddp-up's exit status
+    said: tuple[str, ...] = field(default=())  # words the run must say ({n}: node n's address)
+
+
+CASES = {
+    "two-lost-min-nodes": Case({"min_nodes": 1}, 3, (1, 2), False, (0,), 130,
+                               ("{1} is out until it answers again (lost)", "{2} is out until it answers again (lost)")),
+    "two-lost-spares": Case({"spares": 1}, 4, (1, 2), False, None, 1,
+                            ("spare {3} takes its place as node 1", "no spare is left (set `spares:`")),
+    "two-lost-below-min-nodes": Case({"min_nodes": 2}, 3, (1, 2), False, None, 1,
+                                     ("fewer than min_nodes (2)",)),
+    "rank-fails-as-node-drops-min-nodes": Case({"min_nodes": 2, "restarts": 1}, 3, (2,), True, (0, 1), 130,
+                                               ("{2} is out until it answers again (lost)",)),
+    "rank-fails-as-node-drops-spares": Case({"spares": 1, "restarts": 1}, 4, (2,), True, (0, 1, 3), 130,
+                                            ("spare {3} takes its place as node 2",)),
+    # without spares or min_nodes every attempt runs on the nodes listed: the cut one cannot start
+    "rank-fails-as-node-drops-restarts": Case({"restarts": 1, "recoveries": 1}, 3, (2,), True, None, 1,
+                                              ("could not start",)),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_faults_together_end_or_go_on_within_a_bound(name, cluster, cluster_file, tmp_path):
+    case = CASES[name]
+    nodes = cluster.nodes
+    fail_on = tmp_path / "fail-now"
+    path = cluster_file([(i, 1) for i in range(case.layout)], orphan_timeout=3, restart_delay=0.2, stop_grace=2,
+                        **case.settings, env={"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1, "TICK_FAIL_ON": str(fail_on)})
+    launch = Launch([str(path), SCRIPT, "tick", "600", "0.1"])
+    try:
+        launch.wait_line(r"r0 \| tick 3 rank=0$", 120)
+        for i in case.cut:
+            cluster.partition(nodes[i])
+        if case.rank_fails:
+            fail_on.touch()
+        if case.then is not None:
+            world = len(case.then)
+            for rank in range(world):  # the smaller run's ranks, gapless
+                launch.wait_line(rf"\| WORLD {world} rank={rank} attempt=1$", 120)
+            launch.wait_line(rf"r{world - 1} \| tick 3 rank={world - 1}$", 60)
+            launch.signal(signal.SIGINT)
+            asked = time.monotonic()
+            code = launch.wait(STOP_BOUND + 10)
+            assert time.monotonic() - asked < STOP_BOUND, launch.output
+        else:
+            code = launch.wait(120)
+    finally:
+        for i in case.cut:
+            cluster.heal(nodes[i])
+        launch.proc.kill()
+    out = launch.output
+    assert code == case.code, out
+    for words in case.said:
+        assert words.format(*[n.addr for n in nodes]) in out, (words, out)
+    job = re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
+    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    assert attempts[0]["nodes"] == [nodes[i].addr for i in range(case.layout - case.settings.get("spares", 0))]
+    if case.then is not None:
+        assert [a["nodes"] for a in attempts[1:]] == [[nodes[i].addr for i in case.then]], attempts
+        assert attempts[1]["world_size"] == len(case.then) and attempts[1]["end"] == "stopped", attempts
+        assert all(nodes[i].addr in attempts[1]["out"] for i in case.cut), attempts
+    elif case.settings.get("restarts"):
+        assert all(nodes[2].addr in a["nodes"] for a in attempts) and attempts[-1]["end"] == "could not start"
+    else:
+        assert len(attempts) == 1, attempts
+    assert "answered again afterwards" not in out, out  # no cut node ran a later attempt
