@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 Transport = Literal["ssh", "local"]
 
-# Names whose values are masked even if `secrets:` does not list them.
-DEFAULT_SECRETS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_KEY", "*API_KEY*", "*CREDENTIALS*")
+# Names whose values are masked even if `secrets:` does not list them: any that holds one of these
+# words (PRIVATE_KEY_PEM, APIKEY and DB_PASS as well as HF_TOKEN), whatever stands around it.
+DEFAULT_SECRETS = ("*KEY*", "*PASS*", "*TOKEN*", "*SECRET*", "*CREDENTIAL*", "*AUTH*")
 
 
 

@@ -65,7 +65,8 @@ MEANING = {
     "launcher": "what starts the ranks on each node",
     "env_file": "a file of NAME=value lines for every rank (its values are secrets)",
     "forward_env": "variables of this shell passed to every rank (globs allowed; values are secrets)",
-    "secrets": "more variable names whose values are masked everywhere",
+    "secrets": "more variable names whose values are masked everywhere (any name holding KEY, PASS, TOKEN, SECRET, "
+               "CREDENTIAL or AUTH is masked without it)",
     "sync": "copy this folder to every node's workdir before the launch (changed files only)",
     "retention": "how long a finished detached job's records stay on its nodes",
     "restarts": "new attempts after the job's own failures",

@@ -305,8 +305,9 @@ def _described(node: NodeConfig, text: str, ask, again: bool = True) -> NodeProb
                            "lower ssh.max_parallel (default 10), or raise MaxStartups there")
     if "Connection closed by" in text:
         return NodeProblem(label, "the SSH server (or a jump host in front of it) closed the connection",
-                           f"run `ssh {host} true` by hand to see why")
-    return NodeProblem(label, f"ssh to {host} failed: {_last_line(text)}", f"run `ssh {host} true` to see why")
+                           f"run `{problems.command('ssh', host, 'true')}` by hand to see why")
+    return NodeProblem(label, f"ssh to {host} failed: {_last_line(text)}",
+                       f"run `{problems.command('ssh', host, 'true')}` to see why")
 
 
 def _key_problem(node: NodeConfig, text: str, ask) -> NodeProblem | None:
@@ -327,7 +328,7 @@ def _key_problem(node: NodeConfig, text: str, ask) -> NodeProblem | None:
     if "Host key verification failed" in text:
         seen = ask(node, True)
         key_host, _, key_port = (seen.key_of or "").rpartition(":")
-        keyscan = (f"-p {key_port} " if key_port not in ("", "22") else "") + (key_host or seen.hostname)
+        keyscan = (("-p", key_port) if key_port not in ("", "22") else ()) + (key_host or seen.hostname,)
         return problems.unknown_key(label, seen.key, _jump_host(seen), keyscan, seen.known_hosts)
     return None
 

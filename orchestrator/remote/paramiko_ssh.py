@@ -255,7 +255,7 @@ class _UnknownHostPolicy:
         host, _, port = hostname.lstrip("[").partition("]:")  # paramiko names a non-22 port "[host]:port"
         raise UnknownHostKey(problems.unknown_key(self.node.label, f"{key.get_name()} SHA256:{digest}",
                                                   host if self.jump else None,
-                                                  f"-p {port} {host}" if port else host, self.trust.record_to))
+                                                  ("-p", port, host) if port else (host,), self.trust.record_to))
 
 
 def describe_connect_error(node: NodeConfig, e: Exception, paramiko) -> NodeProblem:

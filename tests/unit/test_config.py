@@ -132,6 +132,13 @@ def test_env_file_then_forwarded_then_env_and_secrets_are_masked(tmp_path):
     assert cfg.secret_values == {"k-123456", "hf_abcdef", "swordfish"}  # *_KEY and *TOKEN* by default
 
 
+@pytest.mark.parametrize("name", ["PRIVATE_KEY_PEM", "APIKEY", "DB_PASS", "db_password", "MY_AUTH", "AUTH_HEADER",
+                                  "GCP_CREDENTIAL_FILE", "Some_Secret", "hf_token", "SSH_KEYPHRASE"])
+def test_any_name_holding_a_secret_word_is_masked_by_default(name):
+    cfg = parse_cluster(f"env: {{{name}: v4lue-0f-it, PLAIN: v4lue-shown}}\nnodes: [{{host: a, gpus: 1}}]\n")
+    assert cfg.secret_values == {"v4lue-0f-it"}
+
+
 def test_without_an_environment_forward_env_is_checked_for_form_only():
     """ddp-kill loads the cluster file too, and must not need the job's tokens in its shell."""
     cfg = parse_cluster("forward_env: [HF_TOKEN]\nnodes: [{host: a, gpus: 1}]\n", "c.yaml", environ=None)

@@ -233,3 +233,22 @@ def test_a_bulk_connection_prefers_aes_gcm_only_where_openssh_would_choose_and_t
     assert got == ([] if expected is None else ["-o", f"Ciphers={expected}"])
     if expected is not None:
         assert sorted(expected.split(",")) == sorted(DEFAULT.split(","))  # nothing added, nothing taken away
+
+
+@pytest.mark.parametrize("host", ["r7n2$(touch${IFS}/tmp/pwned)", "a;rm -rf ~", "`id`", "x'y"])
+def test_every_command_a_fix_suggests_is_quoted(host):
+    """A host name (or a key's host, a known_hosts path) reaches a suggested command only quoted:
+    pasting it runs what it says, nothing more."""
+    import shlex
+
+    from orchestrator.remote import sshproblems
+
+    for fix in (sshproblems.unknown_key("n", None, None, ("-p", "2222", host), f"~/{host}").fix,
+                sshproblems.changed_key("n", host, host, f"/k/{host}").fix):
+        line = fix.split(": ", 1)[1].split(" (or set")[0].split(", then")[0]
+        words = shlex.split(line.replace(">>", "").replace("~/", "HOME/"))
+        assert host in words or f"HOME/{host}" in words, (line, words)
+    from dataclasses import replace
+
+    problem = openssh._described(replace(node(), host=host), "some odd failure", lambda *_: None)
+    assert shlex.split(problem.fix[len("run `"):problem.fix.rindex("`")]) == ["ssh", host, "true"], problem.fix
