@@ -13,6 +13,10 @@ from rich.text import Text
 # as surrogates for the log files) show as U+FFFD.
 _CONTROL = {c: None for c in (*range(0, 9), *range(10, 32), *range(127, 160))}
 _CONTROL.update({c: "\ufffd" for c in range(0xDC80, 0xDD00)})
+# Unicode's direction controls (embeddings, overrides, isolates, marks) reverse the text around them
+# on a screen or a page ("Trojan Source"): each shows as U+FFFD, so that a reader sees one was there.
+BIDI = {c: "\ufffd" for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+_CONTROL.update(BIDI)
 
 
 # Whole escape sequences (colors, cursor moves, a title: CSI and OSC, each bounded) go before the

@@ -63,7 +63,7 @@ def timeline(data: RunData) -> go.Figure | None:
                                  hovertext=[esc(f"attempt {a.get('attempt')}: {a.get('end_why')}; {a.get('cause') or ''}"
                                                   f"{'; then ' + a['next'] if a.get('next') else ''}") for a in ends]))
     for a in data.kind("attempt"):
-        fig.add_vline(x=a.get("start") or 0, line_dash="dot", annotation_text=f"attempt {a.get('attempt')}")
+        fig.add_vline(x=a.get("start") or 0, line_dash="dot", annotation_text=esc(f"attempt {a.get('attempt')}"))
     fig.update_layout(barmode="overlay")
     return layout(fig, "Attempts and each node's states", "node")
 
@@ -95,7 +95,7 @@ def lines(data: RunData) -> go.Figure | None:
     if not found:
         return None
     fig = go.Figure()
-    for s in sorted(found, key=lambda s: s.get("rank", 0)):
+    for s in sorted(found, key=lambda s: (s.get("rank") is None, s.get("rank") or 0)):
         fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[1] for p in s["points"]], mode="lines",
                                  name=esc(f"rank {s.get('rank')} ({s.get('node')})")))
     return layout(fig, "Lines a second per rank", "lines a second")

@@ -8,12 +8,16 @@ from __future__ import annotations
 import html
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 
+from ..clean import BIDI
 from ..node.local.state import read_regular
+from . import runfields
 from .timeline import NAME as TIMELINE
 
 READ_MOST = 64 << 20  # bytes of one file read: the timeline stays within a few MB
+LOSSES_NAMED = 50  # a node's loss named on the page, each: past these, how many more
 STATE_COLORS = {"connecting": "#c7c7c7", "ready": "#9ecae1", "starting": "#6baed6", "running": "#31a354",
                 "stopping": "#fd8d3c", "done": "#3182bd", "failed": "#de2d26", "hung": "#a50f15", "lost": "#756bb1",
                 "stopped": "#969696", "error": "#e7298a"}
@@ -36,25 +40,13 @@ class RunData:
 def esc(value) -> str:
     """Any text of the run's (a traceback, a host, a bar's description) for the page: escaped,
     for its own HTML and for a chart's labels and hover text alike (Plotly reads a few tags there)."""
-    return html.escape("" if value is None else str(value))
+    return html.escape("" if value is None else str(value)).translate(BIDI)
 
 
-def sound(record) -> bool:
-    """Whether a timeline line has the fields its kind draws, of the types it draws them with."""
-    if not isinstance(record, dict):
-        return False
-    kind, number = record.get("kind"), (int, float)
-    if kind == "state":
-        return isinstance(record.get("t"), number)
-    if kind == "attempt":
-        return all(isinstance(record.get(k), number) or record.get(k) is None for k in ("start", "end")) and \
-            isinstance(record.get("nodes", []), list)
-    if kind in ("progress", "lines", "gpu", "late"):
-        points, least = record.get("points"), 3 if kind in ("progress", "gpu") else 2  # [t, values...]
-        return isinstance(points, list) and all(
-            isinstance(p, list) and len(p) >= least and all(isinstance(v, number) or v is None for v in p)
-            for p in points)
-    return kind in ("run", "end")
+def group(record: dict) -> str:
+    """Which of runfields.MOST bounds a timeline line: states, attempts, or series (the rest)."""
+    kind = record["kind"]
+    return kind if kind in ("state", "attempt") else "series"
 
 
 def load(where: str) -> RunData:
@@ -65,18 +57,23 @@ def load(where: str) -> RunData:
     if raw is None:
         data.missing.append(f"{TIMELINE}: {why} (no charts over time)")
     else:
-        damaged = 0
+        damaged, over, kept = 0, Counter(), Counter()
         for line in raw.decode("utf-8", "replace").splitlines():
             try:
-                record = json.loads(line)
-            except ValueError:
-                record = None  # a line cut short (a crash mid-write: it is written whole and renamed) or damaged
-            if sound(record):
-                data.records.append(record)
-            else:
+                record = runfields.timeline_line(json.loads(line))
+            except (ValueError, RecursionError):  # cut short (a crash mid-write), damaged, or nested past reason
+                record = None
+            if record is None:
                 damaged += 1
+            elif kept[group(record)] >= runfields.MOST[group(record)]:
+                over[group(record)] += 1
+            else:
+                kept[group(record)] += 1
+                data.records.append(record)
         if damaged:
             data.missing.append(f"{damaged} damaged line(s) of {TIMELINE}, left out")
+        for what, count in over.items():
+            data.missing.append(f"{count} {what} line(s) of {TIMELINE} past the first {runfields.MOST[what]:,}, left out")
         if not data.kind("end"):
             data.missing.append("the run's end: its timeline has none yet (the run still goes on, or ddp-up was "
                                 "killed before the end); the page shows what was kept, written every 30 s")
@@ -84,16 +81,19 @@ def load(where: str) -> RunData:
         raw, why = read_regular(os.path.join(where, name), READ_MOST)
         try:
             value = json.loads(raw) if raw is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):
             value, why = None, "not JSON"
         if not isinstance(value, dict):
             data.missing.append(f"{name}: {why or 'not a record'}")
             value = None
-        setattr(data, name.partition(".")[0], value)
-    for lost in data.kind("state"):
-        if lost.get("state") == "lost":
-            data.missing.append(f"{lost.get('node')}: lost at {lost.get('t')} s (attempt {lost.get('attempt')}); "
-                                "nothing of it after that in that attempt")
+        checked = runfields.summary if name == "summary.json" else runfields.run
+        setattr(data, name.partition(".")[0], None if value is None else checked(value))
+    losses = [s for s in data.kind("state") if s.get("state") == "lost"]
+    for lost in losses[:LOSSES_NAMED]:
+        data.missing.append(f"{lost.get('node')}: lost at {lost.get('t')} s (attempt {lost.get('attempt')}); "
+                            "nothing of it after that in that attempt")
+    if len(losses) > LOSSES_NAMED:
+        data.missing.append(f"{len(losses) - LOSSES_NAMED} more node(s) lost, with nothing of them after that")
     run = data.kind("run")
     data.job_id = str((run[0].get("job") if run else None) or (data.summary or {}).get("job_id") or data.job_id)
     return data
