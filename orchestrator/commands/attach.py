@@ -31,8 +31,8 @@ from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
 from ..views.report import REPORT
 from ..views.timeline import Timeline
-from .common import (Parser, add_node_sources, add_view_options, interrupted, is_cluster_file, load_or_report,
-                     make_view, report, ssh_connections, table_console)
+from .common import (EVERY_JOB, Parser, add_node_sources, add_view_options, interrupted, is_cluster_file,
+                     load_or_report, make_view, report, ssh_connections, table_console)
 
 LIST_LIMIT = 30.0  # seconds beyond the connect timeout for a node to list its jobs
 
@@ -105,7 +105,7 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool, p
         job_id = _job_id(args, prog)
     except DdpUpError as e:
         return report(prog, e)
-    config = load_or_report(args, prog, forward=False)
+    config = load_or_report(args, prog, forward=False, jobs=[job_id])
     if config is None:
         return EXIT_USAGE
     with signals.recording() as inbox, ssh_connections():
@@ -288,8 +288,10 @@ def main_ls(argv: list[str] | None = None) -> int:
     if here == {}:
         return report("ddp-ls", UsageError(f"no detached job was started from here (none in {args.runs_dir}/): name a "
                                            "cluster file to ask its nodes, e.g. ddp-ls cluster.yaml"))
-    clusters = [(load_or_report(argparse.Namespace(**{**vars(args), "cluster": path}), "ddp-ls", forward=False), jobs)
-                for path, jobs in here.items()] if here else [(load_or_report(args, "ddp-ls", forward=False), None)]
+    clusters = [(load_or_report(argparse.Namespace(**{**vars(args), "cluster": path}), "ddp-ls", forward=False,
+                                jobs=EVERY_JOB), jobs)
+                for path, jobs in here.items()] if here else [(load_or_report(args, "ddp-ls", forward=False,
+                                                                              jobs=EVERY_JOB), None)]
     clusters = [(config, jobs) for config, jobs in clusters if config is not None]
     if not clusters:
         return EXIT_USAGE

@@ -16,13 +16,14 @@ from rich.markup import escape as escape_markup
 
 from ..clean import safe_lines
 from ..config.cluster import NodeSource
-from ..config.clusterfile import load_cluster
+from ..config.clusterfile import Recorded, load_cluster
 from ..config.hostlists import parse_host_list, parse_hostfile, slurm_nodes
 from ..config.masking import mask_secrets
 from ..config.reading import read_text
 from ..config.values import parse_duration
 from ..errors import DdpUpError, Interrupted, UsageError
 from ..remote.sshmaster import CONTROL
+from ..run.record import detached_here, recorded_nodes
 from ..version import __version__
 from ..views.terminal import terminal_console
 
@@ -287,8 +288,14 @@ def _some(hosts: list[str], shown: int = 3) -> str:
     return ", ".join(hosts[:shown]) + (f" and {len(hosts) - shown} more" if len(hosts) > shown else "")
 
 
-def load_or_report(args: argparse.Namespace, prog: str, script_too: bool = False, forward: bool = True):
-    """The validated cluster (file and/or node option), or None after printing its one error."""
+EVERY_JOB = "every job"  # load_or_report's jobs: every detached job started from here from that file
+
+
+def load_or_report(args: argparse.Namespace, prog: str, script_too: bool = False, forward: bool = True,
+                   jobs: list[str] | str | None = None):
+    """The validated cluster (file and/or node option), or None after printing its one error.
+    ``jobs``: the detached jobs the command is about (or EVERY_JOB), whose own record of their
+    nodes stands for what `nodes_command:` lists now (jobs_record)."""
     try:
         source = node_source(args)
         if script_too:
@@ -296,10 +303,28 @@ def load_or_report(args: argparse.Namespace, prog: str, script_too: bool = False
         if args.cluster is None and source is None:
             raise UsageError("which nodes? name a cluster file (CLUSTER.yaml), or give them with "
                              "--hostfile FILE, -H HOST:N,... or --slurm")
-        return load_cluster(args.cluster, source, forward=forward)
+        return load_cluster(args.cluster, source, forward=forward, recorded=jobs_record(args, prog, jobs))
     except DdpUpError as e:
         report(prog, e)
         return None
+
+
+def jobs_record(args: argparse.Namespace, prog: str, jobs: list[str] | str | None) -> Recorded | None:
+    """The nodes that ``jobs`` recorded in the runs directory at their launch (a `nodes_command:`
+    file's detached jobs): a command about one job reaches its nodes alone, whatever the program
+    lists now or whether it runs at all; one about every job (EVERY_JOB) asks the program too, for
+    nodes that are new since, and goes on without it if it fails. None: no record here."""
+    if args.cluster is None or jobs is None or not is_cluster_file(args.cluster):
+        return None
+    runs_dir = getattr(args, "runs_dir", "runs")
+    ask = jobs == EVERY_JOB
+    if ask:
+        jobs = sorted(detached_here(runs_dir).get(os.path.abspath(args.cluster), ()))
+    nodes = recorded_nodes(runs_dir, jobs)
+    if nodes is None:
+        return None
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    return Recorded(nodes, ask, note=lambda text: err.print(f"[bold yellow]{prog}:[/] {escape(safe_lines(text))}"))
 
 
 def report(prog: str, e: DdpUpError, secrets: frozenset[str] = frozenset()) -> int:

@@ -14,7 +14,7 @@ from ..clean import outside
 from ..errors import EXIT_OK, EXIT_SETUP, EXIT_USAGE, Interrupted, UsageError
 from ..remote import signals
 from ..remote.fetch import Fetched, destinations, fetch_all
-from .common import Parser, add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
+from .common import EVERY_JOB, Parser, add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
 
 
 def fetch_parser() -> argparse.ArgumentParser:
@@ -37,7 +37,7 @@ def main_fetch(argv: list[str] | None = None) -> int:
     args = fetch_parser().parse_args(argv)
     if args.local is None and args.cluster is not None:  # `-H a:1 REMOTE LOCAL`: no cluster file
         args.cluster, args.remote, args.local = None, args.cluster, args.remote
-    config = load_or_report(args, "ddp-fetch", forward=False)
+    config = load_or_report(args, "ddp-fetch", forward=False, jobs=EVERY_JOB)
     if config is None:
         return EXIT_USAGE
     try:

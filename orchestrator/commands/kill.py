@@ -16,7 +16,7 @@ from ..errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, UsageErr
 from ..plan.launch import check_job_id
 from ..remote import signals
 from ..remote.cleanup import SweepReport, match_for, sweep_nodes
-from .common import Parser, add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
+from .common import EVERY_JOB, Parser, add_node_sources, interrupted, load_or_report, report, ssh_connections, table_console
 
 
 def kill_parser() -> argparse.ArgumentParser:
@@ -37,6 +37,8 @@ def kill_parser() -> argparse.ArgumentParser:
                    help="instead of stopping: send this signal (USR1, USR2, HUP, INT) to every rank of the job(s), "
                         "which go on (a script that checkpoints on SIGUSR1, say)")
     p.add_argument("--json", action="store_true", help="one JSON object per node, for scripts")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR",
+                   help="where ddp-up kept its runs: a detached job's record of its nodes (`nodes_command:`) is read there")
     return p
 
 
@@ -57,7 +59,7 @@ def main_kill(argv: list[str] | None = None) -> int:
             check_job_id(args.job, "--job")
         except UsageError as e:
             return report("ddp-kill", e)
-    config = load_or_report(args, "ddp-kill", forward=False)
+    config = load_or_report(args, "ddp-kill", forward=False, jobs=[args.job] if args.job else EVERY_JOB)
     if config is None:
         return EXIT_USAGE
 

@@ -32,7 +32,7 @@ from ..remote.parallel import interruptible
 from ..remote.sync import Tree, human_bytes, scan, sync_all, targets
 from ..run.attempts import Restarts, recovery_limit
 from ..run.notifier import Notifier
-from ..run.record import RecordTaking
+from ..run.record import RecordTaking, write_nodes
 from ..run.runloop import Caller, run_job
 from ..views.terminal import terminal_console
 from ..views.logfiles import RunLogs
@@ -271,6 +271,8 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
     inbox.check()
     logs = RunLogs(plan, args.runs_dir, warn=view.notice)
     logs.record(record)
+    if args.detach and config.nodes_command:
+        keep_node_list(config, logs.dir, view.notice)
     code = run_planned(plan, view, logs, args, inbox, restarts, caller)
     if config.fetch and not args.detach and code < 128:  # a signal: the user wants out, not a copy
         try:
@@ -279,6 +281,16 @@ def launch(args: argparse.Namespace, script_args: list[str], config, console: Co
             return interrupted("ddp-up", e, f"while fetching {', '.join(config.fetch)} (the job had ended with exit "
                                             f"status {code}); what arrived whole is kept, no partial file is left")
     return code
+
+
+def keep_node_list(config, where: str, notice) -> None:
+    """A detached job's nodes as `nodes_command:` listed them: what later commands for the job
+    reach (run/record.write_nodes)."""
+    try:
+        write_nodes(where, config.nodes)
+    except OSError as e:
+        notice(f"cannot keep the job's node list in {where} ({e.strerror or e}): later commands for it run "
+               "`nodes_command:` again")
 
 
 def view_for(config, plan: LaunchPlan, console: Console, args: argparse.Namespace):

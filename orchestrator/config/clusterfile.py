@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -21,26 +21,40 @@ from .reading import load_yaml, read_text
 from .validate import Validator
 
 
-def load_cluster(path: str | None, source: NodeSource | None = None, forward: bool = True) -> ClusterConfig:
+def load_cluster(path: str | None, source: NodeSource | None = None, forward: bool = True,
+                 recorded: Recorded | None = None) -> ClusterConfig:
     """Read and validate a cluster file (optional when ``source`` gives the nodes); raise
     ConfigError naming file, line and key. ``forward=False`` (ddp-kill) leaves `forward_env:`,
     `env_file:` and `sync:` unresolved: stopping jobs must not depend on this shell having the
-    job's tokens, or on files that only the launching machine has."""
+    job's tokens, or on files that only the launching machine has. ``recorded``: see Recorded."""
     environ = os.environ if forward else None
     if path is None:
         assert source is not None, "nodes come from a cluster file or another source"
         return parse_cluster("", source.path or source.name, source, environ, local_files=forward)
     text = read_text(path, "cluster file")
-    return parse_cluster(text, path, source, environ, local_files=forward)
+    return parse_cluster(text, path, source, environ, local_files=forward, recorded=recorded)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """The nodes that jobs started from a `nodes_command:` file recorded at their launch
+    (run/record.write_nodes), for a command about those jobs: with ``ask``, the program is run
+    too, for nodes that are new since, and its failure is said (``note``), never raised; without,
+    the record alone (a command about one job: the program can only name other nodes)."""
+
+    nodes: list[dict]
+    ask: bool = False
+    note: Callable[[str], None] = lambda text: None
 
 
 def parse_cluster(text: str, path: str = "<cluster>", source: NodeSource | None = None,
-                  environ: Mapping[str, str] | None = None, local_files: bool = True) -> ClusterConfig:
+                  environ: Mapping[str, str] | None = None, local_files: bool = True,
+                  recorded: Recorded | None = None) -> ClusterConfig:
     """``environ`` is where `forward_env:` takes values from (load_cluster: this process's);
     None: checked for form only, nothing forwarded. ``local_files=False`` reads no `env_file:`
     and checks no `sync:` source."""
     data, lines = load_yaml(text, path)
-    source = _command_source(data, lines, path, source)
+    source = _command_source(data, lines, path, source, recorded)
     if source is not None:
         data = _with_source(data, lines, path, source)
     return dataclasses.replace(Validator(path, lines, environ, local_files).cluster(data), source_text=text)
@@ -52,8 +66,10 @@ def relisted(config: ClusterConfig) -> ClusterConfig:
     return parse_cluster(config.source_text, config.path, environ=os.environ)
 
 
-def _command_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource | None) -> NodeSource | None:
-    """The nodes `nodes_command:` lists (run now), where the file has one."""
+def _command_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource | None,
+                    recorded: Recorded | None = None) -> NodeSource | None:
+    """The nodes `nodes_command:` lists (run now), where the file has one; with ``recorded``, the
+    jobs' own (see Recorded)."""
     command = data.get("nodes_command") if isinstance(data, dict) else None
     if command is None:
         return source
@@ -64,7 +80,16 @@ def _command_source(data: Any, lines: dict[tuple, int], path: str, source: NodeS
         raise ConfigError(path, lines.get(("nodes_command",)), "nodes_command",
                           f"the nodes come from {source.name}: remove `nodes_command:` here or drop "
                           f"{source.name.split()[0]}")
-    return NodeSource("nodes_command", path, listed_nodes(command, path, lines.get(("nodes_command",))))
+    if recorded is None:
+        return NodeSource("nodes_command", path, listed_nodes(command, path, lines.get(("nodes_command",))))
+    listed: list[dict] = []
+    if recorded.ask:
+        try:
+            listed = listed_nodes(command, path, lines.get(("nodes_command",)))
+        except ConfigError as e:
+            recorded.note(f"{e.render()}; going on with the nodes the jobs started from it recorded")
+    hosts = {node["host"] for node in recorded.nodes}
+    return NodeSource("nodes_command", path, [*recorded.nodes, *(n for n in listed if n["host"] not in hosts)])
 
 
 def _with_source(data: Any, lines: dict[tuple, int], path: str, source: NodeSource) -> Any:

@@ -227,3 +227,38 @@ def detached_here(runs_dir: str) -> dict[str, set[str]]:
         if isinstance(command, list) and "--detach" in command and isinstance(cluster, str) and os.path.isfile(cluster):
             found.setdefault(cluster, set()).add(name)
     return found
+
+
+NODES = "nodes.json"  # a job's nodes as `nodes_command:` listed them at its launch (write_nodes)
+NODES_MOST = 1 << 20  # bytes of it read
+
+
+def write_nodes(run_dir: str, nodes) -> None:
+    """The nodes a detached job was started on, where `nodes_command:` listed them: every later
+    command for that job (ddp-kill, ddp-ls, ddp-attach, ddp-logs, ddp-report) reaches these, not
+    what the program lists by then (a cloud's API down, a spot pool replaced). OSError if the
+    directory cannot take it."""
+    entries = [{"host": n.host, "gpus": "auto" if n.gpus is None else n.gpus} for n in nodes]
+    _write(own_dir(run_dir, private=True), NODES, (json.dumps(entries, indent=1) + "\n").encode())
+
+
+def recorded_nodes(runs_dir: str, jobs) -> list[dict] | None:
+    """The nodes the ``jobs`` recorded at their launch (write_nodes), each host once, in order; None
+    where none of them has a record here (started elsewhere, or with `nodes:`)."""
+    found: dict[str, dict] = {}
+    any_record = False
+    for job in jobs:
+        if not isinstance(job, str) or not JOB_ID.fullmatch(job):
+            continue
+        data, _ = read_regular(os.path.join(runs_dir, job, NODES), NODES_MOST)
+        try:
+            entries = json.loads(data) if data is not None else None
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(entries, list):
+            continue
+        any_record = True
+        for entry in entries:
+            if isinstance(entry, dict) and isinstance(entry.get("host"), str) and set(entry) == {"host", "gpus"}:
+                found.setdefault(entry["host"], entry)
+    return list(found.values()) if any_record else None

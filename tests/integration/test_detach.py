@@ -432,3 +432,30 @@ def test_ddp_kill_of_a_detached_job_gives_every_rank_its_grace_to_save(detached,
         assert (tmp_path / f"ckpt.{rank}").read_text() == "saved\n", out
     row = wait_state(path, job, ("stopped",), 30)
     assert row["exit_status"] == 1, row
+
+
+def test_a_nodes_command_jobs_own_record_of_its_nodes_lists_and_stops_it(cluster, detached, tmp_path):
+    """A detached job from `nodes_command:`: once the program fails (a cloud's API down) ddp-ls
+    still lists the job, saying why; once it lists other hosts (a spot pool replaced), ddp-kill
+    --job still reaches the job's own nodes and stops it."""
+    path = detached([(0, 1)])
+    hosts = tmp_path / "hosts.txt"
+    listed = "".join(f"{n.addr} slots=1\n" for n in cluster.nodes[:2])
+    hosts.write_text(listed)
+    doc = yaml.safe_load(path.read_text())
+    del doc["nodes"]
+    path.write_text(yaml.safe_dump({**doc, "nodes_command": f"cat {hosts}"}))
+    job = detach(path, "tick", "3000", "0.1")
+    try:
+        hosts.unlink()  # the program fails
+        code, out = run(LS, str(path), "--json", "--runs-dir", RUNS_ROOT)
+        assert code == 0 and "going on with the nodes the jobs started from it recorded" in out, out
+        rows = {row["job"]: row for row in map(json.loads, (line for line in out.splitlines() if line.startswith("{")))}
+        assert rows[job]["state"] == "running", out
+        hosts.write_text(f"{cluster.nodes[3].addr} slots=1\n")  # other hosts now
+        code, out = ddp_kill(str(path), "--job", job, "--runs-dir", RUNS_ROOT)
+        assert code == 0 and cluster.nodes[1].addr in out and cluster.nodes[3].addr not in out, out
+        hosts.write_text(listed)
+        assert wait_state(path, job, ("stopped",), 30)["exit_status"] == 1
+    finally:
+        hosts.write_text(listed)  # the fixture's sweep reaches the job's nodes

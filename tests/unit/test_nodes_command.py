@@ -183,3 +183,26 @@ def test_a_node_newly_listed_while_a_smaller_run_runs_is_watched_and_joins_once_
     assert why == "grown to 3 node(s): d joined"
     assert said == ["d is listed now: it joins the run, which grows to 3 node(s)"]
     assert [n.label for n in plan.nodes] == ["a", "b", "d"]
+
+
+def test_a_jobs_record_of_its_nodes_stands_for_the_program(tmp_path):
+    """A command about one detached job reaches the nodes the job recorded and never runs the
+    program; one about every job adds what the program lists that is new, and goes on without a
+    program that fails, saying so."""
+    from orchestrator.config.clusterfile import Recorded
+    from orchestrator.run.record import recorded_nodes, write_nodes
+
+    path = str(tmp_path / "c.yaml")
+    first = parse_cluster(cluster_text("printf 'a slots=2\\nb slots=2\\n'"), path)
+    write_nodes(str(tmp_path / "runs" / "20260101-000000-abc123"), first.nodes)
+    nodes = recorded_nodes(str(tmp_path / "runs"), ["20260101-000000-abc123", "../x", "20260101-000000-none00"])
+    assert nodes == [{"host": "a", "gpus": 2}, {"host": "b", "gpus": 2}]
+    marker = tmp_path / "ran"
+    one = parse_cluster(cluster_text(f"touch {marker}; exit 1"), path, recorded=Recorded(nodes))
+    assert [n.host for n in one.nodes] == ["a", "b"] and not marker.exists()
+    said = []
+    every = parse_cluster(cluster_text("exit 1"), path, recorded=Recorded(nodes, ask=True, note=said.append))
+    assert [n.host for n in every.nodes] == ["a", "b"] and "exited with status 1" in said[0]
+    grown = parse_cluster(cluster_text("printf 'c slots=1\\nb slots=2\\n'"), path, recorded=Recorded(nodes, ask=True))
+    assert [n.host for n in grown.nodes] == ["a", "b", "c"]
+    assert recorded_nodes(str(tmp_path / "runs"), ["20260101-000000-none00"]) is None
