@@ -218,7 +218,8 @@ def cluster_schema() -> dict[str, Any]:
         "ssh": obj(ssh),
         "master": obj({"addr": dict(STRING, description="the address every node reaches the master at"),
                        "port": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"const": "auto"}],
-                                "description": "the rendezvous port, or auto (a free one, each attempt)"}}),
+                                "description": "the rendezvous port, or auto (a free one below the ephemeral range, each "
+                                               "attempt)"}}),
         "env_file": or_null(STRING), "forward_env": dict(NAMES), "secrets": dict(NAMES),
         "sync": {"anyOf": [{"type": "string", "minLength": 1}, {"const": False}, {"type": "null"},
                            obj({"src": dict(STRING), "exclude": dict(STRINGS), "gitignore": {"type": "boolean"}},

@@ -18,7 +18,7 @@ test holds it, as it holds the controller's stages), and its ``__init__`` says w
   protocol    what both ends agree on: the frames (wire), the decisions (policy, stragglers), events
   local       processes and private state: tags, find and kill (procs), records and journals
               (state), the state root whole (inventory), the userpython room as files (ourcode)
-  probes      what the node is: network and GPUs (facts), their health (gpuhealth)
+  probes      what the node is: network and GPUs (facts, nvidia-smi asked by smi), their health (gpuhealth)
   files       files in and out: the workdir copy (sync), ddp-fetch (fetch)
   watch       an attempt's processes watched: output (relay, screen), stacks, collectives (flight),
               how each rank ended (teardown, failures, report), a function's return values (results)
@@ -49,7 +49,7 @@ ROOMS = {  # each room's modules, in the order they import each other
     "userpython": ("names", "proctitle", "beforefork", "inchild", "warmparent", "standin", "rankhook", "torchprobe"),
     "protocol": ("wire", "policy", "stragglers", "events"),
     "local": ("ourcode", "procs", "state", "inventory"),
-    "probes": ("facts", "gpuhealth"),
+    "probes": ("smi", "facts", "gpuhealth"),
     "files": ("sync", "fetch"),
     "watch": ("report", "teardown", "flight", "screen", "relay", "failures", "stacks", "results"),
     "launchers": ("warm", "keptwarm", "workers", "container", "image", "keptbox"),

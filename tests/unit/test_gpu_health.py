@@ -12,6 +12,7 @@ from orchestrator.config.clusterfile import parse_cluster
 from orchestrator.diagnose import gpuhealth as judge
 from orchestrator.diagnose.outcome import NodeStatus
 from orchestrator.node.probes import facts, gpuhealth
+from orchestrator.node.probes import smi as smi_module
 from orchestrator.plan.launch import make_plan
 
 DATA = Path(__file__).parent.parent / "data" / "gpu" / "health"
@@ -69,7 +70,7 @@ def test_the_query_asks_what_the_h200_answered_and_falls_back_to_the_basic_one(m
         if args[0] == "--query-gpu=" + ",".join(gpuhealth.HEALTH_FIELDS):
             return None, "nvidia-smi exited with status 2"  # an older driver: "not a valid field to query"
         return ((DATA / "h200" / "smi-ddpup-basic.csv").read_text(), None) if args[0].startswith("--query-gpu") else (None, "")
-    monkeypatch.setattr(facts, "nvidia_smi_said", smi)
+    monkeypatch.setattr(smi_module, "nvidia_smi_said", smi)
     monkeypatch.setattr(facts, "has_nvidia_gpus", lambda: True)
     [gpu] = gpuhealth.query_health(None, 1)
     assert gpu["index"] == 0 and gpu["hw_slowdown"] is False  # from the mask

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from orchestrator.diagnose import gpuhealth as judge
-from orchestrator.node.probes import facts, gpuhealth
+from orchestrator.node.probes import facts, gpuhealth, smi
 
 HEADER = ("index, uuid, name, pci.bus_id, temperature.gpu, clocks.current.sm [MHz], clocks.max.sm [MHz], "
           "clocks_event_reasons.active, ecc.errors.uncorrected.volatile.total, retired_pages.pending, "
@@ -66,6 +66,7 @@ cat "{where}/$f"
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{where}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(facts, "has_nvidia_gpus", lambda: True)
+    monkeypatch.setattr(smi, "HANG", smi.HangMemory())  # this test's node: no hang remembered
 
 
 @pytest.mark.parametrize("kind", sorted(HEALTH))
@@ -102,13 +103,27 @@ def test_a_failing_nvidia_smi_on_a_node_whose_driver_lists_gpus_refuses_the_laun
 
 
 def test_a_hung_nvidia_smi_is_bounded_named_and_asked_nothing_more(tmp_path, monkeypatch):
-    monkeypatch.setattr(facts, "NVIDIA_SMI_TIMEOUT", 1.0)
+    monkeypatch.setattr(smi, "NVIDIA_SMI_TIMEOUT", 1.0)
     fake_smi(tmp_path, monkeypatch, sleep=30)
     start = time.monotonic()
     [gpu] = gpuhealth.query_health(None, 0)
     assert time.monotonic() - start < 5  # one query's bound, not one per query
     [finding] = judge.findings(gpu)
     assert finding.fatal and "nvidia-smi did not answer within 1 s" in finding.what
+
+
+def test_one_hang_of_nvidia_smi_costs_a_node_one_bound_for_every_question_after(tmp_path, monkeypatch):
+    """A preflight asks for the busy GPUs, their processes and their health: a wedged driver once
+    cost 10 s for each. After one hang, nvidia-smi is not asked again for HUNG_QUIET."""
+    monkeypatch.setattr(smi, "NVIDIA_SMI_TIMEOUT", 1.0)
+    fake_smi(tmp_path, monkeypatch, sleep=30)
+    start = time.monotonic()
+    busy = facts.query_busy_gpus(None, 1)
+    [gpu] = gpuhealth.query_health(None, 0)
+    assert time.monotonic() - start < 4, time.monotonic() - start  # one bound (1 s), not three
+    assert busy == [] and "nvidia-smi did not answer within 1 s" in judge.findings(gpu)[0].what
+    smi.HANG.at -= smi.HUNG_QUIET  # a minute on: asked again
+    assert smi.nvidia_smi_said(["-L"], run=lambda argv, timeout: (0, b"GPU 0\n", b"")) == ("GPU 0\n", None)
 
 
 BUSY = {

@@ -123,14 +123,18 @@ def test_other_processes_on_the_jobs_gpus_are_busy_and_those_elsewhere_are_not()
     assert nodefacts.busy_gpus(gpus, apps, [2], owners.__getitem__) == []
 
 
-def test_a_missing_or_hanging_nvidia_smi_reads_as_no_answer():
+def test_a_missing_or_hanging_nvidia_smi_reads_as_no_answer(monkeypatch):
+    from orchestrator.node.probes import smi
+
+    monkeypatch.setattr(smi, "HANG", smi.HangMemory())  # the hang below is this test's
+
     def missing(*a, **k):
         raise FileNotFoundError("nvidia-smi")
 
     def hangs(argv, timeout):
         return None, b"", b""  # killed at its timeout
-    assert nodefacts.nvidia_smi(nodefacts.GPUS_QUERY, run=missing) is None
-    assert nodefacts.nvidia_smi(nodefacts.GPUS_QUERY, run=hangs) is None
+    assert smi.nvidia_smi(nodefacts.GPUS_QUERY, run=missing) is None
+    assert smi.nvidia_smi(nodefacts.GPUS_QUERY, run=hangs) is None
 
 
 # --- the controller's side: preflight decisions ---------------------------------------------------

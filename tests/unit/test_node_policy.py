@@ -3,6 +3,8 @@ agent's events (node/protocol/events.py): pure, in fake time."""
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.run import attempts
 from orchestrator.job import hang
 from orchestrator.diagnose import outcome
@@ -176,3 +178,31 @@ def test_launchers_left_at_torchrun_s_exit_barrier_once_every_rank_has_ended_are
     assert watch.lingering(T0, ended) == () and watch.linger_deadline == T0 + hang.FINISH_WAIT
     assert watch.lingering(T0 + hang.FINISH_WAIT - 0.1, ended) == ()
     assert watch.lingering(T0 + hang.FINISH_WAIT, ended) == (0,)
+
+
+def test_an_auto_master_port_is_picked_below_the_kernels_ephemeral_range():
+    """Between the port's release at Go and the bind of torchrun's store, the kernel could hand a
+    port of its ephemeral range to any outgoing connection (EADDRINUSE, once, in the suite): an
+    auto port is one it never hands out. A port taken is passed over."""
+    import socket
+
+    from orchestrator.node.attempt import checks
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        first = int(f.read().split()[0])
+    if first <= checks.AUTO_PORTS:
+        pytest.skip(f"the ephemeral range starts at {first}: no room below it")
+    held = checks.PortHold(0)
+    try:
+        assert checks.AUTO_PORTS <= held.port < first
+        taken = held.port
+        draws = iter([taken, taken, taken + 1 if taken + 1 < first else taken - 1])
+        other = checks.below_ephemeral(draw=lambda: next(draws))
+        assert other is not None and other.getsockname()[1] != taken
+        other.close()
+        assert checks.below_ephemeral(tries=2, draw=lambda: taken) is None  # none free: the kernel's pick
+    finally:
+        held.close()
+    with socket.socket() as s:
+        s.bind(("", 0))
+        assert s.getsockname()[1] >= first  # what the kernel picks: its range

@@ -140,12 +140,40 @@ def hold_port(spec):
                                  "set `master: {port: auto}` or pick another port")
 
 
+# `master: {port: auto}`: a port below the kernel's ephemeral range. Between its release at Go and
+# the bind of torchrun's store, a port the kernel handed out once (bind to 0) can be handed out again
+# to any outgoing connection on the node (an ssh, a download): the store then failed with EADDRINUSE.
+# Below the range the kernel hands out nothing; only a program that names the port could take it.
+AUTO_PORTS = 20000  # the lowest port picked (above the well-known and most registered services')
+AUTO_TRIES = 20  # random ports tried before the kernel's pick is taken after all
+
+
+def below_ephemeral(tries=AUTO_TRIES, draw=None):
+    """A free listening socket on a random port from AUTO_PORTS up to the ephemeral range's start
+    (/proc/sys/net/ipv4/ip_local_port_range), or None where there is no such room, or none free."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if first <= AUTO_PORTS:
+        return None
+    draw = draw or (lambda: AUTO_PORTS + int.from_bytes(os.urandom(2), "big") % (first - AUTO_PORTS))
+    for _ in range(tries):
+        try:
+            return listen_on(draw())
+        except OSError:
+            continue
+    return None
+
+
 class PortHold:
     """The master port, from preflight to Go: held, so nothing else takes it, and every node's
-    probe of it answered, so each proves it reaches the master for real. OSError if it is taken."""
+    probe of it answered, so each proves it reaches the master for real. OSError if it is taken.
+    0: a free one of our choice (below_ephemeral)."""
 
     def __init__(self, port):
-        self.listener = listen_on(port)
+        self.listener = (port == 0 and below_ephemeral()) or listen_on(port)
         self.port = self.listener.getsockname()[1]
         self.answering = threading.Thread(target=answer_probes, args=(self.listener,), name="probes", daemon=True)
         self.answering.start()

@@ -15,7 +15,7 @@ from ..launchers.keptbox import BoxLauncher
 from ..launchers.workers import OWN_LAUNCHER, Workers, parse_launch
 from ..local.procs import (KILL_WAIT, TAG_ATTEMPT, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged,
                            read_tags, signal_name, signal_ranks, signal_tagged, wait_gone)
-from ..probes import facts
+from ..probes import facts, smi
 from ..protocol import events, policy, wire
 from ..watch import flight
 from ..watch.failures import RankEnds, rank_failures
@@ -239,6 +239,6 @@ def gpu_left(match):
     over (a process stuck in the driver survives SIGKILL): None where there are none, or no GPUs."""
     if not facts.has_nvidia_gpus():
         return None
-    apps = facts.parse_apps(facts.nvidia_smi(facts.APPS_QUERY))
+    apps = facts.parse_apps(smi.nvidia_smi(facts.APPS_QUERY))
     ours = [app for app in apps if carries(read_tags(app["pid"]), match)]
     return [facts.holder(app, app["uuid"], facts.process_owner) for app in ours] or None

@@ -8,7 +8,7 @@ What comes out is facts, one dict a GPU; which of them stop a launch is the cont
 (diagnose/gpuhealth.py), so a drain script and ddp-up judge them alike.
 """
 
-from . import facts
+from . import facts, smi
 
 # the queried fields; the old names are answered by every driver that knows the new ones
 HEALTH_FIELDS = ("index", "uuid", "name", "pci.bus_id", "temperature.gpu", "clocks.sm", "clocks.max.sm",
@@ -56,7 +56,7 @@ def value_of(key, text):
     UNREADABLE for what is none of these (inf, ², a number of a thousand digits)."""
     text = text.strip()
     if key in TEXT_KEYS:
-        return facts.clip(text)
+        return smi.clip(text)
     lowered = text.lower()
     if lowered in ("active", "yes"):
         return True
@@ -90,14 +90,14 @@ def parse_health(text):
             continue
         if len(row) != len(keys):
             gpus.append({"index": None, "unreadable": ["its row (%d fields for %d columns): %s"
-                                                       % (len(row), len(keys), facts.clip(",".join(row), 120))]})
+                                                       % (len(row), len(keys), smi.clip(",".join(row), 120))]})
             continue
         gpu, unreadable = {}, []
         for key, field in zip(keys, row):
             if key:
                 value = value_of(key, field)
                 if value is UNREADABLE:
-                    unreadable.append("%s %r" % (key, facts.clip(field, 40)))
+                    unreadable.append("%s %r" % (key, smi.clip(field, 40)))
                     value = None
                 gpu[key] = value
         if gpu.get("index") is None:
@@ -123,8 +123,8 @@ def parse_nvlink(text):
     (a GPU with none up has no NVLink in use, as on a PCIe board), from ``nvidia-smi nvlink --status``.
     A line that is not one of these is passed over."""
     links, gpu = {}, None
-    for line in (text or "")[:facts.SMI_MOST].splitlines():
-        stripped = line.strip()[:facts.SMI_LINE_MOST]
+    for line in (text or "")[:smi.SMI_MOST].splitlines():
+        stripped = line.strip()[:smi.SMI_LINE_MOST]
         if stripped.startswith("GPU ") and ":" in stripped:
             gpu = facts.count(stripped[4:].split(":")[0])
             if gpu is not None:
@@ -145,8 +145,8 @@ def query_health(visible, nproc):
         return []
     text = problem = None
     for fields in (HEALTH_FIELDS, BASIC_FIELDS):
-        text, problem = facts.nvidia_smi_said(["--query-gpu=" + ",".join(fields), "--format=csv"])
-        if text is not None or problem == facts.HUNG % facts.NVIDIA_SMI_TIMEOUT:
+        text, problem = smi.nvidia_smi_said(["--query-gpu=" + ",".join(fields), "--format=csv"])
+        if text is not None or problem == smi.HUNG % smi.NVIDIA_SMI_TIMEOUT:
             break  # a hung nvidia-smi is asked nothing more: each ask would wait as long
     if text is None:
         return [{"index": None, "failed": problem}] if problem else []  # none: no nvidia-smi to ask
@@ -155,7 +155,7 @@ def query_health(visible, nproc):
         return every or [{"index": None, "failed": "nvidia-smi listed no GPU, and the driver lists some"}]
     used = facts.job_gpu_indices(visible, nproc, [g for g in every if isinstance(g.get("index"), int) and g.get("uuid")])
     gpus = [g for g in every if g.get("index") in used or not isinstance(g.get("index"), int)]
-    down = parse_nvlink(facts.nvidia_smi(["nvlink", "--status"])) if len(gpus) > 1 else {}
+    down = parse_nvlink(smi.nvidia_smi(["nvlink", "--status"])) if len(gpus) > 1 else {}
     for gpu in gpus:
         if down.get(gpu.get("index")):
             gpu["nvlink_down"] = down[gpu["index"]]
