@@ -13,6 +13,7 @@ from ..errors import ConfigError, UsageError
 _SLOTS = re.compile(r"slots\s*=\s*(\S+)")
 MAX_HOSTS = 65536  # more than any cluster: a host list that expands past it is a typo (or an attack)
 MAX_SLOTS = 4096  # processes on one node
+HOST_MOST = 255  # characters of a host name (DNS's limit; an SSH config alias is shorter still)
 
 
 def parse_hostfile(text: str, path: str) -> list[dict]:
@@ -29,7 +30,12 @@ def parse_hostfile(text: str, path: str) -> list[dict]:
                 slots = _count(found.group(1), lambda why: ConfigError(path, number, "slots", why))
             elif not word.startswith("max_slots="):  # an MPI upper bound: nothing to launch by
                 raise ConfigError(path, number, "", f"expected `HOST slots=N`, got {raw.strip()!r}")
+        why = host_problem(words[0])
+        if why:
+            raise ConfigError(path, number, "", f"the host {why}")
         nodes.append({"host": words[0], "gpus": slots})
+        if len(nodes) > MAX_HOSTS:
+            raise ConfigError(path, number, "", f"more than {MAX_HOSTS} hosts: more than any cluster")
     if not nodes:
         raise ConfigError(path, None, "", "no hosts in the hostfile (expected lines like `gpu-a slots=8`)")
     return nodes
@@ -72,6 +78,8 @@ def host_problem(host: str) -> str | None:
         return f"{host!r} has a space or a control character"
     if host.startswith("-"):
         return f"{host!r} starts with '-'"
+    if len(host) > HOST_MOST:
+        return f"{host[:40]!r}... is {len(host)} characters long, more than any host name ({HOST_MOST})"
     return None
 
 

@@ -21,6 +21,7 @@ from ..node.launchers.container import PULLS, RUNTIMES
 from ..node.supervise.notify import EVENTS
 from ..ownfiles import FETCH_PATH
 from .containers import MOUNT_OPTIONS
+from .hostlists import HOST_MOST
 from .values import DURATION_PATTERN, ENV_NAME
 
 SCHEMA_URL = "https://json-schema.org/draft/2020-12/schema"
@@ -29,8 +30,10 @@ LINE = {"type": "string", "pattern": r"\S"}  # Checks.strings: text that is not 
 STRINGS = {"anyOf": [LINE, {"type": "array", "items": LINE}]}
 NAMES = {"type": "array", "items": {"type": "string", "minLength": 1}}  # Checks.names
 STRING = {"type": ["string", "number"], "minLength": 1}  # Checks.string: a number is its text
-# hostlists.host_problem: no blank or control character, no '-' first (ssh would take it for an option)
-HOST = {"type": ["string", "number"], "pattern": "^[^\\s\\x00-\\x1f\\x7f-][^\\s\\x00-\\x1f\\x7f]*$", "minimum": 0}
+# hostlists.host_problem: no blank or control character, no '-' first (ssh would take it for an option),
+# at most HOST_MOST characters
+HOST = {"type": ["string", "number"], "pattern": "^[^\\s\\x00-\\x1f\\x7f-][^\\s\\x00-\\x1f\\x7f]*$", "minimum": 0,
+        "maxLength": HOST_MOST}
 # YAML's .nan passes every bound (each comparison with it is false), and JSON cannot name it: NaN is
 # the one number a checker finds both <= 0 and > 0, so this refuses it and nothing else
 NOT_NAN = {"not": {"allOf": [{"maximum": 0}, {"exclusiveMinimum": 0}]}}
@@ -73,17 +76,21 @@ MEANING = {
     "restart_delay": "the wait before attempt N is N times this",
     "no_restart_on_exit": "exit codes that end the run whatever restarts are left",
     "recoveries": "new attempts after a node lost or a stop from outside the job",
-    "spares": "the last N nodes wait, and take a failed node's place",
+    "spares": "the last N nodes wait, and take a failed node's place; fewer than the nodes listed (checked when "
+              "the file is read)",
     "evict_after": "set aside a node that arrives last at the collectives this long (a spare takes its place, or the "
-                   "run shrinks as min_nodes allows); off unless set",
+                   "run shrinks as min_nodes allows); off unless set; needs `spares:`, or `min_nodes:` below the "
+                   "node count (checked when the file is read)",
     "nodes_command": "a program that prints the nodes (`HOST slots=N` lines) instead of `nodes:`; run again "
                      "before each attempt: new nodes are spares, vanished ones are out",
-    "min_nodes": "go on with fewer nodes, down to this many, when no spare is left",
+    "min_nodes": "go on with fewer nodes, down to this many, when no spare is left; at most the nodes the job "
+                 "starts on, the listed ones but the spares (checked when the file is read)",
     "rejoin_after": "a lost node that answers again this long stops a smaller run, which restarts at the larger size; "
                     "never: it rejoins at the next restart",
     "flight_recorder": "torch's Flight Recorder in every rank: the stuck collective, stragglers",
     "report": "keep the run's timeline and write runs/<job>/report.html, a page of charts, at its end",
-    "notify": "where the job's events go: Apprise URLs, a webhook, a command",
+    "notify": "where the job's events go: Apprise URLs (a string, or `url:`), a webhook, a command; each with "
+              "`on:`, the events it gets",
     "fetch": "paths brought back from every node when the job ends, into runs/<job>/fetched/",
     "warm": "fork every rank from an interpreter on its node that imported torch before the launch; false: the cold start; "
             "left out: on under launcher: torchrun or with preload:, off otherwise",

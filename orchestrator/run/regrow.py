@@ -78,43 +78,81 @@ class Streaks:
         return {label for label, since in self.since.items() if now - since >= self.rejoin_after}
 
 
+ASK_AT_ONCE = 8  # asks of a watch under way at once: below ssh.max_parallel's default (10) start slots
+MISSED_MOST = 60.0  # the most seconds between two asks of a node that has not answered (each miss doubles it)
+
+
 class Watch:
-    """The nodes that could join (``candidates()``: the away nodes, and those a `nodes_command:`
-    lists for the first time) asked every ask_every(rejoin_after) seconds on a thread of its own,
-    until some have answered for rejoin_after: ``ready`` is called once with their labels, and the
-    watch ends. ``close`` ends it sooner (the attempt ended first); ``join`` waits for an ask
-    under way (its ssh connections), bounded."""
+    """The nodes that could join (``candidates()``: the away nodes first, then those a
+    `nodes_command:` lists for the first time), each asked on a clock of its own on a thread of its
+    own: every ask_every(rejoin_after) seconds while it answers, less often after each miss (a dead
+    host never holds up a live one, nor fills the ssh start slots: at most ASK_AT_ONCE at once).
+    Once some have answered for rejoin_after, ``ready`` is called once with their labels, and the
+    watch ends. ``close`` ends it sooner (the attempt ended first) and cuts the asks under way;
+    ``join`` waits for the watch's own thread, bounded."""
 
     def __init__(self, prober: Prober, candidates: Callable[[], list[NodeConfig]], rejoin_after: float,
                  ready: Callable[[set[str]], None], clock: Callable[[], float] = time.monotonic,
                  every: float | None = None):
         self.closed = threading.Event()
-        self.prober = prober
+        self.prober, self.clock = prober, clock
         self.every = ask_every(rejoin_after) if every is None else every
-        self.most = 30.0  # an ask's own bound (a connect timeout and an agent's start), once one is under way
-        self.thread = threading.Thread(target=self._watch, args=(prober, candidates, rejoin_after, ready, clock),
-                                       name="rejoin-watch", daemon=True)
+        self.streaks = Streaks(rejoin_after)
+        self.lock = threading.Lock()
+        self.due: dict[str, float] = {}  # when each node is asked next
+        self.misses: dict[str, int] = {}  # its asks in a row that found it silent
+        self.asking: set[str] = set()
+        self.healthy: set[str] = set()
+        self.woken = threading.Event()  # an ask ended: its node may be healthy now
+        self.thread = threading.Thread(target=self._watch, args=(candidates, ready), name="rejoin-watch", daemon=True)
         self.thread.start()
 
-    def _watch(self, prober: Prober, candidates: Callable[[], list[NodeConfig]], rejoin_after: float,
-               ready: Callable[[set[str]], None], clock: Callable[[], float]) -> None:
-        streaks = Streaks(rejoin_after)
-        while not self.closed.wait(self.every):
+    def _watch(self, candidates: Callable[[], list[NodeConfig]], ready: Callable[[set[str]], None]) -> None:
+        while not self.closed.is_set():
             try:
                 nodes = candidates()
             except Exception:  # noqa: BLE001 - a node list that cannot be read now: none this round
                 nodes = []
-            self.most = max([self.most] + [n.ssh.connect_timeout + 20.0 for n in nodes])
-            healthy = streaks.heard(clock(), [n.label for n in nodes], answering(prober, nodes) if nodes else set())
-            if healthy and not self.closed.is_set():
-                ready(healthy)
+            with self.lock:
+                healthy = set(self.healthy)
+                for node in self._due(nodes) if not healthy else ():
+                    self.asking.add(node.label)
+                    threading.Thread(target=self._ask, args=(node,), name="rejoin", daemon=True).start()
+            if healthy:
+                if not self.closed.is_set():
+                    ready(healthy)
                 return
+            self.woken.wait(min(self.every, 1.0))
+            self.woken.clear()
+
+    def _due(self, nodes: list[NodeConfig]) -> list[NodeConfig]:
+        """The nodes to ask now (under the lock): due, not under way, within ASK_AT_ONCE."""
+        now, chosen = self.clock(), []
+        for node in sorted(nodes, key=lambda n: self.misses.get(n.label, 0)):  # those that answer first
+            if len(self.asking) + len(chosen) >= ASK_AT_ONCE:
+                break
+            if node.label not in self.asking and self.due.get(node.label, now) <= now:
+                chosen.append(node)
+        return chosen
+
+    def _ask(self, node: NodeConfig) -> None:
+        answered = answering(self.prober, [node]) if not self.closed.is_set() else set()
+        with self.lock:
+            # its time once answered: an ask begun while the link was down, that the link's return
+            # let through, does not count the time it was down as time it answered
+            now = self.clock()
+            self.healthy |= self.streaks.heard(now, [node.label], answered)
+            self.misses[node.label] = 0 if answered else self.misses.get(node.label, 0) + 1
+            self.due[node.label] = now + min(MISSED_MOST, self.every * 2 ** self.misses[node.label])
+            self.asking.discard(node.label)
+        self.woken.set()
 
     def close(self) -> None:
-        """No more asks; the one under way, if any, is cut short (the attempt it was for ended)."""
+        """No more asks; those under way are cut short (the attempt they were for ended)."""
         self.closed.set()
+        self.woken.set()
         cut(self.prober)
 
     def join(self) -> None:
         self.close()
-        self.thread.join(self.most)
+        self.thread.join(5.0)

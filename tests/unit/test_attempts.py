@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 from orchestrator.run.attempts import Restarts, delay_before, vetted_after, wait_for_signal
 from orchestrator.run.roster import Roster
@@ -262,22 +264,48 @@ def test_the_watch_asks_the_away_nodes_until_they_have_answered_long_enough_then
     from orchestrator.run.regrow import Watch
     config = cluster(3)
     asked, said, answers = [], [], iter([set(), {"h2"}, {"h2"}, {"h2"}, {"h2"}])
-    done = threading.Event()
-    clock = iter(range(100)).__next__  # each ask one second after the last
+    done, now = threading.Event(), [0.0]
 
-    def prober(nodes):
+    def prober(nodes):  # each ask takes a second
         asked.append([n.label for n in nodes])
+        now[0] += 1.0
         return next(answers)
 
     watch = Watch(prober, lambda: [config.nodes[2]], 2.0, lambda labels: (said.append(labels), done.set()),
-                  clock=clock, every=0.001)
+                  clock=lambda: ticking(now), every=0.001)
     assert done.wait(10)
     watch.join()
-    assert said == [{"h2"}] and asked == [["h2"]] * 4  # a miss, then answers at 1, 2, 3: 2 s without a miss
+    assert said == [{"h2"}] and asked == [["h2"]] * 4  # a miss, then answers at 2, 3, 4: 2 s without a miss
     failing = Watch(lambda nodes: 1 / 0, lambda: [config.nodes[2]], 0.0, said.append, every=0.001)
     assert not failing.closed.wait(0.05)  # a prober that fails finds no one, and the watch goes on
     failing.join()
     assert said == [{"h2"}] and not failing.thread.is_alive()
+
+
+def ticking(now: list) -> float:
+    """A fake clock that the asks move on (by their length), and each reading a little (as time
+    goes on between them)."""
+    now[0] += 0.001
+    return now[0]
+
+
+def test_rejoin_after_is_counted_from_when_a_node_answered_not_from_when_the_ask_began():
+    """An ask begun while the link was down, that the link's return let through 4 s later: the
+    node has answered since then, not since the ask began (taken back 3.6 s early, once)."""
+    from orchestrator.run.regrow import Watch
+    config = cluster(3)
+    now, asks, done, said = [0.0], [], threading.Event(), []
+
+    def prober(nodes):
+        asks.append(now[0])
+        now[0] += 4.0 if len(asks) == 1 else 2.0  # the first ask waits out the cut; then 2 s each
+        return {"h2"}
+
+    watch = Watch(prober, lambda: [config.nodes[2]], 5.0, lambda labels: (said.append(labels), done.set()),
+                  clock=lambda: ticking(now), every=0.001)
+    assert done.wait(10)
+    watch.join()
+    assert said == [{"h2"}] and [round(t) for t in asks] == [0, 4, 6, 8]  # answered at 4, then 6, 8, 10: 6 s since 4
 
 
 def test_a_running_attempt_is_watched_only_while_it_is_smaller_than_the_run_started_and_rejoin_after_allows():
@@ -480,3 +508,35 @@ def test_the_next_attempt_is_planned_without_every_node_the_last_one_lost():
     policy = Restarts.of(cluster(3, min_nodes=1, restarts=1))
     nxt = policy.after(result, [record(0, result)], ("h0", False))
     assert nxt.cluster is not None and [n.label for n in nxt.cluster.nodes] == ["h0"]
+
+
+def test_dead_candidates_never_hold_up_a_live_one():
+    """A node back beside 200 newly listed hosts that never answer: each is asked on its own clock,
+    at most ASK_AT_ONCE at once, a silent one less often after each miss: the live one is taken
+    back after rejoin_after, as alone (one ask of every candidate together once outlasted it)."""
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.run import regrow
+
+    nodes = parse_cluster("nodes:\n  - {host: live, gpus: 1}\n" +  # an away node: candidates() gives those first
+                          "".join(f"  - {{host: d{i}, gpus: 1}}\n" for i in range(200))).nodes
+    started, under_way, most, lock, done = time.monotonic(), [0], [0], threading.Lock(), threading.Event()
+
+    def prober(asked):
+        with lock:
+            under_way[0] += 1
+            most[0] = max(most[0], under_way[0])
+        try:
+            if asked[0].label == "live":
+                return {"live"}
+            time.sleep(0.2)  # a dead host: its connect timeout
+            return set()
+        finally:
+            with lock:
+                under_way[0] -= 1
+
+    said = []
+    watch = regrow.Watch(prober, lambda: list(nodes), 0.3, lambda labels: (said.append(labels), done.set()),
+                         every=0.05)
+    assert done.wait(10)
+    watch.join()
+    assert said == [{"live"}] and most[0] <= regrow.ASK_AT_ONCE and time.monotonic() - started < 5

@@ -58,7 +58,7 @@ def test_the_fetch_key_refuses_the_same_paths_and_two_paths_that_land_as_one(pat
     assert "fetch" in str(e.value) and ("of its own" in str(e.value) or "would both come back as <node>/ckpt" in str(e.value))
 
 
-@pytest.mark.parametrize("label", ["../../x", "..", ".", "a/b", "/etc", "~", "$(id)", "a:b", "n" * 300, ".hidden"])
+@pytest.mark.parametrize("label", ["../../x", "..", ".", "a/b", "/etc", "~", "$(id)", "a:b", "n" * 255, ".hidden"])
 def test_a_hostile_node_label_becomes_a_safe_folder_inside_local_dir(tmp_path, label):
     ck = checkpoint(tmp_path)
     out = tmp_path / "deep" / "out"

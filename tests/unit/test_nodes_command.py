@@ -71,6 +71,30 @@ def test_what_a_program_leaves_running_is_stopped_when_it_ends(tmp_path):
     assert not left_running(marker)
 
 
+def test_a_child_that_left_the_programs_session_is_stopped_too(tmp_path):
+    """setsid takes a child out of the program's group: the mark in its environment still finds it."""
+    marker = f"{tmp_path}/own-session"
+    config = parse_cluster(cluster_text(f"setsid sh -c 'sleep 60; echo {marker}' >/dev/null 2>&1 & echo a slots=1"),
+                           str(tmp_path / "c.yaml"))
+    assert [n.label for n in config.nodes] == ["a"]
+    assert not left_running(marker)
+
+
+@pytest.mark.parametrize("command, says", [
+    ("yes a slots=1", "printed more than 1 MiB"),  # a flood: stopped as it passes the bound, not at the timeout
+    ("yes x >&2", "printed more than 1 MiB"),
+    ("printf 'gpu-\\377 slots=1\\n'", "printed bytes that are not UTF-8"),
+    ("seq -f 'h%g slots=1' 70000", "more than 65536 hosts"),
+    ("printf '%0200000d slots=1\\n' 0", "more than any host name (255)"),
+])
+def test_what_a_program_prints_is_bounded_as_it_prints_it(tmp_path, command, says):
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        parse_cluster(cluster_text(command), str(tmp_path / "c.yaml"))
+    assert says in e.value.render(), e.value.render()
+    assert time.monotonic() - started < 20  # far within COMMAND_WAIT (60 s)
+
+
 def test_nodes_listed_twice_over_are_refused(tmp_path):
     with pytest.raises(ConfigError) as e:
         parse_cluster("nodes: [{host: a, gpus: 1}]\nnodes_command: echo b\n", str(tmp_path / "c.yaml"))

@@ -666,3 +666,39 @@ def test_an_interpreter_killed_while_its_ranks_run_is_named_at_once(warm, tmp_pa
     assert said[0].startswith(f"ddp-up: warm start: the warm interpreter (pid {w.proc.pid}) was killed by SIGKILL "
                               "while 1 process(es) it forked ran"), said
     assert child.wait(30) == 1 and "killed by SIGKILL" in child.lost  # its end waited for, its status unknown
+
+
+class Vanished:
+    """A kept interpreter as fork_torchrun sees it: usable or not, and whose folder is gone."""
+
+    instead, socket = "the ranks start cold", "/nowhere/sock"
+
+    def __init__(self, usable):
+        self.ok, self.said, self.forked = usable, [], False
+
+    def usable(self):
+        return self.ok
+
+    @property
+    def code(self):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    def report(self, text):
+        self.said.append(text)
+
+    def fork(self, *args, **kwargs):
+        self.forked = True
+
+
+@pytest.mark.parametrize("usable", [True, False])
+def test_a_warm_interpreter_whose_folder_vanished_starts_the_ranks_cold_and_fails_none(usable):
+    """A node cut off as its agent started: its kept interpreter's folder went, and torchrun's fork
+    once raised FileNotFoundError, reported as the rank's failure, after the agent had said the
+    ranks start cold. Now: cold, said once, no failure."""
+    from orchestrator.node.launchers.warm import fork_torchrun
+
+    warm = Vanished(usable)
+    assert fork_torchrun(warm, ["-m", "torch.distributed.run", "x.py"], {}, "SIGTERM", [0, 1, 2]) is None
+    assert not warm.forked
+    assert warm.said == (["ddp-up: warm start: the warm interpreter's folder is gone (No such file or directory); "
+                          "the ranks start cold\n"] if usable else [])

@@ -275,8 +275,19 @@ def fork_torchrun(warm, launcher, env, passed, fds):
     """torchrun forked from ``warm`` (a Warm or KeptWarm) with the stdio ``fds``: its command line is
     PYTHON -u -m torch.distributed.run ARGS, and the interpreter is the Python and -u alike, so the
     child runs -m ... ARGS. Its workers' stand-ins (userpython/standin.py) ask ``warm`` for their ranks
-    and pass the signals ``passed`` on to them. A WarmChild, or None where it cannot fork."""
-    env = dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed, CODE_VAR: warm.code})
+    and pass the signals ``passed`` on to them. A WarmChild, or None where it cannot fork: not
+    usable (it said so, once), or its folder gone meanwhile (a kept interpreter that ended as the
+    node was cut off): the ranks then start cold, and a folder that vanished is no rank's failure."""
+    if not warm.usable():
+        return None
+    try:
+        code = warm.code
+    except OSError as e:
+        if warm.report:
+            warm.report("ddp-up: warm start: the warm interpreter's folder is gone (%s); %s\n"
+                        % (e.strerror or e, warm.instead))
+        return None
+    env = dict(env, **{SOCKET_VAR: warm.socket, PASS_VAR: passed, CODE_VAR: code})
     return warm.fork(None, launcher[2:], env, os.getcwd(), fds=fds)
 
 
