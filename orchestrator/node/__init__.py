@@ -54,7 +54,7 @@ ROOMS = {  # each room's modules, in the order they import each other
     "watch": ("report", "teardown", "flight", "screen", "relay", "failures", "stacks", "results"),
     "launchers": ("warm", "keptwarm", "workers", "container", "image", "keptbox"),
     "attempt": ("checks", "placement", "launch", "warmline", "inbox", "run", "keep"),
-    "supervise": ("members", "decide", "notify", "watching", "door", "supervisor", "restarts", "detached", "replay"),
+    "supervise": ("members", "decide", "notify", "watching", "door", "peers", "supervisor", "peerlink", "restarts", "detached", "replay"),
 }
 HOUSE = ("oneshot", "main")  # the package's own modules, after every room
 SHIPPED = tuple("%s.%s" % (room, name) for room, names in ROOMS.items() for name in names) + HOUSE

@@ -234,9 +234,9 @@ def test_a_detached_hang_is_detected_dumped_stopped_and_named(cluster, detached)
     """The supervisor sees no line from any rank for hang_timeout, has every rank print its stack,
     stops the job; an attach names the odd rank out from the stacks in the journals. Rank 0 takes
     longer than hang_timeout to reach init_process_group (a slow import): start-up is no hang."""
-    path = detached([(0, 1), (1, 2)], launcher="torchrun", hang_timeout=15,
+    path = detached([(0, 1), (1, 2)], launcher="torchrun", hang_timeout=10,
                     env={"OMP_NUM_THREADS": 1, "PATH": "/usr/bin:/bin",  # no py-spy: the dump hook
-                         "JOB_SLOW_RANK": 0, "JOB_INIT_DELAY": 20})
+                         "JOB_SLOW_RANK": 0, "JOB_INIT_DELAY": 12})
     job = detach(path, "hang")
     row = wait_state(path, job, ("failed", "stopped", "done"), 120)
     assert row["state"] == "failed" and row["root_cause"].startswith("job hung (no output from any rank"), row

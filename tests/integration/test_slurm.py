@@ -198,7 +198,8 @@ def test_sbatch_submits_a_batch_job_that_runs_the_job_with_slurm(slurm, tmp_path
 
 def test_slurms_warning_reaches_every_rank_once_and_its_time_limit_stops_them_with_their_grace(slurm, slurm_file,
                                                                                                 tmp_path):
-    """Issue 27, item 4: `salloc --time=1`, and the warning `--signal=USR1@T` would send. The
+    """Issue 27, item 4: `salloc --time=0:20` (20 s: slurmctld acts on it at its next pass, within
+    30 s), and the warning `--signal=USR1@T` would send. The
     warning goes to every process of each step: every rank gets it once, and the job goes on (the
     agents and torchrun ignore it); at the time limit Slurm's SIGTERM starts the graceful stop,
     every rank saves within KillWait, and the end is named as Slurm's doing, a stop from outside
@@ -210,7 +211,7 @@ def test_slurms_warning_reaches_every_rank_once_and_its_time_limit_stops_them_wi
     path = slurm_file(stop_grace=5, restarts=2, env={"OMP_NUM_THREADS": 1, "SAVE_S": "1"})
     run = Launch(["--slurm", "--no-dashboard", path, SCRIPT, "save", str(ckpt)], code=UP,
                  env={"SLURM_CONF": slurm.env["SLURM_CONF"]},
-                 prefix=("salloc", "-N3", "--ntasks-per-node=1", "--quiet", "--time=1"))
+                 prefix=("salloc", "-N3", "--ntasks-per-node=1", "--quiet", "--time=0:20"))
     for rank in range(3):
         run.wait_line(rf"r{rank}\s+\| rank {rank} SHUTDOWN_TIMEOUT=\S+ running", 50)
     job = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm.env, capture_output=True, text=True,

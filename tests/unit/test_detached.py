@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from orchestrator.node.attempt import checks
-from orchestrator.node.supervise import decide, detached, door, members, replay, restarts, supervisor
+from orchestrator.node.supervise import decide, detached, door, members, peerlink, replay, restarts, supervisor
 from orchestrator.node.protocol import events, policy, wire
 from orchestrator.node.local import inventory, procs, state
 from orchestrator.commands.attach import ls_table, merge_records
@@ -99,11 +99,11 @@ def start_supervisor(tmp_path, nodes: int, clock: FakeClock, master: int = 0,
     return runner, sup
 
 
-def link(tmp_path, node: int, nodes: int, port: int, clock: FakeClock) -> tuple[FakeRunner, supervisor.PeerLink]:
+def link(tmp_path, node: int, nodes: int, port: int, clock: FakeClock) -> tuple[FakeRunner, peerlink.PeerLink]:
     """A node's link to the supervisor. Its own dead-man switch is kept out of the way (the
     supervisor's heartbeats reach it in real time, the test's clock jumps): see the test of it."""
     runner = FakeRunner(node, nodes, str(tmp_path), clock, orphan_timeout=1e9)
-    peer = supervisor.PeerLink(runner, "127.0.0.1", port, clock=clock)
+    peer = peerlink.PeerLink(runner, "127.0.0.1", port, clock=clock)
     peer.start()
     return runner, peer
 
@@ -121,7 +121,7 @@ def tick_heard(sup: supervisor.Supervisor, clock: FakeClock, seconds: float, *no
     """Move the clock, wait for ``nodes``' links to beat at the new time (as they do every
     heartbeat), then let the supervisor tick: only what the test means is silent is."""
     clock.advance(seconds)
-    wait(lambda: all(sup.heard[n] == clock.now for n in nodes))
+    wait(lambda: all(sup.peers.heard[n] == clock.now for n in nodes))
     sup.tick(clock.now)
 
 
@@ -134,7 +134,7 @@ def test_a_failing_node_halts_the_others_and_the_outcome_names_it(tmp_path):
     runner0, sup = start_supervisor(tmp_path, 3, clock)
     runner1, one = link(tmp_path, 1, 3, sup.port, clock)
     runner2, two = link(tmp_path, 2, 3, sup.port, clock)
-    wait(lambda: set(sup.links) == {1, 2} and running(sup, 2))
+    wait(lambda: set(sup.peers.links) == {1, 2} and running(sup, 2))
     one.report("failed", 7, None)
     assert runner0.next_stop() == "node 1 failed (exit code 7)"  # the master node's own job stops
     assert runner2.next_stop() == "node 1 failed (exit code 7)"  # and every other node's
@@ -261,7 +261,7 @@ def test_a_silent_supervisor_stops_the_node_it_does_not_answer(tmp_path):
     orphan_timeout stops its job, as it would for a silent controller."""
     clock = FakeClock()
     runner = FakeRunner(1, 2, str(tmp_path), clock, orphan_timeout=30.0)
-    peer = supervisor.PeerLink(runner, "127.0.0.1", 9, clock=clock)  # never started: no connection
+    peer = peerlink.PeerLink(runner, "127.0.0.1", 9, clock=clock)  # never started: no connection
     assert peer.tick(clock.advance(29.0)) is None
     assert peer.tick(clock.advance(2.0)) == events.Stop("no word from the master node's supervisor for 31 s")
     assert runner.notices.sent == []  # the beat thread tells (PeerLink.beat), not the check
@@ -608,7 +608,7 @@ def test_an_elastic_nodes_link_stops_its_part_then_waits_to_be_taken_back():
     attempt only (once); its agent waits to hear it again for away_wait, then stops for good."""
     clock = FakeClock()
     runner = FakeRunner(1, 3, "/nonexistent", clock, orphan_timeout=30.0, min_nodes=2, rejoin_after=120.0)
-    peer = supervisor.PeerLink(runner, "127.0.0.1", 9, clock=clock)  # never started: no connection
+    peer = peerlink.PeerLink(runner, "127.0.0.1", 9, clock=clock)  # never started: no connection
     assert peer.tick(clock.advance(31.0)) == events.Halt(
         0, "no word from the master node's supervisor for 31 s; its part stops, and it waits to be taken back")
     assert peer.tick(clock.advance(100.0)) is None
@@ -814,7 +814,7 @@ def test_a_detached_jobs_supervisor_names_a_straggler_once_from_its_own_and_a_pe
     runner, sup = start_supervisor(tmp_path, 2, clock)
     peer_runner, peer = link(tmp_path, 1, 2, sup.port, clock)
     try:
-        wait(lambda: 1 in sup.links)
+        wait(lambda: 1 in sup.peers.links)
         for seq in range(LEAST + 2):  # node 1's rank 3 comes 200 ms after node 0's, every time
             sup.arrived(0, wire.Arrivals(times=[["0", seq, 100.0 + seq, 0]]))
             assert peer.send(wire.Arrivals(times=[["0", seq, 100.2 + seq, 3]]))

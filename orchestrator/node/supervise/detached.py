@@ -28,7 +28,8 @@ from ..local.state import BARS, JOURNAL, Journal, per_attempt, write_record
 from .notify import JobNotices
 from .restarts import Restarts, master_of
 from .door import listen_for_peers
-from .supervisor import PeerLink, Supervisor
+from .peerlink import PeerLink
+from .supervisor import Supervisor
 
 
 class DetachedRun(Runner):

@@ -1,10 +1,10 @@
-"""A detached job's agents watching each other: the Supervisor in the master node's agent, and
-every other node's PeerLink to it (TCP on the master address; PEER frames, see wire.py). Each
-connection first proves that it knows the job's token, at the supervisor's Door (door.py).
-The decisions are decide.py's and members.py's; here is the I/O, with the clock injected.
+"""A detached job's supervisor: the master node's agent, which every other node's agent joins
+(peerlink.py; TCP on the master address, PEER frames, see wire.py), each connection proving first
+that it knows the job's token at the Door (door.py). Three roles: its connections (peers.py), its
+watch once a heartbeat (watching.py), and here what the nodes' words decide: an attempt's end, a
+restart or the job's end. The rules are decide.py's and members.py's; the clock is injected.
 """
 
-import socket
 import threading
 import time
 
@@ -12,19 +12,10 @@ from ..local.state import ATTEMPTS, ENDED, OUTCOME, write_record
 from ..protocol import events, policy, wire
 from ..protocol.stragglers import LateWatch
 from . import decide, notify
-from .door import JOIN_TIMEOUT, Door, proof
+from .door import Door
 from .members import Members
+from .peers import Peers
 from .watching import Watch
-
-AWAY_WAIT_LEAST = 60.0  # an elastic job's node that lost its supervisor waits this long at least to hear it again
-
-
-def away_wait(spec):
-    """How long a node of an elastic job (`min_nodes:`) that lost its supervisor waits, its part
-    stopped, to hear it again (and be taken back) before its agent gives up: rejoin_after (the
-    default's 10 minutes with `never`), at least a minute. A node always hears it after a break
-    of the network; a supervisor gone for good leaves its agents idle this long at most."""
-    return max(AWAY_WAIT_LEAST, spec.rejoin_after if spec.rejoin_after is not None else 600.0)
 
 
 class Supervisor:
@@ -40,8 +31,7 @@ class Supervisor:
         self.clock, self.wall = clock, wall
         self.lock = threading.Lock()
         self.states = {}  # node -> {"state", "code", "reason", "at", "final"}, of the current attempt
-        self.links = {}  # node -> (socket, its send lock)
-        self.heard = {}  # node -> when it was last heard (monotonic)
+        self.peers = Peers(self.lock, clock)  # the other nodes' connections, and when each was last heard
         self.halted = None  # the reason every node was told to stop
         self.finished = threading.Event()  # every node has ended the current attempt
         self.progress = decide.NodesProgress()  # what every node last said of its ranks
@@ -64,7 +54,7 @@ class Supervisor:
         tests call tick themselves, in fake time)."""
         now = self.launched = self.clock()
         self.book.started(now)
-        self.heard = {node: now for node in range(self.spec.nodes)}  # joining is due from Go on
+        self.peers.expect(self.spec.nodes, now)  # joining is due from Go on
         write_record(self.runner.dir, {"attempts": []}, ATTEMPTS)  # an attach knows the master node by it
         self.door.open()
         if watch:
@@ -74,35 +64,29 @@ class Supervisor:
         """A node that joined (see Door): its reports until it closes; one that joins after the
         job was halted hears so at once."""
         with self.lock:
-            self.links[node] = (conn, threading.Lock())
-            self.heard[node] = self.clock()
-            self.members.linked(node, self.heard[node])
+            self.peers.link(node, conn, self.spec.orphan_timeout)
+            self.members.linked(node, self.peers.heard[node])
             halted = self.halted if not self.members.away(node) else None
         try:
-            conn.settimeout(self.spec.orphan_timeout)
             if node in self.members.out:  # lost twice: its agent need wait no longer
                 self.send(node, wire.RunOver(reason=self.members.out_words(node)))
             if halted:
                 self.send(node, wire.Halt(reason=halted))
-            while True:
-                frame = wire.read_frame(stream, wire.PEER)
-                if frame is None:
-                    return
-                self.heard_from(node, frame)
+            self.peers.listen(node, stream, self.heard_from)
         except (OSError, ValueError, wire.ProtocolError):
             pass  # a silent node is found lost by tick()
         finally:
             with self.lock:
-                if self.links.get(node, (None,))[0] is conn:
-                    del self.links[node]
+                if self.peers.unlink(node, conn):
                     self.members.unlinked(node)
             conn.close()
 
-    def heard_from(self, node, frame):
-        now = self.clock()
-        if isinstance(frame, wire.Progress) and frame.node == node:  # before heard: a tick that sees it sees these
+    def send(self, node, frame):
+        self.peers.send(node, frame)
+
+    def heard_from(self, node, frame, now):
+        if isinstance(frame, wire.Progress) and frame.node == node:
             self.progress.said[node] = (frame.quiet, now, frame.waiting, frame.ended is True)
-        self.heard[node] = now
         if isinstance(frame, wire.NodeState) and frame.node == node and not self.members.away(node):
             if frame.attempt < self.attempt and self.restart_frame is not None:
                 self.send(node, self.restart_frame)  # it reconnected after the word went out
@@ -119,17 +103,6 @@ class Supervisor:
         for late in named:
             self.runner.notices.send("straggler", "job %s: node %d is a straggler: %s" % (
                 self.spec.job, late.node, late.how()), node=late.node)
-
-    def send(self, node, frame):
-        link = self.links.get(node)
-        if link is None:
-            return
-        conn, lock = link
-        try:
-            with lock:
-                conn.sendall(frame.encode())
-        except OSError:
-            pass
 
     def report(self, node, state, code=None, reason=None, attempt=None, final=False, failure=None):
         with self.lock:
@@ -174,15 +147,13 @@ class Supervisor:
             self.progress = decide.NodesProgress()
             self.late = LateWatch(self.spec.nodes)
             now = self.launched = self.clock()
-            self.heard = {node: now for node in range(self.spec.nodes)}
+            self.peers.expect(self.spec.nodes, now)
             on = self.members.words(self.next_nodes) if self.next_nodes is not None else ""
             if self.next_nodes is not None:
-                self.members.begin(self.next_nodes, list(self.links), now)
+                self.members.begin(self.next_nodes, list(self.peers.links), now)
             self.restart_frame = wire.Restart(attempt=attempt, port=port, nodes=self.next_nodes)
             self.finished.clear()
-        for node in list(self.links):
-            if not self.members.away(node):
-                self.send(node, self.restart_frame)
+        self.peers.send_all(self.restart_frame, but=self.members.away)
         root = notify.root_text(self.attempts[-1]["root_cause"])
         self.runner.notices.send("restart", "job %s: attempt %d ended (%s); attempt %d starts%s" % (
             self.spec.job, attempt - 1, root or "no root cause", attempt, on), attempt=attempt, root_cause=root)
@@ -201,8 +172,7 @@ class Supervisor:
         last = dict(self.summary(), next=reason)
         earlier = [a for a in self.attempts if a["attempt"] != self.attempt]
         write_record(self.runner.dir, dict(last, job=self.spec.job, attempts=earlier + [last]), OUTCOME)
-        for node in list(self.links):
-            self.send(node, wire.RunOver(reason=reason))
+        self.peers.send_all(wire.RunOver(reason=reason))
         self.over_event.set()
         self.runner.notices.ended(last, reason)
 
@@ -215,9 +185,8 @@ class Supervisor:
             if self.halted is not None:
                 return
             self.halted = reason
-        for other in list(self.links):
-            if self.states.get(other, {}).get("state") not in ENDED and not self.members.away(other):
-                self.send(other, wire.Halt(reason=reason))
+        self.peers.send_all(wire.Halt(reason=reason), but=lambda node: self.states.get(node, {}).get("state") in ENDED
+                            or self.members.away(node))
         self.runner.events.put(events.Halt(self.attempt, reason))
 
     def watch(self):
@@ -227,123 +196,3 @@ class Supervisor:
     def tick(self, now):
         """Once a heartbeat (Watch.tick)."""
         self.watcher.tick(now)
-
-
-class PeerLink:
-    """Every other node's agent, in a detached job: its line to the master node's Supervisor. A
-    Halt stops the job here; a supervisor unheard for orphan_timeout (the master node or the
-    network between them gone) stops it too, as a silent controller would. It reconnects while
-    it waits: a short break in the network is not a failure. In an elastic job the silence stops
-    only this attempt here (the job may go on without this node, and take it back): the agent
-    waits to hear the supervisor again for away_wait, then stops for good."""
-
-    def __init__(self, runner, addr, port, clock=time.monotonic):
-        self.runner = runner
-        self.spec = runner.spec
-        self.addr, self.port = addr, port
-        self.clock = clock
-        self.lock = threading.Lock()
-        self.sock = None
-        self.heard = clock()
-        self.state = wire.NodeState(node=self.spec.node, state="running")
-        self.done = threading.Event()
-        self.cut = False  # an elastic job's: this silence has stopped the attempt here
-
-    def start(self):
-        threading.Thread(target=self.run, name="peer-link", daemon=True).start()
-        threading.Thread(target=self.beat, name="peer-beat", daemon=True).start()
-
-    def run(self):
-        while not self.done.is_set():
-            try:
-                self.session()
-            except (OSError, ValueError, wire.ProtocolError):
-                pass
-            if self.done.wait(1.0):
-                return
-
-    def session(self):
-        conn = socket.create_connection((self.addr, self.port), timeout=JOIN_TIMEOUT)
-        try:
-            conn.settimeout(self.spec.orphan_timeout)
-            stream = conn.makefile("rb")
-            challenge = wire.read_frame(stream, wire.PEER)
-            if not isinstance(challenge, wire.Challenge):
-                return
-            with self.lock:
-                conn.sendall(wire.Join(node=self.spec.node, proof=proof(self.spec.token, challenge.nonce)).encode()
-                             + self.state.encode())
-                self.sock = conn
-            while True:
-                frame = wire.read_frame(stream, wire.PEER)
-                if frame is None:
-                    return
-                self.heard = self.clock()
-                event = events.from_supervisor(frame, self.runner.attempt)
-                if event is not None:
-                    self.runner.events.put(event)
-        finally:
-            with self.lock:
-                self.sock = None
-            conn.close()
-
-    def send(self, frame):
-        with self.lock:
-            if self.sock is None:
-                return False
-            try:
-                self.sock.sendall(frame.encode())
-                return True
-            except OSError:
-                return False
-
-    def beat(self):
-        while not self.done.wait(self.spec.heartbeat):
-            stop = self.tick(self.clock())
-            if isinstance(stop, events.Halt):  # an elastic job's: this attempt only
-                self.runner.events.put(stop)
-            elif stop is not None:  # the one node given the targets besides the master's tells (plan.agent_spec)
-                self.runner.notices.send("lost", "job %s: node %d lost its supervisor for good: %s; it stops its part" % (
-                    self.spec.job, self.spec.node, stop.reason), node=self.spec.node)
-                self.runner.events.put(stop)
-                return
-
-    def tick(self, now):
-        """Once a heartbeat: say how quiet this node's ranks are; the Stop a silent supervisor
-        becomes (in an elastic job, first the Halt of this attempt, then the Stop once it has
-        waited away_wait), or None."""
-        self.send(wire.Progress(node=self.spec.node, quiet=now - self.runner.out.last_output,
-                                waiting=self.runner.waiting(), ended=self.runner.ranks_ended()))
-        silent = policy.silence(now, self.heard, self.spec.orphan_timeout)
-        self.cut = self.cut and silent is not None
-        if silent is None:
-            return None
-        words = "no word from the master node's supervisor for %.0f s" % silent
-        if self.spec.min_nodes is None or silent > self.spec.orphan_timeout + away_wait(self.spec):
-            return events.Stop(words)
-        if self.cut:
-            return None
-        self.cut = True
-        return events.Halt(self.runner.attempt, words + "; its part stops, and it waits to be taken back")
-
-    def report(self, state, code, reason, attempt=0, final=False, failure=None, keep=False):
-        """This node's end of ``attempt``, to the supervisor (waiting a little for a connection, if
-        it is between two); the link then closes, unless ``keep``: the supervisor's word on a next
-        attempt is to come."""
-        self.set_state(wire.NodeState(node=self.spec.node, state=state, code=code, reason=reason,
-                                      attempt=attempt, final=final, failure=failure))
-        if not keep:
-            self.close()
-
-    def rejoin(self, attempt):
-        self.set_state(wire.NodeState(node=self.spec.node, state="running", attempt=attempt))
-
-    def set_state(self, state):
-        with self.lock:
-            self.state = state
-        deadline = self.clock() + 2 * self.spec.heartbeat
-        while not self.send(state) and self.clock() < deadline:
-            time.sleep(0.1)
-
-    def close(self):
-        self.done.set()

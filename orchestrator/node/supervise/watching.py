@@ -17,10 +17,9 @@ class Watch:
     def tick(self, now):
         """Once a heartbeat: beat to every node, find the silent ones lost, watch for a hang."""
         sup = self.sup
-        for node in list(sup.links):
-            sup.send(node, wire.Heartbeat())
+        sup.peers.send_all(wire.Heartbeat())
         peers = [n for n in sup.members.nodes if n != sup.spec.node]  # the master's need not be node 0
-        for node, silent in decide.lost_peers(now, peers, sup.heard, sup.states, sup.spec.orphan_timeout):
+        for node, silent in decide.lost_peers(now, peers, sup.peers.heard, sup.states, sup.spec.orphan_timeout):
             sup.report(node, "lost", None, "no word from its agent for %.0f s" % silent)
         self.watch_hang(now)
         why = self.reshape(now)
@@ -57,7 +56,7 @@ class Watch:
         own = {sup.spec.node: (now - sup.runner.out.last_output, now, sup.runner.waiting(), sup.runner.ranks_ended())}
         if sup.first_done is None and sup.progress.ended(running, own):
             sup.first_done = now  # a node whose ranks have all ended is done, as far as the others go
-        quiet = sup.progress.quiet(running, now, sup.heard, own)
+        quiet = sup.progress.quiet(running, now, sup.peers.heard, own)
         step = decide.hang_step(now, sup.spec.hang_timeout, sup.hung, sup.halted, quiet, sup.first_done,
                                 startup=sup.startup, late=sup.progress.late(running, own),
                                 since_launch=now - sup.launched)
