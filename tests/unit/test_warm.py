@@ -702,3 +702,21 @@ def test_a_warm_interpreter_whose_folder_vanished_starts_the_ranks_cold_and_fail
     assert not warm.forked
     assert warm.said == (["ddp-up: warm start: the warm interpreter's folder is gone (No such file or directory); "
                           "the ranks start cold\n"] if usable else [])
+
+
+def test_a_variable_an_import_read_then_set_itself_sends_no_rank_cold(monkeypatch):
+    """torch's inductor reads TORCHINDUCTOR_CACHE_DIR at import, finds none, and sets it to its
+    default: the rank inherits that value, and its own import would find the same. A rank whose
+    value is its own (RANK, LOCAL_RANK read by a module ddp-up cannot redo) still forks cold."""
+    from orchestrator.node.userpython import beforefork
+
+    monkeypatch.setattr(beforefork, "python_threads", lambda: [])
+    monkeypatch.setattr(beforefork, "native_threads", lambda: 1)
+    seen = beforefork.Seen()
+    seen.missing = {"TORCHINDUCTOR_CACHE_DIR": {"torch._inductor.runtime.cache_dir_utils"}, "RANK": {"somelib"},
+                    "LOCAL_RANK": {"torchmetrics.utilities.prints"}}
+    seen.set = {"TORCHINDUCTOR_CACHE_DIR": (None, "/tmp/torchinductor_u")}
+    seen.checked = time.monotonic()
+    assert seen.refusal({"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_u", "LOCAL_RANK": "1"}) is None
+    assert seen.refusal({"TORCHINDUCTOR_CACHE_DIR": "/mine"})[0] == "RANK"  # the user's own: the import saw none
+    assert seen.refusal({"RANK": "1"})[0] == "RANK"

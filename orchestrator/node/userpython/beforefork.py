@@ -132,7 +132,10 @@ class Seen:
             return "THREAD", "a thread started in the warm interpreter after its imports"
         for key in sorted(self.missing):
             readers = self.missing[key] - set(REDO)
-            if key in env and readers:
+            # the value an import set itself, which the rank inherited (torch's inductor cache
+            # directory, read and then set to its default): what it found made no difference
+            own = key in self.set and env.get(key) == self.set[key][1]
+            if key in env and readers and not own:
                 return "RANK", ("importing %s read %s before any rank had it, and kept what it found"
                                 % (sorted(readers)[0], key))
         return None
@@ -173,7 +176,13 @@ def rank_zero(module):
     module.rank_zero_only.rank = module._get_rank() or 0
 
 
-REDO = {"lightning.fabric.utilities.rank_zero": rank_zero, "lightning_fabric.utilities.rank_zero": rank_zero}
+def local_rank_zero(module):
+    # torchmetrics (which `pip install lightning` brings): the same decorator's rank, as LOCAL_RANK
+    module.rank_zero_only.rank = int(os.environ.get("LOCAL_RANK", 0))
+
+
+REDO = {"lightning.fabric.utilities.rank_zero": rank_zero, "lightning_fabric.utilities.rank_zero": rank_zero,
+        "torchmetrics.utilities.prints": local_rank_zero}
 FILES_FRESH = 0.5  # seconds a check of the imported modules' files holds for the next request
 OURS = __name__.rpartition(".")[0] + "."  # this room's modules, as the warm interpreter imported them
 
