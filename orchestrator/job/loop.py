@@ -133,7 +133,7 @@ class JobLoop:
         self.following: Following | None = None  # attached to a detached job: its journals, read (see follow)
         self.channel_ended: set[int] = set()  # nodes whose channel reported its end (Closed)
         self.status: list[NodeStatus] = self.table.status  # the same list: the table changes it
-        self._apply = {MasterPort: self._master_port, SupervisorPort: self._supervisor_port,
+        self._apply = {MasterPort: self._master_port, SupervisorPort: lambda ask: setattr(self, "supervisor_port", ask.port),
                        Record: lambda ask: self.record(ask.failure),
                        ChannelEnded: lambda ask: self.channel_ended.add(ask.node), KilledBy: self._killed_by,
                        Lost: lambda ask: self.lost(ask.node, ask.what),
@@ -223,9 +223,6 @@ class JobLoop:
         if self.master_port is None:  # the first one reported is the job's
             self.master_port = ask.port
 
-    def _supervisor_port(self, ask: SupervisorPort) -> None:
-        self.supervisor_port = ask.port
-
     def _killed_by(self, ask: KilledBy) -> None:
         """ddp-kill is stopping this node's job (its note with the signal, node/local/state.py): the run
         is over as for a SIGTERM to ddp-up, every node stopped with its grace and no restart."""
@@ -271,10 +268,11 @@ class JobLoop:
         self.table.fail(failure)
         if self.following:
             self.stop.requested = True  # by the job's own supervisor, on the nodes
-        elif not self.stop.requested:
+        else:  # the first stops every node; a node lost later still tells the others (StopPath.request)
             how = "stopped from outside" if failure.kind == "outside" else "failed"  # Slurm's, a shutdown
-            self.view.notice(f"{failure.label} {how}: {failure.what}; stopping all nodes")
-            self.stop.request(f"{failure.label} {how}")
+            if not self.stop.requested:
+                self.view.notice(f"{failure.label} {how}: {failure.what}; stopping all nodes")
+            self.stop.request(f"{failure.label} {how}", peer_lost=failure.kind == "lost")
 
     # --- what it is ---
 

@@ -151,9 +151,10 @@ class NodeReports:
         self.pace.lines(event.node, event.lines)
         status.lines += len(event.lines)
         status.last_line = event.lines[-1].text[:LAST_LINE]
-        if status.state == "stopping" and self.stop.requested:
+        if status.state == "stopping" and (self.stop.requested or self.following):
             # the launcher's own report of a stop ddp-up asked for (torchrun's SignalException
-            # traceback, ~40 lines a node) goes to the node's log file only
+            # traceback, ~40 lines a node) goes to the node's log file only; so does a detached
+            # job's, at each stop its supervisor made (a failure elsewhere, a grow, a node set aside)
             kept = [line for line in event.lines if line.rank is None and line.stream != "node"]
             if kept:
                 getattr(self.view, "kept_lines", lambda *_: None)(status.plan, kept)

@@ -29,16 +29,24 @@ class StopPath:
         self.sweeper = sweeper
         self.clock = clock
         self.requested = False
+        self.peer_lost = False  # the stop's nodes were told that a node was lost
         self.stop_deadline: float | None = None
         self.kill_deadline: float | None = None
         self.next_reminder: float | None = None
         self.passed_on = 0  # how many of the inbox's SIGUSR1/SIGUSR2 have been passed on
 
-    def request(self, reason: str) -> None:
-        """Stop every node (once): a node still connecting is cancelled (nothing started there)."""
+    def request(self, reason: str, peer_lost: bool = False) -> None:
+        """Stop every node (once): a node still connecting is cancelled (nothing started there).
+        ``peer_lost``: for a node lost, its ranks stuck in a collective with it are not waited for
+        (wire.Stop); a node lost once the stop is under way is told to the others then."""
         if self.requested:
+            if peer_lost and not self.peer_lost and not self.killing:
+                self.peer_lost = True
+                for session, status in zip(self.sessions, self.table):
+                    if not status.terminal and status.state != "lost":
+                        session.send(wire.Stop(peer_lost=True))
             return
-        self.requested = True
+        self.requested, self.peer_lost = True, peer_lost
         self.stop_deadline = self.clock() + self.plan.stop_grace + STOP_MARGIN
         self.next_reminder = self.clock() + REMIND
         for session, status in zip(self.sessions, self.table):
@@ -47,7 +55,7 @@ class StopPath:
                 self.table.set(status.plan.index, "stopped", reason="cancelled while connecting")
             elif not status.terminal:
                 status.reason, status.stop_asked = reason, self.clock()
-                session.send(wire.Stop())
+                session.send(wire.Stop(peer_lost=peer_lost))
 
     def pass_on(self, got: list[int], following) -> None:
         """Each SIGUSR1/SIGUSR2 ddp-up got since the last turn (``got``: the inbox's, all of them):

@@ -295,6 +295,7 @@ def test_a_detached_warm_job_restarts_warm(detached, launcher):
     assert code == 0 and re.search(r"ok after [\d.]+ s in 2 attempts", out), out
     assert sorted(re.findall(r"READY rank=(\d) world=2 .* warm=(\w+) attempt=1$", out, re.M)) == \
         [("0", "True"), ("1", "True")], out
+    assert "SignalException" not in out, out  # torchrun's report of the stop the supervisor made: the log's, as attached
     assert not procs.wait_no_job_processes(job, timeout=30)
 
 

@@ -96,3 +96,29 @@ def test_faults_together_end_or_go_on_within_a_bound(name, cluster, cluster_file
     else:
         assert len(attempts) == 1, attempts
     assert "answered again afterwards" not in out, out  # no cut node ran a later attempt
+
+
+def test_ranks_stuck_in_a_collective_with_a_lost_node_are_not_waited_for(cluster, cluster_file, tmp_path):
+    """A node lost mid-step: the others' ranks sit in an all_reduce that waits on its ranks, where
+    their stop handlers cannot run; they were waited on for the whole stop_grace (60 s here), and
+    are now ended once their Flight Recorder shows them stuck, each named with its collective."""
+    path = cluster_file([(0, 1), (1, 1), (2, 1)], launcher="torchrun", min_nodes=2, orphan_timeout=3,
+                        restart_delay=0.2, stop_grace=60, rejoin_after="never",
+                        env={"OMP_NUM_THREADS": 1, "JOB_TERM_HANDLER": 1, "JOB_PG_TIMEOUT": 120})
+    launch = Launch([str(path), SCRIPT, "collectives", "balanced", "100000", "0.05"])
+    try:
+        launch.wait_line(r"r2 \| step 20 rank=2$", 120)
+        cluster.partition(cluster.nodes[2])
+        launch.wait_line(r"lost \(no heartbeat", 60)
+        lost = time.monotonic()
+        launch.wait_line(r"READY rank=1 world=2 .* attempt=1", 120)
+        took = time.monotonic() - lost
+        launch.signal(signal.SIGINT)
+        code = launch.wait(90)
+    finally:
+        cluster.heal(cluster.nodes[2])
+        launch.proc.kill()
+    out = launch.output
+    assert code == 130, out
+    assert took < 40, (took, out)  # not stop_grace's 60 s
+    assert re.search(r"ddp-up: rank [01] was in \S+ #\d+, which cannot complete without the node lost", out), out

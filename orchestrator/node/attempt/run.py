@@ -28,6 +28,7 @@ from .launch import Launch, gpu_left, outcome, results_of
 from .warmline import HeldFrames, await_warm, end_warm, warm_interpreters
 
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
+STUCK_WAIT = 2.0  # at a stop for a node lost: seconds a rank's stop handler gets before a rank stuck in a collective ends
 
 
 class Runner:
@@ -136,7 +137,8 @@ class Runner:
             if isinstance(event, events.Stop):
                 self.for_good = True
                 by = ("ddp-kill" if killed_by_ddp_kill() else "signal") if event.signalled else None
-                return self.stop("stopped by ddp-kill" if by == "ddp-kill" else event.reason, force=event.force, by=by)
+                return self.stop("stopped by ddp-kill" if by == "ddp-kill" else event.reason, force=event.force, by=by,
+                                 peer_lost=event.peer_lost)
 
     def start(self, go):
         """The attempt's launch, from ``go`` (its processes, relays and samplers: launch.py)."""
@@ -147,10 +149,12 @@ class Runner:
 
     # --- stopping and ending ----------------------------------------------------------------------
 
-    def stop(self, reason, force, by=None):
+    def stop(self, reason, force, by=None, peer_lost=False):
         """stop_signal to the launcher (it gives every rank the same stop_grace: see launch.py), wait
         that and LAUNCHER_MARGIN, then SIGKILL every tagged survivor. A node where a rank died before
-        the stop came lets its launcher end by itself first (REPORT_WAIT), with its report."""
+        the stop came lets its launcher end by itself first (REPORT_WAIT), with its report. For a
+        node lost (``peer_lost``), the ranks stuck in a collective STUCK_WAIT later are ended then:
+        it cannot complete without that node, and their stop handlers cannot run inside it."""
         ended = None if force else before_stop(self.launch, self.next_event, self.clock, self.attempt)
         if ended is not None:
             return self.finish(ended[0], stopped=False, reason=ended[1])
@@ -159,8 +163,11 @@ class Runner:
         if not force:
             self.launch.signal(getattr(signal, self.spec.stop_signal, signal.SIGTERM))
             deadline = self.clock() + self.spec.stop_grace + LAUNCHER_MARGIN
+            stuck_at = self.clock() + STUCK_WAIT if peer_lost else None
             while self.clock() < deadline:
-                event = self.next_event(deadline)
+                if stuck_at is not None and self.clock() >= stuck_at:
+                    stuck_at = self.launch.end_stuck()
+                event = self.next_event(min(deadline, stuck_at or deadline))
                 if isinstance(event, events.Exited) and event.attempt == self.attempt:
                     code = event.code
                     self.launch.outlived(max(0.0, deadline - self.clock()))
@@ -169,6 +176,8 @@ class Runner:
                 elif isinstance(event, events.Stop) and event.force:
                     force = True
                     break
+                elif isinstance(event, events.Stop) and event.peer_lost and stuck_at is None:
+                    stuck_at = self.clock()  # a node lost as this stop went on: its peers' collectives never end
         return self.finish(code, stopped=True, reason=reason, graceful=not force)
 
     def finish(self, code, stopped, reason, graceful=False):

@@ -42,6 +42,7 @@ class Stop(wire.Frame):
     reason: str
     force: bool = False
     signalled: bool = False  # a signal to the agent: ddp-kill's (state.killed_by_ddp_kill) or anyone's
+    peer_lost: bool = False  # for a node lost (wire.Stop's)
 
 
 @wire.value()
@@ -96,7 +97,7 @@ FROM_CONTROLLER = {  # run mode: every frame the controller may send after the s
     wire.Probe: Probe,
     wire.Dump: lambda frame: Dump(),
     wire.Signal: lambda frame: PassOn(frame.name),
-    wire.Stop: lambda frame: Stop(CONTROLLER_ASKED),
+    wire.Stop: lambda frame: Stop(CONTROLLER_ASKED, peer_lost=frame.peer_lost is True),
     wire.Kill: lambda frame: Stop(CONTROLLER_ASKED, True),
 }
 

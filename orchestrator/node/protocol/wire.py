@@ -313,7 +313,10 @@ class Signal(Frame):
 
 @_frame(TO_AGENT)
 class Stop(Frame):
-    """SIGTERM the launcher, SIGKILL what is left after stop_grace."""
+    """SIGTERM the launcher, SIGKILL what is left after stop_grace. ``peer_lost``: the stop is for
+    a node lost: a rank stuck in a collective, which cannot complete without it, is not waited for."""
+
+    peer_lost: bool = False
 
 
 @_frame(TO_AGENT)
