@@ -831,7 +831,7 @@ def test_a_signal_to_a_detached_node_is_told_as_the_signal_event(tmp_path, monke
     run = detached.DetachedRun.__new__(detached.DetachedRun)  # only what stop's notice uses
     run.spec = SimpleNamespace(job="J1", label="h1", node=1)
     run.notices = SimpleNamespace(send=lambda kind, text, **fields: sent.append((kind, text, fields)))
-    monkeypatch.setattr(detached.Runner, "stop", lambda self, reason, force, by=None: 143)
+    monkeypatch.setattr(detached.Runner, "stop", lambda self, reason, force, by=None, peer_lost=False: 143)
     assert run.stop("agent got SIGTERM", force=False, by="signal") == 143
     assert run.stop("stopped by ddp-kill", force=False, by="ddp-kill") == 143  # ddp-kill's is not "signal"
     assert sent == [("signal", "job J1: h1 (node 1) agent got SIGTERM: its part stops, and with it the job",

@@ -142,7 +142,7 @@ def test_every_frame_the_agent_takes_becomes_one_named_event():
     assert events.from_supervisor(wire.Restart(attempt=1, port=9), 0) == events.Restart(wire.Restart(attempt=1, port=9))
     assert events.from_supervisor(wire.Restart(attempt=1, port=9), 1) is None  # begun already
     assert events.from_supervisor(wire.RunOver(reason="done"), 0) == events.Over("done")
-    assert events.Stop("x") != events.Stop("x", True) and repr(events.Halt(1, "r")) == "Halt(attempt=1, reason='r')"
+    assert events.Stop("x") != events.Stop("x", True) and repr(events.Halt(1, "r")) == "Halt(attempt=1, reason='r', peer_lost=False)"
 
 
 def test_the_controllers_frames_are_read_into_events_until_the_stream_ends():

@@ -280,3 +280,32 @@ def test_the_node_keeps_a_handful_of_modules_of_its_own():
 
     own = {p.stem for p in (PACKAGE / "node").glob("*.py")} - {"__init__"}
     assert own == set(node.HOUSE) | {"boot"} and len(own) <= 5
+
+
+def test_a_method_that_overrides_one_takes_what_that_one_takes():
+    """DetachedRun.stop once lagged a parameter behind Runner.stop: every detached job's agent then
+    died of a TypeError at ddp-kill (a stop it could not take). A method that overrides another (in
+    the node's package, and the controller's) takes the same parameters."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import orchestrator
+
+    lagging = []
+    for info in pkgutil.walk_packages(orchestrator.__path__, "orchestrator."):
+        if info.name.endswith(("_probe", "rank_call")) or ".userpython." in info.name:
+            continue  # run in the user's Python (torch, the rank): not imported here
+        module = importlib.import_module(info.name)
+        for cls in [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == info.name]:
+            for name, method in vars(cls).items():
+                if not inspect.isfunction(method) or name.startswith("__"):
+                    continue
+                base = next((vars(b)[name] for b in cls.__mro__[1:] if name in vars(b)), None)
+                if not inspect.isfunction(base):
+                    continue
+                mine, theirs = inspect.signature(method).parameters, inspect.signature(base).parameters
+                by_keyword = [p for p, v in theirs.items() if v.default is not inspect.Parameter.empty]
+                if len(mine) < len(theirs) or any(p not in mine for p in by_keyword):  # callers pass those by name
+                    lagging.append(f"{info.name}.{cls.__name__}.{name}")
+    assert not lagging, lagging

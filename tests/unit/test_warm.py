@@ -720,3 +720,27 @@ def test_a_variable_an_import_read_then_set_itself_sends_no_rank_cold(monkeypatc
     assert seen.refusal({"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_u", "LOCAL_RANK": "1"}) is None
     assert seen.refusal({"TORCHINDUCTOR_CACHE_DIR": "/mine"})[0] == "RANK"  # the user's own: the import saw none
     assert seen.refusal({"RANK": "1"})[0] == "RANK"
+
+
+NAMES = textwrap.dedent('''
+    import json, sys
+    loader = globals().get("__loader__")
+    print(json.dumps({"argv0": sys.argv[0], "file": __file__, "package": __package__, "spec": repr(__spec__),
+                      "cached": globals().get("__cached__"), "loader": [type(loader).__name__,
+                      getattr(loader, "name", None), getattr(loader, "path", None)],
+                      "hook": sys.excepthook is sys.__excepthook__, "names": sorted(k for k in globals() if k.startswith("__"))}))
+''')
+
+
+def test_a_forked_rank_has_the_names_a_cold_start_gives_its_script(warm, tmp_path):
+    """sys.argv[0] as the command line names it, __file__, __loader__, __package__, and Python's
+    own excepthook: a forked rank once had the path runpy was handed, no loader, "" and ddp-up's hook."""
+    (tmp_path / "names.py").write_text(NAMES)
+    cold = subprocess.run([sys.executable, "-u", "names.py", "3"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    w = warm()
+    assert w.ready(30), w.hello
+    out, err = tmp_path / "out", tmp_path / "err"
+    child = w.fork(0, ["names.py", "3"], {"ONLY_THE_RANK": "r"}, str(tmp_path), str(out), str(err))
+    assert child is not None and child.wait(30) == 0, err.read_text()
+    assert json.loads(out.read_text()) == json.loads(cold.stdout), (out.read_text(), cold.stdout)

@@ -133,7 +133,7 @@ class Runner:
             if isinstance(event, events.Exited) and event.attempt == self.attempt:
                 return self.finish(event.code, stopped=False, reason=None)
             if isinstance(event, events.Halt) and event.attempt == self.attempt:  # the supervisor's
-                return self.stop(event.reason, force=False)
+                return self.stop(event.reason, force=False, peer_lost=event.peer_lost)
             if isinstance(event, events.Stop):
                 self.for_good = True
                 by = ("ddp-kill" if killed_by_ddp_kill() else "signal") if event.signalled else None

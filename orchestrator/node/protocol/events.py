@@ -72,6 +72,7 @@ class Halt(wire.Frame):
     not a stop for good (the job may restart)."""
     attempt: int
     reason: str
+    peer_lost: bool = False  # for a node lost (wire.Halt's)
 
 
 @wire.value()
@@ -117,7 +118,7 @@ def from_supervisor(frame, attempt):
     """The event for the supervisor's frame while this node runs ``attempt``, or None (a
     Heartbeat, or a Restart this node has already begun)."""
     if isinstance(frame, wire.Halt):
-        return Halt(attempt, frame.reason)
+        return Halt(attempt, frame.reason, frame.peer_lost is True)
     if isinstance(frame, wire.DumpStacks):
         return Dump()
     if isinstance(frame, wire.Restart):

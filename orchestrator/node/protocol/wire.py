@@ -689,9 +689,11 @@ class DumpStacks(Frame):
 
 @_frame(PEER)
 class Halt(Frame):
-    """Stop the job on this node: another node failed, or the supervisor lost one."""
+    """Stop the job on this node: another node failed, or the supervisor lost one (``peer_lost``:
+    a rank stuck in a collective, which cannot complete without it, is not waited for: see Stop)."""
 
     reason: str
+    peer_lost: bool = False
 
 
 @_frame(PEER)

@@ -112,10 +112,10 @@ class DetachedRun(Runner):
         elif self.link is not None:
             self.link.send(frame)
 
-    def stop(self, reason, force, by=None):
+    def stop(self, reason, force, by=None, peer_lost=False):
         if by == "signal":  # anyone's but ddp-kill's (ddp-up, attached, sends this event itself)
             self.signalled(reason)
-        return Runner.stop(self, reason, force, by)
+        return Runner.stop(self, reason, force, by, peer_lost)
 
     def signalled(self, reason):
         self.notices.send("signal", "job %s: %s (node %d) %s: its part stops, and with it the job" % (

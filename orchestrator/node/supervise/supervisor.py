@@ -117,7 +117,7 @@ class Supervisor:
                 self.members.lost(node)
             ended = sum(1 for st in self.states.values() if st["state"] in ENDED) == len(self.members.nodes)
         if state in ("failed", "stopped", "lost"):
-            self.halt("node %d %s" % (node, decide.describe_end(state, code, reason)))
+            self.halt("node %d %s" % (node, decide.describe_end(state, code, reason)), peer_lost=state == "lost")
         if ended:
             blocker = self.why_not_restart()
             if blocker is not None:
@@ -179,15 +179,16 @@ class Supervisor:
     def summary(self):
         return decide.attempt_summary(self.attempt, self.states, self.hung, self.halted, self.wall())
 
-    def halt(self, reason):
-        """Every node still running stops, the master node's too; only the first reason counts."""
+    def halt(self, reason, peer_lost=False):
+        """Every node still running stops, the master node's too; only the first reason counts
+        (``peer_lost``: for a node lost, see wire.Halt)."""
         with self.lock:
             if self.halted is not None:
                 return
             self.halted = reason
-        self.peers.send_all(wire.Halt(reason=reason), but=lambda node: self.states.get(node, {}).get("state") in ENDED
-                            or self.members.away(node))
-        self.runner.events.put(events.Halt(self.attempt, reason))
+        self.peers.send_all(wire.Halt(reason=reason, peer_lost=peer_lost),
+                            but=lambda node: self.states.get(node, {}).get("state") in ENDED or self.members.away(node))
+        self.runner.events.put(events.Halt(self.attempt, reason, peer_lost))
 
     def watch(self):
         while not self.over_event.wait(self.spec.heartbeat):

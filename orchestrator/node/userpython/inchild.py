@@ -5,7 +5,8 @@ be, after the fork (see launchers/warm.py). Run in the warm interpreter's child 
 imports gave a cold rank: beforefork.Seen), sys.path (repath), name in ps and /proc
 (proctitle.rename), and ddp-up's hook of the attempt. torchrun forked so waits for the master's
 store on a node other than the master's (await_store), and ends without the interpreter's
-teardown (without_teardown); a rank's traceback starts at its script (from_script).
+teardown (without_teardown); a script is run as a cold start runs it (run_script), and its
+traceback starts at its first frame (uncaught; torchrun's: from_script).
 """
 
 import os
@@ -108,18 +109,58 @@ def await_store(after, every=0.02, most=0.25, bound=60.0):
         every = min(most, every * 1.2)
 
 
-def from_script(kind, value, tb):
-    # An uncaught exception's traceback from the script's first frame, as a cold start prints it:
-    # without this interpreter's own and runpy's.
+def script_frames(tb):
+    # A traceback from the script's first frame, as a cold start has it: without this
+    # interpreter's own frames and runpy's (the whole of it, where none is the script's).
     first = tb
     while first is not None and (first.tb_frame.f_code.co_filename == "<string>" or
                                  os.path.dirname(first.tb_frame.f_code.co_filename) == HERE or
                                  "runpy" in first.tb_frame.f_code.co_filename):
         first = first.tb_next
-    if first is not None and isinstance(value, BaseException):
-        tb = first
+    return first if first is not None else tb
+
+
+def from_script(kind, value, tb):
+    # torchrun's uncaught exception, printed from its first frame (ddp-up's launcher: its hook is ours)
+    tb = script_frames(tb)
+    if isinstance(value, BaseException):
         value = value.with_traceback(tb)  # what newer Pythons print from
     sys.__excepthook__(kind, value, tb)
+
+
+def run_script(given, path):
+    # The script run as `python -u SCRIPT` runs it, in a __main__ of its own with what a cold start
+    # gives it: sys.argv[0] as the command line names it, __file__ absolute (Python 3.9 on), a
+    # SourceFileLoader, __package__ None. (runpy.run_path gave sys.argv[0] and __file__ as the path
+    # it was handed, no loader, and __package__ "".) The interpreter deletes __file__ once the
+    # script ran to its end (rankhook.unseen_exit reads that); an exception keeps it.
+    import builtins
+    import importlib.machinery
+    import types
+    shown = path if sys.version_info >= (3, 9) else given
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=shown, __cached__=None, __builtins__=builtins, __spec__=None, __package__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", shown))
+    if "__annotations__" in vars(sys.modules["__main__"]):
+        main.__annotations__ = {}
+    sys.modules["__main__"] = main
+    with open(path, "rb") as f:
+        code = compile(f.read(), shown, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+    main.__dict__.pop("__file__", None)
+
+
+def uncaught(error):
+    # An exception the script let go, as the interpreter takes one: kept as sys.last_*, given to
+    # sys.excepthook (the rank's own, as a cold rank's: Python's, or one the script installed)
+    # from the script's first frame, then exit status 1, the atexit functions run.
+    tb = script_frames(error.__traceback__)
+    error = error.with_traceback(tb)
+    sys.last_type, sys.last_value, sys.last_traceback = type(error), error, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = error
+    sys.excepthook(type(error), error, tb)
+    raise SystemExit(1)
 
 
 def without_teardown(run):

@@ -16,7 +16,7 @@ import sys
 import time
 
 from .beforefork import Seen, process_state
-from .inchild import await_store, become, from_script, without_teardown
+from .inchild import await_store, become, from_script, run_script, uncaught, without_teardown
 from .names import PACKAGE, TORCHRUN, WARM_MARK
 from .proctitle import rename
 
@@ -350,11 +350,11 @@ def run(request, module, target):
     """In the child, now its rank: the script (or module) run as ``python -u`` would, without this
     room's modules in sys.modules (the rank's own code never sees them)."""
     after = request.get("after")  # torchrun's, on a node other than the master's: the master's store
-    sys.excepthook = from_script
     for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
         del sys.modules[name]
     import runpy
     if module and target == TORCHRUN:  # torchrun: ddp-up's launcher, never the user's program
+        sys.excepthook = from_script
         if after:
             await_store(after)
         without_teardown(lambda: runpy.run_module(target, run_name="__main__", alter_sys=True))
@@ -363,6 +363,10 @@ def run(request, module, target):
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(target, run_name="__main__")
+            run_script(request["argv"][0], target)
     except SystemExit as e:  # raised however (raise SystemExit(3) too): through sys.exit, which
         sys.exit(e.code)  # ddp-up's end watch hears (rankhook), as the script's own end
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the interpreter's own end of an uncaught exception
+        uncaught(e)
