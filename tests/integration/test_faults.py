@@ -46,8 +46,8 @@ CASES = {
     "rank-fails-as-node-drops-spares": Case({"spares": 1, "restarts": 1}, 4, (2,), True, (0, 1, 3), 130,
                                             ("spare {3} takes its place as node 2",)),
     # without spares or min_nodes every attempt runs on the nodes listed: the cut one cannot start
-    "rank-fails-as-node-drops-restarts": Case({"restarts": 1, "recoveries": 1}, 3, (2,), True, None, 1,
-                                              ("could not start",)),
+    "rank-fails-as-node-drops-restarts": Case({"restarts": 1, "recoveries": 1, "ssh": {"connect_timeout": 2}}, 3, (2,),
+                                              True, None, 1, ("could not start",)),
 }
 
 
