@@ -115,10 +115,10 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool, p
         try:
             if args.tail is not None and args.tail < 0:
                 raise UsageError(f"--tail {args.tail}: a number of lines, 0 or more")
-            found, master = job_anywhere(list(config.nodes), job_id)
+            found, master, script = job_anywhere(list(config.nodes), job_id)
             if not found:
                 raise NoSuchJob(job_id, [n.label for n in config.nodes], args.cluster or "CLUSTER.yaml")
-            plan = follow_plan(config, job_id, master)
+            plan = follow_plan(config, job_id, master, script)
             view = make_view(plan, console, args, plain=plain or (ConsoleView if show_end else LinesView), prog=prog)
         except DdpUpError as e:
             return report(prog, e, config.secret_values)
@@ -337,16 +337,17 @@ def list_jobs(nodes: list) -> list:
                                                until=wire.Jobs), name="ls")
 
 
-def job_anywhere(nodes: list, job_id: str) -> tuple[bool, str | None]:
+def job_anywhere(nodes: list, job_id: str) -> tuple[bool, str | None, str | None]:
     """(whether a detached job ``job_id`` may be on these nodes: False only when every node
     answered and none keeps its record (each writes it before the job starts there); its master,
-    ``addr:port``, as a record says, or None)."""
+    ``addr:port``, and its script, as a record says, or None)."""
     replies = list_jobs(nodes)
     records = [rec for r in replies if r.problem is None for rec in r.frames[wire.Jobs].jobs if rec.get("job") == job_id]
     master = next((rec["master"] for rec in records if isinstance(rec.get("master"), str)), None)
+    script = next((rec["script"] for rec in records if isinstance(rec.get("script"), str) and rec["script"]), None)
     if any(r.problem is not None for r in replies):
-        return True, master  # a node that cannot say: following it reports why
-    return bool(records), master
+        return True, master, script  # a node that cannot say: following it reports why
+    return bool(records), master, script
 
 
 def ls_table(rows: list[JobRow], now: float) -> Table:

@@ -24,12 +24,13 @@ from ..remote.transports import transport_for
 from .attempts import AttemptRecord, attempt_record, blame
 
 
-def follow_plan(config, job_id: str, master: str | None = None) -> LaunchPlan:
+def follow_plan(config, job_id: str, master: str | None = None, script: str | None = None) -> LaunchPlan:
     """The plan a journal is read against: the cluster's nodes and ranks (as launched from this
     cluster file), no hang watch of its own (the job's agents have theirs), and the master's port
-    the job was given, where its record says (``master``: ``addr:port``)."""
+    and the script the job was given, where its record says (``master``: ``addr:port``): the
+    replay's summary.json names them as the run's own does."""
     port = master.rpartition(":")[2] if master else ""
-    return dataclasses.replace(make_plan(config, "(detached)", [], job_id, os.getcwd()), hang_timeout=None,
+    return dataclasses.replace(make_plan(config, script or "(detached)", [], job_id, os.getcwd()), hang_timeout=None,
                                startup_timeout=None, **({"master_port": int(port)} if port.isdigit() else {}))
 
 

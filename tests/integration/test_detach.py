@@ -102,6 +102,7 @@ def test_a_detached_job_runs_to_its_end_without_ddp_up_and_every_line_is_shown_o
     assert re.search(r"│ 1\s+│ \S+\s+│ 1-2\s+│ done\s+│ 0", out), out
     logged = (run_dir(job) / "rank2.log").read_text().splitlines()
     assert logged == [f"tick {i} rank=2" for i in range(16)]  # the run logs, completed from the nodes
+    assert json.loads((run_dir(job) / "summary.json").read_text())["script"] == SCRIPT  # as the job's record says
     code, out = run(LOGS, str(path), job, "--runs-dir", RUNS_ROOT)
     assert code == 0, out
     seen = [i for _, i in ticks(out)]  # in time order across nodes (a tick a second), not node by node
