@@ -18,6 +18,7 @@ import threading
 import time
 
 from ..errors import ConfigError
+from ..node.local.procs import own_pids, proc_bytes
 from .hostlists import parse_hostfile
 
 COMMAND_WAIT = 60.0  # seconds the program may take
@@ -111,7 +112,7 @@ def _end_marked(token: str) -> None:
     its own or not. Twice, bounded, for one that forked as the first was killed."""
     mark = f"{LISTING_VAR}={token}".encode()
     for _ in range(3):
-        found = [pid for pid in _own_pids() if mark in _environ(pid).split(b"\0")]
+        found = [pid for pid in own_pids() if mark in (proc_bytes(pid, "environ") or b"").split(b"\0")]
         if not found:
             return
         for pid in found:
@@ -119,31 +120,6 @@ def _end_marked(token: str) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-
-
-def _own_pids() -> list[int]:
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    me, uid = os.getpid(), os.getuid()
-    pids = []
-    for name in names:
-        if name.isdigit() and int(name) != me:
-            try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    pids.append(int(name))
-            except OSError:
-                continue
-    return pids
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read(1 << 20)
-    except OSError:
-        return b""
 
 
 def _tail(text: str | None) -> str:

@@ -64,29 +64,27 @@ class Roster:
         self.just_lost = set()
         if not self.replaces:
             return Verdict(True)
-        said: list[str] = []
-        running = {n.label for n in self.active}  # before a spare takes a place
+        out: list[tuple[str, bool]] = []  # (label, lost), the root cause's first
         if cause_node is not None:
             self.blamed[cause_node] += 1
             if lost or self.blamed[cause_node] >= 2:
-                verdict = self._out(cause_node, lost, "lost" if lost else "the root cause twice")
-                if not verdict.go_on:
-                    return verdict
-                said.append(verdict.notice)
-        for label in dict.fromkeys(also_lost):
-            if label != cause_node and label in running:
-                verdict = self._out(label, True, "lost")
-                if not verdict.go_on:
-                    return Verdict(False, "; ".join([*said, verdict.notice]))
-                said.append(verdict.notice)
+                out.append((cause_node, lost))
+        running = {n.label for n in self.active}  # before a spare takes a place
+        out += [(label, True) for label in dict.fromkeys(also_lost) if label != cause_node and label in running]
+        said: list[str] = []
+        for label, was_lost in out:
+            verdict = self._out(label, was_lost)
+            said.append(verdict.notice)
+            if not verdict.go_on:
+                return Verdict(False, "; ".join(said))
         return Verdict(True, "; ".join(said) or None)
 
-    def _out(self, label: str, lost: bool, why: str) -> Verdict:
+    def _out(self, label: str, lost: bool) -> Verdict:
         """``label`` out: away until it answers again if lost for the first time, else for good."""
         self.losses[label] += lost
         if lost and self.losses[label] < 2:
-            return self.take_out(label, away=True, why=why)
-        return self.take_out(label, away=False, why="lost twice" if lost else why)
+            return self.take_out(label, away=True, why="lost")
+        return self.take_out(label, away=False, why="lost twice" if lost else "the root cause twice")
 
     def set_aside(self, label: str) -> Verdict:
         """A node that straggled for `evict_after:` (job/pace.py): out until it answers again, as

@@ -14,7 +14,7 @@ import time
 from ..launchers.keptbox import BoxLauncher
 from ..launchers.workers import OWN_LAUNCHER, Workers, parse_launch
 from ..local.procs import (KILL_WAIT, TAG_ATTEMPT, WARM_MARK, carries, find_tagged, is_launcher, kill_tagged,
-                           parent_of, read_environ_value, read_tags, signal_name, signal_ranks, signal_tagged,
+                           ranks_by_number, read_environ_value, read_tags, signal_name, signal_ranks, signal_tagged,
                            wait_gone)
 from ..probes import facts, smi
 from ..protocol import events, policy, wire
@@ -144,20 +144,14 @@ class Launch:
             return None  # no record to read; in a container, its runtime ends what is left at the grace
         stuck = {rank: entries[-1] for rank, entries in flight.read_records(self.place.flight_dir).items()
                  if entries and entries[-1][4] is False}
-        # a rank: the job's process with that RANK whose parent has none of its own (a launcher, the
-        # warm interpreter it was forked from), not what it started (a data loader's worker)
-        found = [p for p in find_tagged(self.match) if stuck and not is_launcher(p) and WARM_MARK not in p["cmd"]]
-        rank_of = {p["pid"]: read_environ_value(p["pid"], b"RANK") for p in found}
-        for proc in found:
-            rank = rank_of[proc["pid"]]
-            entry = stuck.get(int(rank)) if rank and rank.isdigit() else None
-            if entry is None or rank_of.get(parent_of(proc["pid"])) == rank:
-                continue
-            local = read_environ_value(proc["pid"], b"LOCAL_RANK") or ""  # the line is the rank's: shown
-            if signal_tagged(proc["pid"], signal.SIGKILL, self.match):
-                self.out.send(wire.Output("err", int(local) if local.isdigit() else None, (
-                    "ddp-up: rank %s was in %s #%s, which cannot complete without the node lost: ended now, not "
-                    "waited for (stop_grace)\n" % (rank, entry[3], entry[2])).encode("utf-8", "replace")))
+        for rank, pids in ranks_by_number(find_tagged(self.match)).items() if stuck else ():
+            entry = stuck.get(rank)
+            for pid in pids if entry is not None else ():
+                local = read_environ_value(pid, b"LOCAL_RANK") or ""  # the line is the rank's: shown
+                if signal_tagged(pid, signal.SIGKILL, self.match):
+                    self.out.send(wire.Output("err", int(local) if local.isdigit() else None, (
+                        "ddp-up: rank %s was in %s #%s, which cannot complete without the node lost: ended now, "
+                        "not waited for (stop_grace)\n" % (rank, entry[3], entry[2])).encode("utf-8", "replace")))
         return None
 
     def outlived(self, seconds):

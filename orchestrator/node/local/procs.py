@@ -137,6 +137,20 @@ def job_ranks(found):
     return [p for p in found if p["pid"] not in parents and parent_of(p["pid"]) in parents]
 
 
+def ranks_by_number(found):
+    """{global rank: [pids]} of a job's tagged processes (find_tagged's) that carry a RANK their
+    parent does not: the rank, and a warm rank's torchrun stand-in beside it (the rank itself is
+    the warm interpreter's child, not torchrun's: job_ranks finds the stand-in alone), never a
+    launcher, the warm interpreter, or what a rank started (a data loader's worker)."""
+    candidates = [p for p in found if not is_launcher(p)]
+    rank_of = {p["pid"]: read_environ_value(p["pid"], b"RANK") for p in candidates}
+    ranks = {}
+    for pid, rank in rank_of.items():
+        if rank and rank.isdigit() and rank_of.get(parent_of(pid)) != rank:
+            ranks.setdefault(int(rank), []).append(pid)
+    return ranks
+
+
 def signal_ranks(sig, match, ranks=None):
     """``sig`` straight to each of the job's ranks (``ranks``: job_ranks' of what carries
     ``match``), never to a launcher, which would take it for a stop. The pids it reached."""
@@ -148,19 +162,29 @@ def _cmdline(pid):
     return (proc_bytes(pid, "cmdline") or b"").replace(b"\0", b" ").decode("utf-8", "replace").strip()
 
 
-def find_tagged(match):
-    """Live processes of this user whose tags include every (key, value) in ``match``."""
+def own_pids():
+    """The pids of this user's processes but this one (/proc; none where there is no /proc)."""
     me, uid = os.getpid(), os.getuid()
-    found = []
-    for name in os.listdir("/proc"):
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    pids = []
+    for name in names:
         if not name.isdigit() or int(name) == me:
             continue
-        pid = int(name)
         try:
-            if os.stat("/proc/%d" % pid).st_uid != uid:
-                continue
+            if os.stat("/proc/%s" % name).st_uid == uid:
+                pids.append(int(name))
         except OSError:
             continue
+    return pids
+
+
+def find_tagged(match):
+    """Live processes of this user whose tags include every (key, value) in ``match``."""
+    found = []
+    for pid in own_pids():
         tags = read_tags(pid)
         if not carries(tags, match):
             continue
