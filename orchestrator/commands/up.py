@@ -311,7 +311,7 @@ def run_planned(plan: LaunchPlan, view, logs: RunLogs, args: argparse.Namespace,
     try:
         return run_job(plan, view, logs, preflight=args.preflight, inbox=inbox,
                        cluster_arg=shlex.join(ours_for_attach(args)),
-                       restarts=restarts if restarts.any and not args.detach else None, notifier=notifier,
+                       restarts=None if args.detach else restarts, notifier=notifier,
                        caller=across)
     except Exception as e:  # a node not ready (exit 3), a signal before the start, a bug (70): said, then raised
         if notifier is not None:

@@ -216,7 +216,8 @@ class NodeReports:
             self.hang.node_done(self.clock())
         else:
             self.table.set(node, "failed", reason=frame.reason or f"launcher exited with {how}")
-            return [Record(self.table.failure(node, None, frame.code, frame.reason or status.reason))]
+            failure = self.table.failure(node, None, frame.code, frame.reason or status.reason)
+            return [Record(replace(failure, exception=status.report.exception))]  # torchrun's own: its store, its rendezvous
         return []
 
     def closed(self, event: Closed) -> list[Ask]:

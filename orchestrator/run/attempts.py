@@ -191,6 +191,7 @@ class NextAttempt:
     cluster: ClusterConfig | None
     why: str
     notice: str | None = None
+    at_once: bool = False  # no restart delay: nothing failed that time mends (a master port taken)
 
 
 @dataclass
@@ -329,6 +330,17 @@ class Restarts:
         """After an attempt: remember which nodes need no torch probe in the next one."""
         self.vetted = vetted_after(self.vetted, statuses)
 
+    def follows(self, result: JobResult) -> bool:
+        """Whether an attempt may follow the failed one (its ``result``): restarts set, or its
+        master port was taken (policy.port_taken), which ddp-up tries again by itself."""
+        return self.any or self.port_taken(result)
+
+    def port_taken(self, result: JobResult) -> bool:
+        """Whether the attempt failed at its launcher's store, on a master port taken since its check."""
+        root = result.root_cause
+        return root is not None and root.kind == "own" and root.rank is None and policy.port_taken(root.exception) \
+            and self.used["port"] < policy.PORT_RETRIES
+
     def unfixable(self, result: JobResult) -> str | None:
         """Why a failed attempt ends the run whatever restarts are left: its root cause exited
         with a code that `no_restart_on_exit:` lists (a usage error, a bad config: the same again)."""
@@ -345,9 +357,12 @@ class Restarts:
             return NextAttempt(None, why)
         budget, why = policy.next_attempt(records[-1].end if records else "failed", ran(records),
                                           {"restart": self.limit, "recovery": self.recoveries}, self.used,
-                                          self.unfixable(result))
+                                          self.unfixable(result), port=self.port_taken(result))
         if budget is None:
             return NextAttempt(None, why)
+        if budget == "port":  # no node's fault: the same nodes, a fresh port
+            self.used[budget] += 1
+            return NextAttempt(self.roster.cluster(self.config), why, at_once=True)
         verdict = self.roster.settle(*cause, also_lost=lost_in(result))
         if not verdict.go_on:
             return NextAttempt(None, verdict.notice, verdict.notice)

@@ -65,7 +65,7 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
                 return detached_notices(plan, console_view, cluster_arg)
             records.append(attempt_record(plan, result, started, cause, could_not_start=unstarted, went=job.went,
                                           reshape=job.reshape))
-            if restarts is None or records[-1].end in ("succeeded", "stopped"):
+            if restarts is None or records[-1].end in ("succeeded", "stopped") or not restarts.follows(result):
                 break
             restarts.vet(job.status)
             if records[-1].end in RESHAPED:
@@ -121,7 +121,7 @@ def run_attempt(job: Job, plan: LaunchPlan, views, logs: RunLogs, records: list[
     Re-raises what ends the run at once: a bug, or a setup error of the first attempt (a later
     one's, a spare not fit to run, is that attempt's failure: the next one may do without it).
     Meanwhile the nodes away from a smaller run are watched (Restarts.watch_away)."""
-    restarting = restarts is not None
+    restarting = restarts is not None and restarts.any
     watch = restarts.watch_away(job.grow) if restarting else None
     try:
         result = job.run()
@@ -155,7 +155,7 @@ def next_attempt(plan: LaunchPlan, result: JobResult, cause: tuple[str | None, b
         if nxt.why != nxt.notice:
             views.notice(f"attempt {plan.attempt} {last.end}: {nxt.why}")
         return None, None, nxt.why
-    delay = delay_before(plan.attempt + 1, policy.delay)
+    delay = delay_before(1, 0) if nxt.at_once else delay_before(plan.attempt + 1, policy.delay)
     views.notice(f"attempt {plan.attempt} {last.end} ({last.root_cause or 'see above'}); attempt {plan.attempt + 1} "
                  f"({nxt.why}) in {delay:g} s (Ctrl-C stops for good)")
     views.event("restart", f"job {plan.job_id}: attempt {plan.attempt} {last.end} ({last.root_cause or 'no root cause'}); "

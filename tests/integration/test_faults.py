@@ -11,13 +11,18 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 from tests.harness.runner import Launch, run_dir
 from tests.integration.conftest import SCRIPT
+
+THIEF = str(Path(SCRIPT).with_name("port_thief.py"))
 
 LAUNCHER = "none"
 STOP_BOUND = 20.0  # seconds from a Ctrl-C to ddp-up's exit: stop_grace (2) and the sweeps' bounds
@@ -123,3 +128,28 @@ def test_ranks_stuck_in_a_collective_with_a_lost_node_are_not_waited_for(cluster
     assert code == 130, out
     assert took < 40, (took, out)  # not stop_grace's 60 s
     assert re.search(r"ddp-up: rank [01] was in \S+ #\d+, which cannot complete without the node lost", out), out
+
+
+def test_a_master_port_taken_before_the_launcher_binds_it_is_tried_again_on_another(cluster, cluster_file):
+    """Another program takes the `auto` master port between the node's check of it and torchrun's
+    bind (the thief binds it the moment the node agent lets it go): the launcher fails at its store,
+    and ddp-up starts the attempt again at once on a fresh port, using no restart (none is set)."""
+    master = cluster.nodes[0]
+    thief = subprocess.Popen(["ip", "netns", "exec", master.name, sys.executable, THIEF, "90"], text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert thief.stdout.readline().strip() == "watching"
+        path = cluster_file([(0, 1), (1, 1)], launcher="torchrun", restarts=0)
+        launch = Launch([str(path), SCRIPT, "tick", "3", "0.01"])
+        code = launch.wait(120)
+        stolen = thief.stdout.readline().split()
+    finally:
+        thief.stdin.close()
+        thief.wait(10)
+    out = launch.output
+    assert stolen[0] == "stole", (stolen, out)
+    assert code == 0, out
+    assert re.search(rf"launcher exited with code 1: \S*DistNetworkError: .*port: {stolen[1]}, .*EADDRINUSE", out), out
+    assert "attempt 1 (the master port was taken before the launcher could listen on it: again on another port " \
+           "(1 of 3; restarts: untouched)) in 0.25 s" in out, out
+    assert re.search(r"ok after [\d.]+ s in 2 attempts", out), out

@@ -540,3 +540,31 @@ def test_dead_candidates_never_hold_up_a_live_one():
     assert done.wait(10)
     watch.join()
     assert said == [{"live"}] and most[0] <= regrow.ASK_AT_ONCE and time.monotonic() - started < 5
+
+
+STORE_TAKEN = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+               "address. port: 24293, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+
+
+def launcher_failed(exception):
+    from orchestrator.diagnose.outcome import Failure, JobResult
+    return JobResult(None, (), None, (Failure(0, "h0", None, 1, "launcher exited with code 1", 1.0, exception),))
+
+
+def test_a_master_port_taken_before_the_launchers_bind_is_tried_again_at_once_on_no_budget():
+    """Another program took the port between its check and torchrun's store: the same nodes again,
+    on a fresh port, at once, with no restart set; three times a run, then it is the failure it is."""
+    policy = Restarts.of(cluster(2))
+    assert not policy.any and policy.follows(launcher_failed(STORE_TAKEN))
+    for n in range(3):
+        nxt = policy.after(launcher_failed(STORE_TAKEN), [record(n, launcher_failed(STORE_TAKEN))], ("h0", False))
+        assert nxt.at_once and [node.label for node in nxt.cluster.nodes] == ["h0", "h1"], nxt
+        assert nxt.why.startswith(f"the master port was taken before the launcher could listen on it: again on "
+                                  f"another port ({n + 1} of 3; restarts: untouched)")
+    assert not policy.follows(launcher_failed(STORE_TAKEN))
+    assert policy.after(launcher_failed(STORE_TAKEN), [record(3, launcher_failed(STORE_TAKEN))],
+                        ("h0", False)).cluster is None
+    assert policy.roster.blamed == {}  # no node's fault
+    # a rank's own EADDRINUSE (a port of the script's), and the launcher's other failures, are failures
+    assert not Restarts.of(cluster(2)).follows(failed(exception="OSError: [Errno 98] EADDRINUSE"))
+    assert not Restarts.of(cluster(2)).follows(launcher_failed("torch.distributed.DistStoreError: timed out"))

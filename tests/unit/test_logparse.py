@@ -158,3 +158,24 @@ def test_the_nodes_reader_takes_torchruns_report_in_pieces_of_any_size():
     reader = ReportReader()
     reader.feed(b"x" * 100_000)  # one endless line: passed over, memory bounded
     assert reader.rank_code() is None and len(reader.partial) <= ReportReader.LINE_MOST
+
+
+def test_the_launchers_own_exception_is_the_last_line_of_its_last_traceback():
+    p = FailureReportParser()
+    for line in ["[W] some warning: Error in the text, not an exception", "ValueError: not after a traceback",
+                 "Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+                 "KeyError: 'a'", "", "During handling of the above exception, another exception occurred:", "",
+                 "Traceback (most recent call last):", '  File "run.py", line 9, in main',
+                 "    raise DistNetworkError(msg)",
+                 "torch.distributed.DistNetworkError: The server socket has failed to listen. name: EADDRINUSE",
+                 "ValueError: after the traceback's end"]:
+        p.feed(line)
+    assert p.exception == "torch.distributed.DistNetworkError: The server socket has failed to listen. name: EADDRINUSE"
+    bare = FailureReportParser()
+    for line in ["Traceback (most recent call last):", "  x", "KeyboardInterrupt"]:
+        bare.feed(line)
+    assert bare.exception == "KeyboardInterrupt"
+    long = FailureReportParser()
+    for line in ["Traceback (most recent call last):", "RuntimeError: " + "x" * 5000]:
+        long.feed(line)
+    assert len(long.exception) == 500

@@ -37,13 +37,28 @@ PROGRESS = 2.0  # an attempt that ran this many times as long as another of them
 PROGRESS_SLACK = 10.0  # seconds: the start of a job (connect, preflight, rendezvous) varies this much
 
 
-def next_attempt(end, attempts, limits, used, unfixable=None):
+# The master port taken between its check and the launcher's bind (another program named it): the
+# launcher fails at its store, before any rank ran. The next attempt, on a fresh port, uses no budget.
+PORT_RETRIES = 3  # such attempts in a run
+
+
+def port_taken(launcher_exception):
+    """Whether the launcher's own exception (not a rank's: a script may fail binding a port of its
+    own) says its store could not listen: torchrun's DistNetworkError ... EADDRINUSE."""
+    return bool(launcher_exception) and "EADDRINUSE" in launcher_exception
+
+
+def next_attempt(end, attempts, limits, used, unfixable=None, port=False):
     """The restart decision, the same for ddp-up and a detached job's supervisor. After an attempt
     that ended as ``end`` (BUDGET's words), with ``attempts`` so far ([(number, failure signature
     or None, seconds it ran)], the last this one), ``limits`` and ``used`` ({"restart": n,
     "recovery": m}: allowed, and taken so far), and ``unfixable`` (why no restart can help, e.g.
     an exit code that no_restart_on_exit lists, or None): (the budget the next attempt takes,
-    its words: "restart 1 of 3"), or (None, why nothing follows)."""
+    its words: "restart 1 of 3"), or (None, why nothing follows). ``port``: the attempt failed
+    because its master port was taken (port_taken): again at once, on no budget, PORT_RETRIES times."""
+    if port and end == "failed" and used.get("port", 0) < PORT_RETRIES:
+        return "port", "the master port was taken before the launcher could listen on it: again on another " \
+                       "port (%d of %d; restarts: untouched)" % (used.get("port", 0) + 1, PORT_RETRIES)
     why = unfixable or crash_loop(attempts)
     if why:
         return None, why

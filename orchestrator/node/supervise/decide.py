@@ -46,7 +46,8 @@ def next_attempt(states, root, attempts, limits, used, listed, elastic=None):
     if end == "failed" and root.get("node") is not None:
         who = "node %s rank %s" % (root["node"], root["rank"]) if root.get("rank") is not None else "node %s" % root["node"]
         unfixable = policy.unfixable_exit(root.get("code"), listed or (), who)
-    return policy.next_attempt(end, attempts, limits, used, unfixable)
+    port = end == "failed" and root is not None and root.get("rank") is None and policy.port_taken(root.get("exception"))
+    return policy.next_attempt(end, attempts, limits, used, unfixable, port)
 
 
 class RestartBook:

@@ -82,6 +82,8 @@ class Restarts:
         rank_code = run.launch.report.rank_code() if state == "failed" else None  # the rank's own, as ddp-up reads it
         code = code if rank_code is None else rank_code  # torchrun's is 1 for any rank; no_restart_on_exit reads the rank's
         failure = own_failure(failures, ends, run.ranks[0]) if state == "failed" else None
+        if state == "failed" and failure is None and run.launch.report.parser.exception:  # the launcher's own
+            failure = {"rank": None, "at": time.time(), "exception": run.launch.report.parser.exception}
         failure = masked(failure, run.out.secrets)  # for the supervisor's outcome, which ddp-ls shows
         more = run.attempt < run.spec.restarts + run.spec.recoveries and not run.for_good  # may restart
         run.record.update(ended=time.time(), state="restarting" if more else state, code=code, reason=reason)

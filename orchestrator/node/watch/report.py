@@ -12,6 +12,9 @@ _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*)$")
 _ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
 # torchrun, when a worker outlived its shutdown timeout (set to stop_grace) and got SIGKILL
 _FORCED = re.compile(r"Unable to shutdown process \d+ via \S+, forcefully exiting via")
+# the last line of a Python traceback: the exception's (dotted) name, at the line's start
+_RAISED = re.compile(r"[A-Za-z_][\w.]{0,200}(Error|Exception|Interrupt|Exit|Failure|Timeout)\b(: .*)?$")
+EXCEPTION_MOST = 500  # characters of the launcher's exception kept
 
 
 @dataclass(frozen=True)
@@ -27,9 +30,12 @@ class WorkerFailure:
 class FailureReportParser:
     """Fed the launcher's own (unranked) lines; remembers the report's root cause and every
     failed rank it lists (``failed``: {global rank: its entry}), and counts the workers it killed
-    when their stop took longer than its shutdown timeout."""
+    when their stop took longer than its shutdown timeout, and the launcher's own exception (the
+    last line of a traceback of its own: torchrun failing to bind its store, to rendezvous)."""
 
     def __init__(self) -> None:
+        self._in_traceback = False
+        self.exception: str | None = None
         self._in_report = False
         self._in_root = False
         self._fields: dict[str, str] = {}
@@ -40,6 +46,10 @@ class FailureReportParser:
     def feed(self, text: str) -> None:
         if _FORCED.search(text):
             self.forced += 1
+        if text.startswith("Traceback (most recent call last):"):
+            self._in_traceback = True
+        elif self._in_traceback and not text.startswith((" ", "\t")) and _RAISED.match(text):
+            self.exception, self._in_traceback = text[:EXCEPTION_MOST], False
         if text.startswith("Failures:") or "Root Cause (first observed failure)" in text:
             self._in_report, self._in_root, self._fields = True, "Root Cause" in text, {}
             return
