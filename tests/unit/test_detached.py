@@ -444,6 +444,12 @@ def test_a_detached_job_restarts_only_after_a_failure_every_node_saw_through():
     assert decide.next_attempt(states("stopped", "stopped"), hung["root_cause"], [], {"restart": 1}, {}, ())[0] == "restart"
     loop = [(n, decide.signature(decide.attempt_root(states("failed", "stopped"))), 3.0) for n in range(3)]
     assert after(states("failed", "stopped"), restarts=9, ran=loop)[1].startswith("crash loop: attempts 0 to 2")
+    taken = {"0": {"exception": "torch.distributed.DistNetworkError: ... name: EADDRINUSE, message: address already "
+                                "in use", "rank": None}}  # the launcher's own: its store's port was taken
+    assert after(states("failed", "stopped", **taken), used=2)[0] == "port"  # restarts used up or not
+    assert after(states("failed", "stopped", **taken), restarts=0)[1].startswith(
+        "the master port was taken before the launcher could listen on it")
+    assert after(states("failed", "stopped", **{"0": dict(taken["0"], rank=3)}), used=2)[0] is None  # a rank's own
 
 
 def test_a_later_attempt_runs_the_same_launch_line_on_its_own_master_port():
