@@ -206,6 +206,12 @@ class NodeReports:
         if asked:
             cut = (frame.overran if isinstance(frame.overran, int) else 0) + status.report.forced
             self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, cut, self.plan.stop_grace))
+        elif state == "stopped" and policy.controller_lost(frame.reason) and not self.following:
+            # its link dropped for orphan_timeout and came back: the node was lost for a while
+            silent = frame.reason[len(policy.CONTROLLER_SILENT):].strip()
+            what = f"its link dropped for a while: the node heard nothing from ddp-up for {silent} and stopped its ranks"
+            self.table.set(node, "lost", reason=what)
+            return [Record(self.table.failure(node, None, frame.code, what, None, "lost"))]
         elif state == "stopped":
             self.table.set(node, "stopped", reason=status.slurm_cancel or frame.reason)
             if not self.following:  # a detached job's nodes stop when another fails: that one is the cause

@@ -52,6 +52,7 @@ class Answering:
 
     def __init__(self) -> None:
         self.calls = Calls()
+        self.unfit: dict[str, NodeProblem] = {}  # nodes that answer again but cannot run (no python): why
 
     def __call__(self, nodes: list[NodeConfig]) -> set[str]:
         # a connection of its own: the run's shared one to a node that was lost may be hung on a dead link
@@ -60,6 +61,11 @@ class Answering:
                                                       transport=transport_for(n, shared=False), setup=True,
                                                       calls=self.calls),
                           inbox=None, name="rejoin")
+        for r in replies:
+            if r.problem is not None and r.reached:
+                self.unfit[r.node.label] = r.problem
+            else:
+                self.unfit.pop(r.node.label, None)
         return {r.node.label for r in replies if r.problem is None}
 
     def cut(self) -> None:

@@ -23,6 +23,7 @@ class Reply:
     node: NodeConfig
     frames: dict[type, wire.Frame] = field(default_factory=dict)  # the last frame of each kind
     problem: NodeProblem | None = None  # could not connect, or no complete answer
+    reached: bool = False  # the node's shell ran the agent: a problem is the node's (no python), not its link's
 
     @property
     def error(self) -> str | None:
@@ -38,6 +39,7 @@ class AgentCall:
     def __init__(self, node: NodeConfig, spec: wire.Frame | None, transport: Transport | None = None, setup: bool = False,
                  mode: type | None = None, tags: dict[str, str] | None = None):
         self.node = node
+        self.end: ChannelEnd | None = None  # how the agent's output ended, once it has
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         # With setup, the node's `setup:` runs first, in its workdir: for questions about the job's environment.
         self.channel = AgentChannel(node, transport or transport_for(node), spec, self._frames, self._inbox.put,
@@ -68,12 +70,19 @@ class AgentCall:
                 return NodeProblem(self.node.label, f"no answer from the node agent within {limit:.0f} s")
             if isinstance(item, ChannelEnd):
                 self._inbox.put(item)  # every later wait sees the end too
+                self.end = item
                 return item.problem(self.node, f"without {want.__name__}")
             frames[type(item)] = item
             if isinstance(item, want):
                 return None
             if isinstance(item, wire.Failed):
                 return NodeProblem(self.node.label, item.what, item.fix)
+
+    @property
+    def reached(self) -> bool:
+        """Whether the node ran the agent: it spoke, or ended with a status of its own (not ssh's
+        255 for "could not connect")."""
+        return self.channel.heard or (self.end is not None and self.end.exit_status not in (None, 255))
 
     def send(self, frame: wire.Frame) -> None:
         self.channel.send(frame)
@@ -130,6 +139,7 @@ def call_agent(node: NodeConfig, spec: wire.Frame, limit: float, until: type,
         reply.problem = call.open()
         if reply.problem is None:
             reply.problem = call.wait_for(until, limit, reply.frames)
+        reply.reached = call.reached
     finally:
         call.close()
         if calls is not None:

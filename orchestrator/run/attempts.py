@@ -212,6 +212,7 @@ class Restarts:
     lister: Callable[[ClusterConfig], ClusterConfig] | None = None  # `nodes_command:`: the cluster as listed now
     watches: list[Watch] = field(default_factory=list)  # watch_away's, one an attempt that had one
     rejoin_after: float = 600.0  # `rejoin_after:`: how long an away node answers before a running job stops to take it back
+    said_unfit: set[tuple[str, str]] = field(default_factory=set)  # (node, problem) said by unfit
 
     @classmethod
     def of(cls, config: ClusterConfig, limit: int | None = None,
@@ -243,10 +244,24 @@ class Restarts:
         return Asking(self.prober, asked)
 
     def welcome(self, asking: Asking | None) -> list[str]:
-        """The away nodes that answered come back (Roster.rejoin); what to say of each."""
+        """The away nodes that answered come back (Roster.rejoin); what to say of each, and of
+        those that answer but cannot run (unfit)."""
         if asking is None or not asking.done.is_set():
-            return []
-        return self.roster.rejoin(asking.found, self.config.nodes)
+            return self.unfit()
+        return self.roster.rejoin(asking.found, self.config.nodes) + self.unfit()
+
+    def unfit(self) -> list[str]:
+        """The away nodes that answer again but cannot run there (their python gone, a failing
+        `setup:`), each said once a problem: why they stay out, and the fix."""
+        found = getattr(self.prober, "unfit", {})
+        said = []
+        for node in self.roster.away:
+            problem = found.get(node.label)
+            if problem is not None and (node.label, problem.what) not in self.said_unfit:
+                self.said_unfit.add((node.label, problem.what))
+                said.append(f"{node.label} answers again but cannot rejoin: {problem.what}" +
+                            (f" (fix: {problem.fix})" if problem.fix else ""))
+        return said
 
     def relist(self) -> Verdict:
         """Before an attempt, with `nodes_command:`: the nodes it lists now (Roster.relist). A

@@ -95,6 +95,8 @@ def settle(result: JobResult, records: list[AttemptRecord], swept: list[Job], re
         job.report_sweeps(frozenset(n.label for later in swept[i + 1:] if later.went is not None for n in later.plan.nodes))
     if restarts is not None:
         restarts.close()
+        for text in restarts.unfit():  # why a run that ends smaller did not grow back
+            views[-1].notice(text)
     for view in views:
         if view is not None:
             view.finished(result, attempts=records)

@@ -568,3 +568,40 @@ def test_a_master_port_taken_before_the_launchers_bind_is_tried_again_at_once_on
     # a rank's own EADDRINUSE (a port of the script's), and the launcher's other failures, are failures
     assert not Restarts.of(cluster(2)).follows(failed(exception="OSError: [Errno 98] EADDRINUSE"))
     assert not Restarts.of(cluster(2)).follows(launcher_failed("torch.distributed.DistStoreError: timed out"))
+
+
+def test_an_away_node_that_answers_but_cannot_run_is_named_once_with_its_fix():
+    """A node back with its python gone answers (its shell ran) but cannot rejoin: the run, which
+    goes on smaller, says why, once a problem, at the restart and at its end."""
+    from orchestrator.errors import NodeProblem
+
+    class Prober:
+        unfit = {}
+
+        def __call__(self, nodes):
+            self.unfit["h2"] = NodeProblem("h2", "python not found: '/venv/bin/python' (command not found)",
+                                           "set `python:` to the interpreter's absolute path on that node")
+            return set()
+
+    policy = Restarts.of(cluster(3, restarts=2, min_nodes=2), prober=Prober())
+    policy.roster.settle("h2", lost=True)
+    policy.roster.settle(None, lost=False)
+    asking = policy.ask_away()
+    assert asking.done.wait(10)
+    assert policy.welcome(asking) == ["h2 answers again but cannot rejoin: python not found: '/venv/bin/python' "
+                                      "(command not found) (fix: set `python:` to the interpreter's absolute path "
+                                      "on that node)"]
+    assert policy.unfit() == [] and policy.roster.out == ("h2",)  # said once
+
+
+def test_a_reply_says_whether_the_node_ran_the_agent_or_was_never_reached():
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.node.protocol import wire
+    from orchestrator.remote.oneshot import call_agent
+
+    broken = parse_cluster("transport: local\nsetup: ['false']\nnodes:\n  - {host: a, gpus: 1}\n").nodes[0]
+    reply = call_agent(broken, wire.DetectSpec(env={}), 20, until=wire.Detected, setup=True)
+    assert reply.problem is not None and "`false` failed with status 1" in reply.problem.what and reply.reached
+    fine = parse_cluster("transport: local\nnodes:\n  - {host: a, gpus: 1}\n").nodes[0]
+    reply = call_agent(fine, wire.DetectSpec(env={}), 20, until=wire.Detected, setup=True)
+    assert reply.problem is None and reply.reached

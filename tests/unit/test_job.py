@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from orchestrator.node.protocol import wire
+from orchestrator.node.protocol import policy, wire
 from orchestrator.errors import SetupError
 from orchestrator.job.events import Message
 from orchestrator.job.stoppath import KILL_MARGIN, STOP_MARGIN
@@ -387,6 +387,21 @@ def test_a_node_stopped_from_outside_dates_from_its_agents_stop_and_is_not_the_j
     assert (root.node, root.kind, root.what) == (1, "outside", "stopped on the node: agent got SIGTERM"), result.failures
     assert result.exit_code == 1 and result.interrupted is None
     assert [f.kind for f in sorted(result.failures, key=lambda f: f.node)] == ["outside", "own"]
+
+
+def test_a_node_whose_link_dropped_for_a_while_and_stopped_its_ranks_was_lost_not_stopped_from_outside():
+    """A flapping link: the node heard nothing from ddp-up for orphan_timeout and stopped its
+    ranks; the link came back in time for it to say so. It was lost for a while (a recovery, and
+    out until it answers again), in those words, not a stop from outside."""
+    h = Harness(2)
+    reason = policy.controller_silent_words(3.2)
+    h.queue.at(T0 + 3.0, lambda: h.nodes[1].say(wire.Stopping(reason=reason, at=T0 + 3.0)))
+    h.queue.at(T0 + 3.1, lambda: h.nodes[1].say(wire.Exited(code=-15, signal="SIGTERM", stopped=True, reason=reason)))
+    result = h.job.run()
+    root = result.root_cause
+    assert (root.node, root.kind) == (1, "lost"), result.failures
+    assert root.what == "its link dropped for a while: the node heard nothing from ddp-up for 3 s and stopped its ranks"
+    assert h.states()[1] == "lost" and result.exit_code == 1
 
 
 def test_a_stop_by_ddp_kill_ends_the_run_as_a_sigterm_to_ddp_up_would():

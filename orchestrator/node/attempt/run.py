@@ -72,7 +72,7 @@ class Runner:
 
     def controller_silent(self, silent):
         """The event a controller silent past orphan_timeout becomes (None: the job goes on)."""
-        return events.Stop("no heartbeat from the controller for %.0f s" % silent)
+        return events.Stop(policy.controller_silent_words(silent))
 
     def after_exit(self, code, stopped, reason, failures, ends):
         """The job's end here has been reported (``failures``, ``ends``: its ranks', Exited's):

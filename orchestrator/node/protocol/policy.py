@@ -202,6 +202,21 @@ def is_hung(reason):
     return isinstance(reason, str) and reason.startswith(HUNG)
 
 
+# A node agent that hears nothing from ddp-up for orphan_timeout stops its ranks (the controller may
+# be gone); if its link comes back in time to say so, that node was lost for a while, not stopped
+# by someone else: the controller reads the reason back (controller_lost).
+CONTROLLER_SILENT = "no heartbeat from the controller for"
+
+
+def controller_silent_words(silent):
+    return "%s %.0f s" % (CONTROLLER_SILENT, silent)
+
+
+def controller_lost(reason):
+    """Whether a node's stop was its agent's, after hearing nothing from the controller."""
+    return isinstance(reason, str) and reason.startswith(CONTROLLER_SILENT)
+
+
 def silence(now, heard, limit):
     """How long an end has been silent (``heard``: when it last was), if past ``limit`` (the
     orphan timeout: it then counts as lost, or gone), else None."""
