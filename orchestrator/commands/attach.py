@@ -236,6 +236,11 @@ def merge_records(records: list[dict]) -> list[JobRow]:
     for job, by_node in sorted(by_job.items()):
         recs = list(by_node.values())
         labels = {r.get("node"): r.get("label") or f"node {r.get('node')}" for r in recs}
+        current = max(attempt_of(r) for r in recs)
+        # an elastic job's node left out of the current attempt (lost, not yet taken back) still
+        # says what it last ran: it is away, and its ranks are not the job's now
+        recs = [dict(r, state="away") if attempt_of(r) < current and r.get("state") in ("running", "restarting")
+                else r for r in recs]
         states = {r.get("node"): r.get("state") for r in recs}
         state = next((s for s in ("running", "restarting", "failed", "lost", "stopped") if s in states.values()),
                      "done")
@@ -251,9 +256,14 @@ def merge_records(records: list[dict]) -> list[JobRow]:
                            None if live else (0 if state == "done" else 1),
                            describe_root(root, labels),
                            {str(k): v for k, v in sorted(states.items(), key=lambda kv: str(kv[0]))},
-                           max(int(r.get("attempt") or 0) for r in recs), attempt_ends(outcome, labels),
+                           current, attempt_ends(outcome, labels),
                            next((str(r["commit"])[:40] for r in recs if r.get("commit")), None)))
     return rows
+
+
+def attempt_of(record: dict) -> int:
+    attempt = record.get("attempt")
+    return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 0
 
 
 def attempt_ends(outcome: dict | None, labels: dict) -> tuple[str, ...]:

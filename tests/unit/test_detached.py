@@ -153,6 +153,19 @@ def test_a_failing_node_halts_the_others_and_the_outcome_names_it(tmp_path):
     sup.listener.close()
 
 
+def test_every_other_node_silent_at_once_names_the_master_as_the_one_likely_cut_off(tmp_path):
+    """The supervisor's own link cut: from where it stands every other node fell silent in the same
+    beat. It says so, rather than blame only the node it happened to list first."""
+    clock = FakeClock()
+    runner0, sup = start_supervisor(tmp_path, 3, clock, orphan_timeout=30.0)  # nodes 1 and 2 never join
+    sup.tick(clock.advance(31.0))
+    assert runner0.next_stop() == ("node 1 lost (no word from its agent for 31 s; every other node fell silent at "
+                                   "once: this master node (node 0) is likely the one cut off)")
+    sup.report(0, "stopped", -15, "halted")
+    assert sup.finished.wait(10)
+    sup.listener.close()
+
+
 def test_a_connection_without_the_token_is_never_heard(tmp_path):
     runner0, sup = start_supervisor(tmp_path, 2, FakeClock())
     with socket.create_connection(("127.0.0.1", sup.port), timeout=5) as s:
@@ -328,6 +341,10 @@ def test_ls_merges_the_nodes_records_into_one_row_a_job():
     rows = {r.job: r for r in merge_records(records)}
     a, b, c, d = rows["a"], rows["b"], rows["c"], rows["d"]
     assert (d.state, d.ranks, d.nodes) == ("running", 4, {"0": "running", "1": "away", "2": "running"})
+    # a node cut off and back, not taken back yet: its record still says attempt 0 ran there
+    e = merge_records([dict(rec("e", 0, "running"), attempt=1), dict(rec("e", 1, "running"), attempt=0),
+                       dict(rec("e", 2, "running"), attempt=1)])[0]
+    assert (e.state, e.ranks, e.nodes, e.attempt) == ("running", 4, {"0": "running", "1": "away", "2": "running"}, 1)
     assert (a.state, a.ranks, a.exit_status, a.root_cause) == ("failed", 4, 1, "h1 (node 1) failed (exit code 7)")
     assert (b.state, b.exit_status, b.ended, b.duration(400.0)) == ("running", None, None, 300.0)
     assert (c.state, c.exit_status, c.ranks) == ("done", 0, 2)

@@ -19,8 +19,12 @@ class Watch:
         sup = self.sup
         sup.peers.send_all(wire.Heartbeat())
         peers = [n for n in sup.members.nodes if n != sup.spec.node]  # the master's need not be node 0
-        for node, silent in decide.lost_peers(now, peers, sup.peers.heard, sup.states, sup.spec.orphan_timeout):
-            sup.report(node, "lost", None, "no word from its agent for %.0f s" % silent)
+        lost = decide.lost_peers(now, peers, sup.peers.heard, sup.states, sup.spec.orphan_timeout)
+        alone = len(peers) > 1 and len(lost) == len(peers)  # every other node silent at once: most likely our own link
+        for node, silent in lost:
+            sup.report(node, "lost", None, "no word from its agent for %.0f s" % silent + (
+                "; every other node fell silent at once: this master node (node %d) is likely the one cut off"
+                % sup.spec.node if alone else ""))
         self.watch_hang(now)
         why = self.reshape(now)
         if why is not None:
