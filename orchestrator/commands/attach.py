@@ -18,6 +18,7 @@ from rich.text import Text
 from ..clean import outside
 from ..errors import EXIT_OK, EXIT_USAGE, DdpUpError, Interrupted, NoSuchJob, UsageError
 from ..node.protocol import policy, wire
+from ..node.supervise.members import RESHAPES
 from ..plan.launch import LaunchPlan, check_job_id
 from ..remote import signals
 from ..remote.oneshot import call_agent
@@ -272,9 +273,18 @@ def attempt_ends(outcome: dict | None, labels: dict) -> tuple[str, ...]:
     attempts = (outcome or {}).get("attempts")
     if not isinstance(attempts, list) or len(attempts) < 2:
         return ()
-    return tuple(f"attempt {a.get('attempt', i)}: {describe_root(a.get('root_cause'), labels) or 'done'}"
+    return tuple(f"attempt {a.get('attempt', i)}: {attempt_words(a, labels)}"
                  + (f" -> {a['next']}" if isinstance(a.get("next"), str) and a.get("root_cause") else "")
                  for i, a in enumerate(attempts) if isinstance(a, dict))
+
+
+def attempt_words(attempt: dict, labels: dict) -> str:
+    """How one attempt ended: stopped by its supervisor to change its nodes (a grow: no failure,
+    whatever exit status the stop left), else its root cause, else done."""
+    reshaped = attempt.get("reshaped")
+    if isinstance(reshaped, str) and reshaped in RESHAPES:
+        return RESHAPES[reshaped]
+    return describe_root(attempt.get("root_cause"), labels) or "done"
 
 
 def describe_root(root: dict | None, labels: dict) -> str | None:

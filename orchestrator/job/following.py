@@ -23,6 +23,7 @@ class Following:
     next: str | None = None  # what its supervisor decided after this attempt, as the master node says
     nodes: list[int] | None = None  # an elastic job's: the nodes of the next attempt, as the master node says,
     lost: int | None = None  # the node (index in the cluster file) its supervisor found lost, the root cause,
+    lost_why: str | None = None  # and why it found it lost,
     reshaped: str | None = None  # and whether it stopped this attempt to change its nodes: "grow", "aside"
     over: bool = False  # the master node's word: no attempt follows this one
     order: BacklogOrder | None = None  # the nodes' journals, merged in time order
@@ -59,6 +60,8 @@ class Following:
             self.nodes = nodes
         if is_master and type(lost) is int:
             self.lost = lost
+            why = getattr(frame, "lost_why", None)
+            self.lost_why = why[:500] if isinstance(why, str) else None
         if is_master and getattr(frame, "reshaped", None) in ("grow", "aside"):
             self.reshaped = frame.reshaped
         self.over |= is_master and getattr(frame, "over", False) is True

@@ -44,7 +44,8 @@ def on_nodes(plan: LaunchPlan, full: LaunchPlan, nodes: list[int] | None) -> Lau
     for node in (n for n in full.nodes if n.index in nodes):
         kept.append(dataclasses.replace(node, index=len(kept), first_rank=first))
         first += node.nproc
-    return dataclasses.replace(plan, nodes=tuple(kept))
+    out = tuple(n.label for n in full.nodes if n.index not in nodes)  # away, or out for good: as an attached run's
+    return dataclasses.replace(plan, nodes=tuple(kept), quarantined=out)
 
 
 def supervisors_blame(result, following, full: LaunchPlan) -> tuple[str | None, bool]:
@@ -88,6 +89,8 @@ def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inb
         record = attempt_record(plan, result, started, supervisors_blame(result, job.following, full),
                                 reshape=Reshape("", aside="(its supervisor's)" if reshaped == "aside" else None)
                                 if reshaped else None)
+        if result.root_cause is None and job.following.lost_why and record.root_cause:  # "h2 lost": and why
+            record = dataclasses.replace(record, root_cause=plan.mask(f"{record.root_cause} ({job.following.lost_why})"))
         ran_on = record.end not in ("succeeded", "stopped")  # what came next, as an attached run says it
         records.append(dataclasses.replace(record, next=job.following.next) if ran_on else record)
         if job.interrupted or job.following.over or not job.following.later_attempt or \

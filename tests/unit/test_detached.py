@@ -367,6 +367,10 @@ def test_ls_says_how_each_attempt_of_a_job_that_restarted_ended():
     outcome["attempts"][0]["next"], outcome["attempts"][1]["next"] = "restart 1 of 2", "every node done"
     row = merge_records([record])[0]  # what the supervisor decided after each, as for an attached run
     assert row.attempts == ("attempt 0: ? (node 1, rank 3) failed (exit code 7) -> restart 1 of 2", "attempt 1: done")
+    grown = dict(outcome, attempts=[{"attempt": 0, "reshaped": "grow", "next": "grow back to 3 node(s)",
+                                     "root_cause": dict(failed, state="stopped", code=1)}, outcome["attempts"][1]])
+    row = merge_records([dict(record, outcome=grown)])[0]
+    assert row.attempts[0] == "attempt 0: stopped to take nodes back -> grow back to 3 node(s)"  # not "stopped (exit code 1)"
 
 
 def test_a_tail_keeps_the_last_lines_of_each_rank_and_stream(tmp_path):
@@ -571,6 +575,7 @@ def test_an_elastic_detached_job_goes_on_without_a_lost_node_and_takes_it_back(t
     attempts = json.loads((tmp_path / state.ATTEMPTS).read_text())["attempts"]
     assert [a["next_nodes"] for a in attempts] == [[0, 1], [0, 1, 2]]
     assert replay.decided(str(tmp_path), 0) == {"next": attempts[0]["next"], "nodes": [0, 1], "lost": 2,
+                                                "lost_why": "no word from its agent for 31 s",
                                                 "reshaped": None, "over": False}
     assert replay.decided(str(tmp_path), 1)["reshaped"] == "grow"
     assert runner0.notices.sent[-1] == ("restart", "job J1: attempt 1 ended (node 0 stopped (grow)); attempt 2 "
@@ -592,6 +597,7 @@ def test_an_attach_lays_out_an_elastic_attempt_as_its_supervisor_did():
     shrunk = on_nodes(full, full, [0, 2])
     assert [(n.index, n.label, n.first_rank, n.config.rank) for n in shrunk.nodes] == [(0, "a", 0, 0), (1, "c", 2, 2)]
     assert shrunk.world_size == 5 and on_nodes(full, full, None).nodes == full.nodes
+    assert shrunk.quarantined == ("b",) and on_nodes(full, full, None).quarantined == ()  # summary.json's `out`
 
 
 def test_an_elastic_detached_job_sets_aside_a_node_that_straggles_for_evict_after(tmp_path):

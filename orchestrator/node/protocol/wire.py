@@ -583,6 +583,7 @@ class JournalEnd(Frame):
     next: str | None = None  # the master node's: what its supervisor decided after this attempt, and why
     nodes: list | None = None  # the master node's, for an elastic job: the nodes of the attempt that follows,
     lost: int | None = None  # the node its supervisor found lost, this attempt's root cause,
+    lost_why: str | None = None  # and why it found it lost ("no word from its agent for 31 s"),
     reshaped: str | None = None  # and whether it stopped the attempt to change its nodes: "grow", "aside"
     over: bool = False  # the master node's: its supervisor decided that no attempt follows this one
 

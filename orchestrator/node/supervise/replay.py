@@ -88,8 +88,9 @@ def decided(where, attempt):
             if isinstance(entry, dict) and entry.get("attempt") == attempt and isinstance(entry.get("next"), str):
                 nodes, root = entry.get("next_nodes"), entry.get("root_cause") or {}
                 lost = root.get("node") if isinstance(root, dict) and root.get("state") == "lost" else None
+                why = root.get("reason") if lost is not None else None
                 return {"next": entry["next"], "nodes": nodes if is_ints(nodes) else None,
-                        "lost": lost if is_ints([lost]) else None,
+                        "lost": lost if is_ints([lost]) else None, "lost_why": why[:500] if isinstance(why, str) else None,
                         "reshaped": entry.get("reshaped") if entry.get("reshaped") in ("grow", "aside") else None,
                         "over": name == OUTCOME and entry is entries[-1]}
     return {}
