@@ -25,7 +25,7 @@ from ..protocol import events, policy, wire
 from . import checks
 from .inbox import Inbox
 from .launch import Launch, gpu_left, outcome, results_of
-from .warmline import HeldFrames, await_warm, end_warm, warm_interpreters
+from .warmline import HeldFrames, await_warm, end_warm, hush_warm, warm_interpreters
 
 LAUNCHER_MARGIN = 2.0  # after stop_grace, for the launcher to kill what is left itself, report and exit
 STUCK_WAIT = 2.0  # at a stop for a node lost: seconds a rank's stop handler gets before a rank stuck in a collective ends
@@ -155,6 +155,7 @@ class Runner:
         the stop came lets its launcher end by itself first (REPORT_WAIT), with its report. For a
         node lost (``peer_lost``), the ranks stuck in a collective STUCK_WAIT later are ended then:
         it cannot complete without that node, and their stop handlers cannot run inside it."""
+        hush_warm(self.warm)
         ended = None if force else before_stop(self.launch, self.next_event, self.clock, self.attempt)
         if ended is not None:
             return self.finish(ended[0], stopped=False, reason=ended[1])
@@ -183,6 +184,7 @@ class Runner:
     def finish(self, code, stopped, reason, graceful=False):
         """The job's end here: what is left of it killed, every line relayed, then its Exited
         (``graceful``: a stop whose grace ran out for what it killed)."""
+        hush_warm(self.warm)
         code, reason, failures, ends = outcome(self.launch, code, stopped, reason)
         for result in results_of(self.launch):
             self.out.send(result)

@@ -81,6 +81,15 @@ class HeldFrames:
             self.out.send(frame)
 
 
+def hush_warm(line):
+    """The attempt ends here: a warm interpreter still importing is killed with it, which is no
+    news (not "the ranks start cold": none will start)."""
+    made = (line.first, line.current) if isinstance(line, WarmLine) else ()
+    for warm in made:
+        if isinstance(warm, Warm) and warm.hello is None and not warm.lasting:  # a lasting one forks the next
+            warm.late = True
+
+
 def end_warm(line):
     """The job is over on this node (or never began: a failed preflight, a Stop before the Go):
     every warm interpreter this agent started is killed if still there, and waited for, before
@@ -89,6 +98,8 @@ def end_warm(line):
     is a notebook server, say): one a node for every job."""
     made = (line.first, line.current) if isinstance(line, WarmLine) else ()
     for warm in {id(w): w for w in made if isinstance(w, (Warm, HeldHere))}.values():
+        if isinstance(warm, Warm) and warm.hello is None:
+            warm.late = True  # killed importing, as the job ends: no news
         warm.reap(REAP_WAIT)
 
 
