@@ -111,7 +111,7 @@ def launch(cluster, target, args=(), kwargs=None, *, backend: str | None = "auto
     script = ["-m", MODULE] if call else [os.fspath(target), *map(str, args)]
     argv = ["--runs-dir", runs_dir, "--job-id", job_id, *given, *(["--detach"] if detach else []), path, *script]
     results: list = []
-    code = main_up(argv, Caller(call, results.append, on_line, kept=kept()))
+    code = main_up(argv, Caller(call, results.append, on_line, kept=kept(), page_behind=True))
     if code in (2, 3):
         if path != cluster:  # the dict's file: nothing started, so nothing will look for it
             os.unlink(path)

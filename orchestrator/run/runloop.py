@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from ..views.callback import Line, LineCallback
 from ..views.console import ConsoleView
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
-from ..views.report import make_report
+from ..views.report import REPORT, make_report
 from ..views.timeline import Timeline
 from .attempts import RESHAPED, AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
 from .notifier import Notifier
@@ -40,6 +41,7 @@ class Caller:
     on_result: Callable[[JobResult], None] | None = None
     on_line: Callable[[Line], None] | None = None
     kept: Callable[[LaunchPlan], LaunchPlan] | None = None  # warm: the kept interpreters (kept.Kept) to fork from
+    page_behind: bool = False  # the run's page made on a thread of its own: the call returns without waiting for it
 
 
 def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, preflight: bool = True,
@@ -82,7 +84,12 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
         settle(result, records, swept_later, restarts, (logs, timeline, console_view), caller, notifier)
     console_view.notice(f"logs: {logs.dir}")
     if timeline is not None:
-        report_notice(logs.dir, console_view, f"ddp-report {os.path.basename(logs.dir)}")
+        again = f"ddp-report {os.path.basename(logs.dir)}"
+        if caller.page_behind:  # a Python session's next call starts meanwhile (the thread is waited for at exit)
+            console_view.notice(f"report: {os.path.join(logs.dir, REPORT)} (being made)")
+            threading.Thread(target=report_notice, args=(logs.dir, console_view, again, True), name="ddp-up-page").start()
+        else:
+            report_notice(logs.dir, console_view, again)
     return result.exit_code
 
 
@@ -107,12 +114,14 @@ def settle(result: JobResult, records: list[AttemptRecord], swept: list[Job], re
         notifier.close()
 
 
-def report_notice(where: str, view, again: str) -> None:
-    """The run's page (views/report.py), made and named in its last lines. A report that cannot be
-    made (a full disk, a damaged file) is said, with ``again``, the command that tries again, and
-    changes nothing else: the run's status is its own."""
+def report_notice(where: str, view, again: str, named: bool = False) -> None:
+    """The run's page (views/report.py), made and named in its last lines (``named``: it was
+    already). A report that cannot be made (a full disk, a damaged file) is said, with ``again``,
+    the command that tries again, and changes nothing else: the run's status is its own."""
     try:
-        view.notice(f"report: {make_report(where)}")
+        made = make_report(where)
+        if not named:
+            view.notice(f"report: {made}")
     except Exception as e:  # the report is a picture of the run: never a reason to fail it
         view.notice(f"no report ({type(e).__name__}: {str(e)[:300]}); {again} tries again")
 
