@@ -244,11 +244,14 @@ class ConsoleView:
                     f"master {plan.master_addr}:{plan.master_port or 'auto'}")
 
     def attempt(self, plan: LaunchPlan) -> None:
-        """A restart (attempts.py): the next attempt's nodes from here on (a spare may have joined)."""
+        """A restart (attempts.py): the next attempt's nodes from here on (a spare may have joined),
+        and its master where it moved (its node out of the run, or back)."""
+        moved = plan.master_addr != self.plan.master_addr
         self._for_plan(plan)
         out = f"; out of the run: {', '.join(plan.quarantined)}" if plan.quarantined else ""
+        master = f"; master {plan.master_addr}" if moved else ""
         self.notice(f"attempt {plan.attempt}: {len(plan.nodes)} node(s) ({', '.join(n.label for n in plan.nodes)}), "
-                    f"world size {plan.world_size}{out}")
+                    f"world size {plan.world_size}{master}{out}")
 
     def finished(self, result: JobResult, attempts=()) -> None:
         self.close()

@@ -45,6 +45,9 @@ CASES = {
     # the node whose silence is noticed first (1 or 2) is the root cause, and the spare takes its place
     "two-lost-spares": Case({"spares": 1}, 4, (1, 2), False, None, 1,
                             ("spare {3} takes its place as node ", "no spare is left (set `spares:`")),
+    # the master's node cut off: the run goes on with the master on the first node left
+    "master-lost-min-nodes": Case({"min_nodes": 2}, 3, (0,), False, (1, 2), 130,
+                                  ("{0} is out until it answers again (lost)",)),
     "two-lost-below-min-nodes": Case({"min_nodes": 2}, 3, (1, 2), False, None, 1,
                                      ("fewer than min_nodes (2)",)),
     "rank-fails-as-node-drops-min-nodes": Case({"min_nodes": 2, "restarts": 1}, 3, (2,), True, (0, 1), 130,
@@ -93,6 +96,9 @@ def test_faults_together_end_or_go_on_within_a_bound(name, cluster, cluster_file
     job = re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
     attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
     assert attempts[0]["nodes"] == [nodes[i].addr for i in range(case.layout - case.settings.get("spares", 0))]
+    if case.then is not None:
+        moved = re.search(rf"attempt 1: {len(case.then)} node\(s\) .*; master {re.escape(nodes[case.then[0]].addr)}\b", out)
+        assert bool(moved) == (0 in case.cut), out  # the master moves with its node, and only then
     if case.then is not None:
         assert [a["nodes"] for a in attempts[1:]] == [[nodes[i].addr for i in case.then]], attempts
         assert attempts[1]["world_size"] == len(case.then) and attempts[1]["end"] == "stopped", attempts
@@ -153,3 +159,65 @@ def test_a_master_port_taken_before_the_launcher_binds_it_is_tried_again_on_anot
     assert "attempt 1 (the master port was taken before the launcher could listen on it: again on another port " \
            "(1 of 3; restarts: untouched)) in 0.25 s" in out, out
     assert re.search(r"ok after [\d.]+ s in 2 attempts", out), out
+
+
+def test_a_node_lost_during_the_restart_delay_is_left_out_of_the_next_attempt(cluster, cluster_file, tmp_path):
+    """A rank fails; while the run waits to restart, another node's link is cut. The restart cannot
+    start there (it could not start, a recovery): the attempt after goes on without it, as
+    min_nodes allows, and a Ctrl-C ends it."""
+    nodes, fail_on = cluster.nodes, tmp_path / "fail-now"
+    path = cluster_file([(0, 1), (1, 1), (2, 1)], orphan_timeout=3, restart_delay=3, stop_grace=2, restarts=1,
+                        min_nodes=2, rejoin_after="never", ssh={"connect_timeout": 2},
+                        env={"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1, "TICK_FAIL_ON": str(fail_on)})
+    launch = Launch([str(path), SCRIPT, "tick", "600", "0.1"])
+    try:
+        launch.wait_line(r"r2 \| tick 3 rank=2$", 120)
+        fail_on.touch()
+        launch.wait_line(r"attempt 0 failed .*; attempt 1 .* in 3 s", 60)
+        cluster.partition(nodes[2])
+        for rank in range(2):
+            launch.wait_line(rf"\| WORLD 2 rank={rank} attempt=2$", 120)
+        launch.wait_line(r"r1 \| tick 3 rank=1$", 60)
+        launch.signal(signal.SIGINT)
+        code = launch.wait(STOP_BOUND + 10)
+    finally:
+        cluster.heal(nodes[2])
+        launch.proc.kill()
+    out = launch.output
+    assert code == 130, out
+    attempts = json.loads((run_dir(re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)) / "summary.json").read_text())["attempts"]
+    assert [a["end"] for a in attempts] == ["failed", "could not start", "stopped"], attempts
+    assert attempts[2]["nodes"] == [nodes[0].addr, nodes[1].addr] and nodes[2].addr in attempts[2]["out"], attempts
+    assert f"{nodes[2].addr} is out until it answers again (lost)" in out, out
+
+
+def test_a_node_that_flaps_comes_back_once_then_is_out_for_the_rest_of_the_run(cluster, cluster_file):
+    """A link that drops, comes back, and drops again: lost once, the node is away and rejoins once
+    it answers (the run grows back); lost a second time, it is out for good, and the run goes on
+    without it as min_nodes allows."""
+    nodes = cluster.nodes
+    path = cluster_file([(0, 1), (1, 1), (2, 1)], orphan_timeout=3, restart_delay=0.2, stop_grace=2, min_nodes=2,
+                        rejoin_after=1, env={"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1})
+    launch = Launch([str(path), SCRIPT, "tick", "600", "0.1"])
+    try:
+        launch.wait_line(r"r2 \| tick 3 rank=2$", 120)
+        cluster.partition(nodes[2])
+        launch.wait_line(r"\| WORLD 2 rank=1 attempt=1$", 120)
+        cluster.heal(nodes[2])
+        launch.wait_line(r"\| WORLD 3 rank=2 attempt=2$", 120)
+        launch.wait_line(r"r2 \| tick 3 rank=2$", 60)
+        cluster.partition(nodes[2])
+        launch.wait_line(r"\| WORLD 2 rank=1 attempt=3$", 120)
+        cluster.heal(nodes[2])
+        launch.wait_line(r"r1 \| tick 3 rank=1$", 60)
+        launch.signal(signal.SIGINT)
+        code = launch.wait(STOP_BOUND + 10)
+    finally:
+        cluster.heal(nodes[2])
+        launch.proc.kill()
+    out = launch.output
+    assert code == 130, out
+    assert f"{nodes[2].addr} is out for the rest of the run (lost twice)" in out, out
+    attempts = json.loads((run_dir(re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)) / "summary.json").read_text())["attempts"]
+    assert [len(a["nodes"]) for a in attempts] == [3, 2, 3, 2], attempts
+    assert [a["end"] for a in attempts] == ["lost", "stopped to grow", "lost", "stopped"], attempts
