@@ -744,3 +744,26 @@ def test_a_forked_rank_has_the_names_a_cold_start_gives_its_script(warm, tmp_pat
     child = w.fork(0, ["names.py", "3"], {"ONLY_THE_RANK": "r"}, str(tmp_path), str(out), str(err))
     assert child is not None and child.wait(30) == 0, err.read_text()
     assert json.loads(out.read_text()) == json.loads(cold.stdout), (out.read_text(), cold.stdout)
+
+
+def test_what_a_preload_prints_is_shown_once_on_the_jobs_stderr(tmp_path):
+    """A cold start shows an import's banner or warning in every rank's output; warm, it went to
+    the interpreter's log, unseen: it is shown once, bounded, when the interpreter says ready."""
+    (tmp_path / "noisy.py").write_text("import sys\nprint('hello from noisy')\nprint('warn: old', file=sys.stderr)\n")
+    (tmp_path / "flood.py").write_text("print('x' * 20000)\n")
+    said = []
+    for module in ("noisy", "flood", "json"):
+        said.clear()
+        w = Warm(sys.executable, {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path)}, str(tmp_path),
+                 str(tmp_path / f"{module}.log"), (module,), base=(), report=said.append)
+        try:
+            assert w.ready(60), w.hello
+        finally:
+            w.reap(10)
+        shown = [s for s in said if "the imports printed" in s]
+        if module == "noisy":
+            assert shown == ["ddp-up: warm start: the imports printed:\nhello from noisy\nwarn: old\n"], said
+        elif module == "flood":
+            assert len(shown) == 1 and "(first 8192 bytes; the rest in " in shown[0] and len(shown[0]) < 8500, said
+        else:
+            assert shown == [], said  # nothing printed: nothing said

@@ -74,6 +74,9 @@ class WarmChild:
             pass  # it has ended: its status is on its way
 
 
+IMPORTS_SHOWN = 8192  # bytes of what the warm interpreter's imports printed, shown once
+
+
 class Forker:
     """What both kinds of warm interpreter share: how long a fork waits for the imports, and what
     a user is told where it cannot fork."""
@@ -119,6 +122,7 @@ class Warm(Forker):
         self.socket = listen  # where torchrun's stand-ins ask (standin.SOCKET_VAR)
         self.code = written(os.path.dirname(os.path.abspath(log)))  # where it and the stand-ins import from
         self.sock, theirs = socket.socketpair()
+        self.log = log
         with open(log, "ab") as err:  # its own errors (a crash while importing): the ranks' go to their logs
             self.proc = subprocess.Popen([python, "-u", "-c", LOADER, self.code, str(theirs.fileno()), ",".join(names), str(os.getpid()),
                                           listen, "keep" if keep else ""],
@@ -151,6 +155,21 @@ class Warm(Forker):
         if why or self.hello is None:  # gone before it said ready or cold: why, at once, and named
             self.proc.kill()
         self.ended(why)
+
+    def show_imports_output(self):
+        """What the imports printed (a preload's warnings, its banner), once, on the job's stderr:
+        a cold start shows it in every rank's output; warm, it went to the interpreter's log."""
+        if self.report is None:
+            return
+        try:
+            with open(self.log, "rb") as f:
+                said = f.read(IMPORTS_SHOWN + 1)
+        except OSError:
+            return
+        if said.strip():
+            more = " (first %d bytes; the rest in %s)" % (IMPORTS_SHOWN, self.log) if len(said) > IMPORTS_SHOWN else ""
+            text = said[:IMPORTS_SHOWN].decode("utf-8", "replace").rstrip("\n")
+            self.report("ddp-up: warm start: the imports printed%s:\n%s\n" % (more, text))
 
     def ended(self, why):
         """The interpreter is gone (or was given up on): its end is told as it was, at once, and a
@@ -193,6 +212,7 @@ class Warm(Forker):
             self.importing = str(message["importing"])[:200]
         elif "ready" in message or "cold" in message:
             self.hello = message
+            self.show_imports_output()
             for notice in ([self.why_cold()] if "cold" in message else []) + list(message.get("notices") or ()):
                 self.report and self.report("ddp-up: warm start: %s\n" % notice)
             self.said.set()  # after the notices: one who waits for the answer and then execs loses none (boxwarm)
