@@ -29,6 +29,7 @@ DUMP_SETTLE = 1.5  # after every node confirmed its dump signals, time for the s
 # once every rank of the job has ended, how long torchrun's exit barrier is given before the launchers
 # still at it are stopped: it waits 300 s for a launcher that ended without it (a death in its teardown)
 FINISH_WAIT = 5.0
+LINGERED = "every rank has ended; torchrun's exit barrier waited for a node whose launcher had ended"
 Blamed = Callable[[], "tuple[tuple[int, ...], str] | None"]  # the Flight Recorder's word (flight.FlightLog.blamed)
 
 

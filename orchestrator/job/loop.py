@@ -38,7 +38,7 @@ from .backlog import BacklogOrder
 from .events import (WAKE, ChannelEnded, JournalRead, KilledBy, LogLine, Lost, MasterPort, Message, Record,
                      Reshape, SupervisorPort, Wake)
 from .following import Following
-from .hang import AskStacks, Finishing, HangWatch, Hung
+from .hang import LINGERED, AskStacks, Finishing, HangWatch, Hung
 from .nodetable import NodeTable
 from .pace import PaceReports
 from .reports import BY_DDP_KILL, NodeReports
@@ -214,7 +214,7 @@ class JobLoop:
             self.view.notice(decision.what)
         self._reshape(self.pace.aside(now))  # a straggler for evict_after, if one is due
         if not self.following and not self.stop.requested and self.hang.lingering(now, self.status):
-            self.stop.request("every rank has ended; torchrun's exit barrier waited for a node whose launcher had ended")
+            self.stop.request(LINGERED)
         self.stop.escalate(now)
 
     # --- what the reports ask ---

@@ -12,6 +12,7 @@ from ..diagnose import preflight
 from ..diagnose.rankfailures import node_clock, own_failures, rank_ends, rank_errors
 from ..errors import NodeProblem
 from ..node.protocol import policy, wire
+from .hang import LINGERED
 from .events import (Ask, ChannelEnded, Closed, JournalRead, KilledBy, Lines, Lost, MasterPort, Message, Record,
                      Reshape, SetupFailed, SupervisorPort)
 
@@ -203,6 +204,11 @@ class NodeReports:
         if own:  # the ranks' own ends, not only torchrun's 1
             self.table.set(node, "failed", reason=ranks_ended(own, f"launcher exited with {how}"))
             return [Record(slurms(failure, status.slurm_cancel)) for failure in own]  # Slurm's word may come first
+        if asked and self.stop.reason == LINGERED and node in self.hang.finishing:
+            # its ranks had all ended well: only its launcher was stopped, at torchrun's exit barrier
+            self.table.set(node, "done", reason="every rank ended; its launcher was stopped at torchrun's exit barrier")
+            self.hang.node_done(self.clock())
+            return []
         if asked:
             cut = (frame.overran if isinstance(frame.overran, int) else 0) + status.report.forced
             self.table.set(node, "stopped", reason=overran(status.reason or frame.reason, cut, self.plan.stop_grace))

@@ -29,6 +29,7 @@ class StopPath:
         self.sweeper = sweeper
         self.clock = clock
         self.requested = False
+        self.reason: str | None = None  # the first stop's
         self.peer_lost = False  # the stop's nodes were told that a node was lost
         self.stop_deadline: float | None = None
         self.kill_deadline: float | None = None
@@ -46,7 +47,7 @@ class StopPath:
                     if not status.terminal and status.state != "lost":
                         session.send(wire.Stop(peer_lost=True))
             return
-        self.requested, self.peer_lost = True, peer_lost
+        self.requested, self.peer_lost, self.reason = True, peer_lost, reason
         self.stop_deadline = self.clock() + self.plan.stop_grace + STOP_MARGIN
         self.next_reminder = self.clock() + REMIND
         for session, status in zip(self.sessions, self.table):

@@ -165,7 +165,9 @@ def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_bac
     assert "attempt 1: 2 node(s)" in out and "attempt 2: 3 node(s)" in out, out
     attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
     assert [a.get("end") for a in attempts] == ["lost", "stopped to grow", "succeeded"], attempts
-    assert attempts[0]["root_cause"] == f"{cluster.nodes[2].addr} lost", attempts
+    assert re.fullmatch(rf"{re.escape(cluster.nodes[2].addr)} lost \(no word from its agent for \d+ s\)",
+                        attempts[0]["root_cause"]), attempts  # why, as its supervisor found it
+    assert attempts[1]["out"] == [cluster.nodes[2].addr] and attempts[2]["out"] == [], attempts  # as attached
     assert "on 2 of 3 nodes (node(s) 2 away)" in attempts[0]["next"], attempts
     assert "stopped to take nodes back on all 3 nodes" in attempts[1]["next"], attempts
     assert out.rstrip().endswith(f"report: {RUNS_ROOT}/{job}/report.html"), out  # its page, from the journals

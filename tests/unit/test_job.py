@@ -154,6 +154,21 @@ def test_a_launcher_finishing_after_its_ranks_ended_is_no_hang():
     assert not any(isinstance(f, wire.Dump) for n in h.nodes for f in n.sent)  # no stacks asked for
 
 
+def test_a_launcher_stopped_at_the_exit_barrier_after_its_ranks_ended_well_is_done():
+    """Node 0 ended; node 1's ranks had all ended but its torchrun still waited at the exit barrier
+    (a loaded machine) when FINISH_WAIT ran out: stopping it is the end of work already done, so
+    the node is done and the job ok, not "stopped" with exit status 1 and no root cause."""
+    h = Harness(2, gpus=1)
+    h.nodes[0].exit_code, h.nodes[0].run_for = 0, 2.0
+    h.queue.at(T0 + 1.5, Message(0, wire.RanksEnded()))
+    h.queue.at(T0 + 1.5, Message(1, wire.RanksEnded()))
+    h.nodes[1].exit_code, h.nodes[1].run_for = 0, 60.0  # its barrier, past FINISH_WAIT
+    result = h.job.run()
+    assert result.exit_code == 0 and not result.failures, (result, h.view.notices)
+    assert h.states() == ["done", "done"]
+    assert result.nodes[1].reason == "every rank ended; its launcher was stopped at torchrun's exit barrier"
+
+
 def test_stacks_asked_while_the_last_ranks_end_name_no_one_and_the_watch_starts_again():
     """The nodes had not yet said their ranks ended when the watch fired (they say so at their
     next heartbeat): while the stacks are awaited they do, and the job is not failed as hung."""
