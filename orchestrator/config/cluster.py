@@ -130,6 +130,7 @@ class ClusterConfig:
     evict_after: float | None = None  # a node the straggler measure names this long is set aside (off unless set)
     nodes_command: str | None = None  # a program that lists the nodes, run again before each attempt (nodescommand.py)
     report: bool = True  # runs/<job>/timeline.jsonl and report.html, at each run's end (views/report.py)
+    metrics: tuple | None = ()  # `metrics:`: None, off; else ((name or None, pattern), ...) read besides the default forms
     flight_recorder: bool = True  # torch's Flight Recorder on in every rank (node/watch/flight.py): the stuck collective, stragglers
     warm: bool | None = None  # fork every rank from an interpreter that imported torch already (node/launchers/warm.py); false: cold;
     # None: the default (plan.launch.warm_start)

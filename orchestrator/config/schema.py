@@ -89,6 +89,10 @@ MEANING = {
                     "never: it rejoins at the next restart",
     "flight_recorder": "torch's Flight Recorder in every rank: the stuck collective, stragglers",
     "report": "keep the run's timeline and write runs/<job>/report.html, a page of charts, at its end",
+    "metrics": "the numbers ranks print, kept as metrics (runs/<job>/metrics.csv, charted on the page): false: none; "
+               "a list of patterns reads more forms besides the default ones: a regular expression with groups "
+               "(?P<name>...) (or `name:`), (?P<value>...) and optionally (?P<step>...), without backreferences, "
+               "lookarounds, nested repeats or more than one unbounded repeat",
     "notify": "where the job's events go: Apprise URLs (a string, or `url:`), a webhook, a command; each with "
               "`on:`, the events it gets",
     "fetch": "paths brought back from every node when the job ends, into runs/<job>/fetched/",
@@ -122,6 +126,7 @@ EXAMPLE = {
     "retention": "3d", "restarts": "3", "restart_delay": "30s", "no_restart_on_exit": "[2]", "recoveries": "5",
     "spares": "1", "min_nodes": "3", "rejoin_after": "30m", "evict_after": "15m", "nodes_command": "./list-nodes.sh", "flight_recorder": "false", "report": "false", "notify": "[ntfy://my-topic]", "warm": "true",
     "preload": "[lightning, transformers]", "measure_gpus": "true",
+    "metrics": "[{name: val_acc, pattern: 'val acc (?P<value>[0-9.]{1,20})'}]",
     "fetch": "[ckpt, logs/metrics.json]", "python": "~/venv/bin/python", "workdir": "~/project",
     "env": "{NCCL_DEBUG: WARN}", "transport": "srun", "gpus": "auto", "setup": "module load cuda/12.4",
     "container": "{image: nvcr.io/nvidia/pytorch:24.05-py3}", "host": "gpu-a", "addr": "10.0.0.2", "user": "me",
@@ -234,6 +239,10 @@ def cluster_schema() -> dict[str, Any]:
         "min_nodes": or_null({"type": "integer", "minimum": 1}),
         "nodes_command": or_null({"type": "string", "pattern": r"\S"}),
         "notify": notify_shape(),
+        "metrics": {"anyOf": [{"type": "boolean"}, {"type": "null"}, {"type": "array", "items": {"anyOf": [
+            {"type": "string", "minLength": 1, "maxLength": 500},
+            obj({"name": {"type": "string", "minLength": 1, "maxLength": 64},
+                 "pattern": {"type": "string", "minLength": 1, "maxLength": 500}}, ("pattern",))]}}]},
         **{key: rule_schema(rule) for key, rule in RULES.items()},
         **shared(),
     }

@@ -22,6 +22,7 @@ from . import notify
 from .cluster import (DEFAULT_SECRETS, JOB_SIGNALS, ClusterConfig, NodeConfig, SSHSettings, SyncConfig, cluster_id_for,
                       default_client, job_signal)
 from .containers import container
+from .metricpatterns import checked_patterns
 from .hostlists import host_problem
 from .keyhints import unknown_key_hint
 from .reading import key_path, read_text
@@ -36,7 +37,7 @@ TOP_KEYS = ("nodes", "nodes_command", "ssh", "master", "orphan_timeout", "stop_g
             "launcher", "env_file",
             "forward_env", "secrets", "sync", "retention", "restarts", "restart_delay", "no_restart_on_exit", "recoveries",
             "spares", "min_nodes", "rejoin_after", "evict_after", "flight_recorder", "report", "notify", "fetch", "warm", "preload", "measure_gpus",
-            *SHARED_KEYS)
+            "metrics", *SHARED_KEYS)
 SYNC_KEYS = ("src", "exclude", "gitignore")
 LAUNCHERS = ("torchrun", "legacy", "none", "accelerate")
 TRANSPORTS = ("ssh", "srun", "local")
@@ -280,7 +281,13 @@ class Validator(Checks):
             min_nodes=self.spared(top, len(nodes), settings),
             nodes_command=top.get("nodes_command"),  # run already, and checked (clusterfile._command_source)
             notify=notify.targets(top.get("notify"), lambda at, why: self.error(("notify", *at), why)),
-            **settings)
+            metrics=self.metrics(top.get("metrics")), **settings)
+
+    def metrics(self, value: Any) -> tuple | None:
+        items, at, why = checked_patterns(value)
+        if why:
+            raise self.error(("metrics", *at), why)
+        return items
 
     def spared(self, top: dict, count: int, settings: dict) -> int | None:
         """`min_nodes:` (see min_nodes), and `evict_after:` only where the run can do without a node."""

@@ -103,6 +103,7 @@ class LaunchPlan:
     notify: tuple = ()  # notify.Target: who hears of the job's events
     commit: str | None = None  # the local checkout's commit the job ran from (runrecord.py), for ddp-ls
     report: bool = True  # `report:`: the run's timeline kept, and its page written at its end (views/report.py)
+    metrics: tuple | None = ()  # `metrics:`: what ranks print read as metrics (diagnose/metrics.py); None: off
 
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.secrets)
@@ -331,7 +332,7 @@ def make_plan(config: ClusterConfig, script: str, script_args: list[str] | tuple
         vetted=dict(attempt.vetted),
         restart_delay=config.restart_delay,
         notify=config.notify,
-        commit=commit, report=config.report and not detach,
+        commit=commit, report=config.report and not detach, metrics=config.metrics,
         **(supervised(config, restarts, recoveries) if detach else {}),
     )
 

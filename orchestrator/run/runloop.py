@@ -22,6 +22,7 @@ from ..views.callback import Line, LineCallback
 from ..views.console import ConsoleView
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
+from ..views.metricsfile import MetricsFile
 from ..views.report import REPORT, make_report
 from ..views.timeline import Timeline
 from .attempts import RESHAPED, AttemptRecord, Restarts, attempt_record, blame, blame_setup, delay_before, wait_for_signal
@@ -52,11 +53,12 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
     ends once every node runs (exit 0), the job going on under its own agents. With
     ``restarts``, a failed attempt is followed by the next one (attempts.py) until one succeeds or none is left."""
     timeline = Timeline(logs.dir, plan) if plan.report else None
-    views = Fanout(console_view, logs, *((notifier,) if notifier else ()), *((timeline,) if timeline else ()),
+    metrics = MetricsFile(logs.dir, plan) if plan.metrics is not None and not plan.detach else None
+    views = Fanout(console_view, logs, *(v for v in (notifier, timeline, metrics) if v is not None),
                    *((LineCallback(caller.on_line, console_view.notice),) if caller.on_line else ()))
     records: list[AttemptRecord] = []
     swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
-    with console_view, logs, timeline or nullcontext():
+    with console_view, logs, timeline or nullcontext(), metrics or nullcontext():
         while True:
             plan = caller.kept(plan) if caller.kept else plan  # warm: interpreters kept from one attempt to the next
             job = Job(plan, views, preflight=preflight, inbox=inbox, shown=console_view.ranks)
@@ -81,7 +83,9 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
                 break
             plan = following
             views.attempt(plan)
-        settle(result, records, swept_later, restarts, (logs, timeline, console_view), caller, notifier)
+        settle(result, records, swept_later, restarts, (logs, timeline, metrics, console_view), caller, notifier)
+    if metrics is not None and metrics.said():
+        console_view.notice(metrics.said())
     console_view.notice(f"logs: {logs.dir}")
     if timeline is not None:
         again = f"ddp-report {os.path.basename(logs.dir)}"

@@ -35,9 +35,17 @@ def render(data: RunData) -> str:
 
     from .charts import figures
 
+    from .metriccharts import metrics_section
+
     charts = [chart_div(name, fig) for name, fig in figures(data)]
-    parts = [f"<h1>ddp-up run {esc(data.job_id)}</h1>", outcome(data), missing(data), root_cause(data),
-             attempts(data), *charts, what_ran(data), gpus_said(data)]
+    run = data.kind("run")
+    origin = run[0].get("started") if run and isinstance(run[0].get("started"), (int, float)) else \
+        min((r.time for r in data.metrics), default=0.0)
+    worlds = {a.get("attempt"): a.get("world_size") for a in data.kind("attempt")}
+    learned, table = metrics_section(data.metrics, worlds, origin, esc)
+    parts = [f"<h1>ddp-up run {esc(data.job_id)}</h1>", outcome(data), missing(data), root_cause(data), table,
+             *(chart_div(name, fig) for name, fig in learned), attempts(data),
+             "<h2>The machine</h2>" if charts else "", *charts, what_ran(data), gpus_said(data)]
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>ddp-up {esc(data.job_id)}</title>"
             f"<style>{STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
             + "\n".join(p for p in parts if p) + "</body></html>\n")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..clean import BIDI
 from ..node.local.state import read_regular
 from . import runfields
+from .metriccharts import read_rows
 from .timeline import NAME as TIMELINE
 
 READ_MOST = 64 << 20  # bytes of one file read: the timeline stays within a few MB
@@ -32,6 +33,7 @@ class RunData:
     summary: dict | None = None
     run: dict | None = None
     missing: list = field(default_factory=list)  # what the page says it could not show, and why
+    metrics: list = field(default_factory=list)  # metrics.csv's rows (metriccharts.Row)
 
     def kind(self, kind: str) -> list[dict]:
         return [r for r in self.records if r.get("kind") == kind]
@@ -94,6 +96,7 @@ def load(where: str) -> RunData:
                             "nothing of it after that in that attempt")
     if len(losses) > LOSSES_NAMED:
         data.missing.append(f"{len(losses) - LOSSES_NAMED} more node(s) lost, with nothing of them after that")
+    data.metrics = read_rows(where, data.missing)
     run = data.kind("run")
     data.job_id = str((run[0].get("job") if run else None) or (data.summary or {}).get("job_id") or data.job_id)
     return data

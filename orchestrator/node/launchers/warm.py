@@ -35,6 +35,7 @@ import time
 
 from ..local.ourcode import written
 from ..local.procs import TORCHRUN, signal_name
+from ..local.state import open_regular
 from ..userpython.proctitle import ROOM, ROOM_VAR
 from ..userpython.standin import CODE_VAR, PASS_VAR, SOCKET_VAR
 from ..userpython.warmparent import LOADER
@@ -161,11 +162,15 @@ class Warm(Forker):
         a cold start shows it in every rank's output; warm, it went to the interpreter's log."""
         if self.report is None:
             return
+        fd = open_regular(self.log)
+        if fd is None:
+            return
         try:
-            with open(self.log, "rb") as f:
-                said = f.read(IMPORTS_SHOWN + 1)
+            said = os.read(fd, IMPORTS_SHOWN + 1)
         except OSError:
             return
+        finally:
+            os.close(fd)
         if said.strip():
             more = " (first %d bytes; the rest in %s)" % (IMPORTS_SHOWN, self.log) if len(said) > IMPORTS_SHOWN else ""
             text = said[:IMPORTS_SHOWN].decode("utf-8", "replace").rstrip("\n")
