@@ -25,10 +25,38 @@ def figures(data: RunData) -> list[tuple[str, go.Figure]]:
     return [(name, fig) for name, fig in made if fig is not None]
 
 
-def layout(fig: go.Figure, title: str, y: str) -> go.Figure:
+def layout(fig: go.Figure, title: str, y: str, data: RunData | None = None, nodes: set | None = None) -> go.Figure:
+    """A time chart's frame: with ``data``, every attempt shaded (odd ones) and named, so that an
+    outage and a restart show; a chart whose series all ran on one node names it."""
+    if nodes is not None and len(nodes) == 1:
+        title += f" on {esc(next(iter(nodes)))}"
+    for a in (data.kind("attempt") if data is not None else ()):
+        if a.get("attempt") and a.get("start") is not None:
+            fig.add_vrect(x0=a["start"], x1=a.get("end") or a["start"], fillcolor="#888", opacity=0.08 * (a["attempt"] % 2),
+                          line_width=0, annotation_text=esc(f"attempt {a['attempt']}"), annotation_position="top left")
     fig.update_layout(title=title, xaxis_title=AXIS, yaxis_title=y, height=420, margin={"t": 50, "b": 40},
                       legend={"font": {"size": 10}})
     return fig
+
+
+def gapped(points: list, step, starts: list, at: int) -> tuple[list, list]:
+    """(x, y) of a series' points, broken (None) where it had no data for over two of its buckets
+    (a rank that stood on a lost node), and at each attempt's start (``starts``): no line is
+    drawn straight across an outage or a restart."""
+    xs, ys, last = [], [], None
+    gap = 2.5 * (step if isinstance(step, (int, float)) and step > 0 else 2.0)
+    for p in points:
+        if last is not None and (p[0] - last > gap or any(last < s <= p[0] for s in starts)):
+            xs.append(None)
+            ys.append(None)
+        xs.append(p[0])
+        ys.append(p[at])
+        last = p[0]
+    return xs, ys
+
+
+def starts_of(data: RunData) -> list:
+    return [a["start"] for a in data.kind("attempt") if a.get("attempt") and isinstance(a.get("start"), (int, float))]
 
 
 def timeline(data: RunData) -> go.Figure | None:
@@ -75,49 +103,64 @@ def series(data: RunData, kind: str) -> list[dict]:
 def rates(data: RunData) -> go.Figure | None:
     """Each rank's rate as its progress bar says it; the slowest (lowest median) named."""
     found = [(s, [p for p in s["points"] if len(p) == 3 and p[2] is not None]) for s in series(data, "progress")]
-    found = [(s, pts) for s, pts in found if pts]
+    found = [(s, pts) for s, pts in training_bars(found) if pts]
     if not found:
         return None
-    fig = go.Figure()
+    fig, starts = go.Figure(), starts_of(data)
     for s, pts in found:
-        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[2] for p in pts], mode="lines",
-                                 name=esc(f"rank {s.get('rank')} ({s.get('node')})"),
-                                 hovertext=esc(s.get("desc")), hoverinfo="x+y+name+text"))
+        xs, ys = gapped(pts, s.get("step"), starts, 2)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=esc(f"rank {s.get('rank')} ({s.get('node')})"),
+                                 hovertext=esc(s.get("desc")), hoverinfo="x+y+name+text", connectgaps=False))
     slowest = min(found, key=lambda f: median(p[2] for p in f[1]))
     rate = median(p[2] for p in slowest[1])
+    said = f"one point only: {rate:.3g}/s" if sum(len(pts) for _, pts in found) == 1 else f"median {rate:.3g}/s"
     title = (f"Training rate per rank ({esc(slowest[0].get('unit') or 'it')}/s): slowest rank "
-             f"{esc(slowest[0].get('rank'))} on {esc(slowest[0].get('node'))}, median {rate:.3g}/s")
-    return layout(fig, title, "items a second")
+             f"{esc(slowest[0].get('rank'))} on {esc(slowest[0].get('node'))}, {said}")
+    return layout(fig, title, "items a second", data, {s.get("node") for s, _ in found})
+
+
+def training_bars(found: list) -> list:
+    """Of each rank's bars (a series a bar: its description without the numbers), the training
+    one: the bar drawn longest (the HF Trainer's checkpoint writer draws a short, fast one)."""
+    best: dict = {}
+    for s, pts in found:
+        key = (s.get("rank"), s.get("node"))
+        span = (pts[-1][0] - pts[0][0], len(pts)) if pts else (0, 0)
+        if key not in best or span > best[key][0]:
+            best[key] = (span, s, pts)
+    return [(s, pts) for _, s, pts in best.values()]
 
 
 def lines(data: RunData) -> go.Figure | None:
     found = series(data, "lines")
     if not found:
         return None
-    fig = go.Figure()
+    fig, starts = go.Figure(), starts_of(data)
     for s in sorted(found, key=lambda s: (s.get("rank") is None, s.get("rank") or 0)):
-        fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[1] for p in s["points"]], mode="lines",
-                                 name=esc(f"rank {s.get('rank')} ({s.get('node')})")))
-    return layout(fig, "Lines a second per rank", "lines a second")
+        xs, ys = gapped(s["points"], s.get("step"), starts, 1)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=esc(f"rank {s.get('rank')} ({s.get('node')})"),
+                                 connectgaps=False))
+    return layout(fig, "Lines a second per rank", "lines a second", data, {s.get("node") for s in found})
 
 
 def gpus(data: RunData, at: int, title: str) -> go.Figure | None:
     found = series(data, "gpu")
     if not found:
         return None
-    fig = go.Figure()
+    fig, starts = go.Figure(), starts_of(data)
     for s in found:
-        fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[at] for p in s["points"]], mode="lines",
-                                 name=esc(f"{s.get('node')} GPU {s.get('gpu')}")))
-    return layout(fig, title, title.rpartition(" (")[2].rstrip(")"))
+        xs, ys = gapped(s["points"], s.get("step"), starts, at)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=esc(f"{s.get('node')} GPU {s.get('gpu')}"),
+                                 connectgaps=False))
+    return layout(fig, title, title.rpartition(" (")[2].rstrip(")"), data, {s.get("node") for s in found})
 
 
 def late(data: RunData) -> go.Figure | None:
     found = [s for s in series(data, "late") if any(p[1] for p in s["points"])]
     if not found:
         return None
-    fig = go.Figure()
+    fig, starts = go.Figure(), starts_of(data)
     for s in found:
-        fig.add_trace(go.Scatter(x=[p[0] for p in s["points"]], y=[p[1] for p in s["points"]], mode="lines",
-                                 name=esc(s.get("node"))))
-    return layout(fig, "Late at the collectives, per node (median, ms)", "ms after the others")
+        xs, ys = gapped(s["points"], s.get("step"), starts, 1)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=esc(s.get("node")), connectgaps=False))
+    return layout(fig, "Late at the collectives, per node (median, ms)", "ms after the others", data)

@@ -66,7 +66,7 @@ KINDS = {
                      "end_why": "text", "cause": "text", "next": "text"}),
     "state": ({"t": "number"}, {"node": "text", "attempt": "whole", "state": "text", "reason": "text"}),
     "progress": ({"points": 3}, {"rank": "whole", "node": "text", "step": "number", "total": "number", "desc": "text",
-                                 "unit": "text"}),
+                                 "unit": "text", "bar": "text"}),
     "lines": ({"points": 2}, {"rank": "whole", "node": "text", "step": "number"}),
     "gpu": ({"points": 3}, {"node": "text", "gpu": "whole", "total_mib": "number", "step": "number"}),
     "late": ({"points": 2}, {"node": "text", "step": "number"}),

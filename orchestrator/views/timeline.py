@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import threading
 import time
@@ -39,6 +40,13 @@ FIRST_STEP = 2.0  # seconds: a series' step until it fills
 WRITE_EVERY = 30.0  # seconds between two writes while the run goes on
 STATES_MOST = 20_000  # node state changes kept (a flapping node cannot grow the file without end)
 DESC_MOST = 200  # characters of a bar's description kept
+
+
+def bar_name(row: str) -> str:
+    """A bar's name: its description without the numbers (before tqdm's ``NN%|``), so that every
+    redraw, and every epoch of Lightning's ("Epoch 3"), is the same bar."""
+    head = row.split("%|", 1)[0] if "%|" in row else row.split("|", 1)[0]
+    return re.sub(r"[\d.]+", "#", head).rstrip(" :#").strip()[:80]
 
 
 class Series:
@@ -139,8 +147,8 @@ class Timeline:
             if line.rank is not None and not line.more:
                 counts[line.rank] = counts.get(line.rank, 0) + 1
         t = self.at()
-        for rank, count in counts.items():
-            self.sample(("lines", rank), {"rank": rank, "node": node.label}, t, count, total=True)
+        for rank, count in counts.items():  # a series a rank and node: a rank that moved is drawn where it ran
+            self.sample(("lines", rank, node.label), {"rank": rank, "node": node.label}, t, count, total=True)
 
     def bars(self, node, bars, at: float | None = None) -> None:
         t = self.at(at)
@@ -149,8 +157,10 @@ class Timeline:
             if reading is None:
                 continue
             desc = bar.rows[0][:DESC_MOST] if bar.rows else ""
-            self.sample(("progress", bar.rank), {"rank": bar.rank, "node": node.label, "total": reading.total,
-                                                 "unit": reading.unit, "desc": desc},
+            # a series a bar: the HF Trainer's checkpoint writer ("Writing model shards") is not its training
+            key = ("progress", bar.rank, node.label, bar_name(desc))
+            self.sample(key, {"rank": bar.rank, "node": node.label, "total": reading.total, "unit": reading.unit,
+                              "desc": desc, "bar": bar_name(desc)},
                         t, reading.n, reading.rate if reading.rate is not None else math.nan)
 
     def gpus(self, node, gpus, at: float | None = None) -> None:

@@ -151,3 +151,33 @@ def test_ddp_report_makes_a_runs_page_again_and_names_what_it_cannot(tmp_path, c
     assert main_report(["J2", "--runs-dir", str(tmp_path)]) == 3
     assert "no run J2 in" in capsys.readouterr().err
     assert main_report([]) == 2 and main_report(["a b"]) == 2
+
+
+def test_a_series_a_bar_and_a_rank_is_drawn_where_it_ran_broken_across_outages_and_attempts():
+    """What the page drew misled: a rank that stood 47 s on a lost node read as a steady rate; the
+    HF Trainer's checkpoint writer's bar ("Writing model shards ... 1044 it/s") was charted as its
+    training; a rank that moved was drawn on its first node. Now: a series a bar, the training one
+    charted; a series a rank and node; a break where it had no data or an attempt started; every
+    attempt shaded; a chart of one node names it, and one of one point says so."""
+    from orchestrator.views.charts import gapped, lines, rates
+    from orchestrator.views.rundata import RunData
+
+    assert timeline.bar_name("Epoch 3:  40%|####  | 4/10 [00:02<00:03, 2.00it/s]") == "Epoch"
+    assert timeline.bar_name("Writing model shards: 100%|####| 2/2") == "Writing model shards"
+    assert gapped([[0, 1], [2, 1], [4, 1], [50, 1], [52, 1], [54, 1]], 2.0, [53], 1) == (
+        [0, 2, 4, None, 50, 52, None, 54], [1, 1, 1, None, 1, 1, None, 1])
+    train = {"kind": "progress", "rank": 0, "node": "a", "step": 2.0, "bar": "train", "desc": "train",
+             "points": [[t, t, 2.0] for t in range(0, 40, 2)]}
+    writer = dict(train, bar="Writing model shards", desc="Writing model shards", points=[[41, 1, 1044.0], [42, 2, 1044.0]])
+    data = RunData(records=[train, writer, {"kind": "attempt", "attempt": 0, "start": 0.0, "end": 20.0},
+                            {"kind": "attempt", "attempt": 1, "start": 20.0, "end": 60.0}])
+    fig = rates(data)
+    assert [max(y for y in t.y if y is not None) for t in fig.data] == [2.0]  # the writer's 1044 it/s is not charted
+    assert fig.layout.title.text.endswith("median 2/s on a") and list(fig.data[0].x).count(None) == 1
+    assert [s.opacity for s in fig.layout.shapes] == [0.08]  # attempt 1 shaded
+    moved = [{"kind": "lines", "rank": 1, "node": node, "step": 2.0, "points": pts}
+             for node, pts in (("a", [[0, 3.0], [2, 3.0]]), ("c", [[30, 3.0]]))]
+    fig = lines(RunData(records=moved))
+    assert [t.name for t in fig.data] == ["rank 1 (a)", "rank 1 (c)"] and "on " not in fig.layout.title.text
+    one = rates(RunData(records=[dict(train, points=[[3, 1, 2.5]])]))
+    assert "one point only: 2.5/s" in one.layout.title.text
