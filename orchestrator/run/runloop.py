@@ -53,7 +53,7 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
     ends once every node runs (exit 0), the job going on under its own agents. With
     ``restarts``, a failed attempt is followed by the next one (attempts.py) until one succeeds or none is left."""
     timeline = Timeline(logs.dir, plan) if plan.report else None
-    metrics = MetricsFile(logs.dir, plan) if plan.metrics is not None and not plan.detach else None
+    metrics = metrics_for(plan, logs, console_view)
     views = Fanout(console_view, logs, *(v for v in (notifier, timeline, metrics) if v is not None),
                    *((LineCallback(caller.on_line, console_view.notice),) if caller.on_line else ()))
     records: list[AttemptRecord] = []
@@ -95,6 +95,17 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
         else:
             report_notice(logs.dir, console_view, again)
     return result.exit_code
+
+
+def metrics_for(plan: LaunchPlan, logs: RunLogs, console_view: ConsoleView) -> MetricsFile | None:
+    """What the ranks print, read for metrics (views/metricsfile.py), where `metrics:` is not false;
+    the live dashboard shows the first one."""
+    if plan.metrics is None or plan.detach:
+        return None
+    metrics = MetricsFile(logs.dir, plan)
+    if hasattr(console_view, "metric"):
+        console_view.metric = metrics.shown
+    return metrics
 
 
 def settle(result: JobResult, records: list[AttemptRecord], swept: list[Job], restarts: Restarts | None,

@@ -27,7 +27,7 @@ ATTENTION = {"failed": 0, "lost": 0, "error": 0, "stopping": 1, "stopped": 1, "c
 
 
 def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambda text: text,
-           width: int | None = None) -> RenderableType:
+           width: int | None = None, metric: tuple[str, dict[str, float]] | None = None) -> RenderableType:
     """The live table. Cells that hold what nodes said are Text, never markup, and cleaned.
     ``width``: the terminal's; where it is narrow, the least needed columns go (DROPPED_FIRST)
     and the last line and progress are cut, while node, host, ranks and state stay whole."""
@@ -39,6 +39,11 @@ def render(snap: JobSnapshot, rates: dict[int, float], max_rows: int, mask=lambd
                            (f"  out: {', '.join(snap.quarantined)}" if snap.quarantined else "", "red"))
     shown, hidden = _pick_rows(snap.nodes, max_rows)
     columns = _columns(snap.nodes, shown, rates, mask)
+    if metric is not None:  # the run's first metric, each node's first rank's latest (metricsfile.MetricsFile.shown)
+        name, values = metric
+        cells = ["" if values.get(r.label) is None else f"{values[r.label]:.4g}" for r in shown]
+        columns = {**{k: v for k, v in columns.items() if k not in GIVES_WAY}, safe_text(mask(name))[:24]: ("right", cells),
+                   **{k: v for k, v in columns.items() if k in GIVES_WAY}}
     for name in DROPPED_FIRST:
         if width is None or _fixed_width(columns) <= width - LAST_LINE_LEAST:
             break
@@ -133,6 +138,7 @@ class DashboardView(ConsoleView):
         self.samples: dict[int, tuple[float, int]] = {}
         self.rates: dict[int, float] = {}
         self.started = False
+        self.metric = lambda: None  # the run's first metric, as metricsfile.MetricsFile.shown gives it
 
     def bars(self, node, bars, at=None) -> None:
         pass  # the table shows them, in place
@@ -166,7 +172,8 @@ class DashboardView(ConsoleView):
                 self.rates[row.index] = (row.lines - n0) / (snap.now - t0) if snap.now > t0 else 0.0
                 self.samples[row.index] = (snap.now, row.lines)
         max_rows = max(4, self.console.size.height // 2 - 4)
-        self.live.update(render(snap, self.rates, max_rows, self.plan.mask, self.console.size.width), refresh=True)
+        self.live.update(render(snap, self.rates, max_rows, self.plan.mask, self.console.size.width, self.metric()),
+                         refresh=True)
 
     def _flush(self) -> None:
         self.last_flush = time.monotonic()

@@ -47,6 +47,8 @@ class MetricsFile:
         self.kept: dict[tuple[str, int], int] = {}  # (name, rank) -> values seen: the thinning's count
         self.last: dict[tuple[str, int], tuple] = {}  # (name, rank) -> (step, value) last written: a redrawn bar's
         self.rows = 0
+        self.first: str | None = None  # the run's first metric: the live dashboard shows it
+        self.latest: dict[str, tuple[int, float]] = {}  # node -> (rank, the first metric's latest value) of its first rank
         self.dropped = {"names": 0, "thinned": 0, "rows": 0, "backlog": 0}
         self.broken: str | None = None
         self.file = None
@@ -88,6 +90,13 @@ class MetricsFile:
         if self.thread.is_alive():
             self.inbox.put(None)
             self.thread.join(30)
+
+    def shown(self) -> tuple[str, dict[str, float]] | None:
+        """For the live dashboard: the first metric's name, and its latest value on each node's
+        first rank (None: none yet)."""
+        if self.first is None:
+            return None
+        return self.first, {node: value for node, (_, value) in dict(self.latest).items()}
 
     def said(self) -> str | None:
         """What the bounds left out, in words (None: nothing)."""
@@ -142,6 +151,9 @@ class MetricsFile:
             self.dropped["rows"] += 1
             return
         self.names.add(name)
+        self.first = self.first or name
+        if name == self.first and rank <= self.latest.get(node, (rank, 0.0))[0]:
+            self.latest[node] = (rank, value.value)
         self.write([f"{at:.3f}", attempt, rank, node, "" if value.step is None else f"{value.step:g}", name,
                     repr(value.value)])
 

@@ -93,3 +93,29 @@ def test_a_view_made_again_under_the_live_table_styles_lines_with_colors_alone()
     with Live(Text("ddp-up job J1  running"), console=console, auto_refresh=False, transient=True):
         during = Ink(console, Style(color="cyan"))
     assert (during.open, during.close) == (before.open, before.close) == ("\x1b[36m", "\x1b[0m")
+
+
+def test_the_live_table_shows_each_nodes_latest_value_of_the_runs_first_metric(tmp_path):
+    """Read off the job loop (metricsfile), shown on the table as it comes: the first metric the
+    run printed, each node's first rank's latest value; a node with none yet shows nothing."""
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.job.events import LogLine
+    from orchestrator.plan.launch import make_plan
+    from orchestrator.views.metricsfile import MetricsFile
+
+    plan = make_plan(parse_cluster("nodes: [{host: gpu-00, gpus: 2}, {host: gpu-01, gpus: 2}]\n"), "t.py", [], "J1",
+                     str(tmp_path))
+    metrics = MetricsFile(str(tmp_path), plan)
+
+    class Node:
+        label = "gpu-00"
+
+    metrics.lines(Node, [LogLine("out", 1, "step 1 loss 0.9 acc 0.2"), LogLine("out", 0, "step 1 loss 0.75"),
+                         LogLine("out", 0, "step 2 loss 0.625")])
+    metrics.close()
+    assert metrics.shown() == ("loss", {"gpu-00": 0.625})
+    text = text_of(render(snapshot(2), {}, max_rows=10, metric=metrics.shown()))
+    lines = text.splitlines()
+    assert lines[1].split()[7:10] == ["exit", "loss", "last"], text  # before the columns that give way
+    assert lines[2].split()[-5:] == ["0.625", "step", "0", "loss", "0.5"], text
+    assert lines[3].split()[-5:] == ["0", "step", "1", "loss", "0.5"], text  # none yet on gpu-01: an empty cell
