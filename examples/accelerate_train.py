@@ -43,7 +43,8 @@ def main():
             first = json.load(f)["epoch"] + 1
         accelerator.print(f"resuming at epoch {first}")
     for epoch in range(first, args.epochs):
-        for xb, yb in tqdm(loader, desc=f"epoch {epoch}", disable=not accelerator.is_local_main_process):
+        bar = tqdm(loader, desc=f"epoch {epoch}", disable=not accelerator.is_local_main_process)
+        for xb, yb in bar:
             if epoch == args.fail_epoch and accelerator.process_index == args.fail_rank and \
                     os.environ.get("DDP_UP_ATTEMPT", "0") == "0":
                 if args.kill:
@@ -53,6 +54,7 @@ def main():
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
+            bar.set_postfix(loss=f"{loss.item():.4f}")  # on the bar: ddp-up charts it (runs/<job>/metrics.csv)
         accelerator.save_state(args.out)
         if accelerator.is_main_process:
             with open(done, "w") as f:

@@ -33,7 +33,9 @@ class Tiny(L.LightningModule):
             if kill:
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure in epoch {epoch}")
-        return torch.nn.functional.mse_loss(self.layer(x), y)
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("train_loss", loss, prog_bar=True)  # on the bar: ddp-up charts it (runs/<job>/metrics.csv)
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)

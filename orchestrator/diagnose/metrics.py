@@ -30,18 +30,23 @@ _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
 _NAME = r"[A-Za-z_][\w.\-/]{0,63}"
 # each: a bounded name, a separator, a number not followed by more of a word or number
 _EQUALS = re.compile(rf"(?<![\w.\-/])({_NAME})=({_NUM})(?![\w.:])")
-_COLON = re.compile(rf"(?<![\w.\-/'\"])({_NAME}):[ \t]?({_NUM})(?![\w.:/])")
-_QUOTED = re.compile(rf"""['"]({_NAME})['"][ \t]*:[ \t]*({_NUM})(?![\w.])""")
+# "using: 0 TPU cores": a number with a unit or a word after it is no metric (but "loss: 0.5 acc: 0.9" is)
+_COLON = re.compile(rf"(?<![\w.\-/'\"])({_NAME}):[ \t]?({_NUM})(?![\w.:/])(?![ \t]+[A-Za-z_][\w.\-/]{{0,63}}(?![\w.\-/:]))")
+_QUOTED = re.compile(rf"""['"]({_NAME})['"][ \t]*:[ \t]*['"]?({_NUM})['"]?(?![\w.])""")  # recent HF: '1.385' 
 _STEP_WORDS = re.compile(rf"\bstep[ \t]+(\d{{1,12}})\b")
 _NEXT_PAIR = re.compile(rf"[ \t,;|]{{1,8}}({_NAME})[ \t]{{1,8}}({_NUM})(?![\w.:/])")  # right after the step, one by one
 # a progress bar's count ("Epoch 1:  50%|####     | 4/8 [00:01<00:01, 3.9it/s, loss=0.2]")
-_BAR = re.compile(r"(\d{1,12})/(\d{1,12}) \[")
-_EPOCH = re.compile(r"^Epoch (\d{1,9})\b")
+_BAR = re.compile(r"(\d{1,12})/(\d{1,12})(?: \[| \d{1,4}:\d\d)")  # tqdm's "4/8 [", rich's "4/8 0:00:01"
+_EPOCH = re.compile(r"^Epoch (\d{1,9})\b", re.I)
 
 STEP_NAMES = ("step", "global_step", "iteration", "iter", "epoch")  # the step, in this order of preference
 NOT_METRICS = frozenset({"v_num", "rank", "local_rank", "global_rank", "node_rank", "world_size", "world", "pid",
                          "port", "seed", "attempt", "gpus", "gpu", "nproc", "total", "batch", "batches", "it",
-                         "step", "global_step", "iteration", "iter", "epoch", "steps", "epochs", "max_steps"})
+                         "step", "global_step", "iteration", "iter", "epoch", "steps", "epochs", "max_steps",
+                         "err", "errno", "code", "exitcode", "exit_code", "status", "line", "lineno", "fd", "timeout",
+                         "version", "retries", "tries", "max_epochs", "num_epochs", "batch_size", "num_workers",
+                         "devices", "num_nodes", "nodes", "workers"})
+SOURCE_FILE = re.compile(r"\.(py|pyx|c|cc|cpp|cxx|h|hpp|cu|cuh|rs|go|java|js|ts)$")  # "socket.cpp:207": a place, no metric
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class MetricReader:
         if step is None:
             step = bar_count(text)
         return [Value(name, value, step) for name, value in pairs.items()
-                if name.lower() not in NOT_METRICS and "/s" not in name]
+                if name.lower() not in NOT_METRICS and "/s" not in name and not SOURCE_FILE.search(name)]
 
     @staticmethod
     def default_forms(text: str, pairs: dict, steps: dict) -> None:

@@ -6,12 +6,13 @@ its own checkpoint and trains to the end, and its progress bar is shown."""
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.harness.runner import ddp_up
+from tests.harness.runner import ddp_up, run_dir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -57,3 +58,13 @@ def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_p
     assert "ok after" in out and "in 2 attempts" in out
     assert not re.search(r"starts? cold", out), out  # warm: the interpreter served every rank, in both attempts
     assert (out_dir / checkpoint).exists()
+    # what it learned, with no change to the script: each loss it printed (the HF Trainer's logs,
+    # the final state of the others' bars) is a row of metrics.csv, of that rank; both attempts
+    printed = {(int(rank), float(value)) for rank, value in
+               re.findall(r" r(\d+) [|!] .*(?:'loss': '?|train_loss[=:] ?|loss=)([\d.]+)", out)}
+    job = re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
+    with open(run_dir(job) / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    kept = {(int(r["rank"]), float(r["value"])) for r in rows if r["name"] in ("loss", "train_loss")}
+    assert printed and printed <= kept, (printed, kept)
+    assert {r["attempt"] for r in rows} == {"0", "1"} and all(r["step"] for r in rows), rows[:5]

@@ -33,9 +33,16 @@ FORMS = {
                         [Value("train_loss", 0.123, 12.0)]),
     "tqdm's postfix": ("100%|##########| 20/20 [00:02<00:00, 9.8it/s, loss=0.31, acc=0.9]",
                        [Value("loss", 0.31, 20.0), Value("acc", 0.9, 20.0)]),
+    "HF Trainer's recent logs, quoted": ("{'loss': '1.385', 'grad_norm': '0.283', 'epoch': '0.25'}",
+                                         [Value("loss", 1.385, 0.25), Value("grad_norm", 0.283, 0.25)]),
+    "Lightning's rich bar": ("Epoch 2/2  ━━━━━━━━━━ 8/8 0:00:00 • 0:00:00 101.31it/s v_num: 0 train_loss: 0.090",
+                             [Value("train_loss", 0.09, 24.0)]),
+    "space-separated pairs": ("loss: 0.5 acc: 0.9", [Value("loss", 0.5, None), Value("acc", 0.9, None)]),
     "Keras": ("100/100 - 1s - loss: 0.6931 - accuracy: 0.5000", [Value("loss", 0.6931, None), Value("accuracy", 0.5, None)]),
 }
-NOT_METRICS = ["2026-12-06 18:30:01 INFO rank 3 world_size 4", "resumed after step 4 at world size 2",
+NOT_METRICS = ["[W1206 18:40:17.270628460 socket.cpp:207] [c10d] The hostname cannot be retrieved. err=-3",
+               "TPU available: False, using: 0 TPU cores", "`Trainer.fit` stopped: `max_epochs=3` reached.",
+               "2026-12-06 18:30:01 INFO rank 3 world_size 4", "resumed after step 4 at world size 2",
                "rank 0/2 on vm: all_reduce ok (3)", "time: 12:30:01", "elapsed 0:01:02", "v_num=0 rank=3 world_size=8",
                "lr=nan loss=1e400 acc=inf", "<b>x</b>=3 <script>=4", "http://host:8080/x", "Epoch 1/10"]
 
