@@ -97,7 +97,7 @@ class MetricReader:
         if self.defaults:
             self.default_forms(text, pairs, steps)
         step = own_step if own_step is not None else next((steps[n] for n in STEP_NAMES if n in steps), None)
-        if step is None:
+        if step is None and pairs:
             step = bar_count(text)
         return [Value(name, value, step) for name, value in pairs.items()
                 if name.lower() not in NOT_METRICS and "/s" not in name and not SOURCE_FILE.search(name)]
@@ -105,9 +105,11 @@ class MetricReader:
     @staticmethod
     def default_forms(text: str, pairs: dict, steps: dict) -> None:
         found = []
-        for form in (_QUOTED, _EQUALS, _COLON):
-            found += [(m.group(1), m.group(2)) for m in form.finditer(text)]
-        step_words = _STEP_WORDS.search(text)
+        # each form only where its mark is: most lines a job prints have none (the cheap test first)
+        for form, mark in ((_QUOTED, ":"), (_EQUALS, "="), (_COLON, ":")):
+            if mark in text:
+                found += [(m.group(1), m.group(2)) for m in form.finditer(text)]
+        step_words = _STEP_WORDS.search(text) if "step" in text else None
         if step_words:  # "step 3 loss 6.4149": the step, then name value pairs
             steps["step"] = float(step_words.group(1))
             at = step_words.end()

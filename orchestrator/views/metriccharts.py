@@ -46,8 +46,9 @@ def read_rows(where: str, missing: list) -> list[Row]:
     if next(reader, None) != list(COLUMNS):
         missing.append(f"{NAME}: not ddp-up's metrics file (its header differs)")
         return []
+    names: dict[str, bool] = {}  # each name checked once: a run has few, over millions of rows
     for fields in reader:
-        row = checked(fields) if len(rows) < ROWS_MOST else None
+        row = checked(fields, names) if len(rows) < ROWS_MOST else None
         if row is None:
             damaged += 1
         else:
@@ -57,18 +58,20 @@ def read_rows(where: str, missing: list) -> list[Row]:
     return rows
 
 
-def checked(fields: list[str]) -> Row | None:
+def checked(fields: list[str], names: dict[str, bool]) -> Row | None:
     if len(fields) != len(COLUMNS):
         return None
     at, attempt, rank, node, step, name, value = fields
     try:
-        numbers = float(at), int(attempt), int(rank), float(step) if step else None, float(value)
+        t, a, r, s, v = float(at), int(attempt), int(rank), float(step) if step else 0.0, float(value)
     except ValueError:
         return None
-    if not all(math.isfinite(n) for n in numbers if isinstance(n, float)) or not 0 <= numbers[1] < 10**6 \
-            or not 0 <= numbers[2] < 10**7 or len(node) > 255 or not name or plain_name(name) != name:
+    plain = names.get(name)
+    if plain is None:
+        plain = names[name] = bool(name) and plain_name(name) == name
+    if not (plain and math.isfinite(t + s + v) and 0 <= a < 10**6 and 0 <= r < 10**7 and len(node) <= 255):
         return None
-    return Row(numbers[0], numbers[1], numbers[2], node, numbers[3], name, numbers[4])
+    return Row(t, a, r, node, s if step else None, name, v)
 
 
 def lower_is_better(name: str) -> bool:
