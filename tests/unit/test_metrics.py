@@ -212,3 +212,32 @@ def test_markup_in_a_metrics_name_is_escaped_on_the_page(tmp_path):
 def test_smoothing_is_tensorboards_moving_average_and_starts_over_after_a_break():
     assert smoothed([1.0, 1.0, None, 5.0], 0.9) == pytest.approx([1.0, 1.0, None, 5.0])
     assert smoothed([0.0, 10.0], 0.5)[1] == pytest.approx(10.0 * 0.5 / 0.75)
+
+
+def test_ddp_report_of_several_jobs_puts_their_curves_on_one_chart_and_names_what_differed(tmp_path, capsys):
+    import json
+
+    from orchestrator.commands.report import main_report
+
+    for job, restarts, lr, values in (("20261206-010101-aaaaaa", 0, "0.1", (3.0, 2.0, 1.0)),
+                                      ("20261206-020202-bbbbbb", 2, "0.01", (3.0, 2.5, 2.2))):
+        where = tmp_path / job
+        where.mkdir()
+        (where / "cluster.yaml").write_text(f"restarts: {restarts}\nnodes: [{{host: a, gpus: 2}}]\nenv: {{X: <b>1</b>}}\n")
+        (where / "run.json").write_text(json.dumps({"command": ["ddp-up", "c.yaml", "train.py", "--lr", lr],
+                                                    "git": {"commit": "abc"}, "versions": {"torch": "2.13.0"}}))
+        (where / "summary.json").write_text(json.dumps({"job_id": job, "exit_code": 0, "world_size": 2}))
+        (where / "metrics.csv").write_text(",".join(metricsfile.COLUMNS) + "\n" + "".join(
+            f"{1e9 + s},0,0,a,{s},loss,{v}\n" for s, v in enumerate(values)))
+    (tmp_path / "20261206-030303-cccccc").mkdir()  # a run that printed none
+    jobs = sorted(p.name for p in tmp_path.iterdir())
+    assert main_report([*jobs, "--runs-dir", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    page_path = said.rsplit(": ", 1)[1].strip()
+    assert said.startswith("ddp-report compared 3 runs: ") and page_path.endswith(".html"), said
+    page = open(page_path).read()
+    assert page.count('"name":"20261206-0') == 2 and '"y":[3.0,2.5,2.2]' in page
+    assert "<th>cluster file: restarts</th><td>0</td><td>2</td><td>(not set)</td>" in page
+    assert "--lr 0.01" in page and "<b>1</b>" not in page and "&lt;b&gt;1&lt;/b&gt;" not in page.split("What differed")[0]
+    assert "20261206-030303-cccccc: printed no metrics" in page
+    assert main_report(["20261206-010101-aaaaaa", "20261206-999999-zzzzzz", "--runs-dir", str(tmp_path)]) == 3
