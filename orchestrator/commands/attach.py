@@ -31,6 +31,7 @@ from ..views.terminal import terminal_console
 from ..views.fanout import Fanout
 from ..views.logfiles import RunLogs
 from ..views.report import REPORT
+from ..views.metricsfile import MetricsFile
 from ..views.timeline import Timeline
 from .common import (EVERY_JOB, Parser, add_node_sources, add_view_options, interrupted, is_cluster_file,
                      load_or_report, make_view, report, ssh_connections, table_console)
@@ -128,9 +129,10 @@ def _follow(prog: str, args: argparse.Namespace, follow: bool, show_end: bool, p
         # The journals from their start rewrite the run logs whole; a tail would cut them.
         logs = RunLogs(plan, args.runs_dir, warn=view.notice, fresh=True) if args.tail is None else NoLogs()
         timeline = Timeline(logs.dir, plan, replay=True) if page and args.tail is None and config.report else None
-        with view, logs, timeline or nullcontext():
-            job, records = follow_attempts(plan, Fanout(view, logs, *((timeline,) if timeline else ())), follow,
-                                           args.tail, inbox, shown=view.ranks, timeline=timeline)
+        metrics = MetricsFile(logs.dir, plan) if timeline is not None and plan.metrics is not None else None
+        with view, logs, timeline or nullcontext(), metrics or nullcontext():  # the job's metrics so far, its page's
+            job, records = follow_attempts(plan, Fanout(view, logs, *(v for v in (timeline, metrics) if v)), follow,
+                                           args.tail, inbox, shown=view.ranks, timeline=timeline, metrics=metrics)
         if job.interrupted:
             return 128 + job.interrupted
         console.file.flush()  # what the last write left buffered: a reader gone by now is told here

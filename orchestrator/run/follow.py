@@ -67,16 +67,18 @@ def journal_sessions(follow: bool, tail: int | None = None):
 
 def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inbox,
                     sessions=journal_sessions, shown: frozenset[int] | None = None,
-                    timeline=None) -> tuple[Job, list[AttemptRecord]]:
+                    timeline=None, metrics=None) -> tuple[Job, list[AttemptRecord]]:
     """Every attempt of a detached job that restarted (``restarts:``), one after the other, as a
     run that restarts shows them: the Job of the last, and a record of each. ``timeline``
-    (views/timeline.py) takes each replayed frame's own time, not the replay's."""
+    (views/timeline.py) and ``metrics`` (views/metricsfile.py) take each replayed frame's own
+    time, not the replay's."""
     records: list[AttemptRecord] = []
     last, full = None, plan
     while True:
         job = Job(plan, views, sessions=sessions(follow, tail), inbox=inbox, shown=shown)
-        if timeline is not None:
-            timeline.recorded = lambda job=job: job.pace.recorded
+        for kept in (timeline, metrics):  # each replayed frame's own time, not the replay's
+            if kept is not None:
+                kept.recorded = lambda job=job: job.pace.recorded
         started = time.time()
         try:
             result = job.follow()

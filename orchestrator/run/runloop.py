@@ -58,7 +58,8 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
                    *((LineCallback(caller.on_line, console_view.notice),) if caller.on_line else ()))
     records: list[AttemptRecord] = []
     swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
-    with console_view, logs, timeline or nullcontext(), metrics or nullcontext():
+    pages = PagesMeanwhile(logs.dir) if timeline else nullcontext()
+    with console_view, logs, timeline or nullcontext(), metrics or nullcontext(), pages:
         while True:
             plan = caller.kept(plan) if caller.kept else plan  # warm: interpreters kept from one attempt to the next
             job = Job(plan, views, preflight=preflight, inbox=inbox, shown=console_view.ranks)
@@ -95,6 +96,33 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
         else:
             report_notice(logs.dir, console_view, again)
     return result.exit_code
+
+
+class PagesMeanwhile:
+    """While a run goes on, its page is made again every PAGE_EVERY seconds (on a thread of its
+    own, from the files the run keeps writing), so a long run's page is there before its end; it
+    says it is partial. The last one is the run's end's."""
+
+    PAGE_EVERY = 300.0
+
+    def __init__(self, where: str):
+        self.where, self.over = where, threading.Event()
+        self.thread = threading.Thread(target=self.keep_making, name="ddp-up-pages", daemon=True)
+
+    def __enter__(self) -> PagesMeanwhile:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.over.set()
+        self.thread.join(60)
+
+    def keep_making(self) -> None:
+        while not self.over.wait(self.PAGE_EVERY):
+            try:
+                make_report(self.where)
+            except Exception:  # noqa: BLE001 - a picture of the run, never a reason to fail it: the end's says why
+                pass
 
 
 def metrics_for(plan: LaunchPlan, logs: RunLogs, console_view: ConsoleView) -> MetricsFile | None:

@@ -40,6 +40,7 @@ class MetricsFile:
 
     def __init__(self, where: str, plan, wall=time.time):
         self.plan, self.wall = plan, wall
+        self.recorded = None  # a replay's: () -> the frame in hand's own time (or None), in place of now
         self.reader = MetricReader(patterns_of(plan.metrics or ()))
         self.path = os.path.join(where, NAME)
         self.inbox: queue.Queue = queue.Queue(BACKLOG)
@@ -63,12 +64,16 @@ class MetricsFile:
     def lines(self, node, lines) -> None:
         texts = [(line.rank, line.text) for line in lines if line.rank is not None and not line.more]
         if texts:
-            self.hand((None, node.label, self.wall(), texts))
+            self.hand((None, node.label, self.now(), texts))
 
     def bars(self, node, bars, at: float | None = None) -> None:
         texts = [(bar.rank, row) for bar in bars for row in bar.rows[:2]]
         if texts:
-            self.hand((None, node.label, at if at is not None else self.wall(), texts))
+            self.hand((None, node.label, at if at is not None else self.now(), texts))
+
+    def now(self) -> float:
+        recorded = self.recorded() if self.recorded is not None else None
+        return recorded if isinstance(recorded, (int, float)) else self.wall()
 
     def hand(self, batch) -> None:
         try:

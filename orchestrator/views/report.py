@@ -43,7 +43,8 @@ def render(data: RunData) -> str:
         min((r.time for r in data.metrics), default=0.0)
     worlds = {a.get("attempt"): a.get("world_size") for a in data.kind("attempt")}
     learned, table = metrics_section(data.metrics, worlds, origin, esc)
-    parts = [f"<h1>ddp-up run {esc(data.job_id)}</h1>", outcome(data), missing(data), root_cause(data), table,
+    partial = "" if data.kind("end") else " (partial: made while the run went on)"
+    parts = [f"<h1>ddp-up run {esc(data.job_id)}{partial}</h1>", outcome(data), missing(data), root_cause(data), table,
              *(chart_div(name, fig) for name, fig in learned), attempts(data),
              "<h2>The machine</h2>" if charts else "", *charts, what_ran(data), gpus_said(data)]
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>ddp-up {esc(data.job_id)}</title>"

@@ -241,3 +241,25 @@ def test_ddp_report_of_several_jobs_puts_their_curves_on_one_chart_and_names_wha
     assert "--lr 0.01" in page and "<b>1</b>" not in page and "&lt;b&gt;1&lt;/b&gt;" not in page.split("What differed")[0]
     assert "20261206-030303-cccccc: printed no metrics" in page
     assert main_report(["20261206-010101-aaaaaa", "20261206-999999-zzzzzz", "--runs-dir", str(tmp_path)]) == 3
+
+
+def test_a_long_runs_page_is_made_while_it_goes_and_says_it_is_partial(tmp_path, monkeypatch):
+    from orchestrator.run import runloop
+    from orchestrator.views.report import REPORT
+
+    plan_ = plan(tmp_path)
+    kept = timeline_of(tmp_path, plan_)
+    kept.write()  # as its writer does every 30 s
+    monkeypatch.setattr(runloop.PagesMeanwhile, "PAGE_EVERY", 0.05)
+    with runloop.PagesMeanwhile(str(tmp_path)):
+        deadline = time.monotonic() + 20
+        while not (tmp_path / REPORT).exists():
+            assert time.monotonic() < deadline, "no page while the run went on"
+            time.sleep(0.05)
+    assert "(partial: made while the run went on)" in (tmp_path / REPORT).read_text()
+
+
+def timeline_of(tmp_path, p):
+    from orchestrator.views.timeline import Timeline
+
+    return Timeline(str(tmp_path), p)
