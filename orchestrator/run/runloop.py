@@ -52,10 +52,7 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
     gracefully, the second kills now; either way the exit status is 128+N. A detached job's run
     ends once every node runs (exit 0), the job going on under its own agents. With
     ``restarts``, a failed attempt is followed by the next one (attempts.py) until one succeeds or none is left."""
-    timeline = Timeline(logs.dir, plan) if plan.report else None
-    metrics = metrics_for(plan, logs, console_view)
-    views = Fanout(console_view, logs, *(v for v in (notifier, timeline, metrics) if v is not None),
-                   *((LineCallback(caller.on_line, console_view.notice),) if caller.on_line else ()))
+    timeline, metrics, views = views_for(plan, console_view, logs, notifier, caller)
     records: list[AttemptRecord] = []
     swept_later: list[Job] = []  # attempts whose lost nodes are still being swept: the next one need not wait
     pages = PagesMeanwhile(logs.dir) if timeline else nullcontext()
@@ -123,6 +120,17 @@ class PagesMeanwhile:
                 make_report(self.where)
             except Exception:  # noqa: BLE001 - a picture of the run, never a reason to fail it: the end's says why
                 pass
+
+
+def views_for(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, notifier: Notifier | None,
+              caller: Caller) -> tuple[Timeline | None, MetricsFile | None, Fanout]:
+    """The run's views: the screen, the logs, the notify targets, the timeline (its page's), the
+    metrics, a Python caller's line callback; the timeline and the metrics, and all of them as one."""
+    timeline = Timeline(logs.dir, plan) if plan.report else None
+    metrics = metrics_for(plan, logs, console_view)
+    views = Fanout(console_view, logs, *(v for v in (notifier, timeline, metrics) if v is not None),
+                   *((LineCallback(caller.on_line, console_view.notice),) if caller.on_line else ()))
+    return timeline, metrics, views
 
 
 def metrics_for(plan: LaunchPlan, logs: RunLogs, console_view: ConsoleView) -> MetricsFile | None:
