@@ -93,18 +93,16 @@ def compare_figures(runs: list[tuple[str, RunData]]):
 
 def make_comparison(wheres: list[str], path: str) -> str:
     """Write the page comparing the runs in ``wheres`` (runs/<job>/ folders) to ``path``; its path."""
-    from plotly.offline import get_plotlyjs
-
     from ..ownfiles import no_link_open
-    from .report import STYLE, chart_div
+    from .report import chart_div, head
 
     runs = [(os.path.basename(os.path.abspath(w)), load(w)) for w in wheres]
     facts = [facts_of(w, data) for w, (_, data) in zip(wheres, runs)]
     differ, same = differences(facts)
-    head = "".join(f"<th>{esc(job)}</th>" for job, _ in runs)
+    columns = "".join(f"<th>{esc(job)}</th>" for job, _ in runs)
     rows = "".join(f"<tr><th>{esc(k)}</th>" + "".join(f"<td>{esc(f.get(k, '(not set)'))}</td>" for f in facts) + "</tr>"
                    for k in differ)
-    table = (f"<h2>What differed</h2><table class=ran><tr><th></th>{head}</tr>{rows}</table>"
+    table = (f"<h2>What differed</h2><table class=ran><tr><th></th>{columns}</tr>{rows}</table>"
              f"<p>{same} other setting(s), the same in every run.</p>")
     missing = [f"{job}: {m}" for job, data in runs for m in data.missing] + \
         [f"{job}: printed no metrics" for job, data in runs if not data.metrics]
@@ -112,9 +110,7 @@ def make_comparison(wheres: list[str], path: str) -> str:
     parts = [f"<h1>ddp-up: {len(runs)} runs side by side</h1>", *(charts or ["<p>No run printed metrics.</p>"]), table,
              ("<div class=missing><b>Not on this page:</b><ul>" + "".join(f"<li>{esc(m)}</li>" for m in missing)
               + "</ul></div>") if missing else ""]
-    page = (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>ddp-up: {len(runs)} runs</title>"
-            f"<style>{STYLE}</style><script>{get_plotlyjs()}</script></head><body>" + "\n".join(parts)
-            + "</body></html>\n")
+    page = head(f"ddp-up: {len(runs)} runs") + "\n".join(parts) + "</body></html>\n"
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
     with os.fdopen(no_link_open(tmp, fresh=True, mode=0o600), "w", encoding="utf-8") as f:
         f.write(page)

@@ -11,7 +11,11 @@ the run masked (secrets) is masked in these files already.
 
 from __future__ import annotations
 
+import base64
+import functools
+import gzip
 import os
+import re
 
 from ..ownfiles import no_link_open, own_dir
 from .rundata import RunData, esc, load
@@ -30,9 +34,36 @@ def make_report(where: str) -> str:
     return path
 
 
-def render(data: RunData) -> str:
+@functools.lru_cache(maxsize=1)
+def plotly_packed() -> str:
+    """Plotly's script, gzipped and in base64 (4.8 MB as it is; 2.0 MB so): once a process."""
     from plotly.offline import get_plotlyjs
 
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode()
+
+
+# The page unpacks Plotly's script with the browser's own DecompressionStream (Chromium 80+,
+# Firefox 113+, Safari 16.4+), then draws each chart, whose script waits as text/x-ddp-up-chart.
+UNPACK = """(async function () {
+  var packed = document.getElementById('plotly-packed').textContent;
+  var bytes = Uint8Array.from(atob(packed), function (c) { return c.charCodeAt(0); });
+  var js = await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip'))).text();
+  (0, eval)(js);
+  document.querySelectorAll('script[type="text/x-ddp-up-chart"]').forEach(function (s) { (0, eval)(s.textContent); });
+})();"""
+
+
+CHART_SCRIPT = re.compile(r'<script(?: type="text/javascript")?>')  # Plotly's own (it escapes "<" in its data)
+
+
+def head(title: str) -> str:
+    """A page's head: its title, style and Plotly's packed script with what unpacks it."""
+    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{title}</title><style>{STYLE}</style>"
+            f"<script id=plotly-packed type=application/octet-stream>{plotly_packed()}</script>"
+            f"<script>{UNPACK}</script></head><body>")
+
+
+def render(data: RunData) -> str:
     from .charts import figures
 
     from .metriccharts import metrics_section
@@ -47,15 +78,16 @@ def render(data: RunData) -> str:
     parts = [f"<h1>ddp-up run {esc(data.job_id)}{partial}</h1>", outcome(data), missing(data), root_cause(data), table,
              *(chart_div(name, fig) for name, fig in learned), attempts(data),
              "<h2>The machine</h2>" if charts else "", *charts, what_ran(data), gpus_said(data)]
-    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>ddp-up {esc(data.job_id)}</title>"
-            f"<style>{STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
-            + "\n".join(p for p in parts if p) + "</body></html>\n")
+    return head(f"ddp-up {esc(data.job_id)}") + "\n".join(p for p in parts if p) + "</body></html>\n"
 
 
 def chart_div(name: str, fig) -> str:
     import plotly.io as pio
 
-    return f"<section class=chart>{pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f'chart-{name}', config={'displaylogo': False})}</section>"
+    drawn = pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"chart-{name}",
+                        config={"displaylogo": False})
+    # its script runs once Plotly is unpacked (UNPACK); Plotly's own JSON escapes keep any text inside it
+    return "<section class=chart>" + CHART_SCRIPT.sub('<script type="text/x-ddp-up-chart">', drawn) + "</section>"
 
 
 def outcome(data: RunData) -> str:

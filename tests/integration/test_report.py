@@ -6,9 +6,11 @@ The nodes are `transport: local` (the page's subject is the controller's, not th
 
 from __future__ import annotations
 
+import csv
 import functools
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -75,6 +77,30 @@ def test_a_run_leaves_a_page_that_draws_what_it_kept_and_runs_nothing_a_rank_pri
     assert lines == {"rank 0 (local-0)", "rank 1 (local-1)"}, lines
     page = (where / "report.html").read_text()
     assert HOSTILE not in page and "window.__pwned=1" not in page.replace("\\u003c", "<").split("<script>")[0]
+
+
+def test_the_page_draws_each_metric_a_rank_printed_first_as_it_printed_it(tmp_path):
+    """What the run learned, read back from the page in Chromium: each rank's loss, step by step,
+    as the rank printed it and as metrics.csv keeps it; the metrics come before the machine's charts."""
+    from tests.integration.conftest import SCRIPT
+
+    path = local_cluster(tmp_path, report=True, env={"OMP_NUM_THREADS": 1, "TICK_SAYS_LOSS": 1})
+    code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "tick", "6", "0.02", timeout=90)
+    assert code == 0, out
+    printed = {}
+    for rank, step, loss in re.findall(r"^local-\d r(\d) \| step (\d+) loss ([\d.]+)$", out, re.M):
+        printed.setdefault(int(rank), []).append((int(step), float(loss)))
+    where = run_dir(job_of(out))
+    with open(where / "metrics.csv", newline="") as f:
+        kept = {(int(r["rank"]), int(float(r["step"])), float(r["value"])) for r in csv.DictReader(f)}
+    assert kept == {(rank, s, v) for rank, pts in printed.items() for s, v in pts} and len(kept) == 12, (kept, printed)
+    read, console = in_chromium(where / "report.html", tmp_path)
+    assert console == [], console
+    drawn = {t["name"]: t for t in read["charts"]["chart-metric-0"]}
+    for rank, pts in printed.items():
+        assert list(zip(drawn[f"rank {rank}"]["x"], drawn[f"rank {rank}"]["y"])) == pts, (drawn, printed)
+    page = (where / "report.html").read_text()
+    assert page.index("chart-metric-0") < page.index("chart-timeline") and os.path.getsize(where / "report.html") < 2.5e6
 
 
 def test_a_run_cut_short_without_bars_or_gpus_still_gets_a_page_that_says_what_is_missing(tmp_path):

@@ -286,6 +286,8 @@ def main():
         fail_on = fail_on if rank == 0 and os.environ.get("DDP_UP_ATTEMPT", "0") == "0" else None
         for i in range(n):
             print(f"tick {i} rank={rank}", flush=True)
+            if os.environ.get("TICK_SAYS_LOSS"):  # opt-in: a metric, as the README's demo prints it
+                print(f"step {i} loss {1 / (i + 1) + rank / 100:.4f}", flush=True)
             if fail_on and os.path.exists(fail_on):  # a failure at a moment the test chooses
                 print(f"rank {rank} failing with 3", file=sys.stderr, flush=True)
                 finish(3)
