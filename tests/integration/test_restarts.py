@@ -4,6 +4,7 @@ torchrun (`launcher: none`, see conftest.cluster_file)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -127,6 +128,13 @@ def test_the_ddp_example_resumes_from_its_checkpoint_smaller_then_at_the_full_si
     assert [(a["end"], a["world_size"]) for a in attempts] == [("lost", 3), ("stopped to grow", 2), ("stopped", 3)]
     assert attempts[1]["next"] == f"grown back to 3 node(s): {back.addr} rejoined", attempts
     assert [a["out"] for a in attempts] == [[], [back.addr], []], attempts
+    # its curve goes on across the shrink and the grow: each attempt's steps start where the
+    # checkpoint was, as the example prints them, and rank 0's loss is kept in every attempt
+    job = re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
+    with open(run_dir(job) / "metrics.csv", newline="") as f:
+        rank0 = [(int(r["attempt"]), float(r["step"])) for r in csv.DictReader(f) if r["rank"] == "0" and r["name"] == "loss"]
+    first = {a: min(step for at, step in rank0 if at == a) for a in (0, 1, 2)}
+    assert first == {0: 0.0, 1: smaller + 1, 2: grown + 1}, (first, smaller, grown)
 
 
 def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):
