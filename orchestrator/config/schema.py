@@ -241,7 +241,7 @@ def cluster_schema() -> dict[str, Any]:
         "notify": notify_shape(),
         "metrics": {"anyOf": [{"type": "boolean"}, {"type": "null"}, {"type": "array", "items": {"anyOf": [
             {"type": "string", "minLength": 1, "maxLength": 500},
-            obj({"name": {"type": "string", "minLength": 1, "maxLength": 64},
+            obj({"name": {"type": "string", "maxLength": 64, "pattern": r"^[A-Za-z0-9_./-]([A-Za-z0-9_. /-]*[A-Za-z0-9_./-])?$"},
                  "pattern": {"type": "string", "minLength": 1, "maxLength": 500}}, ("pattern",))]}}]},
         **{key: rule_schema(rule) for key, rule in RULES.items()},
         **shared(),

@@ -48,6 +48,11 @@ TABLE: dict[str, list] = {
     "master": [{"addr": "10.0.0.1"}, {"addr": ""}, {"port": 29500}, {"port": "auto"}, {"port": 0}, {"port": 70000},
                {"port": 29500.0}, {"addr": "h", "port": "x"}, {"other": 1}, {}, "x"],
     "measure_gpus": [True, False, "yes", 1, None],
+    "metrics": [True, False, None, [], ["(?P<name>a{1,9})=(?P<value>[0-9]{1,9})"], ["(a+)+(?P<value>x)"],
+                ["loss (?P<value>1)"], [{"name": "bleu", "pattern": "B (?P<value>[0-9]{1,9})"}],
+                [{"name": "<b>", "pattern": "(?P<value>1)"}], [{"name": "a ", "pattern": "(?P<value>1)"}],
+                [{"pattern": 5}], [{"name": "x"}], [{"pattern": "(?P<name>x)(?P<value>1)", "other": 1}], [5], [""],
+                "x", 5, {}],
     "min_nodes": [1, 2, 3, 0, -1, 1.5, "2", True, None, math.nan],
     "rejoin_after": [*DURATIONS, "never", "Never", "never ", "nevermore"],
     "evict_after": DURATIONS,
@@ -78,6 +83,9 @@ VALIDATOR_ALONE = {
     repr(("min_nodes", 3)): "compared with the nodes",
     # the services Apprise knows: its own list, which no pattern holds
     repr(("notify", [{"url": "https://example.invalid/hook"}])): "Apprise's services",
+    # a regular expression's shape (its time on a hostile line) and its groups: no schema keyword reads a pattern
+    repr(("metrics", ["(a+)+(?P<value>x)"])): "a pattern's shape",
+    repr(("metrics", ["loss (?P<value>1)"])): "a pattern's groups",
 }
 
 

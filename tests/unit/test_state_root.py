@@ -124,6 +124,7 @@ def test_every_read_in_a_folder_others_can_write_goes_through_one_helper():
                      ("inchild", "become"),  # (in a warm rank: the sitecustomize a cold start's site would import)
                      ("inchild", "run_script"),  # (in a warm rank: its script, which a cold start's python opens too)
                      ("rankhook", "_ddp_up_stack_dumps"),  # (the hook's own flag: regular, no link, no blocking)
+                     ("warm", "show_imports_output"),  # (its own log, in the attempt's private folder: no link, no blocking)
                      ("torchprobe", "torch_info")}  # (torch's own version.py, where the job's Python finds torch)
     for module in sorted(NODE.rglob("*.py")):
         for function, call in os_open_calls(module):

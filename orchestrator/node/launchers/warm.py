@@ -35,7 +35,6 @@ import time
 
 from ..local.ourcode import written
 from ..local.procs import TORCHRUN, signal_name
-from ..local.state import open_regular
 from ..userpython.proctitle import ROOM, ROOM_VAR
 from ..userpython.standin import CODE_VAR, PASS_VAR, SOCKET_VAR
 from ..userpython.warmparent import LOADER
@@ -162,8 +161,9 @@ class Warm(Forker):
         a cold start shows it in every rank's output; warm, it went to the interpreter's log."""
         if self.report is None:
             return
-        fd = open_regular(self.log)
-        if fd is None:
+        try:  # its own log, in this attempt's private state folder (not one others can write)
+            fd = os.open(self.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
             return
         try:
             said = os.read(fd, IMPORTS_SHOWN + 1)
