@@ -181,3 +181,21 @@ def test_a_series_a_bar_and_a_rank_is_drawn_where_it_ran_broken_across_outages_a
     assert [t.name for t in fig.data] == ["rank 1 (a)", "rank 1 (c)"] and "on " not in fig.layout.title.text
     one = rates(RunData(records=[dict(train, points=[[3, 1, 2.5]])]))
     assert "one point only: 2.5/s" in one.layout.title.text
+
+
+def test_plotlys_packed_script_is_made_once_a_version_and_a_damaged_copy_is_made_again(tmp_path, monkeypatch):
+    import base64
+    import gzip
+
+    from orchestrator.views import report
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    report.plotly_packed.cache_clear()
+    packed = report.plotly_packed()
+    kept = next((tmp_path / "ddp-up").glob("plotly-*.js.gz.b64"))
+    assert kept.read_text() == packed and oct((tmp_path / "ddp-up").stat().st_mode & 0o777) == "0o700"
+    assert b"Plotly" in gzip.decompress(base64.b64decode(packed))[:5000]
+    kept.write_text("not base64, not gzip")
+    report.plotly_packed.cache_clear()
+    assert report.plotly_packed() == packed and kept.read_text() == packed
+    report.plotly_packed.cache_clear()
