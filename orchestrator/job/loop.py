@@ -193,6 +193,8 @@ class JobLoop:
         if beat:
             self._next_heartbeat = now + self.plan.heartbeat
         read = self.following.journal_ended if self.following else ()
+        for index, problem in phases.unreached(self.sessions, self.status, now):
+            self.table.error(index, problem)
         for session, status in zip(self.sessions, self.status):
             if status.terminal or not session.started or status.plan.index in read:
                 continue

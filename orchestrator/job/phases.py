@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 
 from ..config.containers import preflight_allowance
 from ..diagnose import gpuhealth, preflight
@@ -31,6 +32,34 @@ def first_word(plan, node) -> float:
     start (the session over the connection, `setup:`, the interpreter and its modules) takes more
     than a heartbeat on a loaded node. A node that never speaks is overdue at the ready deadline."""
     return max(plan.orphan_timeout, node.config.ssh.connect_timeout + SETUP_MARGIN)
+
+
+# A node whose ssh session has not logged in this long past its connect_timeout is not reached: a
+# session over a shared connection whose link died (during a restart delay, say) would otherwise
+# wait out the whole ready deadline. Generous: a login behind a jump host, or with slow DNS, is slow.
+LOGIN_MARGIN = 10.0
+
+
+def unreached(sessions, statuses, now: float) -> list[tuple[int, NodeProblem]]:
+    """The nodes still connecting whose session has not logged in past connect_timeout and
+    LOGIN_MARGIN (a transport that cannot tell is never among them), each with its problem."""
+    found = []
+    for session, status in zip(sessions, statuses):
+        if status.state == "connecting" and getattr(session, "logged_in", None) is False and session.started:
+            problem = not_reached(status.plan, now - session.last_heard)
+            if problem is not None:
+                found.append((status.plan.index, problem))
+    return found
+
+
+def not_reached(node, silent: float) -> NodeProblem | None:
+    """The problem of a node whose session has not logged in after ``silent`` seconds, or None."""
+    limit = node.config.ssh.connect_timeout + LOGIN_MARGIN
+    if silent <= limit:
+        return None
+    return NodeProblem(node.label, f"not reached: its ssh session has not logged in after {silent:.0f} s "
+                                   f"(connect_timeout {node.config.ssh.connect_timeout:g} s; its link or sshd is down?)",
+                       f"check that `ssh {shlex.quote(node.config.host)} true` answers")
 
 
 def overdue(statuses) -> list[tuple[int, NodeProblem]]:

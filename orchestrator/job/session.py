@@ -42,6 +42,11 @@ class NodeSession:
         return self.channel.heard
 
     @property
+    def logged_in(self) -> bool | None:
+        """Whether the node was reached (its shell's first byte, over OpenSSH); None: the transport cannot tell."""
+        return getattr(self.channel.proc, "logged_in", None)
+
+    @property
     def started(self) -> bool:
         """The agent process exists (heartbeats can go)."""
         return self.channel.proc is not None

@@ -110,13 +110,14 @@ class AgentChannel:
         if self._cancelled.is_set():
             raise ConnectFailed(NodeProblem(self.node.label, "cancelled while connecting"))
         try:
-            self.proc = self.transport.start(self.node.python, protocol.bootstrap_args(self.tags), self.tags,
-                                             self.setup, self.workdir)
+            proc = self.transport.start(self.node.python, protocol.bootstrap_args(self.tags), self.tags,
+                                        self.setup, self.workdir)
         except ConnectFailed:
             raise
         except Exception as e:  # noqa: BLE001 - a bug or odd server must not kill the controller
             raise ConnectFailed(NodeProblem(self.node.label, f"cannot start the agent: {e}")) from None
-        self.last_heard = self.clock()
+        self.last_heard = self.clock()  # its start (past ssh's start slot) first: silence counts from here
+        self.proc = proc
         stderr_reader = self._spawn(self._read_stderr, "stderr")
         self._spawn(lambda: self._read_frames(stderr_reader), "frames")
         # The hello goes first on the wire whatever was queued before it: the agent compiles

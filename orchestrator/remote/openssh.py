@@ -66,10 +66,12 @@ class OpenSSHProcess(LocalProcess):
         super().__init__(proc)
         self._slot: threading.BoundedSemaphore | None = slot
         self._slot_lock = threading.Lock()
+        self.logged_in = False  # the remote shell's first byte came: the node was reached
 
     def read_stdout(self) -> bytes:
         data = super().read_stdout()
         if self._slot is not None:  # the first read (only the reader thread reads)
+            self.logged_in = bool(data)
             self.release()
             if data.startswith(LOGGED_IN):
                 data = data[len(LOGGED_IN):] or super().read_stdout()

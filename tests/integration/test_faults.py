@@ -186,6 +186,7 @@ def test_a_node_lost_during_the_restart_delay_is_left_out_of_the_next_attempt(cl
     out = launch.output
     assert code == 130, out
     attempts = json.loads((run_dir(re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)) / "summary.json").read_text())["attempts"]
+
     assert [a["end"] for a in attempts] == ["failed", "could not start", "stopped"], attempts
     assert attempts[2]["nodes"] == [nodes[0].addr, nodes[1].addr] and nodes[2].addr in attempts[2]["out"], attempts
     assert f"{nodes[2].addr} is out until it answers again (lost)" in out, out

@@ -560,3 +560,22 @@ def test_a_node_that_straggles_for_evict_after_stops_the_job_to_be_set_aside_say
     assert attempt_end(result, blame(result), reshape=h.job.reshape) == "stopped to set a node aside"
     h, result = straggling({})
     assert h.job.reshape is None and result.exit_code == 0 and any("h2 is a straggler" in t for t in h.view.notices)
+
+
+def test_a_node_whose_ssh_session_never_logs_in_is_not_reached_soon_after_its_connect_timeout():
+    """A later attempt's session over a shared connection whose link died meanwhile: ssh's own
+    connect_timeout does not apply, and the node waited out the whole ready deadline (32 s). Its
+    shell's first byte never comes: the node is not reached at connect_timeout + LOGIN_MARGIN."""
+    from orchestrator.job import phases
+
+    h = Harness(2)
+    h.nodes[1].connects = False  # its agent never speaks
+    h.nodes[1].logged_in = False  # nor its shell
+    h.nodes[1].started, h.nodes[1].silent_since = True, T0  # its ssh client runs, silent since it started
+    with pytest.raises(SetupError) as e:
+        h.job.run()
+    limit = 10 + phases.LOGIN_MARGIN  # connect_timeout's default
+    problem = e.value.problems[0]
+    assert problem.node == "h1" and problem.what.startswith("not reached: its ssh session has not logged in after")
+    assert "`ssh h1 true`" in problem.fix
+    assert h.clock() - T0 < limit + 2 < phases.ready_deadline(h.plan, T0) - T0
