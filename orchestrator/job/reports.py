@@ -201,6 +201,8 @@ class NodeReports:
         how = f"signal {frame.signal}" if frame.signal else f"code {frame.code}"
         asked = self.stop.requested and (frame.stopped or frame.code != 0)  # a stop ddp-up asked for
         state = policy.node_end(bool(own), frame.stopped or asked, frame.code)  # the node's own rule
+        if own and policy.warm_died(frame.reason):  # their exit statuses went with it: say why
+            own = [f if f.exception else replace(f, exception=frame.reason) for f in own]
         if own:  # the ranks' own ends, not only torchrun's 1
             self.table.set(node, "failed", reason=ranks_ended(own, f"launcher exited with {how}"))
             return [Record(slurms(failure, status.slurm_cancel)) for failure in own]  # Slurm's word may come first

@@ -72,6 +72,7 @@ def test_launcher_none_with_warm_start_runs_boxwarm_which_passes_every_job_signa
     plan = make_plan(cfg, "t.py", [], "j1", str(tmp_path))
     spec = plan.agent_spec(plan.nodes[0])
     assert spec.warm and set(spec.box_code) == {"local.procs", "launchers.workers", "launchers.warm", "launchers.boxwarm", "local.ourcode",
+                                              "protocol.policy",
                                               "userpython.names", "userpython.proctitle", "userpython.beforefork",
                                               "userpython.inchild", "userpython.warmparent", "userpython.standin"}
     go = plan.launcher_argv(plan.nodes[0], 29500)

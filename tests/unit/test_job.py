@@ -579,3 +579,22 @@ def test_a_node_whose_ssh_session_never_logs_in_is_not_reached_soon_after_its_co
     assert problem.node == "h1" and problem.what.startswith("not reached: its ssh session has not logged in after")
     assert "`ssh h1 true`" in problem.fix
     assert h.clock() - T0 < limit + 2 < phases.ready_deadline(h.plan, T0) - T0
+
+
+def test_a_rank_whose_warm_interpreter_died_under_it_names_that_as_its_root_cause():
+    """The warm interpreter was killed (the OOM killer) while the ranks it forked ran: their exit
+    statuses went with it, and torchrun reports rank 0 "exited with code 1". The root cause now
+    says what happened, not only that code."""
+    from tests.unit.test_logparse import TORCHRUN_FAILURE
+
+    h = Harness(2, gpus=1)
+    died = policy.warm_died_words(4242, "was killed by SIGKILL")
+    report = TORCHRUN_FAILURE.replace("rank      : 5 (local_rank: 1)", "rank      : 1 (local_rank: 0)") \
+        .replace("exitcode  : -9", "exitcode  : 1")
+    h.queue.at(T0 + 2.0, h.lines(1, *report.splitlines(), stream="err"))
+    h.queue.at(T0 + 2.1, lambda: h.nodes[1].say(wire.Exited(code=1, signal=None, stopped=False, reason=died)))
+    result = h.job.run()
+    root = result.root_cause
+    assert (root.node, root.rank, root.what) == (1, 1, "rank 1 exited with code 1"), result.failures
+    assert root.exception == "its warm interpreter (pid 4242) was killed by SIGKILL while its ranks ran: their exit " \
+                             "statuses are lost"

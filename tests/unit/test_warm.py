@@ -767,3 +767,19 @@ def test_what_a_preload_prints_is_shown_once_on_the_jobs_stderr(tmp_path):
             assert len(shown) == 1 and "(first 8192 bytes; the rest in " in shown[0] and len(shown[0]) < 8500, said
         else:
             assert shown == [], said  # nothing printed: nothing said
+
+
+def test_a_warm_interpreter_killed_under_its_ranks_says_so(warm, tmp_path):
+    import signal as signals
+
+    w = warm()
+    assert w.ready(60), w.hello
+    child, _, _ = fork(w, tmp_path, "import time\ntime.sleep(60)\n")
+    os.kill(w.proc.pid, signals.SIGKILL)
+    deadline = time.monotonic() + 20
+    while w.died is None:
+        assert time.monotonic() < deadline, "its death was not seen"
+        time.sleep(0.05)
+    assert w.died == f"its warm interpreter (pid {w.proc.pid}) was killed by SIGKILL while its ranks ran: their " \
+                     "exit statuses are lost"
+    os.kill(child.pid, signals.SIGKILL)

@@ -69,8 +69,10 @@ class Launch:
         self.ends = {}  # {local rank: when it ended}, once the launch is over
         self.killed = 0  # how many of its processes (launchers aside) were still there at its end, and got SIGKILL
         self.report = ReportReader()  # the launcher's failure report: each failed rank's own exit code
+        self.warm = None  # the interpreter its ranks were forked from, if any
 
     def start(self, go, warm=None):  # warm: the interpreter its ranks are forked from (warm.Warm), if any
+        self.warm = warm
         env = self.place.env(go)
         self.out.launcher = self.report.feed
         if go.argv[0] == OWN_LAUNCHER and self.place.box is None:
@@ -245,6 +247,9 @@ def outcome(launch, code, stopped, reason):
     if launch.relay_died and not stopped:  # ranks' lines were lost: never an "ok"
         return code or 1, launch.relay_died, *launch.failures(stopped)
     failures, ends = launch.failures(stopped)
+    died = getattr(launch.warm, "died", None)
+    if code and not stopped and died:  # the ranks' own statuses went with their interpreter: said as it was
+        return code, died, failures, ends
     every_rank_ended = len(ended_scripts(launch.dir, launch.attempt)) >= (launch.spec.nproc or 1)
     if code and not stopped and not failures and every_rank_ended and died_in_teardown(launch.report.parser):
         died = "was killed by %s" % signal_name(code) if signal_name(code) else "exited with code %d" % code

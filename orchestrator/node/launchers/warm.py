@@ -35,6 +35,7 @@ import time
 
 from ..local.ourcode import written
 from ..local.procs import TORCHRUN, signal_name
+from ..protocol import policy
 from ..userpython.proctitle import ROOM, ROOM_VAR
 from ..userpython.standin import CODE_VAR, PASS_VAR, SOCKET_VAR
 from ..userpython.warmparent import LOADER
@@ -84,6 +85,7 @@ class Forker:
     instead = "the ranks start cold"  # what happens where it cannot (a kept container: keptbox.BoxWarm)
     patience = READY_WAIT  # seconds a fork waits; 0 once the node waited its READY_WAIT after the Go (run.await_warm)
     late = False  # it was given up on: this attempt starts cold
+    died = None  # how it died while ranks it forked ran (policy.warm_died_words), if it did
     importing = None  # the preload it said it was importing, until ready (a Warm's)
 
     def usable(self):
@@ -191,6 +193,8 @@ class Warm(Forker):
                 child.lost = "its warm interpreter %s, and its exit status with it" % status
                 threading.Thread(target=watch_orphan, args=(child,), daemon=True).start()
             self.forked.notify_all()
+        if running:
+            self.died = policy.warm_died_words(self.proc.pid, status)
         if running and self.report:
             self.report("ddp-up: warm start: the warm interpreter (pid %d) %s while %d process(es) it forked ran: "
                         "their exit statuses are lost\n" % (self.proc.pid, status, len(running)))

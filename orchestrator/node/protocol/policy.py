@@ -217,6 +217,19 @@ def controller_lost(reason):
     return isinstance(reason, str) and reason.startswith(CONTROLLER_SILENT)
 
 
+# A warm interpreter that died while the ranks it forked ran (the OOM killer, a kill by hand): their
+# exit statuses went with it. The node's end says so, and a rank's failure then carries it.
+WARM_DIED = "its warm interpreter "
+
+
+def warm_died_words(pid, how):
+    return "%s(pid %d) %s while its ranks ran: their exit statuses are lost" % (WARM_DIED, pid, how)
+
+
+def warm_died(reason):
+    return isinstance(reason, str) and reason.startswith(WARM_DIED)
+
+
 def silence(now, heard, limit):
     """How long an end has been silent (``heard``: when it last was), if past ``limit`` (the
     orphan timeout: it then counts as lost, or gone), else None."""
