@@ -130,6 +130,7 @@ def local_cluster(tmp_path: Path, nodes: int = 2, gpus: int = 1, **top) -> Path:
 
     data = {"transport": "local", "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1},
             "orphan_timeout": 30, "report": False,  # its page costs a run 0.2 s of CPU: the tests of it ask for it
+            "metrics": False,  # reading every line for metrics: ~10 µs a line of CPU; the tests of it ask for it
             "nodes": [{"host": f"local-{i}", "gpus": gpus} for i in range(nodes)], **top}
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(data))

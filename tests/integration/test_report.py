@@ -84,7 +84,7 @@ def test_the_page_draws_each_metric_a_rank_printed_first_as_it_printed_it(tmp_pa
     as the rank printed it and as metrics.csv keeps it; the metrics come before the machine's charts."""
     from tests.integration.conftest import SCRIPT
 
-    path = local_cluster(tmp_path, report=True, env={"OMP_NUM_THREADS": 1, "TICK_SAYS_LOSS": 1})
+    path = local_cluster(tmp_path, report=True, metrics=True, env={"OMP_NUM_THREADS": 1, "TICK_SAYS_LOSS": 1})
     code, out, _ = ddp_up("--no-dashboard", str(path), SCRIPT, "tick", "6", "0.02", timeout=90)
     assert code == 0, out
     printed = {}

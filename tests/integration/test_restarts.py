@@ -100,7 +100,7 @@ def test_the_ddp_example_resumes_from_its_checkpoint_smaller_then_at_the_full_si
     again, the example resuming at world size 3. Ctrl-C then ends it."""
     back = cluster.nodes[2]
     path = cluster_file([(0, 1), (1, 1), (2, 1)], launcher="torchrun", min_nodes=2, rejoin_after=1,
-                        restart_delay=0.2, orphan_timeout=3, stop_grace=3)
+                        restart_delay=0.2, orphan_timeout=3, stop_grace=3, metrics=True)
     launch = Launch([str(path), str(EXAMPLES / "train.py"), "--steps", "100000", "--step-time", "0.2",
                      "--checkpoint", "ckpt.pt", "--global-batch", "6"])
     try:

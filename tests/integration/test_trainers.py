@@ -48,7 +48,7 @@ def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_p
     keys = {} if warm is None else {"warm": warm}  # None: the default
     if name == "lightning":  # imported once a node, before the forks: torchmetrics reads LOCAL_RANK then (no rank cold)
         keys["preload"] = ["lightning"]
-    path = cluster_file([(0, 1), (1, 1)], launcher=launcher, restarts=1, restart_delay=0.5, env=env, **keys)
+    path = cluster_file([(0, 1), (1, 1)], launcher=launcher, restarts=1, restart_delay=0.5, env=env, metrics=True, **keys)
     code, out, _ = ddp_up("--no-dashboard", str(path), str(EXAMPLES / script), "--out", str(out_dir), *args,
                           timeout=240)
     assert code == 0, out
