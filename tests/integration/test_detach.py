@@ -137,6 +137,36 @@ def test_a_failing_rank_stops_every_node_and_is_named(cluster, detached):
     assert f"master {summary['master']}" in out.splitlines()[0] and ":auto" not in out, out  # its first line too
 
 
+def test_a_detached_job_that_loses_two_nodes_at_once_goes_on_with_the_one_left(cluster, detached):
+    """The fault matrix, detached: nodes 1 and 2 cut off together, `min_nodes: 1`. Its supervisor
+    finds both lost, and the job goes on alone on node 0 (world size 1) to its end; ddp-ls shows
+    it running there meanwhile; the attach, each attempt with its nodes and both lost nodes out."""
+    path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=1, rejoin_after="never", restart_delay=1,
+                    env={"TICK_SAYS_WORLD": 1}, ssh={"connect_timeout": 1})
+    job = detach(path, "tick", "50", "0.2")
+    for node in cluster.nodes[1:3]:
+        cluster.partition(node)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # nodes 1 and 2 cannot answer ddp-ls: node 0 says the job runs there alone
+            row = jobs(path, reachable=False).get(job, {})
+            if row.get("attempt") == 1 and row["nodes"].get("0") == "running" and row.get("ranks") == 1:
+                break
+            assert time.monotonic() < deadline, row
+            time.sleep(0.5)
+    finally:
+        for node in cluster.nodes[1:3]:
+            cluster.heal(node)
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
+    assert code == 0, out
+    worlds = {(int(a), int(r)): int(w) for w, r, a in re.findall(r"r\d+ \| WORLD (\d+) rank=(\d+) attempt=(\d+)$", out, re.M)}
+    assert worlds == {(0, 0): 3, (0, 1): 3, (0, 2): 3, (1, 0): 1}, out
+    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    assert [a.get("end") for a in attempts] == ["lost", "succeeded"], attempts
+    assert sorted(attempts[1]["out"]) == sorted(n.addr for n in cluster.nodes[1:3]), attempts
+    assert "on 1 of 3 nodes" in attempts[0]["next"], attempts
+
+
 def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_back(cluster, detached):
     """`min_nodes:` with --detach: node 2, cut off, is lost; its own agent stops its part and waits.
     The job's agents go on, on nodes 0 and 1 at world size 2; once node 2 answers again for
