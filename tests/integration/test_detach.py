@@ -167,6 +167,37 @@ def test_a_detached_job_that_loses_two_nodes_at_once_goes_on_with_the_one_left(c
     assert "on 1 of 3 nodes" in attempts[0]["next"], attempts
 
 
+def test_a_detached_job_whose_rank_fails_as_a_node_drops_restarts_without_that_node(cluster, detached, tmp_path):
+    """The fault matrix, detached: rank 0 fails as node 2's link is cut, `min_nodes: 2`,
+    `restarts: 1`. The root cause is the rank; node 2, lost in the same attempt, is out of the
+    next one, which runs on nodes 0 and 1 to its end."""
+    fail_on = tmp_path / "fail-now"
+    path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, restarts=1, rejoin_after="never", restart_delay=1,
+                    env={"TICK_SAYS_WORLD": 1, "TICK_FAIL_ON": str(fail_on)}, ssh={"connect_timeout": 1})
+    job = detach(path, "tick", "40", "0.2")
+    cluster.partition(cluster.nodes[2])
+    fail_on.touch()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            row = jobs(path, reachable=False).get(job, {})
+            if row.get("attempt") == 1 and row["nodes"].get("0") == row["nodes"].get("1") == "running":
+                break
+            assert time.monotonic() < deadline, row
+            time.sleep(0.5)
+    finally:
+        cluster.heal(cluster.nodes[2])
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
+    assert code == 0, out
+    worlds = {(int(a), int(r)): int(w) for w, r, a in re.findall(r"r\d+ \| WORLD (\d+) rank=(\d+) attempt=(\d+)$", out, re.M)}
+    # (attempt 0 may end before a rank's first line: rank 0 fails at its first tick)
+    assert {k: w for k, w in worlds.items() if k[0] == 1} == {(1, 0): 2, (1, 1): 2}, out
+    assert set(w for k, w in worlds.items() if k[0] == 0) <= {3}, out
+    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    assert [a.get("end") for a in attempts] == ["failed", "succeeded"], attempts
+    assert attempts[1]["out"] == [cluster.nodes[2].addr], attempts
+
+
 def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_back(cluster, detached):
     """`min_nodes:` with --detach: node 2, cut off, is lost; its own agent stops its part and waits.
     The job's agents go on, on nodes 0 and 1 at world size 2; once node 2 answers again for
