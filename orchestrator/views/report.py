@@ -69,6 +69,8 @@ UNPACK = """(async function () {
   var js = await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip'))).text();
   (0, eval)(js);
   document.querySelectorAll('script[type="text/x-ddp-up-chart"]').forEach(function (s) { (0, eval)(s.textContent); });
+  window.ddpUpDrawn = true;  // every chart drawn: a reader of the page (its tests) waits for this
+  document.dispatchEvent(new Event('ddp-up-drawn'));
 })();"""
 
 

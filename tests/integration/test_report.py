@@ -25,7 +25,8 @@ from tests.integration.test_progress import BARS, job_of
 local_cluster = functools.partial(runner.local_cluster, launcher="none")
 pytest.importorskip("tqdm")
 HOSTILE = '</script><script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
-READER = """<script>setTimeout(function () {
+READER = """<script>function ddpUpRead() {
+  if (document.getElementById('read-back')) return;
   var out = {pwned: window.__pwned || null, charts: {}};
   document.querySelectorAll('.js-plotly-plot').forEach(function (d) {
     out.charts[d.id] = d.data.map(function (t) {
@@ -34,7 +35,11 @@ READER = """<script>setTimeout(function () {
   });
   var pre = document.createElement('pre'); pre.id = 'read-back'; pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);
-}, 300);</script>"""
+}
+// the page unpacks Plotly and draws its charts asynchronously: read once it says they are drawn
+if (window.ddpUpDrawn) { setTimeout(ddpUpRead, 300); } else {
+  document.addEventListener('ddp-up-drawn', function () { setTimeout(ddpUpRead, 300); });
+}</script>"""
 
 
 def in_chromium(page, tmp_path) -> tuple[dict, list[str]]:
@@ -45,7 +50,7 @@ def in_chromium(page, tmp_path) -> tuple[dict, list[str]]:
     copy = tmp_path / "read.html"
     copy.write_text(page.read_text().replace("</body>", READER + "</body>"))
     done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", "--virtual-time-budget=5000", "--dump-dom", copy.as_uri()],
+                           "--v=0", "--virtual-time-budget=30000", "--dump-dom", copy.as_uri()],
                           capture_output=True, text=True, timeout=120)
     found = re.search(r'<pre id="read-back">(.*?)</pre>', done.stdout, re.S)
     assert found, (done.stdout[-2000:], done.stderr[-2000:])
