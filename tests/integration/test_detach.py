@@ -55,6 +55,26 @@ def jobs(path, reachable: bool = True) -> dict[str, dict]:
     return {row["job"]: row for row in map(json.loads, (line for line in out.splitlines() if line.startswith("{")))}
 
 
+def await_row(path, job: str, ready, within: float = 60) -> dict:
+    """ddp-ls's row of ``job``, asked until ``ready(row)`` (some nodes cut off: ddp-ls exits 3)."""
+    deadline = time.monotonic() + within
+    while True:
+        row = jobs(path, reachable=False).get(job, {})
+        if ready(row):
+            return row
+        assert time.monotonic() < deadline, row
+        time.sleep(0.5)
+
+
+def worlds_of(out: str) -> dict[tuple[int, int], int]:
+    """{(attempt, rank): world size} as job.py tick's ranks said (TICK_SAYS_WORLD)."""
+    return {(int(a), int(r)): int(w) for w, r, a in re.findall(r"r\d+ \| WORLD (\d+) rank=(\d+) attempt=(\d+)$", out, re.M)}
+
+
+def attempts_of(job: str) -> list[dict]:
+    return json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+
+
 ENDS = {"done", "failed", "stopped", "lost"}  # the states a job's end leaves (ddp-ls)
 
 
@@ -147,21 +167,17 @@ def test_a_detached_job_that_loses_two_nodes_at_once_goes_on_with_the_one_left(c
     for node in cluster.nodes[1:3]:
         cluster.partition(node)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # nodes 1 and 2 cannot answer ddp-ls: node 0 says the job runs there alone
-            row = jobs(path, reachable=False).get(job, {})
-            if row.get("attempt") == 1 and row["nodes"].get("0") == "running" and row.get("ranks") == 1:
-                break
-            assert time.monotonic() < deadline, row
-            time.sleep(0.5)
+        # nodes 1 and 2 cannot answer ddp-ls: node 0 says the job runs there alone
+        await_row(path, job, lambda row: row.get("attempt") == 1 and row["nodes"].get("0") == "running"
+                  and row.get("ranks") == 1)
     finally:
         for node in cluster.nodes[1:3]:
             cluster.heal(node)
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
     assert code == 0, out
-    worlds = {(int(a), int(r)): int(w) for w, r, a in re.findall(r"r\d+ \| WORLD (\d+) rank=(\d+) attempt=(\d+)$", out, re.M)}
+    worlds = worlds_of(out)
     assert worlds == {(0, 0): 3, (0, 1): 3, (0, 2): 3, (1, 0): 1}, out
-    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    attempts = attempts_of(job)
     assert [a.get("end") for a in attempts] == ["lost", "succeeded"], attempts
     assert sorted(attempts[1]["out"]) == sorted(n.addr for n in cluster.nodes[1:3]), attempts
     assert "on 1 of 3 nodes" in attempts[0]["next"], attempts
@@ -178,22 +194,17 @@ def test_a_detached_job_whose_rank_fails_as_a_node_drops_restarts_without_that_n
     cluster.partition(cluster.nodes[2])
     fail_on.touch()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            row = jobs(path, reachable=False).get(job, {})
-            if row.get("attempt") == 1 and row["nodes"].get("0") == row["nodes"].get("1") == "running":
-                break
-            assert time.monotonic() < deadline, row
-            time.sleep(0.5)
+        await_row(path, job, lambda row: row.get("attempt") == 1 and row["nodes"].get("0") == row["nodes"].get("1")
+                  == "running")
     finally:
         cluster.heal(cluster.nodes[2])
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
     assert code == 0, out
-    worlds = {(int(a), int(r)): int(w) for w, r, a in re.findall(r"r\d+ \| WORLD (\d+) rank=(\d+) attempt=(\d+)$", out, re.M)}
+    worlds = worlds_of(out)
     # (attempt 0 may end before a rank's first line: rank 0 fails at its first tick)
     assert {k: w for k, w in worlds.items() if k[0] == 1} == {(1, 0): 2, (1, 1): 2}, out
     assert set(w for k, w in worlds.items() if k[0] == 0) <= {3}, out
-    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    attempts = attempts_of(job)
     assert [a.get("end") for a in attempts] == ["failed", "succeeded"], attempts
     assert attempts[1]["out"] == [cluster.nodes[2].addr], attempts
 
@@ -210,21 +221,17 @@ def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_bac
     job = detach(path, "tick", "60", "0.2")
     cluster.partition(cluster.nodes[2])
     try:
-        deadline = time.monotonic() + 60
-        while True:  # node 2 cannot answer ddp-ls: the others say the job runs without it
-            row = jobs(path, reachable=False).get(job, {})
-            if row.get("attempt") == 1 and row["nodes"].get("0") == row["nodes"].get("1") == "running":
-                break
-            assert time.monotonic() < deadline, row
-            time.sleep(0.5)
+        # node 2 cannot answer ddp-ls: the others say the job runs without it
+        await_row(path, job, lambda row: row.get("attempt") == 1 and row["nodes"].get("0") == row["nodes"].get("1")
+                  == "running")
     finally:
         cluster.heal(cluster.nodes[2])
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
     assert code == 0, out
-    worlds = {(int(a), int(r)): int(w) for w, r, a in re.findall(r"r\d+ \| WORLD (\d+) rank=(\d+) attempt=(\d+)$", out, re.M)}
+    worlds = worlds_of(out)
     assert worlds == {(0, 0): 3, (0, 1): 3, (0, 2): 3, (1, 0): 2, (1, 1): 2, (2, 0): 3, (2, 1): 3, (2, 2): 3}, out
     assert "attempt 1: 2 node(s)" in out and "attempt 2: 3 node(s)" in out, out
-    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    attempts = attempts_of(job)
     assert [a.get("end") for a in attempts] == ["lost", "stopped to grow", "succeeded"], attempts
     assert re.fullmatch(rf"{re.escape(cluster.nodes[2].addr)} lost \(no word from its agent for \d+ s\)",
                         attempts[0]["root_cause"]), attempts  # why, as its supervisor found it
@@ -332,7 +339,7 @@ def test_a_detached_job_restarts_by_itself_and_an_attach_shows_every_attempt(det
     assert sorted(ticks(second)) == [(r, i) for r in range(2) for i in range(6)], out  # attempt 1, whole
     assert sorted(re.findall(r"PORT (\d+) attempt=(\d)$", out, re.M)) == [("29731", "0")] * 2 + [("29731", "1")] * 2
     assert re.search(r"job \S+ ok after [\d.]+ s in 2 attempts \(exit status 0\)", out), out
-    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    attempts = attempts_of(job)
     assert [a["attempt"] for a in attempts] == [0, 1] and "(node 1, rank 1)" in attempts[0]["root_cause"], attempts
     assert (run_dir(job) / "attempt1" / "rank1.log").read_text().splitlines() == \
         ["PORT 29731 attempt=1"] + [f"tick {i} rank=1" for i in range(6)]
@@ -404,7 +411,7 @@ def test_a_detached_hang_is_a_failure_kind_of_its_own_and_takes_a_restart(detach
     assert row["attempts"][0].endswith("-> restart 1 of 1"), row
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT)
     assert code == 0, out
-    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    attempts = attempts_of(job)
     assert [(a["attempt"], a["end"], a["next"]) for a in attempts] == [(0, "hung", "restart 1 of 1"),
                                                                       (1, "succeeded", None)], attempts
 

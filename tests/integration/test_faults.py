@@ -60,6 +60,11 @@ CASES = {
 }
 
 
+def attempts_of(out: str) -> list[dict]:
+    """The run's attempts, as its summary.json keeps them."""
+    return json.loads((run_dir(re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)) / "summary.json").read_text())["attempts"]
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_faults_together_end_or_go_on_within_a_bound(name, cluster, cluster_file, tmp_path):
     case = CASES[name]
@@ -93,8 +98,7 @@ def test_faults_together_end_or_go_on_within_a_bound(name, cluster, cluster_file
     assert code == case.code, out
     for words in case.said:
         assert words.format(*[n.addr for n in nodes]) in out, (words, out)
-    job = re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)
-    attempts = json.loads((run_dir(job) / "summary.json").read_text())["attempts"]
+    attempts = attempts_of(out)
     assert attempts[0]["nodes"] == [nodes[i].addr for i in range(case.layout - case.settings.get("spares", 0))]
     if case.then is not None:
         moved = re.search(rf"attempt 1: {len(case.then)} node\(s\) .*; master {re.escape(nodes[case.then[0]].addr)}\b", out)
@@ -185,8 +189,7 @@ def test_a_node_lost_during_the_restart_delay_is_left_out_of_the_next_attempt(cl
         launch.proc.kill()
     out = launch.output
     assert code == 130, out
-    attempts = json.loads((run_dir(re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)) / "summary.json").read_text())["attempts"]
-
+    attempts = attempts_of(out)
     assert [a["end"] for a in attempts] == ["failed", "could not start", "stopped"], attempts
     assert attempts[2]["nodes"] == [nodes[0].addr, nodes[1].addr] and nodes[2].addr in attempts[2]["out"], attempts
     assert f"{nodes[2].addr} is out until it answers again (lost)" in out, out
@@ -219,6 +222,6 @@ def test_a_node_that_flaps_comes_back_once_then_is_out_for_the_rest_of_the_run(c
     out = launch.output
     assert code == 130, out
     assert f"{nodes[2].addr} is out for the rest of the run (lost twice)" in out, out
-    attempts = json.loads((run_dir(re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)) / "summary.json").read_text())["attempts"]
+    attempts = attempts_of(out)
     assert [len(a["nodes"]) for a in attempts] == [3, 2, 3, 2], attempts
     assert [a["end"] for a in attempts] == ["lost", "stopped to grow", "lost", "stopped"], attempts

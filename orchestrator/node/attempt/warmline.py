@@ -81,12 +81,17 @@ class HeldFrames:
             self.out.send(frame)
 
 
-def hush_warm(line):
-    """The attempt ends here: a warm interpreter still importing is killed with it, which is no
-    news (not "the ranks start cold": none will start)."""
-    made = (line.first, line.current) if isinstance(line, WarmLine) else ()
-    for warm in made:
-        if isinstance(warm, Warm) and warm.hello is None and not warm.lasting:  # a lasting one forks the next
+def made_by(line):
+    """The warm interpreters ``line`` (a WarmLine) started: its first, and the current attempt's."""
+    return (line.first, line.current) if isinstance(line, WarmLine) else ()
+
+
+def hush_warm(line, lasting_too=False):
+    """The attempt ends here (``lasting_too``: the job): a warm interpreter still importing is
+    killed with it, which is no news (not "the ranks start cold": none will start). A lasting one
+    forks the next attempt's ranks: only the job's end hushes it."""
+    for warm in made_by(line):
+        if isinstance(warm, Warm) and warm.hello is None and (lasting_too or not warm.lasting):
             warm.late = True
 
 
@@ -96,10 +101,8 @@ def end_warm(line):
     its state directory goes. It would die with this agent all the same, but then as a zombie
     under a PID 1 that does not reap (a container started without an init, whose first process
     is a notebook server, say): one a node for every job."""
-    made = (line.first, line.current) if isinstance(line, WarmLine) else ()
-    for warm in {id(w): w for w in made if isinstance(w, (Warm, HeldHere))}.values():
-        if isinstance(warm, Warm) and warm.hello is None:
-            warm.late = True  # killed importing, as the job ends: no news
+    hush_warm(line, lasting_too=True)
+    for warm in {id(w): w for w in made_by(line) if isinstance(w, (Warm, HeldHere))}.values():
         warm.reap(REAP_WAIT)
 
 
