@@ -62,7 +62,20 @@ def per_line(lines: int, repeat: int) -> tuple[float, float]:
 
 def long_run(where: str, ranks: int, hours: float) -> int:
     """metrics.csv and timeline.jsonl of a long run, as the run would have kept them; the rows."""
-    started, rows = 1_800_000_000.0, 0
+    started = 1_800_000_000.0
+    rows = metrics_csv(where, ranks, hours, started)
+    with open(os.path.join(where, "timeline.jsonl"), "w") as f:
+        f.write(json.dumps({"kind": "run", "job": "long", "started": started, "format": 1}) + "\n")
+        for attempt in range(3):
+            f.write(json.dumps({"kind": "attempt", "attempt": attempt, "start": attempt * hours * 1200,
+                                "end": (attempt + 1) * hours * 1200, "nodes": [], "world_size": ranks - 8 * (attempt == 1)}) + "\n")
+    return rows
+
+
+def metrics_csv(where: str, ranks: int, hours: float, started: float) -> int:
+    """metrics.csv of a run of ``ranks`` ranks from ``started`` for ``hours``, 8 a node, a loss and a
+    learning rate from each rank every 30 s, thinned as metricsfile keeps them; the rows."""
+    rows = 0
     every = 30.0
     points = int(hours * 3600 / every)
     with open(os.path.join(where, metricsfile.NAME), "w", newline="") as f:
@@ -81,11 +94,6 @@ def long_run(where: str, ranks: int, hours: float) -> int:
                 rows += 2
                 if rows >= metricsfile.ROWS_MOST:
                     return rows
-    with open(os.path.join(where, "timeline.jsonl"), "w") as f:
-        f.write(json.dumps({"kind": "run", "job": "long", "started": started, "format": 1}) + "\n")
-        for attempt in range(3):
-            f.write(json.dumps({"kind": "attempt", "attempt": attempt, "start": attempt * hours * 1200,
-                                "end": (attempt + 1) * hours * 1200, "nodes": [], "world_size": ranks - 8 * (attempt == 1)}) + "\n")
     return rows
 
 

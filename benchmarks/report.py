@@ -1,6 +1,7 @@
 """The report of a long run: its data's size and the time to make its page, for the 24-hour example
 (64 nodes of 8 GPUs: 512 ranks, each with a progress bar and lines, 512 GPUs sampled, 64 nodes'
-late times), and what the report costs ddp-up's start.
+late times), with and without its metrics (benchmarks.metrics's metrics.csv of those 512
+ranks), and what the report costs ddp-up's start.
 
     python3 -m benchmarks.report [--hours 24] [--nodes 64] [--every 30]
 
@@ -28,6 +29,8 @@ from orchestrator.node.protocol.stragglers import Lateness
 from orchestrator.plan.launch import make_plan
 from orchestrator.views.report import make_report
 from orchestrator.views.timeline import NAME, Timeline
+
+from .metrics import metrics_csv
 
 START = "import orchestrator.commands.up, orchestrator.commands.attach, orchestrator.commands.report, sys; " \
         "assert 'plotly' not in sys.modules"
@@ -79,9 +82,16 @@ def main() -> None:
         page = make_report(where)
         made = time.perf_counter() - began
         data, html = os.path.getsize(os.path.join(where, NAME)), os.path.getsize(page)
+        rows = metrics_csv(where, args.nodes * 8, args.hours, 1_800_000_000.0)
+        began = time.perf_counter()
+        page = make_report(where)
+        made_metrics = time.perf_counter() - began
+        html_metrics = os.path.getsize(page)
     print(f"{args.hours:g} h, {args.nodes} nodes x 8 GPUs, a sample every {args.every:g} s")
     print(f"| what | value |\n|---|---|\n| {NAME} | {data / 1e6:.2f} MB |\n| report.html | {html / 1e6:.2f} MB |")
     print(f"| timeline fed ({args.nodes * 8 * 3 + args.nodes} series) | {fed:.1f} s |\n| page made | {made:.2f} s |")
+    print(f"| report.html with metrics.csv ({rows:,} rows: a loss, a learning rate) | {html_metrics / 1e6:.2f} MB |")
+    print(f"| page made with metrics | {made_metrics:.2f} s |")
     base, base_rss = start_cost("pass")
     ours, ours_rss = start_cost(START)
     plotly, plotly_rss = start_cost("import plotly.graph_objects, plotly.io, plotly.offline; "

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import base64
 import functools
-import gzip
 import os
 import re
 
-from ..node.local.state import read_regular
-from ..ownfiles import no_link_open, own_dir, safe_name
+from ..ownfiles import no_link_open, own_dir
 from .rundata import RunData, esc, load
 
 REPORT = "report.html"
@@ -35,30 +33,18 @@ def make_report(where: str) -> str:
     return path
 
 
+# Plotly's basic bundle (scatter and bar, all the page draws; plotly.js-basic-dist-min from npm, at
+# the plotly.js version the plotly package writes figures for), gzipped as it ships in the package:
+# 0.4 MB, where the full bundle is 4.8 MB as it is and 2.0 MB packed. vendor/README.md says how to
+# bring it up to date.
+PLOTLY_BUNDLE = os.path.join(os.path.dirname(__file__), "vendor", "plotly-basic.min.js.gz")
+
+
 @functools.lru_cache(maxsize=1)
 def plotly_packed() -> str:
-    """Plotly's script, gzipped and in base64 (4.8 MB as it is; 2.0 MB so). Packing takes 0.2 s:
-    done once a Plotly version, kept in the user's own cache folder (private), checked on reading."""
-    import plotly
-    from plotly.offline import get_plotlyjs
-
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddp-up")
-    path = os.path.join(cache, f"plotly-{safe_name(plotly.__version__)}.js.gz.b64")
-    raw, _ = read_regular(path, 8 << 20)
-    try:
-        if raw is not None and gzip.decompress(base64.b64decode(raw, validate=True)):
-            return raw.decode()
-    except (ValueError, OSError, EOFError):
-        pass  # damaged: packed again
-    packed = base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode()
-    try:
-        tmp = os.path.join(own_dir(cache, private=True), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-        with os.fdopen(no_link_open(tmp, fresh=True), "w", encoding="ascii") as f:
-            f.write(packed)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # no cache: packed again next time
-    return packed
+    """Plotly's script, gzipped and in base64 (0.53 MB), for the page to unpack."""
+    with open(PLOTLY_BUNDLE, "rb") as f:  # the package's own file
+        return base64.b64encode(f.read()).decode()
 
 
 # The page unpacks Plotly's script with the browser's own DecompressionStream (Chromium 80+,

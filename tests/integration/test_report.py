@@ -105,7 +105,7 @@ def test_the_page_draws_each_metric_a_rank_printed_first_as_it_printed_it(tmp_pa
     for rank, pts in printed.items():
         assert list(zip(drawn[f"rank {rank}"]["x"], drawn[f"rank {rank}"]["y"])) == pts, (drawn, printed)
     page = (where / "report.html").read_text()
-    assert page.index("chart-metric-0") < page.index("chart-timeline") and os.path.getsize(where / "report.html") < 2.5e6
+    assert page.index("chart-metric-0") < page.index("chart-timeline") and os.path.getsize(where / "report.html") < 1.5e6
 
 
 def test_a_run_cut_short_without_bars_or_gpus_still_gets_a_page_that_says_what_is_missing(tmp_path):
