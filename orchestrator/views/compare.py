@@ -1,7 +1,7 @@
 """Runs side by side: ``ddp-report JOB JOB ...`` makes one page that compares them. Each metric's
-curves of every run on one chart (each run's first rank, on the step axis), and a table of what
-differed between them: the cluster file's settings, the command and its arguments, the commit,
-the versions, the world sizes, how each ended. Read as the run's own page reads its folder
+curves of every run on one chart (a run's one rank, or the median of its ranks with their spread,
+on the step axis), and a table of what differed between them: the cluster file's settings, the
+command and its arguments, the commit, the versions, the world sizes, how each ended. Read as the run's own page reads its folder
 (rundata.py: each file bounded, checked, a regular file only); every text escaped.
 """
 
@@ -12,7 +12,7 @@ import os
 import yaml
 
 from ..node.local.state import read_regular
-from .metriccharts import CHARTS_MOST
+from .metriccharts import CHARTS_MOST, series, spread
 from .rundata import RunData, esc, load
 
 CLUSTER_COPY = "cluster.yaml"  # the cluster file as the run read it (run/record.py keeps it)
@@ -54,7 +54,7 @@ def facts_of(where: str, data: RunData) -> dict[str, str]:
     facts["commit"] = f"{git.get('commit') or '?'}{' (with changes)' if git.get('dirty') else ''}"
     facts.update({f"version: {k}": str(v) for k, v in (run.get("versions") or {}).items()})
     worlds = [a.get("world_size") for a in data.kind("attempt")]
-    facts["world sizes"] = " → ".join(map(str, worlds)) or str(summary.get("world_size"))
+    facts["world sizes"] = " → ".join(map(str, worlds)) or str(summary.get("world_size") or "unknown")
     status = summary.get("exit_code")
     facts["ended"] = "ok" if status == 0 else f"failed (exit status {status})" if status is not None else "unknown"
     return facts
@@ -68,25 +68,39 @@ def differences(facts: list[dict[str, str]]) -> tuple[list[str], int]:
 
 
 def compare_figures(runs: list[tuple[str, RunData]]):
-    """[(chart name, figure)]: a chart a metric (in the order they first came), a line a run."""
+    """[(chart name, figure)]: a chart a metric (in the order they first came), a line a run: its
+    one rank's values, or, where several ranks printed it, their median at each step with their
+    spread (least to most) shaded in the run's colour. A break where an attempt ended."""
     import plotly.graph_objects as go
+    from plotly.colors import hex_to_rgb, qualitative
 
     names: list[str] = list(dict.fromkeys(r.name for _, data in runs for r in data.metrics))[:CHARTS_MOST]
     figures = []
     for i, name in enumerate(names):
-        fig = go.Figure()
-        for job, data in runs:
+        fig, all_by_step = go.Figure(), True
+        for k, (job, data) in enumerate(runs):
             rows = [r for r in data.metrics if r.name == name]
             if not rows:
                 continue
-            first = min(r.rank for r in rows)
-            mine = sorted((r for r in rows if r.rank == first), key=lambda r: (r.attempt, r.time))
-            by_step = all(r.step is not None for r in mine)
-            origin = min(r.time for r in mine)
-            fig.add_trace(go.Scatter(x=[r.step if by_step else r.time - origin for r in mine], y=[r.value for r in mine],
-                                     mode="lines", name=esc(f"{job} (rank {first})")))
-        fig.update_layout(title=esc(name), xaxis_title="step", yaxis_title=esc(name), height=380,
-                          margin={"t": 50, "b": 40}, legend={"font": {"size": 10}})
+            ranks = sorted({r.rank for r in rows})
+            by_step = all(r.step is not None for r in rows)
+            all_by_step &= by_step
+            origin, colour = min(r.time for r in rows), qualitative.Plotly[k % len(qualitative.Plotly)]
+            if len(ranks) == 1:
+                xs, ys = series(rows, by_step, origin)
+                label = f"{job} (rank {ranks[0]})"
+            else:
+                xs, ys, least, most = spread(rows, by_step, origin)
+                label = f"{job} (median of {len(ranks)} ranks)"
+                fig.add_trace(go.Scatter(x=xs, y=most, mode="lines", line={"width": 0}, showlegend=False,
+                                         legendgroup=job, hoverinfo="skip"))
+                fig.add_trace(go.Scatter(x=xs, y=least, mode="lines", line={"width": 0}, fill="tonexty", showlegend=False,
+                                         fillcolor="rgba({},{},{},0.15)".format(*hex_to_rgb(colour)),
+                                         legendgroup=job, hoverinfo="skip"))
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=esc(label), line={"color": colour},
+                                     legendgroup=job, connectgaps=False))
+        fig.update_layout(title=esc(name), xaxis_title="step" if all_by_step else "step, or seconds since the run's start",
+                          yaxis_title=esc(name), height=380, margin={"t": 50, "b": 40}, legend={"font": {"size": 10}})
         figures.append((f"compare-{i}", fig))
     return figures
 

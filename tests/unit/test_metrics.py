@@ -228,7 +228,8 @@ def test_ddp_report_of_several_jobs_puts_their_curves_on_one_chart_and_names_wha
                                                     "git": {"commit": "abc"}, "versions": {"torch": "2.13.0"}}))
         (where / "summary.json").write_text(json.dumps({"job_id": job, "exit_code": 0, "world_size": 2}))
         (where / "metrics.csv").write_text(",".join(metricsfile.COLUMNS) + "\n" + "".join(
-            f"{1e9 + s},0,0,a,{s},loss,{v}\n" for s, v in enumerate(values)))
+            f"{1e9 + s},0,{rank},a,{s},loss,{v + 2 * rank}\n" for s, v in enumerate(values)
+            for rank in range(1 + restarts // 2)))  # the second run: two ranks, 2.0 apart
     (tmp_path / "20261206-030303-cccccc").mkdir()  # a run that printed none
     jobs = sorted(p.name for p in tmp_path.iterdir())
     assert main_report([*jobs, "--runs-dir", str(tmp_path)]) == 0
@@ -236,10 +237,12 @@ def test_ddp_report_of_several_jobs_puts_their_curves_on_one_chart_and_names_wha
     page_path = said.rsplit(": ", 1)[1].strip()
     assert said.startswith("ddp-report compared 3 runs: ") and page_path.endswith(".html"), said
     page = open(page_path).read()
-    assert page.count('"name":"20261206-0') == 2 and '"y":[3.0,2.5,2.2]' in page
+    assert '"name":"20261206-010101-aaaaaa (rank 0)"' in page and '"y":[3.0,2.0,1.0]' in page
+    assert '"name":"20261206-020202-bbbbbb (median of 2 ranks)"' in page and '"y":[4.0,3.5,3.2]' in page
+    assert '"y":[5.0,4.5,4.2]' in page and '"fill":"tonexty"' in page  # the spread: its most, down to its least
     assert "<th>cluster file: restarts</th><td>0</td><td>2</td><td>(not set)</td>" in page
     assert "--lr 0.01" in page and "<b>1</b>" not in page and "&lt;b&gt;1&lt;/b&gt;" not in page.split("What differed")[0]
-    assert "20261206-030303-cccccc: printed no metrics" in page
+    assert "20261206-030303-cccccc: printed no metrics" in page and "<td>None</td>" not in page
     assert main_report(["20261206-010101-aaaaaa", "20261206-999999-zzzzzz", "--runs-dir", str(tmp_path)]) == 3
 
 
