@@ -242,17 +242,18 @@ def merge_records(records: list[dict]) -> list[JobRow]:
         current = max(attempt_of(r) for r in recs)
         # an elastic job's node left out of the current attempt (lost, not yet taken back) still
         # says what it last ran: it is away, and its ranks are not the job's now
-        recs = [dict(r, state="away") if attempt_of(r) < current and r.get("state") in ("running", "restarting")
-                else r for r in recs]
+        # its supervisor's outcome: the job is over; a node still waiting to be taken back is away
+        outcome = next((r["outcome"] for r in recs if r.get("outcome")), None)
+        recs = [dict(r, state="away") if r.get("state") in ("running", "restarting") and (
+                attempt_of(r) < current or (outcome and r.get("state") == "restarting")) else r for r in recs]
         states = {r.get("node"): r.get("state") for r in recs}
         state = next((s for s in ("running", "restarting", "failed", "lost", "stopped") if s in states.values()),
                      "done")
         live = state in ("running", "restarting")
-        outcome = next((r["outcome"] for r in recs if r.get("outcome")), None)
         root = (outcome or {}).get("root_cause")
         ended = None if live else max((r.get("ended") or 0 for r in recs), default=None) or None
-        if root and root.get("state") == "hung" and state == "stopped":
-            state = "failed"  # its supervisor stopped it: a hang is the job's failure
+        if root and root.get("state") in ("hung", "lost") and state == "stopped":
+            state = "failed" if root["state"] == "hung" else "lost"  # its supervisor stopped it for that
         rows.append(JobRow(job, str(recs[0].get("script") or "?"), state,
                            sum((r.get("ranks") or [0, 0])[1] for r in recs if r.get("state") != "away"),
                            min((r["started"] for r in recs if r.get("started")), default=None), ended,

@@ -48,12 +48,18 @@ def on_nodes(plan: LaunchPlan, full: LaunchPlan, nodes: list[int] | None) -> Lau
     return dataclasses.replace(plan, nodes=tuple(kept), quarantined=out)
 
 
-def supervisors_blame(result, following, full: LaunchPlan) -> tuple[str | None, bool]:
-    """blame's, or where the journals name no root cause, the node the job's supervisor found lost."""
-    cause = blame(result)
-    if cause == (None, False) and following.lost is not None:
-        return next((n.label for n in full.nodes if n.index == following.lost), None), True
-    return cause
+def supervisors_loss(job: Job, full: LaunchPlan) -> bool:
+    """Where the journals name no root cause, the node the job's supervisor found lost is it, with
+    the supervisor's reason, recorded as an attached run records a loss (the node lost, a failure
+    of its own): the replay's summary, its attempts and its end say the same. Whether it was."""
+    lost, why = job.following.lost, job.following.lost_why
+    label = next((n.label for n in full.nodes if n.index == lost), None)
+    node = next((n.index for n in job.plan.nodes if n.label == label), None)
+    if node is None or job.result().root_cause is not None:
+        return False
+    job.table.set(node, "lost", reason=why or "lost")
+    job.fail(node, None, None, why or "lost", kind="lost")
+    return True
 
 
 def journal_sessions(follow: bool, tail: int | None = None):
@@ -86,13 +92,13 @@ def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inb
             job.close()
         if last is not None and job.interrupted is None and len(job.following.absent) == len(job.status):
             return last, records  # it was stopped while it waited to restart: the attempt before was its last
+        if supervisors_loss(job, full):
+            result = job.result()
         # the supervisor's reshape, for the attempt's end only (attempts.attempt_end reads Reshape.end)
         reshaped = job.following.reshaped
-        record = attempt_record(plan, result, started, supervisors_blame(result, job.following, full),
+        record = attempt_record(plan, result, started, blame(result),
                                 reshape=Reshape("", aside="(its supervisor's)" if reshaped == "aside" else None)
                                 if reshaped else None)
-        if result.root_cause is None and job.following.lost_why and record.root_cause:  # "h2 lost": and why
-            record = dataclasses.replace(record, root_cause=plan.mask(f"{record.root_cause} ({job.following.lost_why})"))
         ran_on = record.end not in ("succeeded", "stopped")  # what came next, as an attached run says it
         records.append(dataclasses.replace(record, next=job.following.next) if ran_on else record)
         if job.interrupted or job.following.over or not job.following.later_attempt or \

@@ -108,9 +108,19 @@ def ticks(output: str) -> list[tuple[int, int]]:
 
 
 def test_a_detached_job_runs_to_its_end_without_ddp_up_and_every_line_is_shown_once(detached):
-    path = detached([(0, 1), (1, 2)])
+    path = detached([(0, 1), (1, 2)], report=True, metrics=True, env={"TICK_SAYS_LOSS": 1})
     job = detach(path, "tick", "16", "1.0")  # 16 s: five times orphan_timeout after ddp-up exits
     assert jobs(path)[job]["state"] == "running"
+    deadline = time.monotonic() + 30
+    while True:  # ddp-report CLUSTER JOB while it runs: its page so far, partial, with its metrics so far
+        code, out = run(REPORT, str(path), job, "--runs-dir", RUNS_ROOT)
+        assert code == 0, out
+        kept = (run_dir(job) / "metrics.csv").read_text().splitlines()
+        if len(kept) > 1 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(kept) > 1 and re.search(r",0,loss,1\.0[0-2]?$", kept[1]), kept  # step 0's loss: 1 / (0 + 1) + rank / 100
+    assert "(partial: made while the run went on)" in (run_dir(job) / "report.html").read_text()
     row = wait_state(path, job, ("done", "failed", "stopped", "lost"), 90)
     assert row["state"] == "done" and row["exit_status"] == 0 and row["ranks"] == 3, row
     code, out = run(ATTACH, str(path), job, "--runs-dir", RUNS_ROOT)  # a finished job: its whole story
@@ -120,8 +130,9 @@ def test_a_detached_job_runs_to_its_end_without_ddp_up_and_every_line_is_shown_o
     for r in range(3):
         assert [i for rank, i in seen if rank == r] == list(range(16))  # in order per rank
     assert re.search(r"│ 1\s+│ \S+\s+│ 1-2\s+│ done\s+│ 0", out), out
-    logged = (run_dir(job) / "rank2.log").read_text().splitlines()
+    logged = [line for line in (run_dir(job) / "rank2.log").read_text().splitlines() if not line.startswith("step ")]
     assert logged == [f"tick {i} rank=2" for i in range(16)]  # the run logs, completed from the nodes
+    assert len((run_dir(job) / "metrics.csv").read_text().splitlines()) == 1 + 3 * 16  # every rank's loss, once
     assert json.loads((run_dir(job) / "summary.json").read_text())["script"] == SCRIPT  # as the job's record says
     code, out = run(LOGS, str(path), job, "--runs-dir", RUNS_ROOT)
     assert code == 0, out
@@ -131,10 +142,11 @@ def test_a_detached_job_runs_to_its_end_without_ddp_up_and_every_line_is_shown_o
     code, out = run(LOGS, str(path), job, "--ranks", "1", "--runs-dir", RUNS_ROOT)
     assert code == 0, out
     assert ticks(out) == [(1, i) for i in range(16)], out
-    code, out = run(LOGS, str(path), job, "--tail", "3", "--runs-dir", RUNS_ROOT)
+    code, out = run(LOGS, str(path), job, "--tail", "6", "--runs-dir", RUNS_ROOT)  # a tick and a loss a step
     assert code == 0, out
     assert sorted(ticks(out)) == [(r, i) for r in range(3) for i in (13, 14, 15)], out
-    assert (run_dir(job) / "rank2.log").read_text().splitlines() == logged  # a tail leaves the run logs whole
+    assert [line for line in (run_dir(job) / "rank2.log").read_text().splitlines()
+            if not line.startswith("step ")] == logged  # a tail leaves the run logs whole
 
 
 def test_a_failing_rank_stops_every_node_and_is_named(cluster, detached):
@@ -209,6 +221,38 @@ def test_a_detached_job_whose_rank_fails_as_a_node_drops_restarts_without_that_n
     assert attempts[1]["out"] == [cluster.nodes[2].addr], attempts
 
 
+def test_a_detached_job_whose_master_node_is_cut_off_ends_and_says_so(cluster, detached):
+    """The fault matrix, detached: the master's node cut off, `min_nodes: 2`. The master's agent is
+    the supervisor, so the job cannot go on without it (the elastic guide's limit): the supervisor,
+    hearing neither other node at once, says its own node is likely the one cut off, and ends the
+    job below min_nodes; the other nodes' agents stop their ranks on its silence. ddp-attach
+    names it once the link is back, ddp-kill ends the agents still waiting, and nothing is left."""
+    path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after="never", restart_delay=1,
+                    env={"TICK_SAYS_WORLD": 1}, ssh={"connect_timeout": 1})
+    job = detach(path, "tick", "60", "0.2")
+    cluster.partition(cluster.nodes[0])
+    try:
+        # nodes 1 and 2 answer ddp-ls; node 0 cannot: their ranks stop on their supervisor's silence
+        row = await_row(path, job, lambda row: row.get("nodes", {}).get("1") not in (None, "running")
+                        and row["nodes"].get("2") not in (None, "running"))
+    finally:
+        cluster.heal(cluster.nodes[0])
+    code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
+    assert code == 1, (row, out)
+    summary = json.loads((run_dir(job) / "summary.json").read_text())
+    root = summary["root_cause"]  # the supervisor's first word, recorded as an attached run's loss
+    assert (root["node"], root["host"], root["kind"]) == (1, cluster.nodes[1].addr, "lost"), summary
+    assert "this master node (node 0) is likely the one cut off" in root["what"], summary
+    assert [n["state"] for n in summary["nodes"]] == ["stopped", "lost", "stopped"], summary
+    cause = f"{cluster.nodes[1].addr} (node 1): no word from its agent for"
+    assert re.search(rf"root cause: {re.escape(cause)} \d+ s; every other node fell silent at once", out), out
+    # the others' agents, waiting to be taken back, find the master node answering and its
+    # supervisor ended: they stop by themselves, at once rather than after rejoin_after's wait
+    assert not procs.wait_no_job_processes(job, timeout=30)
+    row = jobs(path)[job]
+    assert row["state"] == "lost" and row["exit_status"] == 1, row
+
+
 def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_back(cluster, detached):
     """`min_nodes:` with --detach: node 2, cut off, is lost; its own agent stops its part and waits.
     The job's agents go on, on nodes 0 and 1 at world size 2; once node 2 answers again for
@@ -233,8 +277,8 @@ def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_bac
     assert "attempt 1: 2 node(s)" in out and "attempt 2: 3 node(s)" in out, out
     attempts = attempts_of(job)
     assert [a.get("end") for a in attempts] == ["lost", "stopped to grow", "succeeded"], attempts
-    assert re.fullmatch(rf"{re.escape(cluster.nodes[2].addr)} lost \(no word from its agent for \d+ s\)",
-                        attempts[0]["root_cause"]), attempts  # why, as its supervisor found it
+    assert re.fullmatch(rf"{re.escape(cluster.nodes[2].addr)} \(node 2\): no word from its agent for \d+ s",
+                        attempts[0]["root_cause"]), attempts  # why, as its supervisor found it, worded as attached
     assert attempts[1]["out"] == [cluster.nodes[2].addr] and attempts[2]["out"] == [], attempts  # as attached
     assert "on 2 of 3 nodes (node(s) 2 away)" in attempts[0]["next"], attempts
     assert "stopped to take nodes back on all 3 nodes" in attempts[1]["next"], attempts

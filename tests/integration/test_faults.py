@@ -225,3 +225,41 @@ def test_a_node_that_flaps_comes_back_once_then_is_out_for_the_rest_of_the_run(c
     attempts = attempts_of(out)
     assert [len(a["nodes"]) for a in attempts] == [3, 2, 3, 2], attempts
     assert [a["end"] for a in attempts] == ["lost", "stopped to grow", "lost", "stopped"], attempts
+
+
+def test_a_node_lost_during_the_grow_backs_grace_is_left_out_of_the_grown_attempt(cluster, cluster_file):
+    """Node 2 is lost and the run goes on smaller; once it answers again the run stops to grow back,
+    with the ranks' grace (they save for 3 s); in that grace node 1's link is cut. The loss ends that
+    attempt; node 2, which answered, is taken back all the same: the run goes on without node 1 on
+    nodes 0 and 2, gapless, and a Ctrl-C ends it."""
+    nodes = cluster.nodes
+    path = cluster_file([(0, 1), (1, 1), (2, 1)], orphan_timeout=3, restart_delay=0.2, stop_grace=6, min_nodes=2,
+                        rejoin_after=1, recoveries=2, ssh={"connect_timeout": 2},
+                        env={"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1, "TICK_SAVE_S": 3})
+    launch = Launch([str(path), SCRIPT, "tick", "600", "0.1"])
+    try:
+        launch.wait_line(r"r2 \| tick 3 rank=2$", 120)
+        cluster.partition(nodes[2])
+        launch.wait_line(r"\| WORLD 2 rank=1 attempt=1$", 120)
+        cluster.heal(nodes[2])
+        launch.wait_line(r"\| saving rank=1 attempt=1$", 120)  # the grow's stop: node 1's rank in its grace
+        cluster.partition(nodes[1])
+        last = int(re.search(r"attempt=(\d+)$", launch.wait_line(r"\| WORLD 2 rank=1 attempt=([2-9]|\d\d)$", 120))[1])
+        launch.wait_line(rf"\| WORLD 2 rank=0 attempt={last}$", 60)
+        launch.signal(signal.SIGINT)
+        asked = time.monotonic()
+        code = launch.wait(STOP_BOUND + 10)
+        assert time.monotonic() - asked < STOP_BOUND, launch.output
+    finally:
+        cluster.heal(nodes[1])
+        cluster.heal(nodes[2])
+        launch.proc.kill()
+    out = launch.output
+    assert code == 130, out
+    attempts = attempts_of(out)
+    assert [a["end"] for a in attempts] == ["lost", "lost", "stopped"], attempts  # the loss ends the grow's stop
+    assert attempts[1]["root_cause"].startswith(f"{nodes[1].addr} (node 1): "), attempts
+    assert f"{nodes[2].addr} answers again: it rejoins the run" in out, out  # the grow, overtaken, still takes it back
+    assert attempts[2]["nodes"] == [nodes[0].addr, nodes[2].addr] and attempts[2]["world_size"] == 2, attempts
+    assert attempts[2]["out"] == [nodes[1].addr] and last == 2, (last, attempts)
+    assert not re.search(rf"{re.escape(nodes[1].addr)}: .*answered again afterwards", out), out  # node 1 never did

@@ -17,7 +17,8 @@
   job.py tick N S [R C [A,B]]  every rank prints "tick i rank=r" N times, S seconds apart; rank R exits C at i=2,
                           or with C "hang" goes silent there for good (only in attempts A,B if given:
                           DDP_UP_ATTEMPT) (no torch); with $TICK_FAIL_ON, rank 0 of attempt 0 exits 3 once
-                          that file exists
+                          that file exists; with $TICK_SAVE_S, a SIGTERM prints "saving rank=r attempt=a" and
+                          the rank exits 143 that many seconds later
   job.py save FILE        (no torch) every rank prints its TORCH_ELASTIC_SHUTDOWN_TIMEOUT and "running"; on
                           each $SAVE_ON (SIGTERM unless set) it prints "got SIG... #n"; on the first it saves
                           for $SAVE_S seconds, writes FILE.<rank> and exits 0; "got SIGUSR1 #n" on each other SIGUSR1;
@@ -282,6 +283,12 @@ def main():
         if os.environ.get("TICK_SAYS_WORLD"):  # opt-in: a test that checks each attempt's world size
             print(f"WORLD {os.environ['WORLD_SIZE']} rank={rank} attempt={os.environ.get('DDP_UP_ATTEMPT')}",
                   flush=True)
+        if os.environ.get("TICK_SAVE_S"):  # opt-in: a stop's grace used, as a checkpoint's save would
+            def save(*_):
+                print(f"saving rank={rank} attempt={os.environ.get('DDP_UP_ATTEMPT')}", flush=True)
+                time.sleep(float(os.environ["TICK_SAVE_S"]))
+                finish(143)
+            signal.signal(signal.SIGTERM, save)
         fail_on = os.environ.get("TICK_FAIL_ON")  # opt-in: rank 0 of attempt 0 exits 3 once this file exists
         fail_on = fail_on if rank == 0 and os.environ.get("DDP_UP_ATTEMPT", "0") == "0" else None
         for i in range(n):

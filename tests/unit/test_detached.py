@@ -350,6 +350,12 @@ def test_ls_merges_the_nodes_records_into_one_row_a_job():
     assert (c.state, c.exit_status, c.ranks) == ("done", 0, 2)
     assert a.attempts == () and b.attempts == ()  # one attempt: its root cause says it all
     assert (a.commit, b.commit) == (None, "0123456789abcdef")  # issue 29: the commit it ran from
+    # the master node cut off: its supervisor found the others lost and ended the job; theirs still
+    # wait to be taken back (restarting): the job is over, lost, and they are away
+    lost = {"node": 1, "state": "lost", "code": None, "reason": "no word from its agent for 4 s", "at": 150.0}
+    f = merge_records([rec("f", 0, "stopped", outcome={"root_cause": lost}), rec("f", 1, "restarting"),
+                       rec("f", 2, "restarting")])[0]
+    assert (f.state, f.exit_status, f.nodes) == ("lost", 1, {"0": "stopped", "1": "away", "2": "away"}), f
     with Console(width=200, record=True) as console:
         console.print(ls_table(list(rows.values()), 400.0))
     assert "0123456789 " in console.export_text()  # its column, short
@@ -642,6 +648,29 @@ def test_an_elastic_nodes_link_stops_its_part_then_waits_to_be_taken_back():
         0, "no word from the master node's supervisor for 31 s; its part stops, and it waits to be taken back")
     assert peer.tick(clock.advance(100.0)) is None
     assert peer.tick(clock.advance(20.0)) == events.Stop("no word from the master node's supervisor for 151 s")
+
+
+def test_an_elastic_nodes_link_stops_at_once_when_the_master_node_refuses_it_after_the_break():
+    """The master node answers again but nothing listens at the supervisor's port (its agent ended
+    the job while this node was cut off): this node's agent stops at once, not after away_wait."""
+    clock = FakeClock()
+    runner = FakeRunner(1, 3, "/nonexistent", clock, orphan_timeout=30.0, min_nodes=2, rejoin_after=120.0)
+    with socket.socket() as s:  # a loopback port that was free a moment ago: connecting is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    peer = peerlink.PeerLink(runner, "127.0.0.1", port, clock=clock)
+    assert isinstance(peer.tick(clock.advance(31.0)), events.Halt)  # the break: this attempt's part stops
+    assert peer.tick(clock.advance(1.0)) is None  # waits, as long as no answer says otherwise
+    trying = threading.Thread(target=peer.run)  # its reconnecting loop, one try a second
+    trying.start()
+    deadline = time.monotonic() + 10
+    while not peer.refused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    peer.done.set()
+    trying.join(5)
+    assert peer.refused and not trying.is_alive()
+    stop = peer.tick(clock.advance(1.0))
+    assert isinstance(stop, events.Stop) and "its supervisor has ended" in stop.reason, stop
 
 
 def test_an_attach_follows_every_attempt_and_stops_at_one_that_never_began():

@@ -26,7 +26,9 @@ class PeerLink:
     network between them gone) stops it too, as a silent controller would. It reconnects while
     it waits: a short break in the network is not a failure. In an elastic job the silence stops
     only this attempt here (the job may go on without this node, and take it back): the agent
-    waits to hear the supervisor again for away_wait, then stops for good."""
+    waits to hear the supervisor again for away_wait, then stops for good; at once where the master
+    node answers again and refuses the connection (the supervisor's agent has ended: the job is over
+    there, and no supervisor can come back on that port)."""
 
     def __init__(self, runner, addr, port, clock=time.monotonic):
         self.runner = runner
@@ -39,6 +41,7 @@ class PeerLink:
         self.state = wire.NodeState(node=self.spec.node, state="running")
         self.done = threading.Event()
         self.cut = False  # an elastic job's: this silence has stopped the attempt here
+        self.refused = False  # the last try to reach the supervisor was refused: its agent has ended
 
     def start(self):
         threading.Thread(target=self.run, name="peer-link", daemon=True).start()
@@ -48,6 +51,8 @@ class PeerLink:
         while not self.done.is_set():
             try:
                 self.session()
+            except ConnectionRefusedError:  # the master node answers, and nothing listens at the port
+                self.refused = True
             except (OSError, ValueError, wire.ProtocolError):
                 pass
             if self.done.wait(1.0):
@@ -55,6 +60,7 @@ class PeerLink:
 
     def session(self):
         conn = socket.create_connection((self.addr, self.port), timeout=JOIN_TIMEOUT)
+        self.refused = False
         try:
             conn.settimeout(self.spec.orphan_timeout)
             stream = conn.makefile("rb")
@@ -110,6 +116,9 @@ class PeerLink:
         if silent is None:
             return None
         words = "no word from the master node's supervisor for %.0f s" % silent
+        if self.cut and self.refused:  # not a break in the network: nothing is left there to take it back
+            return events.Stop(words + "; the master node answers again, but its supervisor has ended (the job "
+                               "is over there)")
         if self.spec.min_nodes is None or silent > self.spec.orphan_timeout + away_wait(self.spec):
             return events.Stop(words)
         if self.cut:
