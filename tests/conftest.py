@@ -7,6 +7,10 @@ import pytest
 # The package is importable from a checkout without installing it (tests run it by source).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.pop("DDP_UP_JOB", None)
+# pytest keeps its assertion-rewritten test modules as bytecode only where Python may write it;
+# these machines set PYTHONDONTWRITEBYTECODE, so each worker of each run rewrote all of them again
+# (4-5 s of CPU a process). Git ignores __pycache__.
+sys.dont_write_bytecode = False
 
 
 CHECKOUT_RUNS = Path(__file__).resolve().parents[1] / "runs"  # a user's own runs, never the suite's

@@ -63,7 +63,7 @@ def await_row(path, job: str, ready, within: float = 60) -> dict:
         if ready(row):
             return row
         assert time.monotonic() < deadline, row
-        time.sleep(0.5)
+        time.sleep(1.0)  # each ask is a ddp-ls: a controller and an ssh a node (0.3-0.4 s of CPU)
 
 
 def worlds_of(out: str) -> dict[tuple[int, int], int]:
@@ -91,7 +91,7 @@ def wait_state(path, job: str, states: tuple[str, ...], timeout: float) -> dict:
         if row and row["state"] in states:
             return row
         assert time.monotonic() < deadline, f"job {job} not {states} within {timeout} s: {row}"
-        time.sleep(0.5)
+        time.sleep(1.0)
 
 
 def detach(path, *script: str) -> str:

@@ -284,11 +284,11 @@ def main():
             print(f"WORLD {os.environ['WORLD_SIZE']} rank={rank} attempt={os.environ.get('DDP_UP_ATTEMPT')}",
                   flush=True)
         if os.environ.get("TICK_SAVE_S"):  # opt-in: a stop's grace used, as a checkpoint's save would
-            def save(*_):
+            def saving(*_):
                 print(f"saving rank={rank} attempt={os.environ.get('DDP_UP_ATTEMPT')}", flush=True)
                 time.sleep(float(os.environ["TICK_SAVE_S"]))
                 finish(143)
-            signal.signal(signal.SIGTERM, save)
+            signal.signal(signal.SIGTERM, saving)
         fail_on = os.environ.get("TICK_FAIL_ON")  # opt-in: rank 0 of attempt 0 exits 3 once this file exists
         fail_on = fail_on if rank == 0 and os.environ.get("DDP_UP_ATTEMPT", "0") == "0" else None
         for i in range(n):

@@ -164,6 +164,20 @@ def test_every_other_node_silent_at_once_names_the_master_as_the_one_likely_cut_
     sup.report(0, "stopped", -15, "halted")
     assert sup.finished.wait(10)
     sup.listener.close()
+    # on a loaded machine the others' last words came a beat apart: node 2 was heard 2 s after node
+    # 1, so it is silent for 29 s when node 1 passes 31: still every other node at once
+    runner0, sup = start_supervisor(tmp_path / "apart", 3, clock, orphan_timeout=30.0)  # heard as set here
+    sup.peers.heard[1], sup.peers.heard[2] = clock.now, clock.now + 2.0
+    sup.tick(clock.advance(31.0))
+    assert runner0.next_stop().endswith("this master node (node 0) is likely the one cut off)")
+    sup.report(0, "stopped", -15, "halted")
+    # a node still heard within half of orphan_timeout is not silent: only node 1 is named
+    sup.listener.close()
+    runner0, sup = start_supervisor(tmp_path / "heard", 3, clock, orphan_timeout=30.0)
+    sup.peers.heard[1], sup.peers.heard[2] = clock.now, clock.now + 20.0
+    sup.tick(clock.advance(31.0))
+    assert runner0.next_stop() == "node 1 lost (no word from its agent for 31 s)"
+    sup.listener.close()
 
 
 def test_a_connection_without_the_token_is_never_heard(tmp_path):

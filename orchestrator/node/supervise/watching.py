@@ -20,7 +20,10 @@ class Watch:
         sup.peers.send_all(wire.Heartbeat())
         peers = [n for n in sup.members.nodes if n != sup.spec.node]  # the master's need not be node 0
         lost = decide.lost_peers(now, peers, sup.peers.heard, sup.states, sup.spec.orphan_timeout)
-        alone = len(peers) > 1 and len(lost) == len(peers)  # every other node silent at once: most likely our own link
+        # every other node silent at once, most likely our own link cut: the first found lost, the
+        # others silent for half of orphan_timeout at least (two heartbeats missed), not yet all past it
+        quiet = decide.lost_peers(now, peers, sup.peers.heard, sup.states, sup.spec.orphan_timeout / 2)
+        alone = len(peers) > 1 and bool(lost) and len(quiet) == len(peers)
         for node, silent in lost:
             sup.report(node, "lost", None, "no word from its agent for %.0f s" % silent + (
                 "; every other node fell silent at once: this master node (node %d) is likely the one cut off"
