@@ -5,7 +5,10 @@ The frames themselves are defined once, in node/protocol/wire.py, for both ends.
 
 from __future__ import annotations
 
+import hashlib
 import marshal
+import os
+import stat
 import sys
 import threading
 from functools import lru_cache
@@ -17,6 +20,8 @@ from ..node import boot
 from ..node.protocol import wire
 from ..node.main import MODES
 from ..node.local.procs import AGENT_MARK, TAG_JOB, TAG_KEEP, TAG_NODE
+from ..node.local.state import read_regular
+from ..ownfiles import no_link_open, own_dir
 
 # The agent's whole command line: these words, which read the loader (node/boot.py) from stdin by
 # its length and run it, then its name in ps (title). All the code travels on stdin, so the
@@ -52,12 +57,70 @@ def bytecode_key() -> str:
     return boot.bytecode_key()
 
 
+# Compiling the node package costs every command 0.1 s of CPU (55 modules), each time: the bytecode
+# is kept in the user's own cache folder (private), a file a module named by what it depends on:
+# this Python's bytecode key, OPTIMIZE and the source. The nodes run it: a file is read only from
+# a folder of this user's that no one else may write, and one that does not begin with the digest
+# of the rest (cut short, damaged) is compiled again.
+DIGEST = hashlib.sha256().digest_size
+
+
 @lru_cache(maxsize=None)
 def _compiled(name: str) -> bytes:
     if sys.implementation.cache_tag is None:
         return b""
-    return marshal.dumps(compile(node.source(name), f"{node.PACKAGE}.{name}", "exec", dont_inherit=True,
-                                 optimize=OPTIMIZE))
+    source = node.source(name)
+    path = kept_path(name, source)
+    kept = read_kept(path)
+    if kept is not None:
+        return kept
+    code = marshal.dumps(compile(source, f"{node.PACKAGE}.{name}", "exec", dont_inherit=True, optimize=OPTIMIZE))
+    keep(path, code)
+    return code
+
+
+def kept_path(name: str, source: bytes) -> str | None:
+    """Where the bytecode of module ``name`` with this ``source`` is kept; None: no cache folder."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    if not os.path.isabs(cache):
+        return None
+    key = hashlib.sha256(b"%s %d\n" % (bytecode_key().encode(), OPTIMIZE) + source).hexdigest()[:32]
+    return os.path.join(cache, "ddp-up", "bytecode", f"{name}-{key}")
+
+
+def read_kept(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        folder = os.lstat(os.path.dirname(path))
+    except OSError:
+        return None
+    if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != os.getuid() or folder.st_mode & 0o022:
+        return None
+    raw, _ = read_regular(path, 8 << 20)
+    if raw is None or hashlib.sha256(raw[DIGEST:]).digest() != raw[:DIGEST]:
+        return None
+    return raw[DIGEST:]
+
+
+def keep(path: str | None, code: bytes) -> None:
+    """Kept for the next command, best effort (a read-only home compiles each time)."""
+    if path is None:
+        return
+    folder, name = os.path.split(path)
+    try:
+        own_dir(os.path.dirname(folder), private=True)
+        own_dir(folder, private=True)
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+        with os.fdopen(no_link_open(tmp, fresh=True), "wb") as f:
+            f.write(hashlib.sha256(code).digest() + code)
+        os.replace(tmp, path)
+        module = name.rpartition("-")[0]
+        for old in os.listdir(folder):  # the same module's bytecode of an earlier source: never read again
+            if old != name and old.rpartition("-")[0] == module:
+                os.unlink(os.path.join(folder, old))
+    except OSError:
+        pass
 
 
 def compiled(names: tuple[str, ...] = node.SHIPPED) -> tuple[bytes, ...]:

@@ -1,6 +1,7 @@
 """The wire protocol: one vocabulary for both ends, and what is not a frame is an error."""
 
 import ast
+import hashlib
 import marshal
 import subprocess
 import sys
@@ -129,6 +130,39 @@ def test_hello_is_a_header_the_mode_s_sources_and_their_bytecode_then_the_spec()
     codes = [marshal.loads(p) for p in parts[len(names):]]
     assert [c.co_filename for c in codes] == ["ddp_up_node." + name for name in names]
     assert spec == b'SweepSpec {"match": {}, "grace": 1.0, "dry_run": true, "purge": false, "signal": null, "runtimes": null}\n'
+
+
+def test_the_shipped_bytecode_is_kept_for_the_next_command_and_a_damaged_or_open_copy_is_not_used(tmp_path, monkeypatch):
+    """Compiling the node package costs every command 0.1 s of CPU: its bytecode is kept in the
+    user's own cache folder, per module and source; what was kept equals a fresh compile."""
+    import os
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    protocol._compiled.cache_clear()
+    fresh = protocol.compiled()
+    kept = sorted((tmp_path / "ddp-up" / "bytecode").iterdir())
+    assert len(kept) == len(node.SHIPPED) and oct(kept[0].parent.stat().st_mode & 0o777) == "0o700"
+    protocol._compiled.cache_clear()
+    assert protocol.compiled() == fresh  # read back, the same bytes
+    first = kept[0]
+    first.write_bytes(first.read_bytes()[:-7])  # cut short: compiled again, and kept whole again
+    protocol._compiled.cache_clear()
+    assert protocol.compiled() == fresh and protocol.read_kept(str(first)) is not None
+    forged = first.read_bytes()[: protocol.DIGEST] + b"not the code"
+    first.write_bytes(forged)  # its digest no longer matches
+    assert protocol.read_kept(str(first)) is None
+    first.write_bytes(hashlib.sha256(b"x").digest() + b"x")  # a well-formed file in a folder others can write
+    os.chmod(first.parent, 0o777)
+    assert protocol.read_kept(str(first)) is None
+    os.chmod(first.parent, 0o700)
+    assert protocol.read_kept(str(first)) == b"x"
+    stale = first.with_name(first.name.rpartition("-")[0] + "-" + "0" * 32)
+    stale.write_bytes(b"")
+    first.unlink()
+    protocol._compiled.cache_clear()
+    protocol.compiled()  # an earlier source's bytecode of the same module is removed as the new one is kept
+    assert not stale.exists() and first.exists()
+    protocol._compiled.cache_clear()
 
 
 def test_nothing_the_agent_runs_is_on_its_command_line():
