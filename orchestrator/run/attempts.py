@@ -130,6 +130,9 @@ def attempt_record(plan: LaunchPlan, result: JobResult, started: float, cause: t
     root = result.root_cause
     end = attempt_end(result, cause, could_not_start, reshape)
     what = root.render() if root else (cause[0] and f"{cause[0]} {'could not start' if end == 'could not start' else 'lost'}")
+    why = next((n.reason for n in result.nodes if n.plan.label == cause[0] and n.state == "lost" and n.reason), None)
+    if what and not root and why and end != "could not start":  # a node lost with no failure of its own: why
+        what = f"{what} ({why})"
     return AttemptRecord(plan.attempt, started, time.time(), tuple(n.label for n in plan.nodes), plan.world_size,
                          result.exit_code if end != "could not start" else EXIT_SETUP,
                          plan.mask(what) if what else None, end, failure_signature(result), went=went,

@@ -286,6 +286,7 @@ def test_a_detached_job_that_loses_a_node_in_its_grow_backs_grace_goes_on_with_t
     assert [a.get("end") for a in attempts] == ["lost", "lost", "stopped to grow", "succeeded"], attempts
     assert attempts[2]["nodes"] == [cluster.nodes[0].addr, cluster.nodes[2].addr], attempts
     assert attempts[1]["root_cause"].startswith(cluster.nodes[1].addr), attempts
+    assert attempts[1]["root_cause"] != f"{cluster.nodes[1].addr} lost", attempts  # and why, whoever saw it lost
     assert worlds_of(out).get((2, 0)) == worlds_of(out).get((2, 1)) == 2, out
     assert not procs.wait_no_job_processes(job, timeout=30)
 

@@ -359,6 +359,20 @@ def test_a_grow_cut_short_by_another_node_lost_still_takes_back_the_node_that_an
     assert nxt.cluster is not None and [n.label for n in nxt.cluster.nodes] == ["h0", "h2"], nxt
 
 
+def test_a_node_lost_with_no_failure_of_its_own_is_the_root_cause_with_why():
+    """A replayed attempt whose node the attach lost, where no journal or supervisor named a
+    failure: the record says which node and why, not the bare "h1 lost"."""
+    from orchestrator.diagnose.outcome import JobResult, NodeOutcome
+    from orchestrator.plan.launch import make_plan
+    from orchestrator.run.attempts import attempt_record, blame
+    plan = make_plan(cluster(2), "train.py", [], "J1", "/tmp")
+    nodes = (NodeOutcome(plan.nodes[0], "stopped", 143, None, None, 3),
+             NodeOutcome(plan.nodes[1], "lost", None, None, "no heartbeat from the node for 3 s", 3))
+    result = JobResult(plan, nodes, None, ())
+    assert blame(result) == ("h1", True)
+    assert attempt_record(plan, result, 0.0, blame(result)).root_cause == "h1 lost (no heartbeat from the node for 3 s)"
+
+
 def test_a_straggler_is_set_aside_only_where_the_run_can_do_without_it_and_a_second_time_for_good():
     from orchestrator.job.events import Reshape
     from orchestrator.plan.launch import make_plan
