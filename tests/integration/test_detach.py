@@ -67,6 +67,18 @@ def await_row(path, job: str, ready, within: float = 60, reachable: bool | None 
         time.sleep(1.0)  # each ask is a ddp-ls: a controller and an ssh a node (0.3-0.4 s of CPU)
 
 
+def cut_until(cluster, nodes, path, job: str, ready, then=lambda: None) -> dict:
+    """Cut ``nodes``' links, do ``then``, and heal them once ddp-ls's row of ``job`` is ``ready``: that row."""
+    for node in nodes:
+        cluster.partition(node)
+    try:
+        then()
+        return await_row(path, job, ready)
+    finally:
+        for node in nodes:
+            cluster.heal(node)
+
+
 def worlds_of(out: str) -> dict[tuple[int, int], int]:
     """{(attempt, rank): world size} as job.py tick's ranks said (TICK_SAYS_WORLD)."""
     return {(int(a), int(r)): int(w) for w, r, a in re.findall(r"r\d+ \| WORLD (\d+) rank=(\d+) attempt=(\d+)$", out, re.M)}
@@ -177,15 +189,9 @@ def test_a_detached_job_that_loses_two_nodes_at_once_goes_on_with_the_one_left(c
     path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=1, rejoin_after="never", restart_delay=1,
                     env={"TICK_SAYS_WORLD": 1}, ssh={"connect_timeout": 1})
     job = detach(path, "tick", "50", "0.2")
-    for node in cluster.nodes[1:3]:
-        cluster.partition(node)
-    try:
-        # nodes 1 and 2 cannot answer ddp-ls: node 0 says the job runs there alone
-        await_row(path, job, lambda row: row.get("attempt") == 1 and row["nodes"].get("0") == "running"
-                  and row.get("ranks") == 1)
-    finally:
-        for node in cluster.nodes[1:3]:
-            cluster.heal(node)
+    # nodes 1 and 2 cannot answer ddp-ls: node 0 says the job runs there alone
+    cut_until(cluster, cluster.nodes[1:3], path, job, lambda row: row.get("attempt") == 1
+              and row["nodes"].get("0") == "running" and row.get("ranks") == 1)
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
     assert code == 0, out
     worlds = worlds_of(out)
@@ -204,13 +210,8 @@ def test_a_detached_job_whose_rank_fails_as_a_node_drops_restarts_without_that_n
     path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, restarts=1, rejoin_after="never", restart_delay=1,
                     env={"TICK_SAYS_WORLD": 1, "TICK_FAIL_ON": str(fail_on)}, ssh={"connect_timeout": 1})
     job = detach(path, "tick", "40", "0.2")
-    cluster.partition(cluster.nodes[2])
-    fail_on.touch()
-    try:
-        await_row(path, job, lambda row: row.get("attempt") == 1 and row["nodes"].get("0") == row["nodes"].get("1")
-                  == "running")
-    finally:
-        cluster.heal(cluster.nodes[2])
+    cut_until(cluster, cluster.nodes[2:3], path, job, lambda row: row.get("attempt") == 1
+              and row["nodes"].get("0") == row["nodes"].get("1") == "running", then=fail_on.touch)
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
     assert code == 0, out
     worlds = worlds_of(out)
@@ -231,13 +232,9 @@ def test_a_detached_job_whose_master_node_is_cut_off_ends_and_says_so(cluster, d
     path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after="never", restart_delay=1,
                     env={"TICK_SAYS_WORLD": 1}, ssh={"connect_timeout": 1})
     job = detach(path, "tick", "60", "0.2")
-    cluster.partition(cluster.nodes[0])
-    try:
-        # nodes 1 and 2 answer ddp-ls; node 0 cannot: their ranks stop on their supervisor's silence
-        row = await_row(path, job, lambda row: row.get("nodes", {}).get("1") not in (None, "running")
-                        and row["nodes"].get("2") not in (None, "running"))
-    finally:
-        cluster.heal(cluster.nodes[0])
+    # nodes 1 and 2 answer ddp-ls; node 0 cannot: their ranks stop on their supervisor's silence
+    row = cut_until(cluster, cluster.nodes[0:1], path, job, lambda row: row.get("nodes", {}).get("1")
+                    not in (None, "running") and row["nodes"].get("2") not in (None, "running"))
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
     assert code == 1, (row, out)
     summary = json.loads((run_dir(job) / "summary.json").read_text())
@@ -304,13 +301,9 @@ def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_bac
     path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after=2, restart_delay=1,
                     env={"TICK_SAYS_WORLD": 1}, report=True, ssh={"connect_timeout": 1})
     job = detach(path, "tick", "60", "0.2")
-    cluster.partition(cluster.nodes[2])
-    try:
-        # node 2 cannot answer ddp-ls: the others say the job runs without it
-        await_row(path, job, lambda row: row.get("attempt") == 1 and row["nodes"].get("0") == row["nodes"].get("1")
-                  == "running")
-    finally:
-        cluster.heal(cluster.nodes[2])
+    # node 2 cannot answer ddp-ls: the others say the job runs without it
+    cut_until(cluster, cluster.nodes[2:3], path, job, lambda row: row.get("attempt") == 1
+              and row["nodes"].get("0") == row["nodes"].get("1") == "running")
     code, out = run(ATTACH, str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT, timeout=90)
     assert code == 0, out
     worlds = worlds_of(out)

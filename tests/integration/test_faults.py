@@ -65,6 +65,23 @@ def attempts_of(out: str) -> list[dict]:
     return json.loads((run_dir(re.search(r"job (\d{8}-\d{6}-\w+)", out).group(1)) / "summary.json").read_text())["attempts"]
 
 
+def shrunk_by_node_2(cluster, launch: Launch) -> None:
+    """Node 2's link cut once the run is under way, and healed once attempt 1 runs without it."""
+    launch.wait_line(r"r2 \| tick 3 rank=2$", 120)
+    cluster.partition(cluster.nodes[2])
+    launch.wait_line(r"\| WORLD 2 rank=1 attempt=1$", 120)
+    cluster.heal(cluster.nodes[2])
+
+
+def ctrl_c_within_bound(launch: Launch) -> int:
+    """Ctrl-C; ddp-up's exit status, which came within STOP_BOUND."""
+    launch.signal(signal.SIGINT)
+    asked = time.monotonic()
+    code = launch.wait(STOP_BOUND + 10)
+    assert time.monotonic() - asked < STOP_BOUND, launch.output
+    return code
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_faults_together_end_or_go_on_within_a_bound(name, cluster, cluster_file, tmp_path):
     case = CASES[name]
@@ -84,10 +101,7 @@ def test_faults_together_end_or_go_on_within_a_bound(name, cluster, cluster_file
             for rank in range(world):  # the smaller run's ranks, gapless
                 launch.wait_line(rf"\| WORLD {world} rank={rank} attempt=1$", 120)
             launch.wait_line(rf"r{world - 1} \| tick 3 rank={world - 1}$", 60)
-            launch.signal(signal.SIGINT)
-            asked = time.monotonic()
-            code = launch.wait(STOP_BOUND + 10)
-            assert time.monotonic() - asked < STOP_BOUND, launch.output
+            code = ctrl_c_within_bound(launch)
         else:
             code = launch.wait(120)
     finally:
@@ -207,10 +221,7 @@ def test_a_node_that_flaps_comes_back_once_then_is_out_for_the_rest_of_the_run(c
                         rejoin_after=1, env={"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1})
     launch = Launch([str(path), SCRIPT, "tick", "600", "0.1"])
     try:
-        launch.wait_line(r"r2 \| tick 3 rank=2$", 120)
-        cluster.partition(nodes[2])
-        launch.wait_line(r"\| WORLD 2 rank=1 attempt=1$", 120)
-        cluster.heal(nodes[2])
+        shrunk_by_node_2(cluster, launch)
         launch.wait_line(r"\| WORLD 3 rank=2 attempt=2$", 120)
         launch.wait_line(r"r2 \| tick 3 rank=2$", 60)
         cluster.partition(nodes[2])
@@ -241,18 +252,12 @@ def test_a_node_lost_during_the_grow_backs_grace_is_left_out_of_the_grown_attemp
                         env={"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1, "TICK_SAVE_S": 3})
     launch = Launch([str(path), SCRIPT, "tick", "600", "0.1"])
     try:
-        launch.wait_line(r"r2 \| tick 3 rank=2$", 120)
-        cluster.partition(nodes[2])
-        launch.wait_line(r"\| WORLD 2 rank=1 attempt=1$", 120)
-        cluster.heal(nodes[2])
+        shrunk_by_node_2(cluster, launch)
         launch.wait_line(r"\| saving rank=1 attempt=1$", 120)  # the grow's stop: node 1's rank in its grace
         cluster.partition(nodes[1])
         last = int(re.search(r"attempt=(\d+)$", launch.wait_line(r"\| WORLD 2 rank=1 attempt=([2-9]|\d\d)$", 120))[1])
         launch.wait_line(rf"\| WORLD 2 rank=0 attempt={last}$", 60)
-        launch.signal(signal.SIGINT)
-        asked = time.monotonic()
-        code = launch.wait(STOP_BOUND + 10)
-        assert time.monotonic() - asked < STOP_BOUND, launch.output
+        code = ctrl_c_within_bound(launch)
     finally:
         cluster.heal(nodes[1])
         cluster.heal(nodes[2])
