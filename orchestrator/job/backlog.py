@@ -5,7 +5,9 @@ nodes one after the other. The journal stamps the node's wall clock every fracti
 (``wire.Stamp``); an event takes the time of the last stamp before it, and is held until no node
 still replaying its backlog can send an earlier one (the watermark: the oldest of their latest
 stamps). A node whose backlog has been sent (``Replayed``, its ``JournalEnd``) or whose channel
-ended no longer holds the others back; once every node is there, events pass straight through.
+ended no longer holds the others back, nor does one the attach gave up on (``let_go``: never
+reached, or silent); once every node is there, events pass straight through. A node whose end is
+held here has ended all the same (``ended``): its silence from then on is no loss.
 
 Order is per stamp, so it is as good as the nodes' clocks agree; events from one node keep their
 order; a journal without stamps (an older agent's) keeps the node-by-node order.
@@ -27,6 +29,7 @@ class BacklogOrder:
         self.at = [BEFORE_ANY] * nodes  # each node's latest stamp (AFTER_ALL once it is live)
         self.held: list[tuple[float, int, object]] = []  # a heap of (time, arrival, event)
         self.arrivals = 0
+        self.ended: set[int] = set()  # the nodes whose journal's end or channel's end has arrived (held or not)
 
     @property
     def live(self) -> bool:
@@ -55,6 +58,15 @@ class BacklogOrder:
         heapq.heappush(self.held, (self.at[node], self.arrivals, event))
         if isinstance(frame, wire.JournalEnd) or isinstance(event, (Closed, SetupFailed)):
             self.at[node] = AFTER_ALL  # its backlog is all here: it holds no one back
+            self.ended.add(node)
+        return self._release()
+
+    def let_go(self, node: int) -> list:
+        """``node`` will send nothing more (the attach gave up on it): it holds no one back. The
+        events that may be handled now, as take_timed's."""
+        if self.live or not 0 <= node < len(self.at):
+            return []
+        self.at[node] = AFTER_ALL
         return self._release()
 
     def _release(self) -> list:

@@ -36,6 +36,12 @@ class Following:
         return replace(result, started=self.started, ended=self.ended, elapsed=ended - self.started,
                        master=self.master)
 
+    @property
+    def said_all(self) -> set[int]:
+        """The nodes that have nothing more to say: their journal's end read, or arrived and held
+        (order.ended): their silence is no loss."""
+        return self.journal_ended | (self.order.ended if self.order else set())
+
     def journal_read(self, node: int, frame: wire.JournalEnd, is_master: bool) -> None:
         """This node's journal was read to its end (JournalRead)."""
         self.journal_ended.add(node)

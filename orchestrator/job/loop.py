@@ -27,7 +27,7 @@ from ..diagnose.flight import FlightLog
 from ..diagnose.outcome import Failure, FailureKind, JobResult, JobSnapshot, NodeStatus
 from ..diagnose.progress import Bar
 from ..errors import NodeProblem, SetupError
-from ..node.protocol import policy, wire
+from ..node.protocol import wire
 from ..plan.launch import LaunchPlan, NodePlan
 from ..remote.cleanup import LostNodeSweeper, sweep_notices
 from ..remote.parallel import on_each
@@ -155,16 +155,20 @@ class JobLoop:
             if self.following and isinstance(event, Message) and isinstance(event.frame, wire.Replayed):
                 self.following.record(event.frame, event.node == self.plan.master.index)  # the header's start, master
                 self.up_since(event.node, event.frame.started)
-            for at, each in self.following.order.take_timed(event) if self.following else ((None, event),):
-                self.pace.recorded = at  # a replayed frame's own time: bars thinned by it, not by the replay's speed
-                for ask in self.reports.handle(each):
-                    self._apply[type(ask)](ask)
+            self._handle(self.following.order.take_timed(event) if self.following else ((None, event),))
         while self.signals_seen < len(self.inbox.received):
             self.signals_seen += 1
             self._on_signal(self.inbox.received[self.signals_seen - 1])
         self.stop.pass_on(self.inbox.passed_on, self.following)
         self._watch()
         self.view.tick(self.snapshot)
+
+    def _handle(self, timed) -> None:
+        """Events, each with its recorded time (None: now), in the order they are to be handled."""
+        for at, each in timed:
+            self.pace.recorded = at  # a replayed frame's own time: bars thinned by it, not by the replay's speed
+            for ask in self.reports.handle(each):
+                self._apply[type(ask)](ask)
 
     def wait(self, deadline: float, pending: Callable[[], bool]) -> None:
         """Turn until nothing is ``pending`` or the deadline passes."""
@@ -192,18 +196,15 @@ class JobLoop:
         beat = now >= self._next_heartbeat and not self.following  # a journal reader does not listen
         if beat:
             self._next_heartbeat = now + self.plan.heartbeat
-        read = self.following.journal_ended if self.following else ()
         for index, problem in phases.unreached(self.sessions, self.status, now):
             self.table.error(index, problem)
-        for session, status in zip(self.sessions, self.status):
-            if status.terminal or not session.started or status.plan.index in read:
-                continue
-            if beat:
-                session.send(wire.Heartbeat())
-            limit = self.plan.orphan_timeout if session.heard else phases.first_word(self.plan, status.plan)
-            silent = policy.silence(now, session.last_heard, limit)
-            if silent is not None:
-                self.lost(status.plan.index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
+            if self.following:  # a journal that cannot be read holds no other node's back
+                self._handle(self.following.order.let_go(index))
+        listening = phases.listened(self.sessions, self.status, self.following.said_all if self.following else ())
+        for session, _ in listening if beat else ():
+            session.send(wire.Heartbeat())
+        for index, silent in phases.silent(listening, self.plan, now):
+            self.lost(index, f"no heartbeat from the node for {silent:.0f} s (network or node down?)")
         decision = self.hang.check(now, self.status, self.stop.requested, self.flight.blamed)
         if isinstance(decision, AskStacks):
             self.view.notice(f"job looks hung: {decision.why}; asking every rank for its Python stack")
@@ -243,9 +244,6 @@ class JobLoop:
                              "to save), to start again without delay")
             self.stop.request(ask.end)
 
-    def grow(self, labels: set[str]) -> None:  # from any thread (run/regrow.Watch)
-        self.events.put(Reshape(f"{', '.join(sorted(labels))} answer(s) again", join=frozenset(labels)))
-
     # --- failures ---
 
     def lost(self, node: int, what: str) -> None:
@@ -255,8 +253,9 @@ class JobLoop:
         self.table.set(node, "lost", reason=cancel or what)
         forget_connection(self.plan.nodes[node].config)  # a dead link's connection: never used again
         self.sessions[node].close()
-        if self.following:
-            return  # only this view of the node is lost; the job there goes on under its supervisor
+        if self.following:  # only this view of the node is lost; the job there goes on under its supervisor
+            self._handle(self.following.order.let_go(node))
+            return
         self.sweeper.start(self.plan.nodes[node].config)
         if not self.stop.requested or self.interrupted is None:
             self.fail(node, None, None, cancel or what, kind="outside" if cancel else "lost")
@@ -303,6 +302,9 @@ class Job(JobLoop):
     """One attempt of a job, phase by phase: connect and preflight every node, check them across,
     start them together, supervise to the end, settle (run); or follow a detached one (follow), or
     check the nodes and start nothing (check)."""
+
+    def grow(self, labels: set[str]) -> None:  # from any thread (run/regrow.Watch)
+        self.events.put(Reshape(f"{', '.join(sorted(labels))} answer(s) again", join=frozenset(labels)))
 
     def run(self) -> JobResult:
         """Connect + preflight everywhere, start everywhere at once, supervise to the end.

@@ -13,7 +13,7 @@ import shlex
 from ..config.containers import preflight_allowance
 from ..diagnose import gpuhealth, preflight
 from ..errors import NodeProblem, SetupError
-from ..node.protocol import wire
+from ..node.protocol import policy, wire
 
 SETUP_MARGIN = 30.0  # beyond connect_timeout for an agent to preflight and report ready
 PROBE_MARGIN = 10.0  # beyond the probe's own timeout for every node to answer it
@@ -32,6 +32,25 @@ def first_word(plan, node) -> float:
     start (the session over the connection, `setup:`, the interpreter and its modules) takes more
     than a heartbeat on a loaded node. A node that never speaks is overdue at the ready deadline."""
     return max(plan.orphan_timeout, node.config.ssh.connect_timeout + SETUP_MARGIN)
+
+
+def listened(sessions, statuses, ended) -> list:
+    """The (session, status) of every node whose agent is to be heard from now: started, neither
+    ended nor ``ended`` (an attach: the nodes whose journal has been read to its end)."""
+    return [(session, status) for session, status in zip(sessions, statuses)
+            if not (status.terminal or not session.started or status.plan.index in ended)]
+
+
+def silent(listening, plan, now: float) -> list[tuple[int, float]]:
+    """Of ``listening`` (listened's), the nodes silent past their limit: orphan_timeout once the
+    agent said something, its start's (first_word) before. (index, seconds silent)."""
+    found = []
+    for session, status in listening:
+        limit = plan.orphan_timeout if session.heard else first_word(plan, status.plan)
+        quiet = policy.silence(now, session.last_heard, limit)
+        if quiet is not None:
+            found.append((status.plan.index, quiet))
+    return found
 
 
 # A node whose ssh session has not logged in this long past its connect_timeout is not reached: a

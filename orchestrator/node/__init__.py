@@ -28,8 +28,9 @@ test holds it, as it holds the controller's stages), and its ``__init__`` says w
               (placement), one attempt (launch), the run's events (inbox), its warm interpreters
               (warmline), run mode (run), keep mode (keep)
   supervise   a detached job: its run (detached), between attempts (restarts), its supervisor
-              (supervisor, watching; door: where the agents meet), its decisions (decide; members:
-              an elastic job's nodes), notices (notify), its journal (replay)
+              (supervisor, its ears: hearing, its watch: watching, its record: ledger; door: where
+              the agents meet), its decisions (decide; members: an elastic job's nodes), notices
+              (notify), its journal (replay)
 
 Its own modules, above every room: main (the table from spec frame to mode, and the agent's
 name in ps), oneshot (detect and sweep modes) and boot (the loader that builds the package on a
@@ -54,7 +55,7 @@ ROOMS = {  # each room's modules, in the order they import each other
     "watch": ("report", "teardown", "flight", "screen", "relay", "failures", "stacks", "results"),
     "launchers": ("warm", "keptwarm", "workers", "container", "image", "keptbox"),
     "attempt": ("checks", "placement", "launch", "warmline", "inbox", "run", "keep"),
-    "supervise": ("members", "decide", "notify", "watching", "door", "peers", "supervisor", "peerlink", "restarts", "detached", "replay"),
+    "supervise": ("members", "decide", "notify", "watching", "door", "peers", "hearing", "ledger", "supervisor", "peerlink", "restarts", "detached", "replay"),
 }
 HOUSE = ("oneshot", "main")  # the package's own modules, after every room
 SHIPPED = tuple("%s.%s" % (room, name) for room, names in ROOMS.items() for name in names) + HOUSE

@@ -62,6 +62,14 @@ def supervisors_loss(job: Job, full: LaunchPlan) -> bool:
     return True
 
 
+def unread_in_next(job: Job, full: LaunchPlan, nodes: list[int] | None) -> bool:
+    """Whether a node whose journal could not be read this attempt runs the next one too (``nodes``:
+    indices in the cluster file, None: every node): the attach ends there, naming it. One the
+    supervisor left out (lost while the job waited to restart, say) holds no later attempt back."""
+    labels = {n.label for n in full.nodes if nodes is None or n.index in nodes}
+    return any(s.problem and s.plan.label in labels for s in job.status)
+
+
 def journal_sessions(follow: bool, tail: int | None = None):
     def make(plan: LaunchPlan, post, clock) -> list[NodeSession]:
         return [NodeSession(plan, n, transport_for(n.config), post, clock,  # the journal of the node the file names
@@ -102,7 +110,10 @@ def follow_attempts(plan: LaunchPlan, views, follow: bool, tail: int | None, inb
         ran_on = record.end not in ("succeeded", "stopped")  # what came next, as an attached run says it
         records.append(dataclasses.replace(record, next=job.following.next) if ran_on else record)
         if job.interrupted or job.following.over or not job.following.later_attempt or \
-                any(s.problem for s in job.status):
+                unread_in_next(job, full, job.following.nodes):
             return job, records
+        if ran_on and job.following.next:  # the supervisor's decision, worded as an attached run's
+            views.notice(f"attempt {plan.attempt} {record.end} ({record.root_cause or 'see above'}); "
+                         f"attempt {plan.attempt + 1} ({job.following.next})")
         last, plan = job, on_nodes(dataclasses.replace(plan, attempt=plan.attempt + 1), full, job.following.nodes)
         views.attempt(plan)

@@ -291,6 +291,66 @@ def test_a_detached_job_that_loses_a_node_in_its_grow_backs_grace_goes_on_with_t
     assert not procs.wait_no_job_processes(job, timeout=30)
 
 
+def test_a_detached_job_that_loses_a_node_during_its_restart_delay_goes_on_without_it(cluster, detached, tmp_path):
+    """The fault matrix, detached: rank 0 fails, and while the supervisor waits its restart delay
+    node 2's link is cut. The restart cannot start there: the job goes on without it on nodes 0
+    and 1, gapless, to its end, and the record says node 2 is out."""
+    fail_on = tmp_path / "fail-now"
+    path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, restarts=1, rejoin_after="never", restart_delay=4,
+                    env={"TICK_SAYS_WORLD": 1, "TICK_FAIL_ON": str(fail_on)}, ssh={"connect_timeout": 1})
+    job = detach(path, "tick", "40", "0.2")
+    follow = Launch([str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT], code=ATTACH)
+    try:
+        follow.wait_line(r"r2 \| tick 3 rank=2$", 60)
+        fail_on.touch()
+        follow.wait_line(r"attempt 0 failed .*; attempt 1 \(restart 1 of 1", 60)  # the supervisor's decision: its delay begins
+        cluster.partition(cluster.nodes[2])
+        try:
+            follow.wait_line(r"r1 \| WORLD 2 rank=1 attempt=\d+$", 90)
+        finally:
+            cluster.heal(cluster.nodes[2])
+        code = follow.wait(90)
+    finally:
+        follow.proc.kill()
+    out = follow.output
+    assert code == 0, out
+    attempts = attempts_of(job)
+    assert attempts[0]["end"] == "failed" and attempts[-1]["end"] == "succeeded", attempts
+    assert attempts[-1]["nodes"] == [n.addr for n in cluster.nodes[:2]], attempts
+    assert cluster.nodes[2].addr in attempts[-1]["out"], attempts
+    last = len(attempts) - 1
+    assert worlds_of(out).get((last, 0)) == worlds_of(out).get((last, 1)) == 2, out
+    assert not procs.wait_no_job_processes(job, timeout=30)
+
+
+def test_a_detached_job_whose_node_flaps_takes_it_back_once_then_goes_on_without_it(cluster, detached):
+    """The fault matrix, detached: node 2's link drops, comes back, and drops again. Lost once, it
+    is taken back once it answers (the job grows back); lost a second time, it is out for the rest
+    of the job, which goes on on nodes 0 and 1 to its end even though node 2 answers again."""
+    path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after=1, restart_delay=1,
+                    env={"TICK_SAYS_WORLD": 1}, ssh={"connect_timeout": 1})
+    job = detach(path, "tick", "60", "0.2")
+    follow = Launch([str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT], code=ATTACH)
+    try:
+        for attempt in (1, 3):  # cut at attempt 0 and again at the grown attempt 2
+            follow.wait_line(rf"r2 \| tick 3 rank=2$" if attempt == 1 else r"r2 \| WORLD 3 rank=2 attempt=2$", 60)
+            cluster.partition(cluster.nodes[2])
+            try:
+                follow.wait_line(rf"r1 \| WORLD 2 rank=1 attempt={attempt}$", 60)
+            finally:
+                cluster.heal(cluster.nodes[2])
+        code = follow.wait(90)
+    finally:
+        follow.proc.kill()
+    out = follow.output
+    assert code == 0, out
+    attempts = attempts_of(job)
+    assert [a.get("end") for a in attempts] == ["lost", "stopped to grow", "lost", "succeeded"], attempts
+    assert [len(a["nodes"]) for a in attempts] == [3, 2, 3, 2], attempts
+    assert "(node(s) 2 out for the rest of the job, lost or set aside 2 times)" in attempts[2]["next"], attempts
+    assert not procs.wait_no_job_processes(job, timeout=30)
+
+
 def test_an_elastic_detached_job_goes_on_without_a_node_cut_off_and_takes_it_back(cluster, detached):
     """`min_nodes:` with --detach: node 2, cut off, is lost; its own agent stops its part and waits.
     The job's agents go on, on nodes 0 and 1 at world size 2; once node 2 answers again for

@@ -47,6 +47,20 @@ def test_nothing_is_held_past_what_a_replaying_node_could_still_send_before():
     assert texts(order.take(Closed(0, ChannelEnd(exit_status=255, stderr_tail=())))) == ["b6"]
 
 
+def test_a_node_never_reached_holds_the_others_back_only_until_the_attach_lets_it_go():
+    """A node cut off as an attach begins sends nothing: the others' journals, their ends among
+    them, wait for it until the attach gives up on it, and their ends count meanwhile (a node whose
+    journal has ended is not silent, it is done)."""
+    order = BacklogOrder(3)
+    held = [said(0, wire.Stamp(at=1.0)), text(0, "a1"), said(0, wire.JournalEnd(running=False)),
+            said(1, wire.Stamp(at=2.0)), text(1, "b2"), Closed(1, ChannelEnd(exit_status=0, stderr_tail=()))]
+    assert [e for event in held for e in order.take(event)] == []  # node 2 may have older lines
+    assert order.ended == {0, 1}
+    out = [e for _, e in order.let_go(2)]
+    assert texts(out) == ["a1", "b2"] and isinstance(out[-1], Closed)
+    assert order.let_go(2) == [] and order.let_go(9) == []
+
+
 def test_a_journal_without_stamps_keeps_the_node_by_node_order():
     order, out = BacklogOrder(2), []
     for event in [text(0, "a"), text(1, "b"), text(0, "c")]:

@@ -542,7 +542,8 @@ def test_an_elastic_jobs_members_leave_come_back_and_go_for_good():
     m.begin([0, 1, 2, 3], linked=[1, 2, 3], now=20.0)
     assert m.answering == {} and m.words([0, 1, 2, 3]) == ""
     m.lost(3)
-    assert 3 in m.out and m.following([3]) == ([0, 1, 2], None) and m.words([0, 1, 2]) == " on 3 of 4 nodes (node(s) 3 away)"
+    assert 3 in m.out and m.following([3]) == ([0, 1, 2], None) and m.words([0, 1, 2]) == \
+        " on 3 of 4 nodes (node(s) 3 out for the rest of the job, lost or set aside 2 times)"
     m.begin([0, 1, 2], linked=[3], now=30.0)  # its agent still linked: out, never answering
     m.linked(3, 31.0)
     assert m.answering == {} and m.due(1e9) == []

@@ -128,5 +128,9 @@ class Members:
         """What the next attempt's words add: the nodes it runs on, where they are not every node."""
         if len(nodes) == self.size:
             return " on all %d nodes" % self.size if len(self.nodes) < self.size else ""
-        return " on %d of %d nodes (node(s) %s away)" % (
-            len(nodes), self.size, ", ".join(str(n) for n in range(self.size) if n not in nodes))
+        missing = [n for n in range(self.size) if n not in nodes]
+        away = ", ".join(str(n) for n in missing if n not in self.out)
+        out = ", ".join(str(n) for n in missing if n in self.out)
+        where = ["node(s) %s away" % away] * bool(away) + [
+            "node(s) %s out for the rest of the job, lost or set aside %d times" % (out, LOSSES_OUT)] * bool(out)
+        return " on %d of %d nodes (%s)" % (len(nodes), self.size, "; ".join(where))

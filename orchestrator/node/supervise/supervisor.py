@@ -1,18 +1,21 @@
 """A detached job's supervisor: the master node's agent, which every other node's agent joins
 (peerlink.py; TCP on the master address, PEER frames, see wire.py), each connection proving first
-that it knows the job's token at the Door (door.py). Three roles: its connections (peers.py), its
-watch once a heartbeat (watching.py), and here what the nodes' words decide: an attempt's end, a
-restart or the job's end. The rules are decide.py's and members.py's; the clock is injected.
+that it knows the job's token at the Door (door.py). Its roles: its connections (peers.py), what it
+hears on them (hearing.py), its watch once a heartbeat (watching.py), what it wrote down
+(ledger.py), and here what the nodes' words decide: an attempt's end, a restart or the job's end.
+The rules are decide.py's and members.py's; the clock is injected.
 """
 
 import threading
 import time
 
-from ..local.state import ATTEMPTS, ENDED, OUTCOME, write_record
+from ..local.state import ENDED
 from ..protocol import events, policy, wire
 from ..protocol.stragglers import LateWatch
-from . import decide, notify
+from . import decide
 from .door import Door
+from .hearing import Hearing
+from .ledger import Ledger
 from .members import Members
 from .peers import Peers
 from .watching import Watch
@@ -40,14 +43,14 @@ class Supervisor:
         self.hung = None  # (why, when the stacks were asked for), once the job looks hung
         self.first_done = None  # when the first node's job ended well (the others should follow)
         self.attempt = runner.attempt
-        self.attempts = []  # the ended attempts (the current one too, once a restart is decided), as outcome.json lists them
+        self.ledger = Ledger(runner)  # what it decided, written for an attach and the user
         self.restart_frame = None  # the current attempt's Restart, for a node that missed it
         self.late = LateWatch(self.spec.nodes)  # which node comes last to the collectives (stragglers.py)
         self.book = decide.RestartBook(self.spec, clock())  # the restarts made so far, and the next's words
         self.members, self.next_nodes = Members(self.spec), None  # each attempt's nodes (`min_nodes:`); the next's
         self.over_event = threading.Event()  # no attempt follows: the watch ends
-        self.door = Door(listener, self.spec, self.serve)
-        self.watcher = Watch(self)
+        self.hearing, self.watcher = Hearing(self), Watch(self)  # its ears, and its watch once a heartbeat
+        self.door = Door(listener, self.spec, self.hearing.serve)
 
     def start(self, watch=True):
         """Accept the other nodes; ``watch``: tick every heartbeat on a thread of its own (its
@@ -55,44 +58,13 @@ class Supervisor:
         now = self.launched = self.clock()
         self.book.started(now)
         self.peers.expect(self.spec.nodes, now)  # joining is due from Go on
-        write_record(self.runner.dir, {"attempts": []}, ATTEMPTS)  # an attach knows the master node by it
+        self.ledger.open()
         self.door.open()
         if watch:
             threading.Thread(target=self.watch, name="supervisor-watch", daemon=True).start()
 
-    def serve(self, conn, node, stream):
-        """A node that joined (see Door): its reports until it closes; one that joins after the
-        job was halted hears so at once."""
-        with self.lock:
-            self.peers.link(node, conn, self.spec.orphan_timeout)
-            self.members.linked(node, self.peers.heard[node])
-            halted = self.halted if not self.members.away(node) else None
-        try:
-            if node in self.members.out:  # lost twice: its agent need wait no longer
-                self.send(node, wire.RunOver(reason=self.members.out_words(node)))
-            if halted:
-                self.send(node, wire.Halt(reason=halted))
-            self.peers.listen(node, stream, self.heard_from)
-        except (OSError, ValueError, wire.ProtocolError):
-            pass  # a silent node is found lost by tick()
-        finally:
-            with self.lock:
-                if self.peers.unlink(node, conn):
-                    self.members.unlinked(node)
-            conn.close()
-
     def send(self, node, frame):
         self.peers.send(node, frame)
-
-    def heard_from(self, node, frame, now):
-        if isinstance(frame, wire.Progress) and frame.node == node:
-            self.progress.said[node] = (frame.quiet, now, frame.waiting, frame.ended is True)
-        if isinstance(frame, wire.NodeState) and frame.node == node and not self.members.away(node):
-            if frame.attempt < self.attempt and self.restart_frame is not None:
-                self.send(node, self.restart_frame)  # it reconnected after the word went out
-            self.report(node, frame.state, frame.code, frame.reason, frame.attempt, frame.final, frame.failure)
-        elif isinstance(frame, wire.Arrivals):
-            self.arrived(node, frame)
 
     def arrived(self, node, frame):
         """When ``node``'s ranks reached their collectives (its own, or a peer's Arrivals): a node
@@ -139,7 +111,7 @@ class Supervisor:
 
     def restart(self, attempt, port):
         """Attempt ``attempt`` begins: every node of it is told (and any that rejoins later, see
-        heard_from); the watch starts afresh. Its Restart frame, for the master node's own agent."""
+        Hearing.heard_from); the watch starts afresh. Its Restart frame, for the master node's own agent."""
         with self.lock:
             self.book.begin(self.clock())
             self.attempt = attempt
@@ -154,24 +126,19 @@ class Supervisor:
             self.restart_frame = wire.Restart(attempt=attempt, port=port, nodes=self.next_nodes)
             self.finished.clear()
         self.peers.send_all(self.restart_frame, but=self.members.away)
-        root = notify.root_text(self.attempts[-1]["root_cause"])
-        self.runner.notices.send("restart", "job %s: attempt %d ended (%s); attempt %d starts%s" % (
-            self.spec.job, attempt - 1, root or "no root cause", attempt, on), attempt=attempt, root_cause=root)
+        self.ledger.restarted(attempt, on)
         return self.restart_frame
 
     def decided(self):
         """An attempt follows: the decision is written now, for an attach (replay.decided)."""
         with self.lock:
-            self.attempts.append(dict(self.summary(), next=self.book.words, next_nodes=self.next_nodes,
-                                      reshaped=self.members.reshape))
-        write_record(self.runner.dir, {"attempts": list(self.attempts)}, ATTEMPTS)
+            summary, reshaped = self.summary(), self.members.reshape
+        self.ledger.decided(summary, next=self.book.words, next_nodes=self.next_nodes, reshaped=reshaped)
 
     def over(self, reason):
         """No attempt follows: the outcome is recorded and every node told (in place of a restart
         decided on, where the job was stopped while it waited, or no port was free)."""
-        last = dict(self.summary(), next=reason)
-        earlier = [a for a in self.attempts if a["attempt"] != self.attempt]
-        write_record(self.runner.dir, dict(last, job=self.spec.job, attempts=earlier + [last]), OUTCOME)
+        last = self.ledger.over(self.summary(), reason)
         self.peers.send_all(wire.RunOver(reason=reason))
         self.over_event.set()
         self.runner.notices.ended(last, reason)
