@@ -253,11 +253,13 @@ class Restarts:
             return self.unfit()
         return self.roster.rejoin(asking.found, self.config.nodes) + self.unfit()
 
-    def welcome_asked(self, ask: Reshape | None) -> list[str]:
+    def welcome_asked(self, ask: Reshape | None, result: JobResult) -> list[str]:
         """An attempt stopped to take nodes back that ended otherwise (a node lost, a rank failed in
-        the stop): the nodes that answered come back all the same, before the next attempt is
-        decided (Roster.rejoin). What to say of each."""
-        return self.roster.rejoin(set(ask.join), self.config.nodes) if ask is not None and ask.join else []
+        the stop, its ``result``): the nodes that answered come back all the same, before the next
+        attempt is decided (Roster.rejoin; the count without the nodes it lost). What to say of each."""
+        if ask is None or not ask.join:
+            return []
+        return self.roster.rejoin(set(ask.join), self.config.nodes, leaving=lost_in(result))
 
     def unfit(self) -> list[str]:
         """The away nodes that answer again but cannot run there (their python gone, a failing

@@ -152,26 +152,29 @@ class Roster:
             return Verdict(False, "; ".join(said + [f"fewer than min_nodes ({self.min_nodes}) are listed: no new attempt"]))
         return Verdict(True, "; ".join(said) or None)
 
-    def fill(self, listed: tuple[NodeConfig, ...], labels: list[str], joins: str, waits: str) -> list[str]:
+    def fill(self, listed: tuple[NodeConfig, ...], labels: list[str], joins: str, waits: str,
+             leaving: tuple[str, ...] = ()) -> list[str]:
         """The spares named by ``labels`` join the run while it is smaller than it started (the
-        run then in the listed order, so node ranks follow the list); what to say of each."""
+        run then in the listed order, so node ranks follow the list); what to say of each (the
+        count without ``leaving``: the nodes the attempt lost, taken out next)."""
         said = []
         for node in [n for n in self.spares if n.label in labels]:
             if len(self.active) < self.size:
                 self.spares.remove(node)
                 order = {n.label: i for i, n in enumerate(listed)}
                 self.active = sorted(self.active + [node], key=lambda n: order.get(n.label, len(order)))
-                said.append(joins.format(node=node.label, count=len(self.active)))
+                said.append(joins.format(node=node.label, count=sum(n.label not in leaving for n in self.active)))
             else:
                 said.append(waits.format(node=node.label))
         return said
 
-    def rejoin(self, answering: set[str], listed: tuple[NodeConfig, ...]) -> list[str]:
+    def rejoin(self, answering: set[str], listed: tuple[NodeConfig, ...], leaving: tuple[str, ...] = ()) -> list[str]:
         """The away nodes that answer again come back, as spares that join at once where the run
-        is smaller than it started; what to say of each."""
+        is smaller than it started; what to say of each (``leaving``: as fill's)."""
         back = [n for n in self.away if n.label in answering]
         self.away = [n for n in self.away if n.label not in answering]
         self.spares += back
         return self.fill(listed, [n.label for n in back],
+                         "{node} answers again: it rejoins the run, which goes on with {count} node(s)" if leaving else
                          "{node} answers again: it rejoins the run, which grows back to {count} node(s)",
-                         "{node} answers again: it waits as a spare")
+                         "{node} answers again: it waits as a spare", leaving)

@@ -73,7 +73,7 @@ def run_job(plan: LaunchPlan, console_view: ConsoleView, logs: RunLogs, prefligh
             if records[-1].end in RESHAPED:
                 following, signum, why = reshaped_attempt(plan, job.reshape, restarts, views)
             else:  # a grow overtaken by a failure or a loss still takes back the nodes that answered
-                for text in restarts.welcome_asked(job.reshape):
+                for text in restarts.welcome_asked(job.reshape, result):
                     views.notice(text)
                 following, signum, why = next_attempt(plan, result, cause, restarts, views, inbox, records)
             records[-1] = replace(records[-1], next=why)

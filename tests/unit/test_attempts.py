@@ -345,16 +345,22 @@ def test_an_attempt_stopped_to_grow_is_followed_at_once_by_one_with_the_node_bac
 def test_a_grow_cut_short_by_another_node_lost_still_takes_back_the_node_that_answered():
     """h2 was lost and answered again; in the grow's stop h1 is lost too. Without h2 back, one node
     would be left, under min_nodes: the run would end. It takes h2 back first, then leaves h1 out."""
+    from dataclasses import replace
+
+    from orchestrator.diagnose.outcome import NodeOutcome
     from orchestrator.job.events import Reshape
+    from orchestrator.plan.launch import make_plan
     policy = Restarts.of(cluster(3, min_nodes=2, recoveries=2))
     policy.roster.settle("h2", lost=True)
     lost = failed("lost", code=None)
     alone = Restarts.of(cluster(3, min_nodes=2, recoveries=2))  # as before: the grow's node forgotten
     alone.roster.settle("h2", lost=True)
     assert alone.after(lost, [record(1, lost)], ("h1", True)).cluster is None
-    assert policy.welcome_asked(None) == [] and policy.welcome_asked(Reshape("a stop")) == []
-    said = policy.welcome_asked(Reshape("h2 answer(s) again", join=frozenset({"h2"})))
-    assert said == ["h2 answers again: it rejoins the run, which grows back to 3 node(s)"]
+    assert policy.welcome_asked(None, lost) == [] and policy.welcome_asked(Reshape("a stop"), lost) == []
+    plan = make_plan(cluster(3), "train.py", [], "J1", "/tmp")
+    h1_lost = replace(lost, nodes=(NodeOutcome(plan.nodes[1], "lost", None, None, "no heartbeat", 3),))
+    said = policy.welcome_asked(Reshape("h2 answer(s) again", join=frozenset({"h2"})), h1_lost)
+    assert said == ["h2 answers again: it rejoins the run, which goes on with 2 node(s)"]  # h1 leaves: not "grows back to 3"
     nxt = policy.after(lost, [record(1, lost)], ("h1", True))
     assert nxt.cluster is not None and [n.label for n in nxt.cluster.nodes] == ["h0", "h2"], nxt
 
