@@ -45,6 +45,10 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+TAIL = 0.85  # the integration tests spread over the run's first 85%: the last of it is unit tests,
+# short and all CPU, which the workers share evenly as they finish (not one worker on a run's waits)
+
+
 def pytest_collection_modifyitems(items):
     """The long tests first (marked `long`), in their order: the workers then end on short ones,
     not one worker on a minute of waiting while the other cores idle. The rest with every file's
@@ -61,7 +65,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         seen[item.fspath] = seen.get(item.fspath, 0) + 1
         group = item.get_closest_marker("xdist_group")
-        at = (seen[item.fspath] - 0.5) / sizes[item.fspath]
+        at = (seen[item.fspath] - 0.5) / sizes[item.fspath] * (TAIL if "integration" in str(item.fspath) else 1.0)
         place[item.nodeid] = groups.setdefault(group.args[0], at) if group else at
     items.sort(key=lambda item: (item.get_closest_marker("long") is None, place[item.nodeid]))
 

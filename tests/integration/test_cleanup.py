@@ -215,9 +215,12 @@ def launcher_keys(launcher: str) -> dict:
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "none", "warm", "warm-torchrun"])
-def test_ddp_kill_signal_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file, launcher):
+def test_a_sigusr1_from_ddp_kill_or_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file,
+                                                                                           launcher):
     """Issue 27, item 3: `ddp-kill --signal USR1 --job ID` delivers it to every rank, straight
-    (torchrun would take it for a stop), and stops nothing."""
+    (torchrun would take it for a stop), and stops nothing; so does ddp-up with a SIGUSR1 it gets (a
+    Slurm warning, a user's kill; under `launcher: none` the ranks are the agent's own children).
+    One run each launcher, both ways in turn: each rank gets each signal once."""
     path = cluster_file([(0, 2), (1, 1)], **launcher_keys(launcher))
     launch = start(path, "usr1")
     for rank in range(3):
@@ -228,24 +231,11 @@ def test_ddp_kill_signal_reaches_every_rank_once_and_the_job_goes_on(cluster, cl
     for rank in range(3):
         launch.wait_line(rf"r{rank}\s+\| rank {rank} got SIGUSR1 #1", 30)
     assert launch.proc.poll() is None and "got SIGUSR1 #2" not in launch.output  # it goes on, each got it once
-    launch.signal(signal.SIGINT)
-    assert launch.wait(60) == 130, launch.output
-    assert_clean(launch.job_id)
-
-
-@pytest.mark.parametrize("launcher", ["torchrun", "none", "warm", "warm-torchrun"])
-def test_a_sigusr1_to_ddp_up_reaches_every_rank_once_and_the_job_goes_on(cluster, cluster_file, launcher):
-    """Issue 27, item 3: ddp-up passes on a SIGUSR1 it gets (a Slurm warning, a user's kill) to
-    every rank, straight, and it is not a stop (under `launcher: none` the ranks are the agent's
-    own children)."""
-    launch = start(cluster_file([(0, 2), (1, 1)], **launcher_keys(launcher)), "usr1")
-    for rank in range(3):
-        launch.wait_line(rf"r{rank}\s+\| rank {rank} running", 90)
     launch.signal(signal.SIGUSR1)
     for rank in range(3):
-        launch.wait_line(rf"r{rank}\s+\| rank {rank} got SIGUSR1 #1", 30)
+        launch.wait_line(rf"r{rank}\s+\| rank {rank} got SIGUSR1 #2", 30)
     assert "SIGUSR1: passed on to every rank of 2 running node(s)" in launch.output
-    assert launch.proc.poll() is None and "got SIGUSR1 #2" not in launch.output
+    assert launch.proc.poll() is None and "got SIGUSR1 #3" not in launch.output
     launch.signal(signal.SIGINT)
     assert launch.wait(60) == 130, launch.output
     assert_clean(launch.job_id)
