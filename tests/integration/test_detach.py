@@ -6,6 +6,7 @@ supervision is the agents' own, whatever the launcher), except one torchrun job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from datetime import datetime
@@ -77,6 +78,25 @@ def cut_until(cluster, nodes, path, job: str, ready, then=lambda: None) -> dict:
     finally:
         for node in nodes:
             cluster.heal(node)
+
+
+def cut_until_shown(cluster, node, follow: Launch, pattern: str, within: float = 60) -> str:
+    """Cut ``node``'s link, and heal it once the live attach ``follow`` shows a line matching ``pattern``."""
+    cluster.partition(node)
+    try:
+        return follow.wait_line(pattern, within)
+    finally:
+        cluster.heal(node)
+
+
+@contextlib.contextmanager
+def attached(path, job: str):
+    """A live ddp-attach following ``job``, killed at the end whatever happened."""
+    follow = Launch([str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT], code=ATTACH)
+    try:
+        yield follow
+    finally:
+        follow.proc.kill()
 
 
 def worlds_of(out: str) -> dict[tuple[int, int], int]:
@@ -262,23 +282,12 @@ def test_a_detached_job_that_loses_a_node_in_its_grow_backs_grace_goes_on_with_t
     path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after=1, restart_delay=1, stop_grace=6,
                     env={"TICK_SAYS_WORLD": 1, "TICK_SAVE_S": 3}, ssh={"connect_timeout": 1})
     job = detach(path, "tick", "60", "0.2")
-    follow = Launch([str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT], code=ATTACH)
-    try:
+    with attached(path, job) as follow:
         follow.wait_line(r"r2 \| tick 3 rank=2$", 60)
-        cluster.partition(cluster.nodes[2])
-        try:
-            follow.wait_line(r"r1 \| WORLD 2 rank=1 attempt=1$", 60)
-        finally:
-            cluster.heal(cluster.nodes[2])
+        cut_until_shown(cluster, cluster.nodes[2], follow, r"r1 \| WORLD 2 rank=1 attempt=1$")
         follow.wait_line(r"r1 \| saving rank=1 attempt=1$", 60)  # the grow's stop: node 1's rank in its grace
-        cluster.partition(cluster.nodes[1])
-        try:
-            follow.wait_line(r"r1 \| WORLD 2 rank=1 attempt=2$", 60)
-        finally:
-            cluster.heal(cluster.nodes[1])
+        cut_until_shown(cluster, cluster.nodes[1], follow, r"r1 \| WORLD 2 rank=1 attempt=2$")
         code = follow.wait(90)
-    finally:
-        follow.proc.kill()
     out = follow.output
     assert code == 0, out
     attempts = attempts_of(job)
@@ -299,19 +308,12 @@ def test_a_detached_job_that_loses_a_node_during_its_restart_delay_goes_on_witho
     path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, restarts=1, rejoin_after="never", restart_delay=4,
                     env={"TICK_SAYS_WORLD": 1, "TICK_FAIL_ON": str(fail_on)}, ssh={"connect_timeout": 1})
     job = detach(path, "tick", "40", "0.2")
-    follow = Launch([str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT], code=ATTACH)
-    try:
+    with attached(path, job) as follow:
         follow.wait_line(r"r2 \| tick 3 rank=2$", 60)
         fail_on.touch()
         follow.wait_line(r"attempt 0 failed .*; attempt 1 \(restart 1 of 1", 60)  # the supervisor's decision: its delay begins
-        cluster.partition(cluster.nodes[2])
-        try:
-            follow.wait_line(r"r1 \| WORLD 2 rank=1 attempt=\d+$", 90)
-        finally:
-            cluster.heal(cluster.nodes[2])
+        cut_until_shown(cluster, cluster.nodes[2], follow, r"r1 \| WORLD 2 rank=1 attempt=\d+$", 90)
         code = follow.wait(90)
-    finally:
-        follow.proc.kill()
     out = follow.output
     assert code == 0, out
     attempts = attempts_of(job)
@@ -330,18 +332,12 @@ def test_a_detached_job_whose_node_flaps_takes_it_back_once_then_goes_on_without
     path = detached([(0, 1), (1, 1), (2, 1)], min_nodes=2, rejoin_after=1, restart_delay=1,
                     env={"TICK_SAYS_WORLD": 1}, ssh={"connect_timeout": 1})
     job = detach(path, "tick", "60", "0.2")
-    follow = Launch([str(path), job, "--no-dashboard", "--runs-dir", RUNS_ROOT], code=ATTACH)
-    try:
-        for attempt in (1, 3):  # cut at attempt 0 and again at the grown attempt 2
-            follow.wait_line(rf"r2 \| tick 3 rank=2$" if attempt == 1 else r"r2 \| WORLD 3 rank=2 attempt=2$", 60)
-            cluster.partition(cluster.nodes[2])
-            try:
-                follow.wait_line(rf"r1 \| WORLD 2 rank=1 attempt={attempt}$", 60)
-            finally:
-                cluster.heal(cluster.nodes[2])
+    with attached(path, job) as follow:
+        follow.wait_line(r"r2 \| tick 3 rank=2$", 60)
+        cut_until_shown(cluster, cluster.nodes[2], follow, r"r1 \| WORLD 2 rank=1 attempt=1$")
+        follow.wait_line(r"r2 \| WORLD 3 rank=2 attempt=2$", 60)  # grown back: cut again
+        cut_until_shown(cluster, cluster.nodes[2], follow, r"r1 \| WORLD 2 rank=1 attempt=3$")
         code = follow.wait(90)
-    finally:
-        follow.proc.kill()
     out = follow.output
     assert code == 0, out
     attempts = attempts_of(job)
