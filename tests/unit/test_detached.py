@@ -621,6 +621,24 @@ def test_an_attach_lays_out_an_elastic_attempt_as_its_supervisor_did():
     assert shrunk.quarantined == ("b",) and on_nodes(full, full, None).quarantined == ()  # summary.json's `out`
 
 
+def test_an_attach_goes_on_past_a_node_it_could_not_read_only_where_the_next_attempt_leaves_it_out():
+    """run/follow.unread_in_next: node b's journal could not be read (cut off while the job waited to
+    restart); the attach follows the next attempt where its supervisor left b out, and ends (naming
+    b) where b runs it too."""
+    from orchestrator.config.clusterfile import parse_cluster
+    from orchestrator.plan.launch import make_plan
+    from orchestrator.run.follow import unread_in_next
+
+    full = make_plan(parse_cluster("nodes: [{host: a, gpus: 1}, {host: b, gpus: 1}, {host: c, gpus: 1}]\n"),
+                     "t.py", [], "J1", "/tmp")
+    job = SimpleNamespace(status=[SimpleNamespace(plan=n, problem="not reached" if n.label == "b" else None)
+                                  for n in full.nodes])
+    assert not unread_in_next(job, full, [0, 2])
+    assert unread_in_next(job, full, [0, 1]) and unread_in_next(job, full, None)
+    job.status[1].problem = None
+    assert not unread_in_next(job, full, None)
+
+
 def test_an_elastic_detached_job_sets_aside_a_node_that_straggles_for_evict_after(tmp_path):
     """The supervisor in fake time, 3 nodes, min_nodes: 2, evict_after: 10: node 2 comes last to
     every collective; once named a straggler for 10 s the job stops, saying how late it was and what
