@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
-import stat
 import sys
 import threading
 from functools import lru_cache
@@ -20,7 +19,7 @@ from ..node import boot
 from ..node.protocol import wire
 from ..node.main import MODES
 from ..node.local.procs import AGENT_MARK, TAG_JOB, TAG_KEEP, TAG_NODE
-from ..node.local.state import read_regular
+from ..node.local.state import private_dir, read_regular
 from ..ownfiles import no_link_open, own_dir
 
 # The agent's whole command line: these words, which read the loader (node/boot.py) from stdin by
@@ -89,14 +88,8 @@ def kept_path(name: str, source: bytes) -> str | None:
 
 
 def read_kept(path: str | None) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        folder = os.lstat(os.path.dirname(path))
-    except OSError:
-        return None
-    if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != os.getuid() or folder.st_mode & 0o022:
-        return None
+    if path is None or private_dir(os.path.dirname(path), create=False) is not None:
+        return None  # missing, a link, another user's, or one others may write into
     raw, _ = read_regular(path, 8 << 20)
     if raw is None or hashlib.sha256(raw[DIGEST:]).digest() != raw[:DIGEST]:
         return None

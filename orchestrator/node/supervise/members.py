@@ -129,8 +129,11 @@ class Members:
         if len(nodes) == self.size:
             return " on all %d nodes" % self.size if len(self.nodes) < self.size else ""
         missing = [n for n in range(self.size) if n not in nodes]
-        away = ", ".join(str(n) for n in missing if n not in self.out)
-        out = ", ".join(str(n) for n in missing if n in self.out)
-        where = ["node(s) %s away" % away] * bool(away) + [
-            "node(s) %s out for the rest of the job, lost or set aside %d times" % (out, LOSSES_OUT)] * bool(out)
+        away = [str(n) for n in missing if n not in self.out]
+        out = [str(n) for n in missing if n in self.out]
+        where = []
+        if away:
+            where.append("node(s) %s away" % ", ".join(away))
+        if out:
+            where.append("node(s) %s out for the rest of the job, lost or set aside %d times" % (", ".join(out), LOSSES_OUT))
         return " on %d of %d nodes (%s)" % (len(nodes), self.size, "; ".join(where))
