@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
@@ -44,15 +44,31 @@ ROW_READ = 4096  # characters of a row read for progress: tqdm's figures are wit
 
 class Snapshots:
     """When a bar may be written again as a line (plain console, log files): at most every
-    BAR_EVERY seconds for each key."""
+    BAR_EVERY seconds for each key; and which of the rows last written the stream then finished as
+    lines. A row below which the cursor went on is a line until SETTLE says otherwise
+    (node/watch/screen.py), and in that moment it is one of the bar's rows: a DataLoader worker's
+    print under Rich's live bar, drawn above the bar by the worker's own copy of it. Written with
+    the snapshot, it is not written again when it comes as the line it was."""
 
     def __init__(self) -> None:
         self.last: dict[tuple, float] = {}
+        self.rows: dict[tuple, Counter] = {}  # (key, rank): the rows the last snapshot wrote, not yet seen as lines
 
     def due(self, key: tuple, now: float) -> bool:
         if now - self.last.get(key, -BAR_EVERY) < BAR_EVERY:
             return False
         self.last[key] = now
+        return True
+
+    def wrote(self, key: tuple, rank: int, rows: Iterable[str]) -> None:
+        self.rows[key, rank] = Counter(rows)
+
+    def written(self, key: tuple, rank: int | None, text: str) -> bool:
+        """Whether a line of ``rank``'s is a row the last snapshot wrote (once each)."""
+        rows = self.rows.get((key, rank))
+        if not rows or not rows[text]:
+            return False
+        rows[text] -= 1
         return True
 
 

@@ -134,6 +134,8 @@ class ConsoleView:
         for line in lines:
             if line.rank is not None and self.ranks is not None and line.rank not in self.ranks:
                 continue
+            if self._in_snapshot(node, line):
+                continue
             if line.more or len(line.text) > DISPLAY_MAX or (self._cut and (node.index, line.rank, line.stream)
                                                                   in self._cut):
                 self._long_line(out, node, line, (node.index, line.rank, line.stream))
@@ -158,7 +160,15 @@ class ConsoleView:
             for row in bar.rows:  # one line per row, as a terminal shows them (an epoch's bar over a step's)
                 out.add(self._prefix(node, bar.rank, bar.stream))
                 out.add(self._text_ink[bar.stream](safe_text(row)) + "\n")
+            shown.wrote((node.index, bar.stream), bar.rank, bar.rows)
         self.emit(out)
+
+    def _in_snapshot(self, node: NodePlan, line: LogLine) -> bool:
+        """Whether the line was shown already, as a row of the bar's last snapshot (Snapshots)."""
+        if line.rank is None or line.more:
+            return False
+        key = (node.index, line.stream)
+        return self._bar_shown.written(key, line.rank, line.text) or self._bar_replayed.written(key, line.rank, line.text)
 
     def event(self, kind: str, text: str, **fields) -> None:
         pass  # what an event says was noticed on the screen already

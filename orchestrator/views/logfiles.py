@@ -183,6 +183,11 @@ class RunLogs:
     # --- view protocol ---
 
     def lines(self, node: NodePlan, lines: list[LogLine]) -> None:
+        written = self.bar_written.written  # a row a bar's snapshot wrote already (Snapshots)
+        self._put(node, [line for line in lines
+                         if line.rank is None or line.more or not written((line.stream,), line.rank, line.text)])
+
+    def _put(self, node: NodePlan, lines: list[LogLine]) -> None:
         if self.broken is not None:
             return
         try:
@@ -205,8 +210,10 @@ class RunLogs:
         its pace; its final state is the line the rank ends it with."""
         now = self.wall() if at is None else at
         due = [bar for bar in bars if bar.rows and self.bar_written.due((bar.rank, bar.stream), now)]
+        for bar in due:
+            self.bar_written.wrote((bar.stream,), bar.rank, bar.rows)
         if due:
-            self.lines(node, [LogLine(bar.stream, bar.rank, row) for bar in due for row in bar.rows])
+            self._put(node, [LogLine(bar.stream, bar.rank, row) for bar in due for row in bar.rows])
 
     def event(self, kind: str, text: str, **fields) -> None:
         pass

@@ -71,3 +71,38 @@ def test_a_two_row_bar_is_two_lines_and_a_replayed_one_is_thinned_by_its_own_tim
     for second in (100.0, 104.0, 111.0, 125.0):  # a replay: each at its node's recorded time, all at once here
         v.bars(plan.nodes[0], [Bar("err", 0, (f"step {second:.0f}",))], at=1.7e9 + second)
     assert [line.split()[-1] for line in out.getvalue().splitlines() if "step" in line] == ["100", "111", "125"]
+
+
+def test_a_line_printed_above_a_live_rich_bar_is_shown_and_logged_once(tmp_path):
+    """A DataLoader worker forked under Rich's live bar prints through its own copy of the live
+    display: up over the bar, the line, the bar again. Until SETTLE says so the line is one of the
+    bar's rows; a snapshot of the bar taken then (plain console, log files) wrote it, and the line it
+    then came as was written again (2 of 16 Lightning runs). The bytes are Rich's, as captured."""
+    from orchestrator.diagnose.progress import Bar
+    from orchestrator.node.watch.screen import SETTLE, Screen
+    from orchestrator.views.logfiles import RunLogs
+
+    up = b"\r\x1b[2K\x1b[1A\x1b[2K"  # Rich's step back over its two-row live bar
+    now = [0.0]
+    screen = Screen(clock=lambda: now[0])
+    plan, v, out = view()
+    logs = RunLogs(plan, str(tmp_path), wall=lambda: 1.8e9 + now[0])
+    lines = []
+    for data in (b"epoch 0%\nval 0%" + up + b"epoch 2%\nval 2%", up + b"worker line 0\nepoch 2%\nval 2%"):
+        lines += screen.feed(data).decode().splitlines()
+    snapshot = [Bar("out", 0, tuple(screen.live()))]
+    assert "worker line 0" in snapshot[0].rows  # the moment the line is one of the bar's rows
+    for sink in (v, logs):
+        sink.bars(plan.nodes[0], snapshot)
+    for _ in range(3):  # the rank's own frames go on, the worker's line left above them, done
+        now[0] += SETTLE
+        lines += (screen.feed(up + b"epoch 5%\nval 5%") + screen.settle()).decode().splitlines()
+    assert lines == ["worker line 0"]
+    for sink in (v, logs):
+        sink.lines(plan.nodes[0], [LogLine("out", 0, text) for text in lines])
+    logs.close()
+    shown = out.getvalue().splitlines()
+    assert [line.split("| ", 1)[1] for line in shown] == ["worker line 0", "epoch 2%", "val 2%"], shown
+    assert (tmp_path / "J" / "rank0.log").read_text().splitlines() == ["worker line 0", "epoch 2%", "val 2%"]
+    v.lines(plan.nodes[0], [LogLine("out", 0, "worker line 0")])  # printed again later: a line of its own
+    assert out.getvalue().splitlines()[-1].endswith("| worker line 0")
