@@ -17,6 +17,7 @@ from tests.harness.runner import Launch, ddp_kill, run_dir
 from tests.integration.conftest import SCRIPT
 
 LONG_RUN = ["run", "--steps", "100000", "--step-time", "0.2"]
+LONG_TICK = ["tick", "100000", "0.2"]  # the same pace without torch: where the launcher is not the subject
 
 
 def start(path, *args: str) -> Launch:
@@ -24,7 +25,7 @@ def start(path, *args: str) -> Launch:
 
 
 def training(launch: Launch, rank: int = 0, timeout: float = 90) -> str:
-    launch.wait_line(rf"r{rank}\s+\| step 1 rank={rank}", timeout)
+    launch.wait_line(rf"r{rank}\s+\| (step|tick) 1 rank={rank}", timeout)
     return launch.job_id
 
 
@@ -57,7 +58,7 @@ def test_agent_sigkill_is_lost_and_swept(cluster, cluster_file):
 
 def test_sshd_session_killed(cluster, cluster_file):
     # without torchrun: a lost agent's torchrun and ranks are swept in test_agent_sigkill_is_lost_and_swept
-    launch = start(cluster_file([(0, 1), (1, 1)], launcher="none"), *LONG_RUN)
+    launch = start(cluster_file([(0, 1), (1, 1)], launcher="none"), *LONG_TICK)
     job = training(launch)
     session = procs.parent_pid(procs.agent_pid(job, 1))
     assert "sshd" in open(f"/proc/{session}/cmdline").read()
@@ -134,26 +135,31 @@ def test_ctrl_c_during_training(cluster, cluster_file):
     assert_clean(job)
 
 
-def test_double_ctrl_c_kills_now(cluster, cluster_file):
-    """Workers ignore SIGTERM and stop_grace is long: only the second Ctrl-C ends it quickly."""
-    launch = start(cluster_file([(0, 1), (1, 1)], stop_grace=120, launcher="none"), *LONG_RUN, "--ignore-term")
-    job = training(launch)
+def test_double_ctrl_c_kills_now(cluster, cluster_file, tmp_path):
+    """Workers save for minutes after a SIGTERM and stop_grace is long: only the second Ctrl-C ends it
+    quickly."""
+    path = cluster_file([(0, 1), (1, 1)], stop_grace=120, launcher="none", env={"OMP_NUM_THREADS": 1, "SAVE_S": "300"})
+    launch = start(path, "save", str(tmp_path / "ckpt"))
+    for rank in (0, 1):
+        launch.wait_line(rf"r{rank}\s+\| rank {rank} SHUTDOWN_TIMEOUT=\S+ running", 90)
+    job = launch.job_id
     launch.signal(signal.SIGINT)
     launch.wait_line("stopping all nodes", 10)
     launch.signal(signal.SIGINT)
     assert launch.wait(30) == 130, launch.output  # well under stop_grace
     assert "killing every job process now" in launch.output
+    assert not list(tmp_path.glob("ckpt.*"))  # killed inside their save: none was let finish
     assert_clean(job)
 
 
 def test_ddp_kill_stops_only_the_named_job(cluster, cluster_file):
     path = cluster_file([(0, 1), (1, 1)], launcher="none")  # the ranks' command lines are then the decoys' own
-    decoy_cmd = [sys.executable, "-u", SCRIPT, *LONG_RUN]  # same script and command line, no tag
+    decoy_cmd = [sys.executable, "-u", SCRIPT, *LONG_TICK]  # same script and command line, no tag
     decoys = [subprocess.Popen(decoy_cmd[:3] + ["decoy", "300"]) for _ in range(2)]
     decoys.append(subprocess.Popen(decoy_cmd, env={**os.environ, "JOB_DECOY": "1"}))
     a = b = None
     try:
-        a, b = start(path, *LONG_RUN), start(path, *LONG_RUN)
+        a, b = start(path, *LONG_TICK), start(path, *LONG_TICK)
         job_a, job_b = training(a), training(b)
 
         code, out = ddp_kill(str(path), "--job", job_a, "--dry-run")
@@ -267,7 +273,8 @@ def test_every_stop_gives_the_ranks_their_grace_and_ends_with_the_right_status(c
     fail-fast after another rank failed (1), or by the hang watch (1): every rank still running
     saves its checkpoint within the grace, once."""
     env = {"OMP_NUM_THREADS": 1, "SAVE_S": "3", **({"FAIL_RANK": "2"} if stop == "fail-fast" else {})}
-    path = cluster_file([(0, 1), (1, 2)], stop_grace=15, env=env, **({"hang_timeout": 4} if stop == "hang" else {}))
+    path = cluster_file([(0, 1), (1, 2)], stop_grace=15, env=env, launcher="none",  # torchrun's grace: tests above
+                        **({"hang_timeout": 4} if stop == "hang" else {}))
     launch = start(path, "save", str(tmp_path / "ckpt"))
     for rank in range(3):
         launch.wait_line(rf"r{rank}\s+\| rank {rank} (SHUTDOWN_TIMEOUT=15 )?running", 90)

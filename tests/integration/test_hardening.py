@@ -22,7 +22,7 @@ from tests.integration.test_sync import sync_cluster
 from tests.scripts.job import blob
 
 LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cluster_file)
-LONG_RUN = ["run", "--steps", "100000", "--step-time", "0.2"]
+LONG_RUN = ["tick", "100000", "0.2"]  # torch-free: the subject is what ddp-up writes and refuses
 
 
 def as_nobody(code: str) -> subprocess.CompletedProcess:
@@ -71,7 +71,7 @@ def test_a_state_directory_another_user_made_or_linked_is_refused_and_ours_is_pr
 
     os.unlink(root)
     launch = Launch([str(path), SCRIPT, *LONG_RUN])
-    launch.wait_line(r"r0\s+\| step 1 rank=0", 90)
+    launch.wait_line(r"r0\s+\| tick 1 rank=0", 90)
     try:
         assert os.stat(root).st_mode & 0o777 == 0o700
         assert os.stat(os.path.join(root, launch.job_id)).st_mode & 0o777 == 0o700
@@ -87,7 +87,7 @@ def test_a_job_id_in_use_is_refused_and_the_running_job_is_untouched(cluster, cl
     path = cluster_file([(0, 1), (1, 1)])
     first = Launch(["--job-id", "train-42", str(path), SCRIPT, *LONG_RUN])
     try:
-        first.wait_line(r"r1\s+\| step 1 rank=1", 90)
+        first.wait_line(r"r1\s+\| tick 1 rank=1", 90)
         code, out, _ = ddp_up("--job-id", "train-42", str(path), SCRIPT, *LONG_RUN)  # its run directory: refused here
         assert code == 2 and "already holds a run" in out, out
         code, out, _ = ddp_up("--runs-dir", str(tmp_path), "--job-id", "train-42", str(path), SCRIPT, *LONG_RUN)
@@ -95,7 +95,7 @@ def test_a_job_id_in_use_is_refused_and_the_running_job_is_untouched(cluster, cl
         assert "job id train-42 is already in use on this node" in out, out
         assert "fix: pick another --job-id, or stop the other one first: ddp-kill CLUSTER.yaml --job train-42" in out
         assert first.proc.poll() is None and len(procs.job_processes("train-42")) >= 4
-        first.wait_line(r"r0\s+\| step 3 rank=0", 30)  # still training
+        first.wait_line(r"r0\s+\| tick 3 rank=0", 30)  # still running
     finally:
         first.signal(signal.SIGINT)
         assert first.wait(30) == 130, first.output
@@ -120,7 +120,7 @@ def test_a_huge_binary_line_reaches_the_rank_log_byte_for_byte(cluster, cluster_
 def test_a_closed_stdout_does_not_stop_the_job_and_the_summary_says_what_was_returned(cluster, cluster_file,
                                                                                      tmp_path, fail):
     path = cluster_file([(0, 1), (1, 1)])
-    args = ["run", "--steps", "30", "--step-time", "0.05"] + (["--fail-rank", "1", "--exit-code", "7"] if fail else [])
+    args = ["tick", "30", "0.05"] + (["1", "7"] if fail else [])  # rank 1 exits 7 at its third line
     runs = tmp_path / "runs"
     job = f"J{int(fail)}"  # each its own: the two run at once on parallel workers, in one process table
     up = " ".join(map(repr, ["--no-dashboard", "--runs-dir", str(runs), "--job-id", job, str(path), SCRIPT, *args]))
@@ -133,7 +133,7 @@ def test_a_closed_stdout_does_not_stop_the_job_and_the_summary_says_what_was_ret
     assert json.loads((runs / job / "summary.json").read_text())["exit_code"] == status
     if not fail:
         for rank in (0, 1):
-            steps = re.findall(r"^step (\d+) ", (runs / job / f"rank{rank}.log").read_text(), re.M)
+            steps = re.findall(r"^tick (\d+) ", (runs / job / f"rank{rank}.log").read_text(), re.M)
             assert steps == [str(i) for i in range(30)]  # the job ran to its end, every line logged
 
 

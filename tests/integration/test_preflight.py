@@ -20,12 +20,12 @@ def with_node_keys(path, cluster, index: int, extra: str) -> None:
 
 
 def test_unreachable_master_address_is_caught_before_start(cluster, cluster_file):
-    path = cluster_file([(0, 1), (1, 1)], master={"addr": f"{cluster.net}.200"})  # nobody there
-    code, out, seconds = ddp_up(str(path), SCRIPT, "run")
+    path = cluster_file([(0, 1), (1, 1)], master={"addr": f"{cluster.net}.200"}, launcher="none")  # nobody there
+    code, out, seconds = ddp_up(str(path), SCRIPT, "tick", "1", "0")
     assert code == 3, out
     for node in cluster.nodes[:2]:
         assert re.search(rf"{node.addr}: cannot reach the master at {cluster.net}\.200:\d+ ", out), out
-    assert "READY" not in out and "nothing was started" in out
+    assert "tick 0" not in out and "nothing was started" in out
     code, out = ddp_check(str(path), SCRIPT)
     assert code == 3 and f"cannot reach the master at {cluster.net}.200" in out, out
 

@@ -20,6 +20,7 @@ from tests.integration.conftest import SCRIPT
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 LAUNCHER = "none"  # but where a test names torchrun (see conftest.cluster_file)
+SAYS_WORLD = {"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1}  # the torch-free tick says each rank's world and attempt
 
 
 def summary(out: str) -> dict:
@@ -46,8 +47,8 @@ def test_a_rank_failing_in_two_attempts_is_restarted_and_the_third_succeeds(clus
 
 
 def test_when_restarts_run_out_the_run_fails_with_no_further_attempt(cluster, cluster_file):
-    path = cluster_file([(0, 1), (1, 1)], restarts=1, restart_delay=0.2)
-    code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "0", "--exit-code", "5", timeout=240)
+    path = cluster_file([(0, 1), (1, 1)], restarts=1, restart_delay=0.2, env=SAYS_WORLD)
+    code, out, _ = ddp_up(str(path), SCRIPT, "tick", "20", "0.1", "0", "5", timeout=240)  # rank 0 exits 5, each attempt
     assert code == 1, out
     attempts = summary(out)["attempts"]
     assert [a["attempt"] for a in attempts] == [0, 1] and attempts[-1]["next"] == "no restart left (restarts: 1)"
@@ -147,8 +148,8 @@ def test_the_ddp_example_resumes_from_its_checkpoint_smaller_then_at_the_full_si
 
 
 def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):
-    path = cluster_file([(0, 1), (1, 1)], restarts=3, restart_delay=60)
-    launch = Launch([str(path), SCRIPT, "run", "--fail-rank", "1"])
+    path = cluster_file([(0, 1), (1, 1)], restarts=3, restart_delay=60, env=SAYS_WORLD)
+    launch = Launch([str(path), SCRIPT, "tick", "20", "0.1", "1", "3"])
     try:
         launch.wait_line(r"attempt 1 \(restart 1 of 3\) in 60 s", 120)
         launch.signal(signal.SIGINT)
@@ -164,11 +165,11 @@ def test_ctrl_c_while_waiting_to_restart_stops_for_good(cluster, cluster_file):
 
 def test_an_exit_code_in_no_restart_on_exit_runs_once(cluster, cluster_file):
     """Issue 27, item 5: restarts: 3, and the rank exits with a code a restart cannot fix."""
-    path = cluster_file([(0, 1), (1, 1)], restarts=3, restart_delay=0.2, no_restart_on_exit=[3])
-    code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "1", "--exit-code", "3", timeout=240)
+    path = cluster_file([(0, 1), (1, 1)], restarts=3, restart_delay=0.2, no_restart_on_exit=[3], env=SAYS_WORLD)
+    code, out, _ = ddp_up(str(path), SCRIPT, "tick", "20", "0.1", "1", "3", timeout=240)
     assert code == 1, out
     assert f"{cluster.nodes[1].addr} rank 1 exited with 3, which no_restart_on_exit lists: no restart" in out, out
-    assert "attempt 1" not in out and "READY rank=1 world=2 host" in out
+    assert "attempt 1" not in out and "WORLD 2 rank=1 attempt=0" in out
 
 
 def test_a_node_stopped_from_outside_is_recovered_and_restarts_stay_untouched(cluster, cluster_file):

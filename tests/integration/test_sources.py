@@ -17,22 +17,24 @@ LAUNCHER = "none"  # torchrun is not what these tests are about (see conftest.cl
 
 
 def settings_file(cluster, tmp_path):
-    """A cluster file with no `nodes:`: the node option gives them (and no torchrun, as LAUNCHER says)."""
+    """A cluster file with no `nodes:`: the node option gives them (and no torchrun, as LAUNCHER says);
+    the torch-free `tick` workload says each rank's world size."""
     path = tmp_path / "settings.yaml"
     path.write_text(yaml.safe_dump({
         "ssh": {"user": "root", "identity_file": str(cluster.client_key), "known_hosts": str(cluster.known_hosts),
                 "connect_timeout": 5},
-        "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1}, "launcher": LAUNCHER}))
+        "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1},
+        "launcher": LAUNCHER}))
     return path
 
 
 def test_horovod_host_list_runs_the_job(cluster, tmp_path):
     a, b = cluster.nodes[0].addr, cluster.nodes[1].addr
-    code, out, _ = ddp_up("-H", f"{a}:2,{b}:1", str(settings_file(cluster, tmp_path)), SCRIPT, "run")
+    code, out, _ = ddp_up("-H", f"{a}:2,{b}:1", str(settings_file(cluster, tmp_path)), SCRIPT, "tick", "1", "0")
     assert code == 0, out
     for rank in range(3):
-        assert f"READY rank={rank} world=3" in out, out
-    assert re.search(rf"{re.escape(b)} +r2 +\| READY rank=2", out), out
+        assert f"WORLD 3 rank={rank} " in out, out
+    assert re.search(rf"{re.escape(b)} +r2 +\| WORLD 3 rank=2", out), out
 
 
 def test_hostfile_with_comments_for_ddp_up_check_and_kill(cluster, tmp_path):
@@ -42,12 +44,12 @@ def test_hostfile_with_comments_for_ddp_up_check_and_kill(cluster, tmp_path):
     settings = str(settings_file(cluster, tmp_path))
     code, out = ddp_check("--hostfile", str(hosts), settings, SCRIPT)
     assert code == 0, out
-    code, out, _ = ddp_up("--hostfile", str(hosts), settings, SCRIPT, "run")
-    assert code == 0 and "READY rank=2 world=3" in out, out
+    code, out, _ = ddp_up("--hostfile", str(hosts), settings, SCRIPT, "tick", "1", "0")
+    assert code == 0 and re.search(rf"{re.escape(cluster.nodes[3].addr)} +r2 +\| WORLD 3 rank=2", out), out
     code, out = ddp_kill("--hostfile", str(hosts), settings)
     assert code == 0 and cluster.nodes[3].addr in out, out
     hosts.write_text(f"{cluster.nodes[2].addr} slots=two\n")
-    code, out, _ = ddp_up("--hostfile", str(hosts), settings, SCRIPT, "run")
+    code, out, _ = ddp_up("--hostfile", str(hosts), settings, SCRIPT, "tick", "1", "0")
     assert code == 2 and f"{hosts}:1: slots: slots must be an integer from 1 to 4096, got 'two'" in out, out
 
 
@@ -71,13 +73,12 @@ def test_launcher_none_fails_fast_and_names_the_rank(cluster, cluster_file):
     """Without torchrun, one failing worker still stops its node-mates and the job at once, and
     the report names node, rank and exit code as it does under torchrun."""
     path = cluster_file([(0, 1), (1, 2)], launcher="none")
-    code, out, _ = ddp_up(str(path), SCRIPT, "run", "--fail-rank", "2", "--exit-code", "3", "--steps", "100",
-                          "--step-time", "0.2")
+    code, out, _ = ddp_up(str(path), SCRIPT, "tick", "100", "0.2", "2", "3")  # rank 2 exits 3 at its third tick
     assert code == 1, out
     b = re.escape(cluster.nodes[1].addr)
     assert re.search(rf"root cause: {b} \(node 1, rank 2\): rank 2 exited with code 3", out), out
     assert re.search(rf"^{b}\s+r2\s+! rank 2 failing with 3$", out, re.M), out
-    assert "step 99 rank=" not in out, "the other ranks ran to the end instead of being stopped"
+    assert "tick 99 rank=" not in out, "the other ranks ran to the end instead of being stopped"
 
 
 def test_env_file_forwarded_variables_and_secrets(cluster_file, tmp_path, monkeypatch):

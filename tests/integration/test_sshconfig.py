@@ -21,8 +21,8 @@ def write_cluster(tmp_path, cluster, nodes: list[dict], config: str, known_hosts
         "nodes": nodes,
         "ssh": {"config_file": str(tmp_path / "ssh_config"), "known_hosts": str(tmp_path / "known_hosts"),
                 "connect_timeout": 5},
-        "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1},
-        "launcher": "none"}))  # ssh is the subject, not torchrun (see conftest.cluster_file)
+        "python": sys.executable, "workdir": str(tmp_path), "env": {"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1},
+        "launcher": "none"}))  # ssh is the subject, not torchrun (see conftest.cluster_file); tick says each world
     return path
 
 
@@ -32,11 +32,11 @@ def test_aliases_from_an_ssh_config_file(cluster, tmp_path):
               f"Host trainer-*\n  User root\n  IdentityFile {cluster.client_key}\n")
     path = write_cluster(tmp_path, cluster, [{"host": "trainer-a", "gpus": 1}, {"host": "trainer-b", "gpus": 1}],
                          config, cluster.known_hosts.read_text())
-    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    code, out, _ = ddp_up(str(path), SCRIPT, "tick", "1", "0")
     assert code == 0, out
     # The nodes cannot resolve the aliases: the master address must be the alias's HostName.
     assert re.search(rf"master {re.escape(a.addr)}:\d+", out), out
-    assert re.search(r"trainer-b +r1 +\| READY rank=1 world=2", out), out
+    assert re.search(r"trainer-b +r1 +\| WORLD 2 rank=1 ", out), out
 
 
 def test_a_node_behind_a_jump_host(cluster, tmp_path):
@@ -47,9 +47,9 @@ def test_a_node_behind_a_jump_host(cluster, tmp_path):
     nodes = [{"host": cluster.nodes[0].addr, "gpus": 1}, {"host": "hidden", "gpus": 1, "addr": jump.addr}]
     hidden_key = cluster.host_key_line(f"[127.0.0.1]:{HIDDEN_PORT}")
     path = write_cluster(tmp_path, cluster, nodes, config, cluster.known_hosts.read_text() + hidden_key)
-    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    code, out, _ = ddp_up(str(path), SCRIPT, "tick", "1", "0")
     assert code == 0, out
-    assert re.search(r"hidden +r1 +\| READY rank=1 world=2", out), out
+    assert re.search(r"hidden +r1 +\| WORLD 2 rank=1 ", out), out
     # The workdir copy goes the same way (each node has its own workdir: the namespaces share a disk).
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "hello.py").write_text("print('HELLO from the copy', flush=True)\n")
@@ -65,6 +65,6 @@ def test_a_node_behind_a_jump_host(cluster, tmp_path):
     known = "".join(line + "\n" for line in cluster.known_hosts.read_text().splitlines()
                     if not line.startswith(jump.addr + " "))
     path = write_cluster(tmp_path, cluster, nodes, config, known + hidden_key)
-    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    code, out, _ = ddp_up(str(path), SCRIPT, "tick", "1", "0")
     assert code == 3, out
-    assert f"hidden: unknown host key of jump host {jump.addr}" in out and "READY" not in out, out
+    assert f"hidden: unknown host key of jump host {jump.addr}" in out and "WORLD" not in out, out

@@ -35,7 +35,7 @@ def test_dashboard_in_a_real_terminal(cluster, cluster_file, tmux):
     path = cluster_file([(0, 1), (1, 1), (2, 1)])
     env = f"PYTHONPATH={shlex.quote(str(REPO))} COLUMNS= LINES="
     cmd = (f"cd {shlex.quote(str(REPO))} && env {env} {shlex.quote(sys.executable)} -c {shlex.quote(UP)} "
-           f"--runs-dir {shlex.quote(RUNS_ROOT)} {path} {SCRIPT} run --steps 25 --step-time 0.4; "
+           f"--runs-dir {shlex.quote(RUNS_ROOT)} {path} {SCRIPT} tick 25 0.4; "
            f"echo EXIT=$?; tmux -L {tmux.socket} wait-for -S ddp-up-done; sleep 60")
     tmux("new-session", "-d", "-s", "dash", "-x", "160", "-y", "45", cmd)
     addrs = [n.addr for n in cluster.nodes[:3]]

@@ -10,7 +10,7 @@
              connection to it then resets: they raise a moment after its death)
   job.py argv ARGS...     rank 0 prints ARGV <json of ARGS> and exits 0
   job.py hang             last rank blocks in all_reduce (block_forever), others sleep (wait_for_peers)
-  job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given)
+  job.py spam N [PREFIX]  every rank prints N lines as fast as it can (to PREFIX.<rank> if given) (no torch)
   job.py decoy            no torch, no tags: sleeps (a process ddp-kill must not touch)
   job.py env NAME...      every rank prints ENV NAME=value for each (no torch)
   job.py blob N           every rank prints "start" and one unterminated N-byte binary line, no \r (no torch)
@@ -232,8 +232,8 @@ def main():
     if mode == "decoy":
         time.sleep(float(rest[0]) if rest else 120)
         return
-    if mode == "spam":  # job.py spam N [FILE_PREFIX]: print N lines as fast as possible
-        dist, rank = init()
+    if mode == "spam":  # job.py spam N [FILE_PREFIX]: print N lines as fast as possible (no torch)
+        rank = int(os.environ["RANK"])
         n, prefix = int(rest[0]), (rest[1] if len(rest) > 1 else None)
         # A file on the node, unbuffered and write-through like stdout under torchrun's `python -u`.
         out = io.TextIOWrapper(open(f"{prefix}.{rank}", "wb", buffering=0), write_through=True) if prefix \
@@ -245,8 +245,6 @@ def main():
         out.flush()
         seconds = time.perf_counter() - t0
         print(f"SPAM rank={rank} lines={n} seconds={seconds:.4f}", flush=True)
-        dist.barrier()
-        dist.destroy_process_group()
         finish(0)
     if mode == "hang":  # the last rank blocks in a collective nobody else joins; the rest wait quietly
         dist, rank = init()
