@@ -182,14 +182,12 @@ class RunLogs:
 
     # --- view protocol ---
 
-    def lines(self, node: NodePlan, lines: list[LogLine]) -> None:
-        written = self.bar_written.written  # a row a bar's snapshot wrote already (Snapshots)
-        self._put(node, [line for line in lines
-                         if line.rank is None or line.more or not written((line.stream,), line.rank, line.text)])
-
-    def _put(self, node: NodePlan, lines: list[LogLine]) -> None:
+    def lines(self, node: NodePlan, lines: list[LogLine], snapshot: bool = False) -> None:
         if self.broken is not None:
             return
+        if not snapshot:  # a row a bar's snapshot wrote already is not written again (Snapshots)
+            lines = [line for line in lines if line.rank is None or line.more
+                     or not self.bar_written.written((line.stream,), line.rank, line.text)]
         try:
             self._write(node, lines)
         except OSError as e:
@@ -213,7 +211,7 @@ class RunLogs:
         for bar in due:
             self.bar_written.wrote((bar.stream,), bar.rank, bar.rows)
         if due:
-            self._put(node, [LogLine(bar.stream, bar.rank, row) for bar in due for row in bar.rows])
+            self.lines(node, [LogLine(bar.stream, bar.rank, row) for bar in due for row in bar.rows], snapshot=True)
 
     def event(self, kind: str, text: str, **fields) -> None:
         pass
@@ -254,7 +252,7 @@ class RunLogs:
         returns; the result's own unless ddp-up ends otherwise, e.g. a setup error)."""
         self.close()
         self.collective_files(result.collectives)
-        summary = self.summary(result, result.exit_code if exit_code is None else exit_code)
+        summary = summary_of(self, result, result.exit_code if exit_code is None else exit_code)
         if attempts:
             summary["attempts"] = mask_values([a.as_dict(_iso) for a in attempts], self.plan.secrets)
         try:
@@ -277,29 +275,31 @@ class RunLogs:
             except OSError as e:
                 self._failed(e)
 
-    def summary(self, result, exit_code: int) -> dict:
-        root = result.root_cause
-        late = {f.node: f.as_dict() for f in result.lateness}
-        return mask_values({
-            "job_id": self.plan.job_id,
-            "master": result.master_text,
-            "world_size": self.plan.world_size,
-            "script": self.plan.script,
-            "args": list(self.plan.script_args),
-            "started": _iso(result.started or self.started),
-            "ended": _iso(result.ended if result.started is not None else self.wall()),
-            "exit_code": exit_code,
-            "interrupted_by": result.interrupted,
-            "root_cause": None if root is None else {
-                "node": root.node, "host": root.label, "rank": root.rank, "exit_code": root.exit_code,
-                "what": root.what, "kind": root.kind, "at": _iso(root.at), "exception": root.exception,
-                "traceback": list(root.trace)},
-            "nodes": [{
-                "node": s.plan.index, "host": s.plan.label, "ranks": [s.plan.ranks.start, s.plan.ranks.stop - 1],
-                "state": s.state, "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,
-                "lines": s.lines, "stop_seconds": s.stop_seconds, "started": _iso(self.node_started.get(s.plan.index)),
-                "ended": _iso(self.node_ended.get(s.plan.index)),
-                **self.node_versions.get(s.plan.index, {}),
-                **({"collectives": late[s.plan.index]} if s.plan.index in late else {})} for s in result.nodes],
-            "collectives": None if result.collectives is None else result.collectives.text,
-        }, self.plan.secrets)
+
+def summary_of(logs: RunLogs, result, exit_code: int) -> dict:
+    """summary.json's fields: the run's end and each node's, masked; ``exit_code`` is ddp-up's."""
+    root = result.root_cause
+    late = {f.node: f.as_dict() for f in result.lateness}
+    return mask_values({
+        "job_id": logs.plan.job_id,
+        "master": result.master_text,
+        "world_size": logs.plan.world_size,
+        "script": logs.plan.script,
+        "args": list(logs.plan.script_args),
+        "started": _iso(result.started or logs.started),
+        "ended": _iso(result.ended if result.started is not None else logs.wall()),
+        "exit_code": exit_code,
+        "interrupted_by": result.interrupted,
+        "root_cause": None if root is None else {
+            "node": root.node, "host": root.label, "rank": root.rank, "exit_code": root.exit_code,
+            "what": root.what, "kind": root.kind, "at": _iso(root.at), "exception": root.exception,
+            "traceback": list(root.trace)},
+        "nodes": [{
+            "node": s.plan.index, "host": s.plan.label, "ranks": [s.plan.ranks.start, s.plan.ranks.stop - 1],
+            "state": s.state, "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,
+            "lines": s.lines, "stop_seconds": s.stop_seconds, "started": _iso(logs.node_started.get(s.plan.index)),
+            "ended": _iso(logs.node_ended.get(s.plan.index)),
+            **logs.node_versions.get(s.plan.index, {}),
+            **({"collectives": late[s.plan.index]} if s.plan.index in late else {})} for s in result.nodes],
+        "collectives": None if result.collectives is None else result.collectives.text,
+    }, logs.plan.secrets)

@@ -125,15 +125,15 @@ def test_the_page_says_what_nvidia_smi_said_of_each_gpu_at_the_preflight(tmp_pat
     from pathlib import Path
 
     from orchestrator.node.probes.gpuhealth import parse_health
-    from orchestrator.views.logfiles import RunLogs
+    from orchestrator.views.logfiles import RunLogs, summary_of
 
     plan = make_plan(parse_cluster("nodes: [{host: gpu-a, gpus: 1}]\n"), "t.py", [], "J1", "/tmp")
     health = parse_health((Path(__file__).parents[1] / "data" / "gpu" / "health" / "h100" / "smi-health.csv").read_text())
     logs = RunLogs(plan, str(tmp_path))
     logs.node_state(SimpleNamespace(plan=plan.nodes[0], state="ready", terminal=False, rank_errors=[],
                                     info={"python": "3.11", "gpu_health": health}))
-    node = logs.summary(SimpleNamespace(root_cause=None, lateness=(), master_text="a:1", interrupted=None,
-                                        nodes=[], collectives=None, started=None, ended=None), 0)
+    node = summary_of(logs, SimpleNamespace(root_cause=None, lateness=(), master_text="a:1", interrupted=None,
+                                            nodes=[], collectives=None, started=None, ended=None), 0)
     (tmp_path / "summary.json").write_text(json.dumps(dict(node, nodes=[{"node": 0, "host": "gpu-a",
                                                                           **logs.node_versions[0]}])))
     page = render(load(str(tmp_path)))
