@@ -114,3 +114,32 @@ def test_a_detached_writer_notes_which_ranks_have_begun():
     writer.send(wire.RanksUp(ranks=[4]))
     assert writer.begun == {0, 1, 2} and writer.last_output >= before
     assert writer.drain(5)
+
+
+def test_a_drain_waits_for_a_frame_queued_while_the_writer_found_the_queue_empty(monkeypatch):
+    """A one-shot agent sends its last frame (ddp-kill's Swept), drains and exits. The writer, done
+    with the frame before, looked at the queue while that one was on its way in, found it empty
+    and called the writer idle: the drain returned at once, and the agent exited without its last
+    frame (a ddp-kill in a full suite run, "the agent ended without Swept"). Here the frame's way
+    into the queue is slowed, so that the writer looks in that moment each time."""
+    import queue
+    import time
+
+    class SlowIn(queue.Queue):
+        def put(self, item, block=True, timeout=None):
+            if item == b"last":
+                time.sleep(0.5)  # the writer is done with "first" meanwhile, and looks
+            super().put(item, block, timeout)
+
+    class SlowSink(Sink):
+        def write(self, b: bytes) -> None:
+            time.sleep(0.05)
+            super().write(b)
+
+    monkeypatch.setattr(queue, "Queue", SlowIn)
+    sink = SlowSink()
+    writer = Writer(sink)
+    writer.put(b"first")
+    writer.put(b"last")
+    assert writer.drain(5)
+    assert bytes(sink.data) == b"firstlast"

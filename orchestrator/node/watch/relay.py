@@ -25,7 +25,11 @@ class Writer:
     def __init__(self, stream):
         self.stream = stream
         self.items = queue.Queue(maxsize=4096)
-        self.idle = threading.Event()
+        # frames queued and not yet written (or dropped: the stream broken). Counted before a frame
+        # is queued, so a drain never sees none left while one is on its way in: an Event set when
+        # the queue looked empty let a one-shot agent exit before its last frame (ddp-kill's Swept)
+        self.unwritten = 0
+        self.written = threading.Condition()
         self.broken = False
         self.last_activity = time.monotonic()  # last line queued or written
         threading.Thread(target=self._loop, name="writer", daemon=True).start()
@@ -93,22 +97,30 @@ class Writer:
         return False
 
     def put(self, data, block=True):
-        self.idle.clear()
         self.last_activity = time.monotonic()
         while not self.broken:  # gone (or given up on: a detached job's silent controller): nothing more is queued
+            self._count(1)
             try:
                 self.items.put(data, block=block, timeout=1.0 if block else None)
                 return
             except queue.Full:
+                self._count(-1)  # not queued after all
                 if not block:
                     return  # only heartbeats are sent without blocking; a dropped one is harmless
-        self.idle.set()
+
+    def _count(self, frames):
+        with self.written:
+            self.unwritten += frames
+            if not self.unwritten:
+                self.written.notify_all()
 
     def drain(self, stall_timeout):
         """Wait until everything queued is written, as long as writing makes progress."""
-        while not self.idle.wait(0.5):
-            if time.monotonic() - self.last_activity > stall_timeout:
-                return False
+        with self.written:
+            while self.unwritten:
+                self.written.wait(0.5)
+                if self.unwritten and time.monotonic() - self.last_activity > stall_timeout:
+                    return False
         return True
 
     def _loop(self):
@@ -126,8 +138,7 @@ class Writer:
                     self.last_activity = time.monotonic()
                 except OSError:
                     self.broken = True  # controller gone; stdin EOF will stop the job
-            if self.items.empty():
-                self.idle.set()
+            self._count(-len(chunks))
 
 
 def masked(value, secrets):
