@@ -1,5 +1,6 @@
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -52,18 +53,16 @@ TAIL = 0.85  # the integration tests spread over the run's first 85%: the last o
 def pytest_collection_modifyitems(items):
     """The long tests first (marked `long`), in their order: the workers then end on short ones,
     not one worker on a minute of waiting while the other cores idle. The rest with every file's
-    tests spread evenly over the run (each at its place within its file, as a fraction): the four
-    workers run four files' tests side by side, not four tests of one file. A file's tests are
+    tests spread evenly over the run (each at its place within its file, as a fraction): the
+    workers run different files' tests side by side, not consecutive tests of one file. A file's tests are
     alike: the detached fault tests, all waiting on cut links, left both cores idle for two minutes
     when they ran together, while a file of unit tests can fill those waits. pytest-xdist hands out
     its groups first, then single tests in this order; a group's tests (one Slurm cluster, the
     container runtimes: set up once a module) stay together, at their first test's place."""
-    sizes = {}
+    sizes, seen = Counter(item.fspath for item in items), Counter()
+    place, groups = {}, {}
     for item in items:
-        sizes[item.fspath] = sizes.get(item.fspath, 0) + 1
-    place, seen, groups = {}, {}, {}
-    for item in items:
-        seen[item.fspath] = seen.get(item.fspath, 0) + 1
+        seen[item.fspath] += 1
         group = item.get_closest_marker("xdist_group")
         at = (seen[item.fspath] - 0.5) / sizes[item.fspath] * (TAIL if "integration" in str(item.fspath) else 1.0)
         place[item.nodeid] = groups.setdefault(group.args[0], at) if group else at
