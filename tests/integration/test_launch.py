@@ -123,10 +123,10 @@ def test_unknown_host_key_is_refused(cluster, cluster_file, tmp_path):
 
 
 def test_unreachable_node_fails_within_connect_timeout(cluster, cluster_file):
-    path = cluster_file([(0, 1), (1, 1)])
+    path = cluster_file([(0, 1), (1, 1)], launcher="none")  # the subject is the reach: no torch on the node that answers
     text = path.read_text().replace(cluster.nodes[1].addr, f"{cluster.net}.200")  # no such node
     path.write_text(text.replace("connect_timeout: 5", "connect_timeout: 2"))
-    code, out, seconds = ddp_up(str(path), SCRIPT, "run")
+    code, out, seconds = ddp_up(str(path), SCRIPT, "tick", "1", "0")
     assert code == 3, out
     gone = re.escape(f"{cluster.net}.200")
     # No answer (ARP unresolved), or no route at once (an unresolved ARP entry the kernel still holds)

@@ -10,6 +10,8 @@ import sys
 from tests.harness.runner import ddp_check, ddp_up
 from tests.integration.conftest import SCRIPT
 
+TICK = ["tick", "1", "0"]  # one line a rank, without torch: where the subject is what comes before the ranks
+
 
 def with_node_keys(path, cluster, index: int, extra: str) -> None:
     """Append YAML keys (two-space indented lines) to one node's entry of a cluster file."""
@@ -84,24 +86,25 @@ def test_ddp_check_names_wrong_python_and_workdir(cluster, cluster_file):
 
 
 def test_gpus_auto_takes_the_count_the_job_would_see(cluster, cluster_file):
-    path = cluster_file([(0, 1), (1, "auto"), (2, "auto")], launcher="none")  # the count, not who starts the ranks
+    path = cluster_file([(0, 1), (1, "auto"), (2, "auto")], launcher="none",  # the count, not who starts the ranks
+                        env={"OMP_NUM_THREADS": 1, "TICK_SAYS_WORLD": 1})  # the ranks say their world, without torch
     text = path.read_text()
     for i, visible in ((1, "0,1"), (2, "")):  # node 2: CUDA_VISIBLE_DEVICES hides every GPU
         head = f"- host: {cluster.nodes[i].addr}\n  gpus: auto"
         assert head in text
         text = text.replace(head, f"{head}\n  env: {{CUDA_VISIBLE_DEVICES: '{visible}'}}")
     path.write_text(text)
-    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    code, out, _ = ddp_up(str(path), SCRIPT, *TICK)
     assert code == 3, out
     assert f"{cluster.nodes[2].addr}: gpus: auto, but the job would see no GPU here" in out, out
-    assert f"{cluster.nodes[1].addr}:" not in out and "READY" not in out
+    assert f"{cluster.nodes[1].addr}:" not in out and "WORLD" not in out
     # The count is taken after the node's `setup:`, which may choose the GPUs itself.
     path.write_text(text.replace("env: {CUDA_VISIBLE_DEVICES: ''}", "setup: ['export CUDA_VISIBLE_DEVICES=3,4']"))
-    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    code, out, _ = ddp_up(str(path), SCRIPT, *TICK)
     assert code == 0, out
-    assert re.search(r"r2 +\| READY rank=2 world=5", out) and "READY rank=4 world=5" in out, out
+    assert re.search(r"r2 +\| WORLD 5 rank=2 ", out) and "WORLD 5 rank=4 " in out, out
     path.write_text(text.replace("env: {CUDA_VISIBLE_DEVICES: ''}", "setup: ['module load cuda']"))
-    code, out, _ = ddp_up(str(path), SCRIPT, "run")
+    code, out, _ = ddp_up(str(path), SCRIPT, *TICK)
     assert code == 3 and f"{cluster.nodes[2].addr}: setup command 1 `module load cuda` failed with status 127" in out, out
 
 
