@@ -27,6 +27,7 @@ class Following:
     reshaped: str | None = None  # and whether it stopped this attempt to change its nodes: "grow", "aside"
     over: bool = False  # the master node's word: no attempt follows this one
     order: BacklogOrder | None = None  # the nodes' journals, merged in time order
+    told_held: bool = False  # the attach said which nodes the others' lines wait for (phases.held_back)
 
     def result(self, result: JobResult) -> JobResult:
         """The replay's result, with the job's own times and master rather than the attach's."""

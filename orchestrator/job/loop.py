@@ -108,8 +108,7 @@ class JobLoop:
                  sweeper: Sweeper | None = None, events: queue.SimpleQueue | None = None,
                  inbox: SignalInbox = INBOX, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, shown: frozenset[int] | None = None):
-        self.plan, self.view, self.preflight = plan, view, preflight
-        self.clock, self.wall = clock, wall
+        self.plan, self.view, self.preflight, self.clock, self.wall = plan, view, preflight, clock, wall
         self.events = events if events is not None else queue.SimpleQueue()
         self.inbox = inbox
         self.sessions = sessions(plan, self.events.put, clock)
@@ -200,6 +199,8 @@ class JobLoop:
             self.table.error(index, problem)
             if self.following:  # a journal that cannot be read holds no other node's back
                 self._handle(self.following.order.let_go(index))
+        if self.following and (held := phases.held_back(self.following, self.sessions, self.status, now)):
+            self.view.notice(held)
         listening = phases.listened(self.sessions, self.status, self.following.said_all if self.following else ())
         for session, _ in listening if beat else ():
             session.send(wire.Heartbeat())

@@ -59,22 +59,52 @@ def silent(listening, plan, now: float) -> list[tuple[int, float]]:
 LOGIN_MARGIN = 10.0
 
 
+def login_limit(node) -> float:
+    """How long a node's ssh session may take to log in before the node is not reached."""
+    return node.config.ssh.connect_timeout + LOGIN_MARGIN
+
+
+def logging_in(session, status) -> bool:
+    """Whether a node's ssh session runs and has not logged in yet (a transport that cannot tell: never)."""
+    return status.state == "connecting" and getattr(session, "logged_in", None) is False and session.started
+
+
 def unreached(sessions, statuses, now: float) -> list[tuple[int, NodeProblem]]:
     """The nodes still connecting whose session has not logged in past connect_timeout and
     LOGIN_MARGIN (a transport that cannot tell is never among them), each with its problem."""
     found = []
     for session, status in zip(sessions, statuses):
-        if status.state == "connecting" and getattr(session, "logged_in", None) is False and session.started:
+        if logging_in(session, status):
             problem = not_reached(status.plan, now - session.last_heard)
             if problem is not None:
                 found.append((status.plan.index, problem))
     return found
 
 
+# An attach names the nodes it still waits to log in to after this long, when the other nodes' lines
+# are held for them (job/backlog.py): until then it shows nothing, and looks stuck.
+HELD_SAID = 3.0
+
+
+def held_back(following, sessions, statuses, now: float) -> str | None:
+    """Once an attempt of an attach (``following``): the word on the nodes not logged in after
+    HELD_SAID seconds while the others' lines wait for their journals, or None."""
+    if following.told_held or not following.order.held:
+        return None
+    late = [status.plan for session, status in zip(sessions, statuses)
+            if logging_in(session, status) and now - session.last_heard >= HELD_SAID]
+    if not late:
+        return None
+    following.told_held = True
+    names = ", ".join(node.label for node in late[:3]) + (f" and {len(late) - 3} more" if len(late) > 3 else "")
+    limit = max(login_limit(node) for node in late)
+    return (f"waiting for {names} to answer: the other nodes' lines are held until then, to be shown in time order "
+            f"(a node that does not answer is given up on after {limit:g} s)")
+
+
 def not_reached(node, silent: float) -> NodeProblem | None:
     """The problem of a node whose session has not logged in after ``silent`` seconds, or None."""
-    limit = node.config.ssh.connect_timeout + LOGIN_MARGIN
-    if silent <= limit:
+    if silent <= login_limit(node):
         return None
     return NodeProblem(node.label, f"not reached: its ssh session has not logged in after {silent:.0f} s "
                                    f"(connect_timeout {node.config.ssh.connect_timeout:g} s; its link or sshd is down?)",

@@ -322,6 +322,9 @@ def test_a_detached_job_that_loses_a_node_during_its_restart_delay_goes_on_witho
     assert cluster.nodes[2].addr in attempts[-1]["out"], attempts
     last = len(attempts) - 1
     assert worlds_of(out).get((last, 0)) == worlds_of(out).get((last, 1)) == 2, out
+    # while the attach waited for the cut node, holding the others' lines back, it said so
+    assert re.search(rf"waiting for {re.escape(cluster.nodes[2].addr)}\b.* to answer: the other nodes' lines are held "
+                     r"until then, .* given up on after 11 s\)", out), out
     assert not procs.wait_no_job_processes(job, timeout=30)
 
 

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
 from orchestrator.node.attempt import checks
@@ -328,6 +329,31 @@ def test_an_attach_shows_each_node_up_since_its_job_began_not_since_the_attach()
     h.signal_at(T0 + 5)
     h.job.follow()
     assert [round(s.row(h.clock.now).uptime) for s in h.job.status] == [41 + 5, 41 + 5], h.clock.now
+    assert not any(n.startswith("waiting for") for n in h.view.notices), h.view.notices  # nothing held: no word
+
+
+def test_an_attach_that_waits_for_a_node_to_answer_says_so_once_while_the_others_lines_are_held():
+    """Node 2 never answers: nodes 0 and 1's replayed lines are held for it, to be shown in time
+    order, until the attach gives up on it (connect_timeout + LOGIN_MARGIN). Without a word the
+    attach looked stuck that long; now it says, once, what it waits for and until when."""
+    from orchestrator.job import phases
+
+    h = Harness(3)
+    said, done = [], wire.Exited(code=0, signal=None, stopped=False, reason=None)
+    h.view.notice = lambda text: said.append((h.clock.now - T0, text))
+    for node in h.nodes[:2]:
+        node.open = (lambda n: lambda: (setattr(n, "started", True), n.say(wire.Stamp(at=1000.0)), n.say(wire.Started()),
+                                        n.say(wire.Stamp(at=1001.0)), n.say(done), n.say(wire.JournalEnd(running=False))))(node)
+    h.nodes[2].connects, h.nodes[2].logged_in = False, False  # its ssh client runs, silent since it started
+    h.nodes[2].started, h.nodes[2].silent_since = True, T0
+    h.job.follow()
+    limit = 10 + phases.LOGIN_MARGIN  # connect_timeout's default
+    waiting = [(at, text) for at, text in said if text.startswith("waiting for")]
+    assert waiting == [(pytest.approx(phases.HELD_SAID, abs=0.3), "waiting for h2 to answer: the other nodes' lines are "
+                        f"held until then, to be shown in time order (a node that does not answer is given up on after "
+                        f"{limit:g} s)")], said
+    assert h.states() == ["done", "done", "error"], h.states()
+    assert h.clock.now - T0 == pytest.approx(limit, abs=0.5)  # then the held lines were shown, and the attach ended
 
 
 def test_ctrl_c_while_attached_detaches_and_sends_nothing():
@@ -409,8 +435,6 @@ def test_a_tail_keeps_the_last_lines_of_each_rank_and_stream(tmp_path):
 
 
 def test_retention_is_a_duration_and_a_record_expires_by_its_own():
-    import pytest
-
     from orchestrator.config.clusterfile import parse_cluster
     from orchestrator.errors import ConfigError
 
