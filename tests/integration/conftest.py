@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import shutil
@@ -16,6 +17,12 @@ from tests.harness.sshcluster import SSHCluster, available
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "job.py")
 
+
+def needs(module: str) -> None:
+    """Skip the test unless ``module`` is installed, found without importing it: the ranks import
+    it, not the test's own process (Lightning's import alone is 5 s of CPU, paid once a worker)."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"needs {module} (pip install -e '.[test]')")
 
 
 def pytest_collection_modifyitems(items):

@@ -11,7 +11,7 @@ import pytest
 
 from tests.harness import procs
 from tests.harness.runner import ddp_up, local_cluster, run_dir
-from tests.integration.conftest import SCRIPT
+from tests.integration.conftest import SCRIPT, needs
 
 
 def job_of(out: str) -> str:
@@ -101,7 +101,7 @@ def test_launcher_accelerate_runs_one_job_across_the_nodes_and_torchrun_says_wha
     """`accelerate launch` with ddp-up's machine rank, machines, main process address and port:
     one job of 4 ranks on CPU (ACCELERATE_USE_CPU set for nodes without GPUs). Under torchrun the
     same script would train alone in every rank: a notice says so before it starts."""
-    pytest.importorskip("accelerate")
+    needs("accelerate")
     (tmp_path / "acc.py").write_text(ACCELERATE_SCRIPT)
     path = local_cluster(tmp_path, nodes=2, gpus=2, launcher="accelerate")
     code, out, _ = ddp_up("--no-dashboard", str(path), "acc.py")

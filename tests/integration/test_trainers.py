@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.runner import ddp_up, run_dir
+from tests.integration.conftest import needs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -39,7 +40,7 @@ CASES = [("lightning", None), ("hf_trainer", None), ("accelerate", False), ("acc
 def test_a_real_trainer_trains_fails_resumes_from_its_checkpoint_and_shows_its_progress(cluster, cluster_file,
                                                                                           tmp_path, name, warm):
     module, script, args, launcher, cause, resumed, bar, checkpoint = TRAINERS[name]
-    pytest.importorskip(module)
+    needs(module)
     env = {"OMP_NUM_THREADS": 1, "TOKENIZERS_PARALLELISM": "false"}
     if warm and launcher == "accelerate":  # `accelerate launch` starts its ranks cold, itself: the Accelerate
         launcher = "torchrun"              # script forked warm is the same script under torchrun, on the CPU
