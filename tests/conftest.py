@@ -50,32 +50,21 @@ TAIL = 0.85  # the integration tests spread over the run's first 85%: the last o
 # short and all CPU, which the workers share evenly as they finish (not one worker on a run's waits)
 
 
-def scattered(size: int) -> list[int]:
-    """Slots for a file's ``size`` tests, by their index: the index's bits reversed, so that tests
-    written one after the other (alike) land far apart, and the slots still cover the run evenly."""
-    bits = max(1, (size - 1).bit_length())
-    order = sorted(range(size), key=lambda index: int(f"{index:0{bits}b}"[::-1], 2))
-    return sorted(range(size), key=order.__getitem__)
-
-
 def pytest_collection_modifyitems(items):
     """The long tests first (marked `long`), in their order: the workers then end on short ones,
     not one worker on a minute of waiting while the other cores idle. The rest with every file's
-    tests spread evenly over the run (each at a slot of its file, as a fraction): the workers run
-    different files' tests side by side, and a file's neighbours far apart. A file's tests are
+    tests spread evenly over the run (each at its place within its file, as a fraction): the
+    workers run different files' tests side by side, not consecutive tests of one file. A file's tests are
     alike: the detached fault tests, all waiting on cut links, left both cores idle for two minutes
-    when they ran together, and still for 10 s when only neighbours overlapped (a file's tests in
-    their order, spread), while a file of unit tests can fill those waits. pytest-xdist hands out
+    when they ran together, while a file of unit tests can fill those waits. pytest-xdist hands out
     its groups first, then single tests in this order; a group's tests (one Slurm cluster, the
     container runtimes: set up once a module) stay together, at their first test's place."""
     sizes, seen = Counter(item.fspath for item in items), Counter()
-    slots = {path: scattered(size) for path, size in sizes.items()}
     place, groups = {}, {}
     for item in items:
-        slot = slots[item.fspath][seen[item.fspath]]
         seen[item.fspath] += 1
         group = item.get_closest_marker("xdist_group")
-        at = (slot + 0.5) / sizes[item.fspath] * (TAIL if "integration" in str(item.fspath) else 1.0)
+        at = (seen[item.fspath] - 0.5) / sizes[item.fspath] * (TAIL if "integration" in str(item.fspath) else 1.0)
         place[item.nodeid] = groups.setdefault(group.args[0], at) if group else at
     items.sort(key=lambda item: (item.get_closest_marker("long") is None, place[item.nodeid]))
 
